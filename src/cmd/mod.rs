@@ -1,0 +1,55 @@
+//! Subcommands of the `iota` binary: one file per subcommand, each with its clap `Args`
+//! struct and a `run` function. This file holds the top-level [`Cli`] and the dispatch.
+
+use clap::{Parser, Subcommand};
+
+/// Command-line interface of the `iota` binary.
+#[derive(Debug, Parser)]
+#[command(name = "iota", version, about = "Incentivized Orchestrated Training Architecture: pretrain one LLM across many machines, each holding a section of it")]
+pub struct Cli {
+    /// More log output (repeat for more: -v info, -vv debug). `RUST_LOG` overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+}
+
+/// Runs one parsed command line.
+///
+/// # Errors
+/// Whatever the subcommand reports; `main` prints it on one line and exits non-zero.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {}
+}
+
+/// Sets up `tracing` logging to stderr; `RUST_LOG` wins over `-v`.
+pub fn init_tracing(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,22 @@
+//! iota: an incentivized, orchestrated network for pretraining one large language model
+//! across many unreliable machines, each of which holds only a section of it.
+//!
+//! # Layout
+//! - [`cmd`]: one file per subcommand of the `iota` binary (argument parsing, wiring, progress UI).
+//! - [`model`]: the burn Llama-style model, split into sections joined by learned bottlenecks;
+//!   the section training API, optimizer, schedules and checkpoints.
+//! - [`data`]: tokenizers, text sources, the synthetic corpus and deterministic sample windows.
+//! - [`storage`]: the wire codec for tensors crossing the network, and payload hashes.
+//! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
+//! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
+//!
+//! Dependencies point one way: `cmd` uses everything; `model` knows nothing of networks;
+//! `merge`, `storage` and `wallet` know nothing of burn.
+#![warn(missing_docs)]
+
+pub mod cmd;
+pub mod data;
+pub mod merge;
+pub mod model;
+pub mod storage;
+pub mod wallet;

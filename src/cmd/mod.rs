@@ -3,9 +3,18 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod bench;
+pub mod model;
+pub mod tokenizer;
+pub mod train;
+
 /// Command-line interface of the `iota` binary.
 #[derive(Debug, Parser)]
-#[command(name = "iota", version, about = "Incentivized Orchestrated Training Architecture: pretrain one LLM across many machines, each holding a section of it")]
+#[command(
+    name = "iota",
+    version,
+    about = "Incentivized Orchestrated Training Architecture: pretrain one LLM across many machines, each holding a section of it"
+)]
 pub struct Cli {
     /// More log output (repeat for more: -v info, -vv debug). `RUST_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
@@ -18,6 +27,14 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Train the whole model in one process (sections chained through the wire codec).
+    Train(train::TrainArgs),
+    /// Describe model presets: parameters per section, bytes crossing each boundary.
+    Model(model::ModelArgs),
+    /// Benchmarks that print tables (model).
+    Bench(bench::BenchArgs),
+    /// Offline tokenizer tools (train a byte-level BPE).
+    Tokenizer(tokenizer::TokenizerArgs),
 }
 
 /// Runs one parsed command line.
@@ -25,7 +42,12 @@ pub enum Command {
 /// # Errors
 /// Whatever the subcommand reports; `main` prints it on one line and exits non-zero.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {}
+    match cli.command {
+        Command::Train(args) => train::run(args),
+        Command::Model(args) => model::run(args),
+        Command::Bench(args) => bench::run(args),
+        Command::Tokenizer(args) => tokenizer::run(args),
+    }
 }
 
 /// Sets up `tracing` logging to stderr; `RUST_LOG` wins over `-v`.

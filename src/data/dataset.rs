@@ -1,0 +1,420 @@
+//! `Dataset`: a packed token stream cut into training and evaluation windows, with the
+//! deterministic map from sample ids to training windows.
+//!
+//! # Windows
+//! Window `w` is the `seq_len + 1` tokens starting at `w * seq_len`: consecutive windows share
+//! one token (the last target of one is the first input of the next), so every token after the
+//! first is a target exactly once per epoch. The last ~2% of the windows (at least one) are
+//! held out for evaluation; the held-out region starts at the token after the last training
+//! window's final token (rather than sharing it), so no token position is in both.
+//!
+//! # Sample ids
+//! Sample `id` belongs to epoch `id / n_train` and is training window
+//! `perm(seed, epoch)[id % n_train]`, where `perm` is a seeded permutation
+//! ([`EpochPermutation`]). So anyone holding the same data, tokenizer, `seq_len` and seed can
+//! re-derive any sample from its id alone, and each epoch visits every training window once.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::permutation::EpochPermutation;
+use super::synthetic::SyntheticSource;
+use super::{DataError, DataSpec, Tokenizer, pack_documents};
+
+/// Fraction of the windows held out for evaluation: one in fifty (2%), at least one.
+const EVAL_DIVISOR: usize = 50;
+
+/// Tokens of packed text, windowed for training and evaluation. Cheap to clone (the tokens are
+/// shared).
+#[derive(Clone)]
+pub struct Dataset {
+    /// The packed token stream.
+    tokens: Arc<[u32]>,
+    /// Tokens of input per window; windows hold `seq_len + 1`.
+    seq_len: usize,
+    /// Seed of the per-epoch permutations.
+    seed: u64,
+    /// Number of training windows (at least 1).
+    n_train: usize,
+    /// Number of evaluation windows (at least 1).
+    n_eval: usize,
+    /// Token offset of the first evaluation window.
+    eval_offset: usize,
+    /// Loss floor in nats per token, when the source's entropy is known.
+    entropy_floor: Option<f64>,
+    /// Where the tokens came from, for logs.
+    source_name: String,
+    /// The tokenizer's fingerprint, for logs and consistency checks.
+    tokenizer: String,
+    /// BLAKE3 of the tokens and the window layout; see [`Dataset::fingerprint`].
+    fingerprint: String,
+}
+
+impl Dataset {
+    /// Reads, tokenizes and packs the data of `spec`, then windows it.
+    ///
+    /// # Errors
+    /// [`DataError::ZeroSeqLen`]; any error of the source or tokenizer;
+    /// [`DataError::NoDocuments`] and [`DataError::TooFewTokens`] when there is not enough
+    /// text for one training and one evaluation window.
+    pub fn load(
+        spec: &DataSpec,
+        tokenizer: &Tokenizer,
+        seq_len: usize,
+        seed: u64,
+    ) -> Result<Self, DataError> {
+        if seq_len == 0 {
+            return Err(DataError::ZeroSeqLen);
+        }
+        let (tokens, source_name, floor) = match spec {
+            DataSpec::Synthetic {
+                seed: data_seed,
+                chars,
+            } => {
+                let source = SyntheticSource::new(*data_seed, *chars);
+                let tokens = pack_documents(&source, tokenizer)?;
+                // The floor is per byte; only the byte tokenizer makes that per token.
+                let floor = tokenizer
+                    .is_byte()
+                    .then(|| source.corpus().window_floor(seq_len));
+                (tokens, super::TextSource::describe(&source), floor)
+            }
+            DataSpec::Path(_) => {
+                let source = spec.open()?;
+                let tokens = pack_documents(source.as_ref(), tokenizer)?;
+                (tokens, source.describe(), None)
+            }
+        };
+        let mut dataset = Self::from_tokens(tokens, seq_len, seed, &source_name)?;
+        dataset.entropy_floor = floor;
+        dataset.tokenizer = tokenizer.fingerprint();
+        tracing::info!(dataset = %dataset.describe(), "dataset loaded");
+        Ok(dataset)
+    }
+
+    /// Windows an already packed token stream (no tokenizer or entropy floor recorded).
+    ///
+    /// # Errors
+    /// [`DataError::ZeroSeqLen`]; [`DataError::TooFewTokens`] below `2 * seq_len + 2` tokens.
+    pub fn from_tokens(
+        tokens: Vec<u32>,
+        seq_len: usize,
+        seed: u64,
+        source_name: &str,
+    ) -> Result<Self, DataError> {
+        if seq_len == 0 {
+            return Err(DataError::ZeroSeqLen);
+        }
+        let needed = 2 * seq_len + 2;
+        if tokens.len() < needed {
+            return Err(DataError::TooFewTokens {
+                source_name: source_name.to_owned(),
+                found: tokens.len(),
+                needed,
+                window: seq_len + 1,
+            });
+        }
+        // Each region (training, evaluation) holds `windows * seq_len + 1` tokens, since its
+        // windows share boundary tokens with each other but not with the other region.
+        let n_total = (tokens.len() - 2) / seq_len;
+        let n_eval = (n_total / EVAL_DIVISOR).max(1);
+        let n_train = n_total - n_eval;
+        let eval_offset = n_train * seq_len + 1;
+        let fingerprint = fingerprint(&tokens, seq_len, n_train, n_eval);
+        Ok(Self {
+            tokens: tokens.into(),
+            seq_len,
+            seed,
+            n_train,
+            n_eval,
+            eval_offset,
+            entropy_floor: None,
+            source_name: source_name.to_owned(),
+            tokenizer: "unknown".to_owned(),
+            fingerprint,
+        })
+    }
+
+    /// Input tokens per window (a window holds `seq_len + 1`: inputs and shifted targets).
+    pub fn seq_len(&self) -> usize {
+        self.seq_len
+    }
+
+    /// Number of training windows, the length of one epoch. At least 1.
+    pub fn num_train_windows(&self) -> usize {
+        self.n_train
+    }
+
+    /// Number of held-out evaluation windows. At least 1.
+    pub fn num_eval_windows(&self) -> usize {
+        self.n_eval
+    }
+
+    /// Total number of tokens in the packed stream.
+    pub fn num_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The epoch of a sample id: `sample_id / num_train_windows`.
+    pub fn epoch(&self, sample_id: u64) -> u64 {
+        sample_id / self.n_train as u64
+    }
+
+    /// The training window that sample `sample_id` is: a deterministic function of the data,
+    /// `seq_len`, the seed and the id (see the module docs). Always `< num_train_windows`.
+    pub fn train_window_index(&self, sample_id: u64) -> usize {
+        let n = self.n_train as u64;
+        let permutation = EpochPermutation::new(self.seed, sample_id / n, n);
+        // `sample_id % n < n`, so the permutation always answers.
+        permutation.apply(sample_id % n).unwrap_or(0) as usize
+    }
+
+    /// The `seq_len + 1` tokens of sample `sample_id`: inputs are `[..seq_len]`, targets
+    /// `[1..]`.
+    pub fn train_sample(&self, sample_id: u64) -> &[u32] {
+        self.train_window(self.train_window_index(sample_id))
+    }
+
+    /// Training window `window` (not a sample id), `seq_len + 1` tokens.
+    ///
+    /// # Panics
+    /// If `window >= num_train_windows()`.
+    pub fn train_window(&self, window: usize) -> &[u32] {
+        assert!(
+            window < self.n_train,
+            "training window {window} of {}",
+            self.n_train
+        );
+        let start = window * self.seq_len;
+        &self.tokens[start..start + self.seq_len + 1]
+    }
+
+    /// Evaluation window `i`, `seq_len + 1` tokens.
+    ///
+    /// # Panics
+    /// If `i >= num_eval_windows()`.
+    pub fn eval_sample(&self, i: usize) -> &[u32] {
+        assert!(i < self.n_eval, "evaluation window {i} of {}", self.n_eval);
+        let start = self.eval_offset + i * self.seq_len;
+        &self.tokens[start..start + self.seq_len + 1]
+    }
+
+    /// The best achievable mean loss per target token in nats, when known: for the synthetic
+    /// corpus with the byte tokenizer, the exact floor for windows of this `seq_len` (see
+    /// [`crate::data::MarkovCorpus::window_floor`]); `None` otherwise.
+    pub fn entropy_floor(&self) -> Option<f64> {
+        self.entropy_floor
+    }
+
+    /// A short hash of the packed tokens and the window layout (`seq_len`, split), so parties
+    /// can check that they hold the same dataset before exchanging sample ids.
+    pub fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+
+    /// One line for logs: source, tokenizer, sizes and floor.
+    pub fn describe(&self) -> String {
+        let floor = self
+            .entropy_floor
+            .map(|f| format!(", floor {f:.4} nats/token"))
+            .unwrap_or_default();
+        format!(
+            "{}, tokenizer {}: {} tokens, seq_len {}, {} train + {} eval windows, seed {}, id {}{floor}",
+            self.source_name,
+            self.tokenizer,
+            self.tokens.len(),
+            self.seq_len,
+            self.n_train,
+            self.n_eval,
+            self.seed,
+            self.fingerprint,
+        )
+    }
+}
+
+impl fmt::Debug for Dataset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Dataset")
+            .field("describe", &self.describe())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The first 16 hex digits of BLAKE3 over the layout and the little-endian tokens.
+fn fingerprint(tokens: &[u32], seq_len: usize, n_train: usize, n_eval: usize) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"iota.dataset.v1");
+    for n in [seq_len, n_train, n_eval, tokens.len()] {
+        hasher.update(&(n as u64).to_le_bytes());
+    }
+    for chunk in tokens.chunks(4096) {
+        let bytes: Vec<u8> = chunk.iter().flat_map(|t| t.to_le_bytes()).collect();
+        hasher.update(&bytes);
+    }
+    hasher.finalize().to_hex().as_str()[..16].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    fn counting(n: u32) -> Vec<u32> {
+        (0..n).collect()
+    }
+
+    #[test]
+    fn windows_and_split_by_hand() {
+        // 2 + 10 * 4 tokens, seq_len 4: 10 windows, 1 held out (10 / 50 rounds to 0, min 1).
+        let data = Dataset::from_tokens(counting(42), 4, 0, "count").unwrap();
+        assert_eq!(data.num_train_windows(), 9);
+        assert_eq!(data.num_eval_windows(), 1);
+        assert_eq!(data.train_window(0), &[0, 1, 2, 3, 4]);
+        assert_eq!(data.train_window(1), &[4, 5, 6, 7, 8]);
+        assert_eq!(data.train_window(8), &[32, 33, 34, 35, 36]);
+        // 36 is the last training target; evaluation starts at 37 instead of sharing it.
+        assert_eq!(data.eval_sample(0), &[37, 38, 39, 40, 41]);
+    }
+
+    #[test]
+    fn two_percent_held_out() {
+        let data = Dataset::from_tokens(counting(2 + 1000 * 8), 8, 0, "count").unwrap();
+        assert_eq!(data.num_eval_windows(), 20);
+        assert_eq!(data.num_train_windows(), 980);
+    }
+
+    #[test]
+    fn eval_windows_never_overlap_training_windows() {
+        // Distinct token values, so overlap in position shows as shared values.
+        let data = Dataset::from_tokens(counting(5_003), 7, 3, "count").unwrap();
+        let train: HashSet<u32> = (0..data.num_train_windows())
+            .flat_map(|w| data.train_window(w).to_vec())
+            .collect();
+        for i in 0..data.num_eval_windows() {
+            let eval = data.eval_sample(i);
+            assert_eq!(eval.len(), 8);
+            assert!(eval.iter().all(|t| !train.contains(t)), "eval window {i}");
+        }
+    }
+
+    #[test]
+    fn each_epoch_covers_every_training_window_once() {
+        let data = Dataset::from_tokens(counting(3_000), 10, 11, "count").unwrap();
+        let n = data.num_train_windows() as u64;
+        let epoch0: Vec<usize> = (0..n).map(|id| data.train_window_index(id)).collect();
+        let epoch1: Vec<usize> = (n..2 * n).map(|id| data.train_window_index(id)).collect();
+        for epoch in [&epoch0, &epoch1] {
+            let mut sorted = epoch.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..n as usize).collect::<Vec<_>>());
+        }
+        assert_ne!(epoch0, epoch1, "each epoch has its own order");
+        assert_eq!(data.epoch(n - 1), 0);
+        assert_eq!(data.epoch(n), 1);
+        // Sample ids are a pure function of (data, seed, id).
+        let again = Dataset::from_tokens(counting(3_000), 10, 11, "count").unwrap();
+        for id in [0, 5, n, 3 * n + 7, u64::MAX] {
+            assert_eq!(again.train_window_index(id), data.train_window_index(id));
+            assert_eq!(again.train_sample(id), data.train_sample(id));
+            assert_eq!(data.train_sample(id).len(), 11);
+        }
+        let other_seed = Dataset::from_tokens(counting(3_000), 10, 12, "count").unwrap();
+        let other: Vec<usize> = (0..n).map(|id| other_seed.train_window_index(id)).collect();
+        assert_ne!(other, epoch0);
+    }
+
+    #[test]
+    fn too_few_tokens_says_how_many() {
+        let err = Dataset::from_tokens(counting(9), 4, 0, "tiny").unwrap_err();
+        assert!(matches!(
+            err,
+            DataError::TooFewTokens {
+                found: 9,
+                needed: 10,
+                window: 5,
+                ..
+            }
+        ));
+        assert!(
+            err.to_string()
+                .contains("found 9 tokens but need at least 10")
+        );
+        assert!(Dataset::from_tokens(counting(10), 4, 0, "tiny").is_ok());
+        assert!(matches!(
+            Dataset::from_tokens(counting(100), 0, 0, "x"),
+            Err(DataError::ZeroSeqLen)
+        ));
+    }
+
+    #[test]
+    fn synthetic_load_is_deterministic_with_floor() {
+        let spec = DataSpec::Synthetic {
+            seed: 1,
+            chars: 20_000,
+        };
+        let a = Dataset::load(&spec, &Tokenizer::byte(), 64, 5).unwrap();
+        let b = Dataset::load(&spec, &Tokenizer::byte(), 64, 5).unwrap();
+        assert_eq!(a.num_tokens(), 20_000);
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.num_train_windows(), b.num_train_windows());
+        for id in 0..50 {
+            assert_eq!(a.train_sample(id), b.train_sample(id));
+        }
+        assert_eq!(a.eval_sample(0), b.eval_sample(0));
+        let floor = a.entropy_floor().unwrap();
+        assert!((0.9..1.7).contains(&floor), "{floor}");
+        assert!(a.describe().contains("floor"));
+        assert!(a.describe().contains("tokenizer byte"));
+        let other = Dataset::load(
+            &DataSpec::Synthetic {
+                seed: 2,
+                chars: 20_000,
+            },
+            &Tokenizer::byte(),
+            64,
+            5,
+        )
+        .unwrap();
+        assert_ne!(other.fingerprint(), a.fingerprint());
+    }
+
+    #[test]
+    fn file_load_packs_documents_and_reports_empty_data() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
+        std::fs::write(dir.path().join("b.jsonl"), "{\"text\":\"world\"}\n").unwrap();
+        let spec = DataSpec::Path(dir.path().to_path_buf());
+        let data = Dataset::load(&spec, &Tokenizer::byte(), 2, 0).unwrap();
+        // "hello" NUL "world" = 11 tokens: (11 - 2) / 2 = 4 windows, 1 held out; the final
+        // "d" is left over.
+        assert_eq!(data.num_tokens(), 11);
+        assert_eq!(data.num_train_windows(), 3);
+        assert_eq!(data.train_window(2), &[u32::from(b'o'), 0, u32::from(b'w')]);
+        assert_eq!(data.eval_sample(0), b"orl".map(u32::from));
+        assert_eq!(data.entropy_floor(), None);
+
+        let err = Dataset::load(&spec, &Tokenizer::byte(), 8, 0).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DataError::TooFewTokens {
+                    found: 11,
+                    needed: 18,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+
+        let empty = tempfile::tempdir().unwrap();
+        std::fs::write(empty.path().join("blank.txt"), "").unwrap();
+        let err = Dataset::load(
+            &DataSpec::Path(empty.path().to_path_buf()),
+            &Tokenizer::byte(),
+            2,
+            0,
+        )
+        .unwrap_err();
+        assert!(matches!(err, DataError::NoDocuments { .. }), "{err}");
+    }
+}

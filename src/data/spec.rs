@@ -1,0 +1,185 @@
+//! `DataSpec`: which data a run trains on, as written on a command line or in a config.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use super::DataError;
+use super::source::{LocalFiles, TextSource};
+use super::synthetic::SyntheticSource;
+
+/// Symbols the synthetic corpus generates when the spec does not say: 3 MB of text, generated
+/// in well under a second.
+pub const DEFAULT_SYNTHETIC_CHARS: usize = 3_000_000;
+
+/// Which data to read.
+///
+/// # Format
+/// - `synthetic`, `synthetic:SEED` or `synthetic:SEED:CHARS`: the built-in Markov corpus
+///   (seed 0 and [`DEFAULT_SYNTHETIC_CHARS`] unless given);
+/// - anything else: a path to a `.txt` or `.jsonl` file or a directory of them.
+///
+/// [`Display`](fmt::Display) writes the same form back, and serde uses it too.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DataSpec {
+    /// The built-in synthetic corpus.
+    Synthetic {
+        /// Seed of the Markov table and the text.
+        seed: u64,
+        /// Number of characters (= byte tokens) generated.
+        chars: usize,
+    },
+    /// Local files.
+    Path(PathBuf),
+}
+
+impl Default for DataSpec {
+    fn default() -> Self {
+        Self::Synthetic {
+            seed: 0,
+            chars: DEFAULT_SYNTHETIC_CHARS,
+        }
+    }
+}
+
+impl DataSpec {
+    /// Opens the source the spec names.
+    ///
+    /// # Errors
+    /// As [`LocalFiles::open`] for a path; the synthetic source never fails.
+    pub fn open(&self) -> Result<Box<dyn TextSource>, DataError> {
+        match self {
+            Self::Synthetic { seed, chars } => Ok(Box::new(SyntheticSource::new(*seed, *chars))),
+            Self::Path(path) => Ok(Box::new(LocalFiles::open(path)?)),
+        }
+    }
+}
+
+impl FromStr for DataSpec {
+    type Err = DataError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = |reason: &str| DataError::BadSpec {
+            spec: s.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if s.is_empty() {
+            return Err(bad("empty"));
+        }
+        let Some(rest) = s.strip_prefix("synthetic") else {
+            return Ok(Self::Path(PathBuf::from(s)));
+        };
+        let mut spec = Self::default();
+        if rest.is_empty() {
+            return Ok(spec);
+        }
+        let Some(args) = rest.strip_prefix(':') else {
+            // e.g. a file called "synthetic.txt".
+            return Ok(Self::Path(PathBuf::from(s)));
+        };
+        let mut parts = args.split(':');
+        if let (Self::Synthetic { seed, chars }, Some(first)) = (&mut spec, parts.next()) {
+            *seed = first
+                .parse()
+                .map_err(|_| bad("the seed after `synthetic:` must be an unsigned integer"))?;
+            if let Some(second) = parts.next() {
+                *chars = second
+                    .parse()
+                    .map_err(|_| bad("the character count must be an unsigned integer"))?;
+            }
+        }
+        if parts.next().is_some() {
+            return Err(bad(
+                "expected synthetic, synthetic:SEED or synthetic:SEED:CHARS",
+            ));
+        }
+        Ok(spec)
+    }
+}
+
+impl fmt::Display for DataSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Synthetic { seed, chars } => write!(f, "synthetic:{seed}:{chars}"),
+            Self::Path(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+impl serde::Serialize for DataSpec {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for DataSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_synthetic_forms_and_paths() {
+        assert_eq!(
+            "synthetic".parse::<DataSpec>().unwrap(),
+            DataSpec::Synthetic {
+                seed: 0,
+                chars: DEFAULT_SYNTHETIC_CHARS
+            }
+        );
+        assert_eq!(
+            "synthetic:5".parse::<DataSpec>().unwrap(),
+            DataSpec::Synthetic {
+                seed: 5,
+                chars: DEFAULT_SYNTHETIC_CHARS
+            }
+        );
+        assert_eq!(
+            "synthetic:5:1000".parse::<DataSpec>().unwrap(),
+            DataSpec::Synthetic {
+                seed: 5,
+                chars: 1000
+            }
+        );
+        assert_eq!(
+            "data/shakespeare".parse::<DataSpec>().unwrap(),
+            DataSpec::Path(PathBuf::from("data/shakespeare"))
+        );
+        assert_eq!(
+            "synthetic.txt".parse::<DataSpec>().unwrap(),
+            DataSpec::Path(PathBuf::from("synthetic.txt"))
+        );
+    }
+
+    #[test]
+    fn rejects_malformed_synthetic_specs() {
+        for bad in [
+            "",
+            "synthetic:x",
+            "synthetic:1:y",
+            "synthetic:1:2:3",
+            "synthetic:-1",
+        ] {
+            let err = bad.parse::<DataSpec>().unwrap_err();
+            assert!(matches!(err, DataError::BadSpec { .. }), "{bad}");
+        }
+    }
+
+    #[test]
+    fn display_and_serde_round_trip() {
+        for spec in [
+            DataSpec::Synthetic { seed: 9, chars: 77 },
+            DataSpec::Path(PathBuf::from("/tmp/corpus")),
+        ] {
+            assert_eq!(spec.to_string().parse::<DataSpec>().unwrap(), spec);
+            let json = serde_json::to_string(&spec).unwrap();
+            assert_eq!(serde_json::from_str::<DataSpec>(&json).unwrap(), spec);
+        }
+        assert_eq!(DataSpec::default().to_string(), "synthetic:0:3000000");
+    }
+}

@@ -1,0 +1,235 @@
+//! Tokenizers: the built-in byte tokenizer and any Hugging Face `tokenizer.json`.
+
+use std::path::Path;
+
+use super::DataError;
+
+/// Tokens tried, in order, as the end-of-text marker of a Hugging Face tokenizer.
+const END_OF_TEXT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
+
+/// Number of ids of the byte tokenizer: one per byte value.
+pub const BYTE_VOCAB_SIZE: usize = 256;
+
+/// End-of-text id of the byte tokenizer: byte 0 (NUL).
+///
+/// NUL never occurs in ordinary text, so it marks a document boundary without ambiguity and
+/// costs a single token; `\n\n` would be one more token and collide with paragraph breaks.
+pub const BYTE_END_OF_TEXT: u32 = 0;
+
+/// A tokenizer: text to token ids and back.
+///
+/// Either the built-in byte tokenizer (ids are the UTF-8 bytes, vocabulary 256, the default
+/// because it needs no file and keeps the synthetic corpus's entropy floor exact) or a Hugging
+/// Face tokenizer loaded from a `tokenizer.json`. Cloning an HF tokenizer copies its tables.
+#[derive(Clone, Debug)]
+pub struct Tokenizer {
+    /// Which tokenizer this is.
+    kind: Kind,
+    /// Cached [`Tokenizer::fingerprint`]: hashing a large vocabulary on every call would be wasteful.
+    fingerprint: String,
+    /// Cached [`Tokenizer::end_of_text`].
+    end_of_text: Option<u32>,
+    /// Cached [`Tokenizer::vocab_size`].
+    vocab_size: usize,
+}
+
+/// The two kinds of tokenizer.
+#[derive(Clone, Debug)]
+enum Kind {
+    Byte,
+    Hf(Box<tokenizers::Tokenizer>),
+}
+
+impl Tokenizer {
+    /// The built-in byte tokenizer: ids are bytes, vocabulary 256, end-of-text is byte 0.
+    pub fn byte() -> Self {
+        Self {
+            kind: Kind::Byte,
+            fingerprint: "byte".to_owned(),
+            end_of_text: Some(BYTE_END_OF_TEXT),
+            vocab_size: BYTE_VOCAB_SIZE,
+        }
+    }
+
+    /// Loads a Hugging Face `tokenizer.json`.
+    ///
+    /// # Errors
+    /// [`DataError::NotFound`] when the file is missing, [`DataError::Unreadable`] when it cannot
+    /// be read, [`DataError::BadTokenizerFile`] when it does not parse.
+    pub fn from_file(path: &Path) -> Result<Self, DataError> {
+        let bytes = std::fs::read(path).map_err(|error| {
+            if error.kind() == std::io::ErrorKind::NotFound {
+                DataError::NotFound {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                DataError::Unreadable {
+                    path: path.to_path_buf(),
+                    error,
+                }
+            }
+        })?;
+        let hf =
+            tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| DataError::BadTokenizerFile {
+                path: path.to_path_buf(),
+                reason: one_line(&e.to_string()),
+            })?;
+        Self::from_hf(hf)
+    }
+
+    /// Wraps an in-memory Hugging Face tokenizer.
+    ///
+    /// # Errors
+    /// [`DataError::Tokenizer`] when it cannot be serialized (needed for its fingerprint).
+    pub fn from_hf(hf: tokenizers::Tokenizer) -> Result<Self, DataError> {
+        let json = hf.to_string(false).map_err(|e| DataError::Tokenizer {
+            reason: one_line(&e.to_string()),
+        })?;
+        let hash = blake3::hash(json.as_bytes()).to_hex();
+        let fingerprint = format!("hf-{}", &hash.as_str()[..16]);
+        let end_of_text = END_OF_TEXT_CANDIDATES
+            .iter()
+            .find_map(|token| hf.token_to_id(token));
+        let vocab_size = hf.get_vocab_size(true);
+        Ok(Self {
+            kind: Kind::Hf(Box::new(hf)),
+            fingerprint,
+            end_of_text,
+            vocab_size,
+        })
+    }
+
+    /// The byte tokenizer for `None`, else the `tokenizer.json` at the path.
+    ///
+    /// # Errors
+    /// As [`Tokenizer::from_file`].
+    pub fn load(path: Option<&Path>) -> Result<Self, DataError> {
+        match path {
+            None => Ok(Self::byte()),
+            Some(path) => Self::from_file(path),
+        }
+    }
+
+    /// Whether this is the built-in byte tokenizer.
+    pub fn is_byte(&self) -> bool {
+        matches!(self.kind, Kind::Byte)
+    }
+
+    /// Encodes text to ids, without adding any special tokens (no BOS/EOS: packing adds the
+    /// end-of-text separators itself).
+    ///
+    /// # Errors
+    /// [`DataError::Tokenizer`] when the HF tokenizer fails; the byte tokenizer never fails.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
+        match &self.kind {
+            Kind::Byte => Ok(text.bytes().map(u32::from).collect()),
+            Kind::Hf(hf) => {
+                let encoding = hf.encode(text, false).map_err(|e| DataError::Tokenizer {
+                    reason: one_line(&e.to_string()),
+                })?;
+                Ok(encoding.get_ids().to_vec())
+            }
+        }
+    }
+
+    /// Decodes ids to text. Byte sequences that are not valid UTF-8 (a model may well produce
+    /// them) become U+FFFD rather than an error.
+    ///
+    /// # Errors
+    /// [`DataError::TokenOutOfRange`] for an id outside the vocabulary, [`DataError::Tokenizer`]
+    /// when the HF decoder fails.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, DataError> {
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.vocab_size) {
+            return Err(DataError::TokenOutOfRange {
+                id,
+                vocab_size: self.vocab_size,
+            });
+        }
+        match &self.kind {
+            Kind::Byte => {
+                // In range was checked above, so every id fits a byte.
+                let bytes: Vec<u8> = ids.iter().map(|&id| id as u8).collect();
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+            Kind::Hf(hf) => hf.decode(ids, false).map_err(|e| DataError::Tokenizer {
+                reason: one_line(&e.to_string()),
+            }),
+        }
+    }
+
+    /// Number of token ids, added and special tokens included: the model's vocabulary size.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// A short stable identifier stored in checkpoints and compared between parties: `byte`,
+    /// or `hf-` and the first 16 hex digits of the BLAKE3 hash of the tokenizer's compact JSON
+    /// (so reformatting a `tokenizer.json` does not change it).
+    pub fn fingerprint(&self) -> String {
+        self.fingerprint.clone()
+    }
+
+    /// The id that separates documents: byte 0 for the byte tokenizer; for an HF tokenizer the
+    /// first of `<|endoftext|>`, `<|end_of_text|>`, `</s>`, `<eos>` in its vocabulary, if any.
+    pub fn end_of_text(&self) -> Option<u32> {
+        self.end_of_text
+    }
+}
+
+/// Collapses a multi-line library message into one line.
+fn one_line(message: &str) -> String {
+    message.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_round_trip_includes_non_ascii() {
+        let tokenizer = Tokenizer::byte();
+        let text = "héllo, wörld: 日本語 🦀\n";
+        let ids = tokenizer.encode(text).unwrap();
+        assert_eq!(ids.len(), text.len(), "one id per UTF-8 byte");
+        assert_eq!(&ids[..2], &[104, 0xC3]);
+        assert_eq!(tokenizer.decode(&ids).unwrap(), text);
+    }
+
+    #[test]
+    fn byte_tokenizer_constants() {
+        let tokenizer = Tokenizer::load(None).unwrap();
+        assert!(tokenizer.is_byte());
+        assert_eq!(tokenizer.vocab_size(), 256);
+        assert_eq!(tokenizer.end_of_text(), Some(0));
+        assert_eq!(tokenizer.fingerprint(), "byte");
+    }
+
+    #[test]
+    fn byte_decode_rejects_out_of_range_and_tolerates_bad_utf8() {
+        let tokenizer = Tokenizer::byte();
+        let err = tokenizer.decode(&[65, 256]).unwrap_err();
+        assert!(matches!(
+            err,
+            DataError::TokenOutOfRange {
+                id: 256,
+                vocab_size: 256
+            }
+        ));
+        assert_eq!(tokenizer.decode(&[65, 0xFF]).unwrap(), "A\u{FFFD}");
+    }
+
+    #[test]
+    fn missing_and_bad_tokenizer_files_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("nope.json");
+        assert!(matches!(
+            Tokenizer::from_file(&missing),
+            Err(DataError::NotFound { .. })
+        ));
+        let bad = dir.path().join("bad.json");
+        std::fs::write(&bad, "{ not json").unwrap();
+        let err = Tokenizer::from_file(&bad).unwrap_err();
+        assert!(matches!(err, DataError::BadTokenizerFile { .. }));
+        assert!(!err.to_string().contains('\n'));
+    }
+}

@@ -1,0 +1,101 @@
+//! Causal multi-head self-attention with rotary embeddings and optional grouped-query
+//! attention (fewer key/value heads than query heads).
+
+use burn::module::Module;
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+
+use super::init::Init;
+use super::layers::Linear;
+use super::rope::Rope;
+
+/// Self-attention of one block; parameter names follow Llama (`self_attn.q_proj.weight`, ...).
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    /// Query projection `[n_heads * head_dim, d_model]`.
+    pub q_proj: Linear<B>,
+    /// Key projection `[n_kv_heads * head_dim, d_model]`.
+    pub k_proj: Linear<B>,
+    /// Value projection `[n_kv_heads * head_dim, d_model]`.
+    pub v_proj: Linear<B>,
+    /// Output projection `[d_model, n_heads * head_dim]`.
+    pub o_proj: Linear<B>,
+    /// Number of query heads.
+    pub n_heads: usize,
+    /// Number of key/value heads; each serves `n_heads / n_kv_heads` query heads.
+    pub n_kv_heads: usize,
+}
+
+impl<B: Backend> Attention<B> {
+    /// Attention for block `prefix` (e.g. `model.layers.3.self_attn`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        init: &Init,
+        prefix: &str,
+        d_model: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        std: f64,
+        out_std: f64,
+        device: &B::Device,
+    ) -> Self {
+        let head_dim = d_model / n_heads;
+        let kv = n_kv_heads * head_dim;
+        let lin = |name: &str, d_in, d_out, std| {
+            Linear::new(
+                init,
+                &format!("{prefix}.{name}.weight"),
+                d_in,
+                d_out,
+                std,
+                device,
+            )
+        };
+        Self {
+            q_proj: lin("q_proj", d_model, d_model, std),
+            k_proj: lin("k_proj", d_model, kv, std),
+            v_proj: lin("v_proj", d_model, kv, std),
+            o_proj: lin("o_proj", d_model, d_model, out_std),
+            n_heads,
+            n_kv_heads,
+        }
+    }
+
+    /// # Shapes
+    /// - x: `[batch, seq, d_model]` -> `[batch, seq, d_model]`
+    pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> Tensor<B, 3> {
+        let [batch, seq, d_model] = x.dims();
+        let head_dim = d_model / self.n_heads;
+        let heads =
+            |t: Tensor<B, 3>, n: usize| t.reshape([batch, seq, n, head_dim]).swap_dims(1, 2);
+        let q = rope.apply(heads(self.q_proj.forward(x.clone()), self.n_heads));
+        let k = rope.apply(heads(self.k_proj.forward(x.clone()), self.n_kv_heads));
+        let v = heads(self.v_proj.forward(x), self.n_kv_heads);
+        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
+        let options = AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal: true,
+        };
+        let out = attention(q, k, v, None, None, options);
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
+    }
+
+    /// Repeats each key/value head for the query heads it serves (grouped-query attention).
+    fn repeat_kv(&self, t: Tensor<B, 4>) -> Tensor<B, 4> {
+        let group = self.n_heads / self.n_kv_heads;
+        if group == 1 {
+            return t;
+        }
+        let [batch, kv_heads, seq, head_dim] = t.dims();
+        t.unsqueeze_dim::<5>(2).repeat_dim(2, group).reshape([
+            batch,
+            kv_heads * group,
+            seq,
+            head_dim,
+        ])
+    }
+}

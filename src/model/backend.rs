@@ -1,0 +1,119 @@
+//! Run-time choice among the burn backends compiled into this binary.
+//!
+//! The CPU backend (`ndarray`) is always present; `cuda`, `wgpu` and `flex` exist only when
+//! iota was built with the cargo feature of the same name. Code that trains is written once,
+//! generic over an autodiff backend, as a [`BackendTask`]; [`dispatch`] runs it on the backend
+//! the user picked, or says clearly that the binary lacks it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+
+/// The default CPU backend (measured faster than `flex` on the `small` preset; see README).
+pub type Cpu = burn::backend::NdArray<f32>;
+
+/// A device the user can ask for with `--device`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceKind {
+    /// The CPU (burn's ndarray backend, multi-threaded, SIMD).
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU through CUDA (feature `cuda`).
+    Cuda,
+    /// A GPU through wgpu: Vulkan, Metal or DX12 (feature `wgpu`).
+    Wgpu,
+    /// The CPU through burn's `flex` backend (feature `flex`; for benchmarks).
+    Flex,
+}
+
+impl DeviceKind {
+    /// Every kind, compiled in or not.
+    pub const ALL: [DeviceKind; 4] = [Self::Cpu, Self::Cuda, Self::Wgpu, Self::Flex];
+
+    /// Whether this binary was built with the backend.
+    pub fn compiled_in(self) -> bool {
+        match self {
+            Self::Cpu => true,
+            Self::Cuda => cfg!(feature = "cuda"),
+            Self::Wgpu => cfg!(feature = "wgpu"),
+            Self::Flex => cfg!(feature = "flex"),
+        }
+    }
+}
+
+impl fmt::Display for DeviceKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
+            Self::Wgpu => "wgpu",
+            Self::Flex => "flex",
+        })
+    }
+}
+
+impl FromStr for DeviceKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.to_string() == s.to_ascii_lowercase())
+            .ok_or_else(|| format!("unknown device `{s}` (expected cpu, cuda, wgpu or flex)"))
+    }
+}
+
+/// Work that runs on any autodiff backend.
+pub trait BackendTask {
+    /// What the work returns.
+    type Output;
+    /// Runs the work on backend `B` and `device`.
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output;
+}
+
+/// Runs `task` on the backend for `kind`.
+///
+/// # Errors
+/// When the binary was built without that backend (the message names the cargo feature).
+pub fn dispatch<T: BackendTask>(kind: DeviceKind, task: T) -> Result<T::Output, String> {
+    use burn::backend::Autodiff;
+    match kind {
+        DeviceKind::Cpu => Ok(task.run::<Autodiff<Cpu>>(Default::default())),
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => Ok(task.run::<Autodiff<burn::backend::Cuda>>(Default::default())),
+        #[cfg(feature = "wgpu")]
+        DeviceKind::Wgpu => Ok(task.run::<Autodiff<burn::backend::Wgpu>>(Default::default())),
+        #[cfg(feature = "flex")]
+        DeviceKind::Flex => Ok(task.run::<Autodiff<burn::backend::Flex>>(Default::default())),
+        #[allow(unreachable_patterns)]
+        other => Err(format!(
+            "this iota binary was built without the `{other}` backend; rebuild with `cargo build --release --features {other}`"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_report_missing_backends() {
+        assert_eq!("CPU".parse::<DeviceKind>().unwrap(), DeviceKind::Cpu);
+        assert!("tpu".parse::<DeviceKind>().is_err());
+        struct Name;
+        impl BackendTask for Name {
+            type Output = &'static str;
+            fn run<B: AutodiffBackend>(self, _: B::Device) -> &'static str {
+                std::any::type_name::<B>()
+            }
+        }
+        assert!(dispatch(DeviceKind::Cpu, Name).unwrap().contains("NdArray"));
+        if !cfg!(feature = "cuda") {
+            let err = dispatch(DeviceKind::Cuda, Name).unwrap_err();
+            assert!(err.contains("--features cuda"), "{err}");
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! Checkpoints: the weights as one safetensors file with Llama-style tensor names (loadable by
+//! common tooling), the optimizer moments as a second safetensors file, and a small JSON
+//! sidecar with the config, step and data position needed to resume exactly.
+//!
+//! # Format
+//! ```text
+//! DIR/model.safetensors      every parameter, f32, e.g. model.layers.0.self_attn.q_proj.weight
+//! DIR/optimizer.safetensors  {param}.exp_avg and {param}.exp_avg_sq per parameter, f32
+//! DIR/checkpoint.json        CheckpointMeta (config, step, next sample id, seeds, tokenizer)
+//! ```
+//! Files are written to temporary names and renamed into place, sidecar last, so a crash
+//! mid-save leaves the previous checkpoint readable.
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use safetensors::tensor::{Dtype, SafeTensors, TensorView};
+use serde::{Deserialize, Serialize};
+
+use super::ModelError;
+use super::config::ModelConfig;
+use super::optimizer::OptimizerConfig;
+use super::params::NamedTensor;
+use super::schedule::LrSchedule;
+use super::section::SectionStats;
+
+/// File name of the weights.
+pub const MODEL_FILE: &str = "model.safetensors";
+/// File name of the optimizer moments.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// File name of the sidecar.
+pub const META_FILE: &str = "checkpoint.json";
+/// Version of this layout.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// Per-section state saved beside the tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SectionMeta {
+    /// Section index.
+    pub index: usize,
+    /// Optimizer updates applied in this section.
+    pub optimizer_step: u64,
+    /// Counters at save time.
+    pub stats: SectionStats,
+}
+
+/// The sidecar: everything besides tensors that a resume needs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// Layout version ([`FORMAT_VERSION`]).
+    pub format: u32,
+    /// The model.
+    pub model: ModelConfig,
+    /// Training steps (batches) completed.
+    pub step: u64,
+    /// Id of the next training sample to draw (the data position).
+    pub next_sample: u64,
+    /// Tokens per sample the run trained with.
+    pub seq_len: usize,
+    /// Samples per step the run trained with.
+    pub batch_size: usize,
+    /// Seed of the weight initialisation and of the data order.
+    pub seed: u64,
+    /// Fingerprint of the tokenizer the model was trained with.
+    pub tokenizer: String,
+    /// Inner optimizer hyper-parameters.
+    pub optimizer: OptimizerConfig,
+    /// Learning-rate schedule.
+    pub schedule: LrSchedule,
+    /// Per-section optimizer state besides the moments.
+    pub sections: Vec<SectionMeta>,
+    /// Free-form description of the data source.
+    pub data: String,
+}
+
+/// A checkpoint read back from disk.
+#[derive(Debug, Clone)]
+pub struct Checkpoint {
+    /// The sidecar.
+    pub meta: CheckpointMeta,
+    /// Every parameter.
+    pub params: Vec<NamedTensor>,
+    /// Optimizer moments.
+    pub optimizer: Vec<NamedTensor>,
+}
+
+fn err(path: &Path, message: impl Into<String>) -> ModelError {
+    ModelError::Checkpoint {
+        path: path.display().to_string(),
+        message: message.into(),
+    }
+}
+
+/// Writes named f32 tensors as a safetensors file (atomically, through a temporary name).
+///
+/// # Errors
+/// I/O errors and inconsistent tensors (length not matching the shape).
+pub fn write_safetensors(
+    path: &Path,
+    tensors: &[NamedTensor],
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), ModelError> {
+    let bytes: Vec<Vec<u8>> = tensors
+        .iter()
+        .map(|t| t.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        .collect();
+    let views = tensors
+        .iter()
+        .zip(&bytes)
+        .map(|(t, b)| {
+            TensorView::new(Dtype::F32, t.shape.clone(), b)
+                .map(|v| (t.name.clone(), v))
+                .map_err(|e| err(path, format!("tensor `{}`: {e}", t.name)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let tmp = tmp_path(path);
+    safetensors::serialize_to_file(views, metadata, &tmp).map_err(|e| err(path, e.to_string()))?;
+    fs::rename(&tmp, path).map_err(|e| err(path, e.to_string()))
+}
+
+/// Reads every tensor of a safetensors file as f32 (F32, BF16 and F16 are accepted), in
+/// name order.
+///
+/// # Errors
+/// Missing or unreadable file, a corrupt header or payload, or an unsupported dtype.
+pub fn read_safetensors(path: &Path) -> Result<Vec<NamedTensor>, ModelError> {
+    let bytes = fs::read(path).map_err(|e| err(path, e.to_string()))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| err(path, format!("corrupt safetensors file: {e}")))?;
+    let mut names: Vec<&str> = st.names();
+    names.sort_unstable();
+    names
+        .into_iter()
+        .map(|name| {
+            let view = st.tensor(name).map_err(|e| err(path, e.to_string()))?;
+            let data =
+                view_to_f32(&view).map_err(|m| err(path, format!("tensor `{name}`: {m}")))?;
+            Ok(NamedTensor {
+                name: name.to_string(),
+                shape: view.shape().to_vec(),
+                data,
+            })
+        })
+        .collect()
+}
+
+fn view_to_f32(view: &TensorView<'_>) -> Result<Vec<f32>, String> {
+    let raw = view.data();
+    let two = |f: fn([u8; 2]) -> f32| raw.chunks_exact(2).map(|c| f([c[0], c[1]])).collect();
+    match view.dtype() {
+        Dtype::F32 => Ok(raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()),
+        Dtype::BF16 => Ok(two(|b| half::bf16::from_le_bytes(b).to_f32())),
+        Dtype::F16 => Ok(two(|b| half::f16::from_le_bytes(b).to_f32())),
+        other => Err(format!(
+            "unsupported dtype {other:?} (expected F32, BF16 or F16)"
+        )),
+    }
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// Saves a checkpoint into `dir` (created if needed).
+///
+/// # Errors
+/// I/O errors.
+pub fn save(
+    dir: &Path,
+    meta: &CheckpointMeta,
+    params: &[NamedTensor],
+    optimizer: &[NamedTensor],
+) -> Result<(), ModelError> {
+    fs::create_dir_all(dir).map_err(|e| err(dir, e.to_string()))?;
+    let info = HashMap::from([
+        ("format".to_string(), "iota".to_string()),
+        ("step".to_string(), meta.step.to_string()),
+    ]);
+    write_safetensors(&dir.join(MODEL_FILE), params, Some(info))?;
+    write_safetensors(&dir.join(OPTIMIZER_FILE), optimizer, None)?;
+    let meta_path = dir.join(META_FILE);
+    let json = serde_json::to_vec_pretty(meta).map_err(|e| err(&meta_path, e.to_string()))?;
+    let tmp = tmp_path(&meta_path);
+    fs::write(&tmp, json).map_err(|e| err(&meta_path, e.to_string()))?;
+    fs::rename(&tmp, &meta_path).map_err(|e| err(&meta_path, e.to_string()))
+}
+
+/// Whether `dir` holds a checkpoint sidecar.
+pub fn exists(dir: &Path) -> bool {
+    dir.join(META_FILE).is_file()
+}
+
+/// Loads a checkpoint saved by [`save`].
+///
+/// # Errors
+/// Missing files, corrupt JSON or safetensors, an unknown format version, or an invalid
+/// model config.
+pub fn load(dir: &Path) -> Result<Checkpoint, ModelError> {
+    let meta_path = dir.join(META_FILE);
+    let json = fs::read(&meta_path).map_err(|e| err(&meta_path, e.to_string()))?;
+    let meta: CheckpointMeta = serde_json::from_slice(&json)
+        .map_err(|e| err(&meta_path, format!("corrupt sidecar: {e}")))?;
+    if meta.format != FORMAT_VERSION {
+        return Err(err(
+            &meta_path,
+            format!(
+                "format version {} is not supported (expected {FORMAT_VERSION})",
+                meta.format
+            ),
+        ));
+    }
+    meta.model.validate()?;
+    Ok(Checkpoint {
+        params: read_safetensors(&dir.join(MODEL_FILE))?,
+        optimizer: read_safetensors(&dir.join(OPTIMIZER_FILE))?,
+        meta,
+    })
+}

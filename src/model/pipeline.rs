@@ -1,0 +1,253 @@
+//! All sections of a model chained in one process through the same [`Section`] API and wire
+//! codec the network uses. This is `iota train`, and the single-process baseline the network
+//! is measured against.
+
+use std::collections::HashMap;
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use super::ModelError;
+use super::config::ModelConfig;
+use super::optimizer::OptimizerConfig;
+use super::params;
+use super::section::{Inner, Section, StepOutcome};
+use super::section_model::{SectionInput, cross_entropy};
+use crate::storage::codec::{self, WireDtype};
+
+/// What one training micro-batch did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchReport {
+    /// Mean loss of the micro-batch.
+    pub loss: f32,
+    /// Bytes that crossed section boundaries forwards (encoded activations).
+    pub bytes_forward: usize,
+    /// Bytes that crossed section boundaries backwards (encoded gradients).
+    pub bytes_backward: usize,
+}
+
+/// Loss and gradients of the whole model computed in one graph.
+#[derive(Debug, Clone)]
+pub struct WholeGraph {
+    /// Mean loss.
+    pub loss: f32,
+    /// Parameter gradients by global name.
+    pub param_grads: HashMap<String, Vec<f32>>,
+    /// Gradient at each section boundary, head side first.
+    pub boundary_grads: Vec<Vec<f32>>,
+}
+
+/// Every section of one model, in order.
+#[derive(Debug)]
+pub struct Pipeline<B: AutodiffBackend> {
+    sections: Vec<Section<B>>,
+    wire: WireDtype,
+    device: B::Device,
+}
+
+/// Splits windows of `seq + 1` tokens into inputs and next-token targets (`[batch, seq]`).
+///
+/// # Errors
+/// An empty batch or windows of different or too short lengths.
+pub fn windows_to_tensors<B: burn::tensor::backend::Backend>(
+    windows: &[&[u32]],
+    device: &B::Device,
+) -> Result<(Tensor<B, 2, Int>, Tensor<B, 2, Int>), ModelError> {
+    let len = windows.first().map(|w| w.len()).unwrap_or(0);
+    if len < 2 || windows.iter().any(|w| w.len() != len) {
+        return Err(ModelError::Shape(format!(
+            "a batch needs windows of equal length >= 2 (got {} windows of lengths {:?})",
+            windows.len(),
+            windows.iter().map(|w| w.len()).take(4).collect::<Vec<_>>()
+        )));
+    }
+    let seq = len - 1;
+    let mut inputs = Vec::with_capacity(windows.len() * seq);
+    let mut targets = Vec::with_capacity(windows.len() * seq);
+    for w in windows {
+        inputs.extend(w[..seq].iter().map(|&t| i64::from(t)));
+        targets.extend(w[1..].iter().map(|&t| i64::from(t)));
+    }
+    let shape = [windows.len(), seq];
+    Ok((
+        Tensor::from_data(TensorData::new(inputs, shape), device),
+        Tensor::from_data(TensorData::new(targets, shape), device),
+    ))
+}
+
+impl<B: AutodiffBackend> Pipeline<B> {
+    /// All sections of `config`, initialised from `seed`; boundary tensors are sent as `wire`.
+    ///
+    /// # Errors
+    /// An invalid config.
+    pub fn new(
+        config: &ModelConfig,
+        seed: u64,
+        optimizer: OptimizerConfig,
+        wire: WireDtype,
+        device: &B::Device,
+    ) -> Result<Self, ModelError> {
+        let sections = (0..config.n_sections())
+            .map(|i| Section::new(config, i, seed, optimizer, device))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            sections,
+            wire,
+            device: device.clone(),
+        })
+    }
+
+    /// The sections, head first.
+    pub fn sections(&self) -> &[Section<B>] {
+        &self.sections
+    }
+
+    /// The sections, mutably.
+    pub fn sections_mut(&mut self) -> &mut [Section<B>] {
+        &mut self.sections
+    }
+
+    /// The device.
+    pub fn device(&self) -> &B::Device {
+        &self.device
+    }
+
+    /// Sends a boundary tensor through the wire codec, as the network would.
+    fn cross(&self, t: Tensor<Inner<B>, 3>) -> Result<(Tensor<Inner<B>, 3>, usize), ModelError> {
+        let shape = t.dims();
+        let data: Vec<f32> = t
+            .into_data()
+            .to_vec()
+            .map_err(|e| ModelError::Shape(format!("{e:?}")))?;
+        let bytes = codec::encode(&shape, &data, self.wire)?;
+        let decoded = codec::decode_expecting(&bytes, &shape)?;
+        let tensor = Tensor::from_data(TensorData::new(decoded.data, shape), &self.device);
+        Ok((tensor, bytes.len()))
+    }
+
+    /// Forward and backward of one micro-batch of token windows (`seq + 1` tokens each)
+    /// through every section; gradients accumulate until [`Self::step`].
+    ///
+    /// # Errors
+    /// Bad windows, a non-finite loss, or a boundary tensor the codec refuses (NaN/inf).
+    pub fn train_batch(&mut self, windows: &[&[u32]]) -> Result<BatchReport, ModelError> {
+        Ok(self.run_batch(windows, false)?.0)
+    }
+
+    /// [`Self::train_batch`] that also returns, for each boundary (head side first), the
+    /// decoded gradient that crossed it, flattened.
+    ///
+    /// # Errors
+    /// As [`Self::train_batch`].
+    pub fn train_batch_recording(
+        &mut self,
+        windows: &[&[u32]],
+    ) -> Result<(BatchReport, Vec<Vec<f32>>), ModelError> {
+        self.run_batch(windows, true)
+    }
+
+    fn run_batch(
+        &mut self,
+        windows: &[&[u32]],
+        record: bool,
+    ) -> Result<(BatchReport, Vec<Vec<f32>>), ModelError> {
+        let (inputs, targets) = windows_to_tensors::<Inner<B>>(windows, &self.device)?;
+        let n = self.sections.len();
+        let mut cached = Vec::with_capacity(n);
+        let mut x = SectionInput::Tokens(inputs);
+        let (mut bytes_forward, mut bytes_backward) = (0, 0);
+        for i in 0..n - 1 {
+            cached.push(x.clone());
+            let out = self.sections[i].forward(x)?;
+            let (out, bytes) = self.cross(out)?;
+            bytes_forward += bytes;
+            x = SectionInput::Hidden(out);
+        }
+        let tail = self.sections[n - 1].train_tail(x, targets)?;
+        let mut grad = tail.input_grad;
+        let mut recorded = Vec::new();
+        for i in (0..n - 1).rev() {
+            let (g, bytes) = self.cross(grad)?;
+            bytes_backward += bytes;
+            if record {
+                recorded.push(g.to_data().to_vec().unwrap_or_default());
+            }
+            let input = cached
+                .pop()
+                .ok_or_else(|| ModelError::Shape("lost a cached input".into()))?;
+            match self.sections[i].backward(input, g)? {
+                Some(g) => grad = g,
+                None => break,
+            }
+        }
+        recorded.reverse();
+        let report = BatchReport {
+            loss: tail.loss,
+            bytes_forward,
+            bytes_backward,
+        };
+        Ok((report, recorded))
+    }
+
+    /// Mean loss of a micro-batch without gradients (activations still cross the codec).
+    ///
+    /// # Errors
+    /// Bad windows, or a boundary tensor the codec refuses.
+    pub fn eval_loss(&mut self, windows: &[&[u32]]) -> Result<f32, ModelError> {
+        let (inputs, targets) = windows_to_tensors::<Inner<B>>(windows, &self.device)?;
+        let n = self.sections.len();
+        let mut x = SectionInput::Tokens(inputs);
+        for i in 0..n - 1 {
+            let out = self.sections[i].forward(x)?;
+            x = SectionInput::Hidden(self.cross(out)?.0);
+        }
+        self.sections[n - 1].eval_loss(x, targets)
+    }
+
+    /// One optimizer step in every section at learning rate `lr`.
+    pub fn step(&mut self, lr: f64) -> Vec<StepOutcome> {
+        self.sections.iter_mut().map(|s| s.step(lr)).collect()
+    }
+
+    /// The same model run as one autodiff graph, without section boundaries, codecs or
+    /// recomputation: the reference the chain must match. Returns the loss, the parameter
+    /// gradients by name, and the gradient at each boundary (head side first).
+    ///
+    /// # Errors
+    /// Bad windows.
+    pub fn whole_graph(&self, windows: &[&[u32]]) -> Result<WholeGraph, ModelError> {
+        let (inputs, targets) = windows_to_tensors::<B>(windows, &self.device)?;
+        let n = self.sections.len();
+        let mut x = SectionInput::Tokens(inputs);
+        let mut probes = Vec::new();
+        for s in &self.sections[..n - 1] {
+            let out = s.module().forward(x);
+            // Adding a zero leaf keeps the graph whole while exposing d loss / d boundary.
+            let probe = Tensor::<B, 3>::zeros(out.dims(), &self.device).require_grad();
+            probes.push(probe.clone());
+            x = SectionInput::Hidden(out + probe);
+        }
+        let loss = cross_entropy(self.sections[n - 1].module().logits(x), targets);
+        let value = super::section::scalar(loss.clone()) as f32;
+        let grads = loss.backward();
+        let mut param_grads = HashMap::new();
+        for s in &self.sections {
+            for (name, g) in params::collect_grads(s.module(), s.spec(), &grads) {
+                param_grads.insert(name, g.into_data().to_vec().unwrap_or_default());
+            }
+        }
+        let boundary_grads = probes
+            .iter()
+            .map(|p| {
+                p.grad(&grads)
+                    .map(|g| g.into_data().to_vec().unwrap_or_default())
+                    .unwrap_or_default()
+            })
+            .collect();
+        Ok(WholeGraph {
+            loss: value,
+            param_grads,
+            boundary_grads,
+        })
+    }
+}

@@ -1,0 +1,141 @@
+//! The burn module of one pipeline section: an optional token embedding (head), a contiguous
+//! run of blocks, optional bottleneck halves at its edges, and an optional final norm and LM
+//! head (tail). The whole model is just its sections applied in order.
+
+use burn::module::Module;
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
+
+use super::block::Block;
+use super::bottleneck::{BottleneckDecoder, BottleneckEncoder};
+use super::config::{ModelConfig, SectionSpec};
+use super::init::Init;
+use super::layers::{Embedding, Linear, RmsNorm};
+use super::rope::Rope;
+
+/// What flows into a section.
+#[derive(Debug, Clone)]
+pub enum SectionInput<B: Backend> {
+    /// Token ids `[batch, seq]` (head section).
+    Tokens(Tensor<B, 2, Int>),
+    /// Boundary activations `[batch, seq, width]` from the previous section.
+    Hidden(Tensor<B, 3>),
+}
+
+/// Parameters and forward pass of one section.
+#[derive(Module, Debug)]
+pub struct SectionModel<B: Backend> {
+    /// Token embedding (head only).
+    pub embed_tokens: Option<Embedding<B>>,
+    /// Decoder of the incoming bottleneck (non-head sections with a bottleneck).
+    pub bottleneck_in: Option<BottleneckDecoder<B>>,
+    /// The section's blocks, in order.
+    pub layers: Vec<Block<B>>,
+    /// Encoder of the outgoing bottleneck (non-tail sections with a bottleneck).
+    pub bottleneck_out: Option<BottleneckEncoder<B>>,
+    /// Final norm (tail only).
+    pub norm: Option<RmsNorm<B>>,
+    /// LM head `[vocab, d_model]` (tail only).
+    pub lm_head: Option<Linear<B>>,
+    /// Head dimension, for the rotary tables.
+    pub head_dim: usize,
+    /// Rotary base.
+    pub rope_theta: f64,
+}
+
+impl<B: Backend> SectionModel<B> {
+    /// Builds section `spec` of `cfg` with weights drawn from `init`.
+    pub fn new(cfg: &ModelConfig, spec: &SectionSpec, init: &Init, device: &B::Device) -> Self {
+        let (d, w, std) = (cfg.d_model, cfg.boundary_width(), cfg.init_std);
+        let first = spec.blocks.start;
+        let last = spec.blocks.end - 1;
+        Self {
+            embed_tokens: spec.is_head.then(|| {
+                Embedding::new(
+                    init,
+                    "model.embed_tokens.weight",
+                    cfg.vocab_size,
+                    d,
+                    std,
+                    device,
+                )
+            }),
+            bottleneck_in: spec
+                .bottleneck_in
+                .then(|| BottleneckDecoder::new(init, first, d, w, std, device)),
+            layers: spec
+                .blocks
+                .clone()
+                .map(|layer| Block::new(cfg, init, layer, device))
+                .collect(),
+            bottleneck_out: spec
+                .bottleneck_out
+                .then(|| BottleneckEncoder::new(init, last, d, w, std, device)),
+            norm: spec.is_tail.then(|| RmsNorm::new(d, cfg.norm_eps, device)),
+            lm_head: spec
+                .is_tail
+                .then(|| Linear::new(init, "lm_head.weight", d, cfg.vocab_size, std, device)),
+            head_dim: cfg.head_dim(),
+            rope_theta: cfg.rope_theta,
+        }
+    }
+
+    /// Runs the section up to its output: the boundary tensor for non-tail sections
+    /// (`[batch, seq, width]`), or the final normalised hidden state for the tail
+    /// (`[batch, seq, d_model]`).
+    pub fn forward(&self, input: SectionInput<B>) -> Tensor<B, 3> {
+        let mut x = match input {
+            SectionInput::Tokens(tokens) => match &self.embed_tokens {
+                Some(embed) => embed.forward(tokens),
+                None => panic!("token ids given to a section without an embedding"),
+            },
+            SectionInput::Hidden(z) => match &self.bottleneck_in {
+                Some(decoder) => decoder.forward(z),
+                None => z,
+            },
+        };
+        let [_, seq, _] = x.dims();
+        let rope = Rope::new(seq, self.head_dim, self.rope_theta, &x.device());
+        let n = self.layers.len();
+        for (i, block) in self.layers.iter().enumerate() {
+            x = match (&self.bottleneck_out, i + 1 == n) {
+                (Some(encoder), true) => {
+                    let h = block.attend(x, &rope);
+                    encoder.forward(block.mlp_branch(h.clone()), h)
+                }
+                _ => block.forward(x, &rope),
+            };
+        }
+        match &self.norm {
+            Some(norm) => norm.forward(x),
+            None => x,
+        }
+    }
+
+    /// Logits of the tail section.
+    ///
+    /// # Shapes
+    /// - returns `[batch, seq, vocab]`
+    pub fn logits(&self, input: SectionInput<B>) -> Tensor<B, 3> {
+        let hidden = self.forward(input);
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => panic!("logits asked of a section without an LM head"),
+        }
+    }
+
+    /// Mean next-token cross-entropy (nats) of the tail section against `targets`
+    /// (`[batch, seq]`), as a one-element tensor.
+    pub fn loss(&self, input: SectionInput<B>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+        cross_entropy(self.logits(input), targets)
+    }
+}
+
+/// Mean cross-entropy of `logits` (`[batch, seq, vocab]`) against `targets` (`[batch, seq]`).
+pub fn cross_entropy<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
+    let [batch, seq, vocab] = logits.dims();
+    let logp = log_softmax(logits.reshape([batch * seq, vocab]), 1);
+    let picked = logp.gather(1, targets.reshape([batch * seq, 1]));
+    picked.mean().neg()
+}

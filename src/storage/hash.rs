@@ -1,0 +1,75 @@
+//! Content hashes for payloads: the producer of a blob reports its BLAKE3 hash to the
+//! orchestrator, and every consumer checks the bytes it downloaded against that report.
+
+use super::codec::CodecError;
+
+/// BLAKE3 hash of `bytes` as 64 lowercase hex digits.
+pub fn payload_hash(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+/// Checks that `bytes` hash to `expected_hex` (64 hex digits, either case).
+///
+/// The comparison is constant-time, although the hash is not a secret.
+///
+/// # Errors
+/// [`CodecError::MalformedHash`] if `expected_hex` is not 64 hex digits, and
+/// [`CodecError::HashMismatch`] (with both hashes) if the bytes differ from what was reported.
+pub fn verify_hash(bytes: &[u8], expected_hex: &str) -> Result<(), CodecError> {
+    let expected =
+        blake3::Hash::from_hex(expected_hex.trim()).map_err(|_| CodecError::MalformedHash {
+            got: expected_hex.to_string(),
+        })?;
+    let got = blake3::hash(bytes);
+    if got == expected {
+        Ok(())
+    } else {
+        Err(CodecError::HashMismatch {
+            expected: expected.to_hex().to_string(),
+            got: got.to_hex().to_string(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn known_vector_for_empty_input() {
+        // The BLAKE3 reference test vector for the empty message.
+        assert_eq!(
+            payload_hash(b""),
+            "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
+    }
+
+    #[test]
+    fn verify_accepts_own_hash_in_either_case() {
+        let bytes = b"activation bytes";
+        let h = payload_hash(bytes);
+        assert_eq!(h.len(), 64);
+        assert_eq!(verify_hash(bytes, &h), Ok(()));
+        assert_eq!(verify_hash(bytes, &h.to_uppercase()), Ok(()));
+    }
+
+    #[test]
+    fn verify_rejects_changed_bytes_and_bad_hex() {
+        let h = payload_hash(b"abc");
+        match verify_hash(b"abd", &h) {
+            Err(CodecError::HashMismatch { expected, got }) => {
+                assert_eq!(expected, h);
+                assert_eq!(got, payload_hash(b"abd"));
+            }
+            other => panic!("expected HashMismatch, got {other:?}"),
+        }
+        assert!(matches!(
+            verify_hash(b"abc", "xyz"),
+            Err(CodecError::MalformedHash { .. })
+        ));
+        assert!(matches!(
+            verify_hash(b"abc", &h[..62]),
+            Err(CodecError::MalformedHash { .. })
+        ));
+    }
+}

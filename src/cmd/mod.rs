@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod merge;
 pub mod model;
 pub mod tokenizer;
 pub mod train;
@@ -33,6 +34,8 @@ pub enum Command {
     Model(model::ModelArgs),
     /// Benchmarks that print tables (model).
     Bench(bench::BenchArgs),
+    /// Merge checkpoints offline with the network's merge operators.
+    Merge(merge::MergeArgs),
     /// Offline tokenizer tools (train a byte-level BPE).
     Tokenizer(tokenizer::TokenizerArgs),
 }
@@ -46,6 +49,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Train(args) => train::run(args),
         Command::Model(args) => model::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Merge(args) => merge::run(args),
         Command::Tokenizer(args) => tokenizer::run(args),
     }
 }

@@ -199,19 +199,19 @@ impl ModelConfig {
                 return bad(format!("`{key}` must be positive"));
             }
         }
-        if self.d_model % self.n_heads != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) {
             return bad(format!(
                 "`d_model` ({}) must be divisible by `n_heads` ({})",
                 self.d_model, self.n_heads
             ));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!(
                 "`n_heads` ({}) must be divisible by `n_kv_heads` ({})",
                 self.n_heads, self.n_kv_heads
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "the head dimension d_model/n_heads = {} must be even for rotary embeddings",
                 self.head_dim()
@@ -250,13 +250,13 @@ impl ModelConfig {
                 self.n_layers
             ));
         }
-        if let Some(d_b) = self.d_b {
-            if d_b == 0 || d_b > self.d_model {
-                return bad(format!(
-                    "`d_b` must be between 1 and d_model ({}), got {d_b}",
-                    self.d_model
-                ));
-            }
+        if let Some(d_b) = self.d_b
+            && (d_b == 0 || d_b > self.d_model)
+        {
+            return bad(format!(
+                "`d_b` must be between 1 and d_model ({}), got {d_b}",
+                self.d_model
+            ));
         }
         Ok(())
     }

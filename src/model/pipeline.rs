@@ -45,6 +45,9 @@ pub struct Pipeline<B: AutodiffBackend> {
     device: B::Device,
 }
 
+/// Input ids and next-token targets of a batch, both `[batch, seq]`.
+pub type TokenBatch<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>);
+
 /// Splits windows of `seq + 1` tokens into inputs and next-token targets (`[batch, seq]`).
 ///
 /// # Errors
@@ -52,7 +55,7 @@ pub struct Pipeline<B: AutodiffBackend> {
 pub fn windows_to_tensors<B: burn::tensor::backend::Backend>(
     windows: &[&[u32]],
     device: &B::Device,
-) -> Result<(Tensor<B, 2, Int>, Tensor<B, 2, Int>), ModelError> {
+) -> Result<TokenBatch<B>, ModelError> {
     let len = windows.first().map(|w| w.len()).unwrap_or(0);
     if len < 2 || windows.iter().any(|w| w.len() != len) {
         return Err(ModelError::Shape(format!(

@@ -4,11 +4,30 @@
 //!   pipeline sections) in f32, bf16 or per-row int8, validated strictly on decode.
 //! - [`hash`]: BLAKE3 payload hashes that producers report and consumers check.
 //!
-//! The object store (local directory or S3-compatible, presigned URLs, key layout) will live
-//! here too; this module knows nothing of models.
+//! - [`key`] builds the key layout (`runs/{run}/...`) from validated components.
+//! - [`store`] defines [`Storage`], the store itself (put/get/range/head/list/delete/presign)
+//!   over a local directory or an S3-compatible bucket.
+//! - [`store_config`] defines [`StorageConfig`], where the objects live.
+//! - [`store_error`] defines [`StorageError`].
+//! - [`transfer`] uploads and downloads through presigned URLs, for credential-less clients.
+//! - [`retry`] defines the retry policy of those transfers.
+//!
+//! This module knows nothing of models.
 
 pub mod codec;
 pub mod hash;
+pub mod key;
+pub mod retry;
+pub mod store;
+pub mod store_config;
+pub mod store_error;
+pub mod transfer;
 
 pub use codec::{CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len};
 pub use hash::{payload_hash, verify_hash};
+pub use key::{Direction, Hotkey, KeyError, KeyPart, ObjectKey, RunKeys, StatePart};
+pub use retry::RetryPolicy;
+pub use store::{ObjectInfo, PresignMethod, Storage};
+pub use store_config::{BackendKind, StorageConfig};
+pub use store_error::{StorageError, StorageResult};
+pub use transfer::{UrlClient, download_from_url, upload_to_url};

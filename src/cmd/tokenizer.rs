@@ -84,6 +84,8 @@ mod tests {
             "t.json",
         ])
         .unwrap();
+        // Irrefutable while these are the only variants; other commands will be added.
+        #[allow(irrefutable_let_patterns)]
         let Command::Tokenizer(TokenizerArgs {
             command: TokenizerCommand::Train(args),
         }) = cli.command

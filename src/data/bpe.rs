@@ -168,6 +168,24 @@ mod tests {
     }
 
     #[test]
+    fn packing_with_a_trained_bpe_separates_documents_with_endoftext() {
+        let dir = corpus_dir();
+        let source = LocalFiles::open(dir.path()).unwrap();
+        let tokenizer = train_bpe(&source, 300, &dir.path().join("t.json")).unwrap();
+        let eot = tokenizer.end_of_text().unwrap();
+        let tokens = crate::data::pack_documents(&source, &tokenizer).unwrap();
+        let docs: Vec<String> = source.documents().map(Result::unwrap).collect();
+        assert_eq!(docs.len(), 21);
+        let pieces: Vec<&[u32]> = tokens.split(|&t| t == eot).collect();
+        assert_eq!(pieces.len(), docs.len());
+        for (piece, doc) in pieces.iter().zip(&docs) {
+            assert_eq!(&tokenizer.decode(piece).unwrap(), doc);
+        }
+        // The end-of-text token decodes to its text, kept as a special token.
+        assert_eq!(tokenizer.decode(&[eot]).unwrap(), END_OF_TEXT_TOKEN);
+    }
+
+    #[test]
     fn vocab_is_capped_when_corpus_runs_out_of_merges() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("tiny.txt"), "ab ab ab").unwrap();

@@ -3,6 +3,12 @@
 use super::source::TextSource;
 use super::{DataError, Tokenizer};
 
+/// Most documents encoded in one batch.
+const BATCH_DOCUMENTS: usize = 256;
+
+/// Text bytes after which a batch is encoded even if it has fewer documents.
+const BATCH_BYTES: usize = 16 << 20;
+
 /// Tokenizes every document of `source` and concatenates them, with the tokenizer's
 /// end-of-text id *between* consecutive documents (none before the first or after the last,
 /// and none at all when the tokenizer has no such token). Documents that encode to no tokens
@@ -21,17 +27,33 @@ pub fn pack_documents(
     let separator = tokenizer.end_of_text();
     let mut tokens = Vec::new();
     let mut documents = 0usize;
+    let mut append = |batch: &[String]| -> Result<(), DataError> {
+        for ids in tokenizer.encode_batch(batch)? {
+            if ids.is_empty() {
+                continue;
+            }
+            if documents > 0 {
+                tokens.extend(separator);
+            }
+            tokens.extend_from_slice(&ids);
+            documents += 1;
+        }
+        Ok(())
+    };
+    // Documents are encoded in batches (in parallel for HF tokenizers) and appended in order.
+    let mut batch = Vec::new();
+    let mut batch_bytes = 0usize;
     for document in source.documents() {
-        let ids = tokenizer.encode(&document?)?;
-        if ids.is_empty() {
-            continue;
+        let document = document?;
+        batch_bytes += document.len();
+        batch.push(document);
+        if batch.len() >= BATCH_DOCUMENTS || batch_bytes >= BATCH_BYTES {
+            append(&batch)?;
+            batch.clear();
+            batch_bytes = 0;
         }
-        if documents > 0 {
-            tokens.extend(separator);
-        }
-        tokens.extend_from_slice(&ids);
-        documents += 1;
     }
+    append(&batch)?;
     if documents == 0 {
         return Err(DataError::NoDocuments {
             source_name: source.describe(),
@@ -64,6 +86,30 @@ mod tests {
         assert_eq!(tokens, vec![97, 98, 0, 99]);
         let single = pack_documents(&Docs(vec!["xyz"]), &Tokenizer::byte()).unwrap();
         assert_eq!(single, vec![120, 121, 122]);
+    }
+
+    /// Many small documents, so packing crosses batch boundaries.
+    struct Numbered(usize);
+
+    impl TextSource for Numbered {
+        fn describe(&self) -> String {
+            "numbered".to_owned()
+        }
+        fn documents(&self) -> Documents<'_> {
+            Box::new((0..self.0).map(|i| Ok(format!("d{i}"))))
+        }
+    }
+
+    #[test]
+    fn batches_keep_document_order() {
+        let n = 2 * BATCH_DOCUMENTS + 3;
+        let tokens = pack_documents(&Numbered(n), &Tokenizer::byte()).unwrap();
+        let text = Tokenizer::byte().decode(&tokens).unwrap();
+        let docs: Vec<&str> = text.split('\0').collect();
+        assert_eq!(docs.len(), n);
+        for (i, doc) in docs.iter().enumerate() {
+            assert_eq!(*doc, format!("d{i}"));
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::path::Path;
 
 use super::DataError;
+use super::source::io_error;
 
 /// Tokens tried, in order, as the end-of-text marker of a Hugging Face tokenizer.
 const END_OF_TEXT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
@@ -20,8 +21,9 @@ pub const BYTE_END_OF_TEXT: u32 = 0;
 ///
 /// Either the built-in byte tokenizer (ids are the UTF-8 bytes, vocabulary 256, the default
 /// because it needs no file and keeps the synthetic corpus's entropy floor exact) or a Hugging
-/// Face tokenizer loaded from a `tokenizer.json`. Cloning an HF tokenizer copies its tables.
-#[derive(Clone, Debug)]
+/// Face tokenizer loaded from a `tokenizer.json`. Cloning an HF tokenizer copies its tables;
+/// `Debug` prints only the fingerprint and sizes, not the vocabulary.
+#[derive(Clone)]
 pub struct Tokenizer {
     /// Which tokenizer this is.
     kind: Kind,
@@ -33,8 +35,18 @@ pub struct Tokenizer {
     vocab_size: usize,
 }
 
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("fingerprint", &self.fingerprint)
+            .field("vocab_size", &self.vocab_size)
+            .field("end_of_text", &self.end_of_text)
+            .finish()
+    }
+}
+
 /// The two kinds of tokenizer.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 enum Kind {
     Byte,
     Hf(Box<tokenizers::Tokenizer>),
@@ -57,18 +69,7 @@ impl Tokenizer {
     /// [`DataError::NotFound`] when the file is missing, [`DataError::Unreadable`] when it cannot
     /// be read, [`DataError::BadTokenizerFile`] when it does not parse.
     pub fn from_file(path: &Path) -> Result<Self, DataError> {
-        let bytes = std::fs::read(path).map_err(|error| {
-            if error.kind() == std::io::ErrorKind::NotFound {
-                DataError::NotFound {
-                    path: path.to_path_buf(),
-                }
-            } else {
-                DataError::Unreadable {
-                    path: path.to_path_buf(),
-                    error,
-                }
-            }
-        })?;
+        let bytes = std::fs::read(path).map_err(|error| io_error(path, error))?;
         let hf =
             tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| DataError::BadTokenizerFile {
                 path: path.to_path_buf(),
@@ -77,11 +78,17 @@ impl Tokenizer {
         Self::from_hf(hf)
     }
 
-    /// Wraps an in-memory Hugging Face tokenizer.
+    /// Wraps an in-memory Hugging Face tokenizer. Any truncation or padding configured in it is
+    /// switched off: packing needs every token of every document, unpadded.
     ///
     /// # Errors
-    /// [`DataError::Tokenizer`] when it cannot be serialized (needed for its fingerprint).
-    pub fn from_hf(hf: tokenizers::Tokenizer) -> Result<Self, DataError> {
+    /// [`DataError::Tokenizer`] when it cannot be reconfigured or serialized (needed for its
+    /// fingerprint).
+    pub fn from_hf(mut hf: tokenizers::Tokenizer) -> Result<Self, DataError> {
+        hf.with_truncation(None).map_err(|e| DataError::Tokenizer {
+            reason: one_line(&e.to_string()),
+        })?;
+        hf.with_padding(None);
         let json = hf.to_string(false).map_err(|e| DataError::Tokenizer {
             reason: one_line(&e.to_string()),
         })?;
@@ -124,10 +131,32 @@ impl Tokenizer {
         match &self.kind {
             Kind::Byte => Ok(text.bytes().map(u32::from).collect()),
             Kind::Hf(hf) => {
-                let encoding = hf.encode(text, false).map_err(|e| DataError::Tokenizer {
-                    reason: one_line(&e.to_string()),
-                })?;
+                let encoding = hf
+                    .encode_fast(text, false)
+                    .map_err(|e| DataError::Tokenizer {
+                        reason: one_line(&e.to_string()),
+                    })?;
                 Ok(encoding.get_ids().to_vec())
+            }
+        }
+    }
+
+    /// Encodes several texts, in parallel for an HF tokenizer; the same ids as
+    /// [`Tokenizer::encode`] on each, in order.
+    ///
+    /// # Errors
+    /// As [`Tokenizer::encode`].
+    pub fn encode_batch(&self, texts: &[String]) -> Result<Vec<Vec<u32>>, DataError> {
+        match &self.kind {
+            Kind::Byte => texts.iter().map(|text| self.encode(text)).collect(),
+            Kind::Hf(hf) => {
+                let inputs: Vec<&str> = texts.iter().map(String::as_str).collect();
+                let encodings =
+                    hf.encode_batch_fast(inputs, false)
+                        .map_err(|e| DataError::Tokenizer {
+                            reason: one_line(&e.to_string()),
+                        })?;
+                Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
             }
         }
     }
@@ -202,6 +231,10 @@ mod tests {
         assert_eq!(tokenizer.vocab_size(), 256);
         assert_eq!(tokenizer.end_of_text(), Some(0));
         assert_eq!(tokenizer.fingerprint(), "byte");
+        assert_eq!(
+            format!("{tokenizer:?}"),
+            "Tokenizer { fingerprint: \"byte\", vocab_size: 256, end_of_text: Some(0) }"
+        );
     }
 
     #[test]

@@ -52,7 +52,6 @@ pub struct ObjectInfo {
     pub size: u64,
 }
 
-
 /// An object store holding one deployment's objects, all under an optional key prefix.
 ///
 /// Cheap to clone (the backend is shared). All methods take keys relative to the prefix.

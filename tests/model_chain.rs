@@ -1,0 +1,104 @@
+//! The section chain (forward without a graph, backward by recomputation, boundary tensors
+//! through the wire codec) must compute what the whole model computes in one autodiff graph.
+
+use iota::model::pipeline::Pipeline;
+use iota::model::{ModelConfig, OptimizerConfig};
+use iota::storage::codec::WireDtype;
+
+type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let diff: f64 = a.iter().zip(b).map(|(x, y)| f64::from(x - y).powi(2)).sum();
+    let norm: f64 = b.iter().map(|y| f64::from(*y).powi(2)).sum();
+    (diff / norm.max(1e-30)).sqrt()
+}
+
+fn windows() -> Vec<Vec<u32>> {
+    (0..3)
+        .map(|i| {
+            (0..17)
+                .map(|j| ((i * 31 + j * 7) % 97 + 32) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// Runs one micro-batch both ways and returns the worst relative errors of
+/// (loss, parameter gradients, boundary gradients).
+fn compare(cfg: &ModelConfig, wire: WireDtype) -> (f64, f64, f64) {
+    let device = Default::default();
+    let mut pipeline =
+        Pipeline::<B>::new(cfg, 3, OptimizerConfig::default(), wire, &device).unwrap();
+    let owned = windows();
+    let batch: Vec<&[u32]> = owned.iter().map(|w| w.as_slice()).collect();
+    let whole = pipeline.whole_graph(&batch).unwrap();
+    let (report, boundary) = pipeline.train_batch_recording(&batch).unwrap();
+    let loss_err = f64::from((report.loss - whole.loss).abs() / whole.loss.abs());
+    let mut grad_err: f64 = 0.0;
+    let mut n_params = 0;
+    for section in pipeline.sections() {
+        for (name, g) in section.accumulated_grads() {
+            let reference = &whole.param_grads[&name];
+            grad_err = grad_err.max(rel_err(&g, reference));
+            n_params += 1;
+        }
+    }
+    assert_eq!(
+        n_params,
+        whole.param_grads.len(),
+        "every parameter got a gradient"
+    );
+    assert_eq!(boundary.len(), cfg.n_sections() - 1);
+    let mut boundary_err: f64 = 0.0;
+    for (chain, reference) in boundary.iter().zip(&whole.boundary_grads) {
+        boundary_err = boundary_err.max(rel_err(chain, reference));
+    }
+    (loss_err, grad_err, boundary_err)
+}
+
+#[test]
+fn chain_equals_whole_graph_with_bottleneck_f32() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
+    assert!(loss < 1e-5, "loss rel err {loss}");
+    assert!(grads < 1e-4, "param grad rel err {grads}");
+    assert!(boundary < 1e-4, "boundary grad rel err {boundary}");
+}
+
+#[test]
+fn chain_equals_whole_graph_without_bottleneck_f32() {
+    let mut cfg = ModelConfig::preset("tiny").unwrap();
+    cfg.bottleneck = false;
+    let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
+    assert!(loss < 1e-5, "loss rel err {loss}");
+    assert!(grads < 1e-4, "param grad rel err {grads}");
+    assert!(boundary < 1e-4, "boundary grad rel err {boundary}");
+}
+
+#[test]
+fn chain_matches_whole_graph_at_128x() {
+    let mut cfg = ModelConfig::preset("tiny").unwrap();
+    cfg.d_b = Some(cfg.d_model / 128);
+    let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
+    assert!(
+        loss < 1e-5 && grads < 1e-4 && boundary < 1e-4,
+        "{loss} {grads} {boundary}"
+    );
+}
+
+#[test]
+fn bf16_and_int8_codecs_stay_within_tolerance() {
+    let mut cfg = ModelConfig::preset("tiny").unwrap();
+    cfg.d_b = Some(8);
+    let (loss, grads, boundary) = compare(&cfg, WireDtype::Bf16);
+    eprintln!("bf16: loss {loss:.2e} grads {grads:.2e} boundary {boundary:.2e}");
+    assert!(loss < 1e-3, "bf16 loss rel err {loss}");
+    assert!(grads < 2e-2, "bf16 param grad rel err {grads}");
+    assert!(boundary < 2e-2, "bf16 boundary grad rel err {boundary}");
+    let (loss, grads, boundary) = compare(&cfg, WireDtype::Int8);
+    eprintln!("int8: loss {loss:.2e} grads {grads:.2e} boundary {boundary:.2e}");
+    assert!(loss < 1e-2, "int8 loss rel err {loss}");
+    assert!(grads < 5e-2, "int8 param grad rel err {grads}");
+    assert!(boundary < 5e-2, "int8 boundary grad rel err {boundary}");
+}

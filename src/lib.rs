@@ -2,6 +2,7 @@
 //! across many unreliable machines, each of which holds only a section of it.
 //!
 //! # Layout
+//! - [`api`]: wire types of the orchestrator HTTP API, shared by server and clients.
 //! - [`cmd`]: one file per subcommand of the `iota` binary (argument parsing, wiring, progress UI).
 //! - [`model`]: the burn Llama-style model, split into sections joined by learned bottlenecks;
 //!   the section training API, optimizer, schedules and checkpoints.
@@ -15,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod cmd;
+pub mod api;
 pub mod data;
 pub mod merge;
 pub mod model;

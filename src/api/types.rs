@@ -1,0 +1,301 @@
+//! Request and response bodies of the orchestrator API. Field names are the JSON names.
+//!
+//! # Endpoints
+//! | method, path | body | response | notes |
+//! |---|---|---|---|
+//! | GET `/health` | – | [`Health`] | public |
+//! | GET `/metrics` | – | Prometheus text | public |
+//! | GET `/api/status` | – | [`StatusResponse`] | public |
+//! | GET `/api/run` | – | [`RunInfo`] | public: what a client signs for |
+//! | POST `/api/register` | [`RegisterRequest`] | [`RegisterResponse`] | signed; any hotkey (a local network has no chain) |
+//! | POST `/api/heartbeat` | [`HeartbeatRequest`] | [`HeartbeatResponse`] | signed, registered |
+//! | POST `/api/work` | [`WorkRequest`] | [`WorkResponse`] | signed, registered; backward work first |
+//! | POST `/api/submit` | [`SubmitRequest`] | [`SubmitResponse`] | signed, registered; the assignment's holder only |
+//! | POST `/api/release` | [`ReleaseRequest`] | [`SubmitResponse`] | signed: hand assignments back (Ctrl-C) |
+//! | GET/PUT `/blob/{key}?exp=..&sig=..` | bytes | bytes | local storage only; token from a [`BlobRef`] |
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelConfig;
+use crate::storage::codec::WireDtype;
+
+/// `GET /health`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Health {
+    /// Always "ok" when the server answers.
+    pub status: String,
+}
+
+/// An error response body (any 4xx/5xx).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// Stable machine-readable code: `unauthorized`, `forbidden`, `stale`, `replayed`,
+    /// `not_registered`, `bad_request`, `not_found`, `conflict`, `bad_payload`, `internal`.
+    pub code: String,
+    /// Human-readable explanation (5xx responses say only "internal error").
+    pub message: String,
+}
+
+/// `GET /api/run`: the run a client is joining.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// Run name; clients sign requests for it (`signed_for`).
+    pub run: String,
+    /// Model of the run.
+    pub model: ModelConfig,
+    /// Current phase.
+    pub phase: Phase,
+    /// Current epoch (merges completed).
+    pub epoch: u64,
+}
+
+/// Phase of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Miners process forward and backward work.
+    Training,
+    /// Miners upload weights for the merge.
+    Uploading,
+    /// Miners merge their partitions.
+    Merging,
+}
+
+/// `POST /api/register`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    /// What the miner can do (informational, for the dashboard).
+    pub device: String,
+    /// Most forwards the miner wants in flight (the server caps it at its own `max_in_flight`).
+    pub max_in_flight: usize,
+}
+
+/// Training settings every miner of the run follows.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MinerSettings {
+    /// Local optimizer step every this many backwards.
+    pub local_steps: u64,
+    /// Most forwards awaiting their backward per miner.
+    pub max_in_flight: usize,
+    /// Encoding of boundary tensors.
+    pub wire: WireDtype,
+    /// Tokens per sample.
+    pub seq_len: usize,
+    /// Samples per assignment (micro-batch).
+    pub batch_size: usize,
+    /// Seed of the initial weights (every miner of a section starts identical).
+    pub seed: u64,
+    /// Inner optimizer.
+    pub optimizer: crate::model::OptimizerConfig,
+    /// Learning-rate schedule, evaluated at the miner's local optimizer step.
+    pub schedule: crate::model::LrSchedule,
+    /// Seconds between heartbeats.
+    pub heartbeat_s: u64,
+}
+
+/// `POST /api/register` response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegisterResponse {
+    /// The caller's SS58 hotkey.
+    pub hotkey: String,
+    /// Section the miner serves (a re-registering hotkey gets its section back).
+    pub section: usize,
+    /// Run name.
+    pub run: String,
+    /// Current epoch.
+    pub epoch: u64,
+    /// Model of the run.
+    pub model: ModelConfig,
+    /// Settings to follow.
+    pub settings: MinerSettings,
+    /// Latest weights of the section to start from; `None` means initialise from the seed.
+    pub weights: Option<BlobRef>,
+}
+
+/// A short-lived URL for one object, with what the consumer must check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlobRef {
+    /// GET (download) or PUT (upload) URL, valid until `expires_unix_ms`.
+    pub url: String,
+    /// BLAKE3 hex of the content (downloads only; the producer reported it).
+    pub hash: Option<String>,
+    /// Shape of the tensor inside, when the object is a wire-codec tensor.
+    pub shape: Option<Vec<usize>>,
+    /// Expiry of the URL.
+    pub expires_unix_ms: u64,
+}
+
+/// Direction of an assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkKind {
+    /// Run the section forward on `input`, upload the output activations (the tail instead
+    /// computes the loss against `targets`, runs its backward at once and uploads the input
+    /// gradient).
+    Forward,
+    /// Recompute from the cached input of the same sample, back-propagate `input` (the
+    /// upstream gradient), upload the input gradient (the head uploads nothing).
+    Backward,
+}
+
+/// One unit of work for one micro-batch of samples.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// Server-side id; quote it when submitting.
+    pub id: u64,
+    /// The sample (micro-batch) this work belongs to.
+    pub sample_id: u64,
+    /// Forward or backward.
+    pub kind: WorkKind,
+    /// Section index.
+    pub section: usize,
+    /// Input: activations (non-head forward), upstream gradient (backward), or token ids as
+    /// little-endian u32 `[batch, seq]` (head forward).
+    pub input: BlobRef,
+    /// Next-token targets, little-endian u32 `[batch, seq]` (tail forward only).
+    pub targets: Option<BlobRef>,
+    /// Where to upload the result (absent for the head's backward, which produces nothing).
+    pub output: Option<BlobRef>,
+    /// Deadline; work submitted later is refused and the miner penalised.
+    pub deadline_unix_ms: u64,
+}
+
+/// `POST /api/work`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkRequest {
+    /// Most assignments wanted now.
+    pub max: usize,
+}
+
+/// `POST /api/work` response (possibly empty: ask again after a short wait).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkResponse {
+    /// Backward assignments come first.
+    pub assignments: Vec<Assignment>,
+    /// Current phase (the miner stops asking for training work outside `training`).
+    pub phase: Phase,
+}
+
+/// Time spent on an assignment, for the ledger and scoring.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Downloading inputs.
+    pub download_ms: u64,
+    /// Computing.
+    pub compute_ms: u64,
+    /// Uploading the result.
+    pub upload_ms: u64,
+}
+
+/// `POST /api/submit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitRequest {
+    /// The assignment.
+    pub assignment_id: u64,
+    /// BLAKE3 hex of the uploaded output (absent when there is no output).
+    pub output_hash: Option<String>,
+    /// Size of the uploaded output in bytes.
+    pub output_bytes: Option<u64>,
+    /// Loss of the micro-batch (tail forward only).
+    pub loss: Option<f32>,
+    /// Timings.
+    pub timings: Timings,
+}
+
+/// `POST /api/submit` and `/api/release` response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SubmitResponse {
+    /// Whether the result was accepted (a refused result is re-offered and explained).
+    pub accepted: bool,
+    /// Why not, when refused.
+    pub reason: Option<String>,
+}
+
+/// `POST /api/release`: hand assignments back unfinished (shutdown).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    /// Assignments to hand back.
+    pub assignment_ids: Vec<u64>,
+}
+
+/// `POST /api/heartbeat`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    /// Forwards done since registration.
+    pub forwards: u64,
+    /// Backwards done since registration.
+    pub backwards: u64,
+    /// Local optimizer steps applied.
+    pub steps: u64,
+}
+
+/// `POST /api/heartbeat` response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HeartbeatResponse {
+    /// Current phase.
+    pub phase: Phase,
+    /// Current epoch.
+    pub epoch: u64,
+    /// When the current phase must end, if it has a deadline.
+    pub phase_deadline_unix_ms: Option<u64>,
+    /// Penalties recorded against this miner so far.
+    pub penalties: u64,
+}
+
+/// One miner in [`StatusResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MinerStatus {
+    /// SS58 hotkey.
+    pub hotkey: String,
+    /// Forwards completed.
+    pub forwards: u64,
+    /// Backwards completed.
+    pub backwards: u64,
+    /// Penalties (missed deadlines, refused payloads).
+    pub penalties: u64,
+    /// Seconds since the last request from this miner.
+    pub last_seen_s: f64,
+}
+
+/// One section in [`StatusResponse`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SectionStatus {
+    /// Section index.
+    pub index: usize,
+    /// Block range `[start, end)`.
+    pub blocks: [usize; 2],
+    /// Its miners.
+    pub miners: Vec<MinerStatus>,
+}
+
+/// Sample counters in [`StatusResponse`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct SampleCounts {
+    /// Samples whose backward reached the head.
+    pub completed: u64,
+    /// Samples dropped (each with a recorded reason in the ledger).
+    pub dropped: u64,
+    /// Samples under way.
+    pub in_flight: u64,
+}
+
+/// `GET /api/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusResponse {
+    /// Run name.
+    pub run: String,
+    /// Current phase.
+    pub phase: Phase,
+    /// Current epoch.
+    pub epoch: u64,
+    /// When the current phase must end, if it has a deadline.
+    pub phase_deadline_unix_ms: Option<u64>,
+    /// Sections and their miners.
+    pub sections: Vec<SectionStatus>,
+    /// Sample counters.
+    pub samples: SampleCounts,
+    /// Mean loss of the most recent completed samples.
+    pub recent_loss: Option<f32>,
+    /// Tokens per second over the recent window.
+    pub tokens_per_s: f64,
+}

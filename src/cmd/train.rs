@@ -72,6 +72,9 @@ pub struct TrainArgs {
     /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: DeviceKind,
+    /// Also write the final summary as JSON to this file.
+    #[arg(long, value_name = "FILE.json")]
+    pub summary_out: Option<PathBuf>,
     /// Hide the progress bar (log lines only).
     #[arg(long)]
     pub quiet: bool,
@@ -170,6 +173,7 @@ struct Plan {
     resume_from: Option<checkpoint::Checkpoint>,
     out: PathBuf,
     metrics_out: Option<PathBuf>,
+    summary_out: Option<PathBuf>,
     quiet: bool,
 }
 
@@ -184,6 +188,8 @@ pub struct TrainSummary {
     pub first_loss: Option<f32>,
     /// Loss of the last step.
     pub last_loss: Option<f32>,
+    /// Held-out loss before the first step of this invocation.
+    pub initial_eval_loss: Option<f32>,
     /// Last held-out loss.
     pub eval_loss: Option<f32>,
     /// Entropy floor of the data, when known (nats/token).
@@ -204,8 +210,13 @@ pub struct TrainSummary {
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let device = args.device;
     let plan = resolve(args)?;
+    let summary_out = plan.summary_out.clone();
     let summary = dispatch(device, TrainTask { plan }).map_err(anyhow::Error::msg)??;
     print_summary(&summary);
+    if let Some(path) = summary_out {
+        let json = serde_json::to_vec_pretty(&summary)?;
+        std::fs::write(&path, json).with_context(|| format!("writing {}", path.display()))?;
+    }
     Ok(())
 }
 
@@ -338,6 +349,7 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
         resume_from,
         out: args.out,
         metrics_out: args.metrics_out,
+        summary_out: args.summary_out,
         quiet: args.quiet,
     })
 }
@@ -405,6 +417,11 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         .map(|i| dataset.eval_sample(i))
         .collect();
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
+    let initial_eval_loss = if step < s.steps {
+        Some(evaluate_loss(&mut pipeline, &eval_windows, s.batch_size)?)
+    } else {
+        None
+    };
     let started = Instant::now();
     let mut tokens_done = 0u64;
     while step < s.steps {
@@ -475,6 +492,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         step,
         first_loss,
         last_loss,
+        initial_eval_loss,
         eval_loss,
         entropy_floor: dataset.entropy_floor(),
         tokens_per_s: tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9),
@@ -597,7 +615,7 @@ fn print_summary(s: &TrainSummary) {
     let fmt = |v: Option<f32>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     println!("steps        {} (now at step {})", s.steps_run, s.step);
     println!("loss         {} -> {}", fmt(s.first_loss), fmt(s.last_loss));
-    println!("eval loss    {}", fmt(s.eval_loss));
+    println!("eval loss    {} -> {}", fmt(s.initial_eval_loss), fmt(s.eval_loss));
     if let Some(floor) = s.entropy_floor {
         let gap = s.eval_loss.map_or(String::new(), |e| {
             format!(" (eval is {:.4} above it)", f64::from(e) - floor)

@@ -225,3 +225,72 @@ pub fn load(dir: &Path) -> Result<Checkpoint, ModelError> {
         meta,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta() -> CheckpointMeta {
+        CheckpointMeta {
+            format: FORMAT_VERSION,
+            model: ModelConfig::preset("tiny").unwrap(),
+            step: 7,
+            next_sample: 56,
+            seq_len: 32,
+            batch_size: 8,
+            seed: 3,
+            tokenizer: "byte".into(),
+            optimizer: OptimizerConfig::default(),
+            schedule: LrSchedule::default(),
+            sections: vec![],
+            data: "synthetic".into(),
+        }
+    }
+
+    fn tensors() -> Vec<NamedTensor> {
+        vec![
+            NamedTensor {
+                name: "a.weight".into(),
+                shape: vec![2, 3],
+                // Values whose bits must survive: subnormal, negative zero, extremes.
+                data: vec![1.0e-40, -0.0, f32::MAX, f32::MIN_POSITIVE, -1.5, 0.1],
+            },
+            NamedTensor {
+                name: "b".into(),
+                shape: vec![1],
+                data: vec![42.0],
+            },
+        ]
+    }
+
+    #[test]
+    fn round_trip_is_bit_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &meta(), &tensors(), &tensors()[1..]).unwrap();
+        let back = load(dir.path()).unwrap();
+        assert_eq!(back.meta, meta());
+        for (a, b) in back.params.iter().zip(tensors()) {
+            assert_eq!(a.name, b.name);
+            assert_eq!(a.shape, b.shape);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.data), bits(&b.data));
+        }
+        assert_eq!(back.optimizer, tensors()[1..].to_vec());
+    }
+
+    #[test]
+    fn corrupt_files_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        save(dir.path(), &meta(), &tensors(), &[]).unwrap();
+        let model = dir.path().join(MODEL_FILE);
+        let bytes = fs::read(&model).unwrap();
+        fs::write(&model, &bytes[..bytes.len() - 3]).unwrap();
+        let err = load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("corrupt") && err.contains(MODEL_FILE), "{err}");
+        fs::write(dir.path().join(META_FILE), b"{not json").unwrap();
+        let err = load(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("corrupt sidecar"), "{err}");
+        let empty = tempfile::tempdir().unwrap();
+        assert!(load(empty.path()).is_err());
+    }
+}

@@ -15,8 +15,8 @@
 //! `merge`, `storage` and `wallet` know nothing of burn.
 #![warn(missing_docs)]
 
-pub mod cmd;
 pub mod api;
+pub mod cmd;
 pub mod data;
 pub mod merge;
 pub mod model;

@@ -615,7 +615,11 @@ fn print_summary(s: &TrainSummary) {
     let fmt = |v: Option<f32>| v.map_or("-".to_string(), |v| format!("{v:.4}"));
     println!("steps        {} (now at step {})", s.steps_run, s.step);
     println!("loss         {} -> {}", fmt(s.first_loss), fmt(s.last_loss));
-    println!("eval loss    {} -> {}", fmt(s.initial_eval_loss), fmt(s.eval_loss));
+    println!(
+        "eval loss    {} -> {}",
+        fmt(s.initial_eval_loss),
+        fmt(s.eval_loss)
+    );
     if let Some(floor) = s.entropy_floor {
         let gap = s.eval_loss.map_or(String::new(), |e| {
             format!(" (eval is {:.4} above it)", f64::from(e) - floor)

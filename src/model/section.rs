@@ -9,7 +9,7 @@
 //! were after the last good step. Each skipped step is counted in [`SectionStats`]. A step
 //! whose result would be non-finite is discarded the same way before it is committed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -93,8 +93,9 @@ pub struct Section<B: AutodiffBackend> {
     /// Graph-free copy of the weights for forwards, rebuilt lazily after each change.
     forward_model: Option<SectionModel<Inner<B>>>,
     optimizer: AdamW<Inner<B>>,
-    /// Sum of gradients since the last step, by parameter name.
-    grads: HashMap<String, Tensor<Inner<B>, 1>>,
+    /// Sum of gradients since the last step, by parameter name (ordered, so reductions over
+    /// it are deterministic and resumes are exact).
+    grads: BTreeMap<String, Tensor<Inner<B>, 1>>,
     pending: u64,
     poisoned: Option<String>,
     decayed: HashSet<String>,
@@ -138,7 +139,7 @@ impl<B: AutodiffBackend> Section<B> {
             model,
             forward_model: None,
             optimizer: AdamW::new(optimizer),
-            grads: HashMap::new(),
+            grads: BTreeMap::new(),
             pending: 0,
             poisoned: None,
             decayed,

@@ -26,6 +26,8 @@ pub struct Cli {
 }
 
 /// The subcommands.
+// Parsed once per process: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Train the whole model in one process (sections chained through the wire codec).

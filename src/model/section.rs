@@ -397,11 +397,11 @@ impl<B: AutodiffBackend> Section<B> {
     /// configured global norm, at learning rate `lr`. See the module docs for how non-finite
     /// values are handled.
     pub fn step(&mut self, lr: f64) -> StepOutcome {
-        if self.pending == 0 {
-            return StepOutcome::NoGradients;
-        }
         if let Some(reason) = self.poisoned.take() {
             return self.skip(reason);
+        }
+        if self.pending == 0 {
+            return StepOutcome::NoGradients;
         }
         let mean = 1.0 / self.pending as f64;
         let squares: Vec<Tensor<Inner<B>, 1>> = self
@@ -634,18 +634,23 @@ mod tests {
     }
 
     #[test]
-    fn nonfinite_loss_poisons_the_window() {
+    fn nonfinite_loss_is_refused_and_skips_the_step() {
         let mut cfg = tiny();
         cfg.sections = vec![[0, 6]];
         let device = Default::default();
-        let mut only =
-            Section::<TestAutodiff>::new(&cfg, 0, 1, OptimizerConfig::default(), &device).unwrap();
-        only.train_tail(SectionInput::Tokens(tokens(1, 8)), tokens(1, 8))
-            .unwrap();
-        // Poison the weights through an import-free path: a NaN loss is simulated by
-        // recording one directly.
-        only.poisoned = Some("test".into());
+        let mut only = Section::<TestAutodiff>::new(&cfg, 0, 1, OptimizerConfig::default(), &device).unwrap();
+        // An LM head so large that the logits overflow to inf - inf.
+        let mut params = only.export_params();
+        for t in params.iter_mut().filter(|t| t.name == "lm_head.weight") {
+            t.data.iter_mut().for_each(|v| *v = 3.0e38);
+        }
+        only.import_params(&params).unwrap();
+        let before = only.export_params();
+        let err = only.train_tail(SectionInput::Tokens(tokens(1, 8)), tokens(1, 8));
+        assert!(matches!(err, Err(ModelError::NonFiniteLoss(_))), "{err:?}");
+        assert_eq!(only.stats().nonfinite_losses, 1);
         assert!(matches!(only.step(1e-2), StepOutcome::Skipped { .. }));
+        assert_eq!(only.export_params(), before);
         assert_eq!(only.pending_backwards(), 0);
     }
 

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole test suite from a fresh machine: installs what the tests need (the S3-compatible
+# server they start themselves), checks formatting and lints, checks that the CUDA backend
+# compiles (no GPU needed), and runs every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+if ! command -v s3s-fs >/dev/null 2>&1; then
+  echo "== installing s3s-fs (the S3-compatible server the storage tests start)"
+  CARGO_TARGET_DIR="${TMPDIR:-/tmp}/iota-s3s-target" \
+    cargo install s3s-fs@0.14.1 --features binary --locked
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --check
+echo "== cargo clippy --all-targets -- -D warnings"
+cargo clippy --all-targets -- -D warnings
+echo "== cargo check --features cuda (the CUDA backend compiles)"
+cargo check --lib --features cuda
+echo "== cargo test"
+cargo test --all-targets

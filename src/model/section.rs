@@ -638,7 +638,8 @@ mod tests {
         let mut cfg = tiny();
         cfg.sections = vec![[0, 6]];
         let device = Default::default();
-        let mut only = Section::<TestAutodiff>::new(&cfg, 0, 1, OptimizerConfig::default(), &device).unwrap();
+        let mut only =
+            Section::<TestAutodiff>::new(&cfg, 0, 1, OptimizerConfig::default(), &device).unwrap();
         // An LM head so large that the logits overflow to inf - inf.
         let mut params = only.export_params();
         for t in params.iter_mut().filter(|t| t.name == "lm_head.weight") {

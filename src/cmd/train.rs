@@ -88,7 +88,7 @@ pub struct TrainSettings {
     pub steps: u64,
     /// Samples per step.
     pub batch_size: usize,
-    /// Tokens per sample (default: the model's `max_seq_len`).
+    /// Tokens per sample (`null`: the model's `max_seq_len`).
     pub seq_len: Option<usize>,
     /// Peak learning rate.
     pub lr: f64,
@@ -113,9 +113,9 @@ pub struct TrainSettings {
 impl Default for TrainSettings {
     fn default() -> Self {
         Self {
-            steps: 300,
+            steps: 200,
             batch_size: 8,
-            seq_len: None,
+            seq_len: Some(128),
             lr: 3e-3,
             warmup_steps: 20,
             lr_decay_steps: None,

@@ -2,6 +2,7 @@
 
 use clap::{Args, Subcommand};
 
+pub mod merge;
 pub mod model;
 
 /// Arguments of `iota bench`.
@@ -17,6 +18,8 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Whole-graph model against the section chain: throughput, wire bytes, memory.
     Model(model::BenchModelArgs),
+    /// Butterfly merge of N simulated miners through local storage: traffic per miner.
+    Merge(merge::BenchMergeArgs),
 }
 
 /// Runs `iota bench`.
@@ -26,6 +29,7 @@ pub enum BenchCommand {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Model(a) => model::run(a),
+        BenchCommand::Merge(a) => merge::run(a),
     }
 }
 

@@ -16,7 +16,7 @@ use iota::api::*;
 use iota::data::{DataSpec, Dataset, Tokenizer};
 use iota::orchestrator::blob_token::BlobSecret;
 use iota::orchestrator::{AppState, Repository, RunConfig, enforce_deadlines, router};
-use iota::storage::{ObjectKey, Storage, WireDtype, encode, payload_hash};
+use iota::storage::{Storage, WireDtype, encode, payload_hash};
 use iota::wallet::{Hotkey, sign_request};
 
 const T0: u64 = 1_767_225_600_000;
@@ -624,10 +624,28 @@ async fn deadlines_reoffer_forwards_and_drop_backwards() {
     let boundary = h.state.config.boundary_shape();
     let f0 = h.work(&a, 1).await.remove(0);
     h.advance(10_001);
-    // A result that arrives after the deadline is refused (and the work re-offered at once).
-    let r = h
-        .submit(&a, &f0, Some(activation(&boundary, 0.5)), None)
+    // The upload URL has expired with the deadline.
+    let late = activation(&boundary, 0.5);
+    let path = f0
+        .output
+        .as_ref()
+        .unwrap()
+        .url
+        .strip_prefix("http://orch.test")
+        .unwrap();
+    let (code, _) = h
+        .send(Request::put(path).body(Body::from(late.clone())).unwrap())
         .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    // A result that arrives after the deadline is refused (and the work re-offered at once).
+    let body = SubmitRequest {
+        assignment_id: f0.id,
+        output_hash: Some(payload_hash(&late)),
+        output_bytes: Some(late.len() as u64),
+        loss: None,
+        timings: Timings::default(),
+    };
+    let r: SubmitResponse = h.call(h.signed("/api/submit", &body, &a)).await;
     assert!(!r.accepted);
     assert_eq!(
         enforce_deadlines(&h.state),
@@ -776,7 +794,6 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
     };
     let f1 = h.work(&keys[1], 1).await.remove(0);
     assert_eq!((f1.sample_id, f1.section), (0, 1));
-    let _ = ObjectKey::parse("x").unwrap();
 }
 
 fn iota_now() -> u64 {

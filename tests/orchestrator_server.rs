@@ -22,7 +22,7 @@ fn now_ms() -> u64 {
 }
 
 struct Server {
-    addr: SocketAddr,
+    client: Client,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -40,10 +40,19 @@ async fn start(dir: &std::path::Path) -> Server {
     let task = tokio::spawn(serve(state, listener, async {
         let _ = rx.await;
     }));
-    Server { addr, stop, task }
+    Server {
+        client: Client { addr },
+        stop,
+        task,
+    }
 }
 
-impl Server {
+/// Signed JSON calls to a server at `addr`.
+struct Client {
+    addr: SocketAddr,
+}
+
+impl Client {
     async fn post<T: DeserializeOwned>(
         &self,
         path: &str,
@@ -76,7 +85,16 @@ impl Server {
         assert!(resp.status().is_success());
         serde_json::from_slice(&resp.bytes().await.unwrap()).unwrap()
     }
+}
 
+impl std::ops::Deref for Server {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Server {
     async fn stop(self) {
         self.stop.send(()).unwrap();
         self.task.await.unwrap().unwrap();
@@ -160,4 +178,111 @@ async fn serves_signed_requests_and_blobs_and_survives_a_restart() {
         .await;
     assert_eq!(reg.section, 0);
     server.stop().await;
+}
+
+/// `iota orchestrate` as a child process: ready once `/health` answers.
+struct Child {
+    child: std::process::Child,
+}
+
+impl Child {
+    async fn start(config: &std::path::Path, addr: SocketAddr) -> Self {
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_iota"))
+            .args(["orchestrate", "--config"])
+            .arg(config)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Ok(resp) = reqwest::get(format!("http://{addr}/health")).await
+                && resp.status().is_success()
+            {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "orchestrator did not start"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        Self { child }
+    }
+}
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test]
+async fn kill_9_and_restart_keeps_registrations_and_the_ledger() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let config = dir.path().join("run.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "run: srv\nbatch_size: 2\nseq_len: 8\ndata: {{source: \"synthetic:1:20000\"}}\n\
+             data_dir: {}\nlisten: {addr}\n",
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let client = Client { addr };
+    let keys: Vec<Hotkey> = ["//Alice", "//Bob", "//Charlie"]
+        .iter()
+        .map(|u| Hotkey::from_uri(u).unwrap())
+        .collect();
+    let mut child = Child::start(&config, addr).await;
+    for k in &keys {
+        let _: RegisterResponse = client
+            .post(
+                "/api/register",
+                &RegisterRequest {
+                    device: "cpu".into(),
+                    max_in_flight: 2,
+                },
+                k,
+            )
+            .await;
+    }
+    let work: WorkResponse = client
+        .post("/api/work", &WorkRequest { max: 2 }, &keys[0])
+        .await;
+    assert_eq!(work.assignments.len(), 2);
+    // kill -9: no chance to flush anything.
+    child.child.kill().unwrap();
+    child.child.wait().unwrap();
+    drop(child);
+
+    let _child = Child::start(&config, addr).await;
+    let status: StatusResponse = client.get("/api/status").await;
+    let per_section: Vec<usize> = status.sections.iter().map(|s| s.miners.len()).collect();
+    assert_eq!(per_section, vec![1, 1, 1]);
+    assert_eq!(status.samples.in_flight, 2);
+    // Alice is at her in-flight cap until those forwards expire; Bob still has his section.
+    let reg: RegisterResponse = client
+        .post(
+            "/api/register",
+            &RegisterRequest {
+                device: "cpu".into(),
+                max_in_flight: 2,
+            },
+            &keys[1],
+        )
+        .await;
+    assert_eq!(reg.section, 1);
+    let work: WorkResponse = client
+        .post("/api/work", &WorkRequest { max: 2 }, &keys[0])
+        .await;
+    assert!(work.assignments.is_empty());
 }

@@ -9,6 +9,7 @@
 //! - [`data`]: tokenizers, text sources, the synthetic corpus and deterministic sample windows.
 //! - [`storage`]: the wire codec for tensors crossing the network, and payload hashes.
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
+//! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
 //!
 //! Dependencies point one way: `cmd` uses everything; `model` knows nothing of networks;
@@ -20,5 +21,6 @@ pub mod cmd;
 pub mod data;
 pub mod merge;
 pub mod model;
+pub mod orchestrator;
 pub mod storage;
 pub mod wallet;

@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 pub mod bench;
 pub mod merge;
 pub mod model;
+pub mod orchestrate;
 pub mod tokenizer;
 pub mod train;
 
@@ -38,6 +39,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Merge checkpoints offline with the network's merge operators.
     Merge(merge::MergeArgs),
+    /// Run the orchestrator of a training run (HTTP API, state, routing).
+    Orchestrate(orchestrate::OrchestrateArgs),
     /// Offline tokenizer tools (train a byte-level BPE).
     Tokenizer(tokenizer::TokenizerArgs),
 }
@@ -53,6 +56,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Merge(args) => merge::run(args),
         Command::Tokenizer(args) => tokenizer::run(args),
+        Command::Orchestrate(args) => orchestrate::run(args),
     }
 }
 

@@ -1,0 +1,95 @@
+//! The signed-request extractors: [`Signed<T>`] (registered callers) and [`SignedAny<T>`]
+//! (any hotkey: `/api/register`).
+//!
+//! Checks, in order, each refusing with nothing changed:
+//! 1. the four auth headers are present and parse (401 `unauthorized`);
+//! 2. the request is for this run and the signature covers the raw body (401 `unauthorized`),
+//!    signed within [`MAX_AGE_MS`] of the server clock (401 `stale`);
+//! 3. the body is valid JSON for `T` (400 `bad_request`);
+//! 4. the hotkey is registered (403 `not_registered`; skipped by [`SignedAny`]);
+//! 5. the signature was not seen before (409 `replayed`; ids are kept for `2 * MAX_AGE_MS`,
+//!    longer than a signature stays fresh). Only this last step writes, and only on success.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use serde::de::DeserializeOwned;
+
+use super::http_error::HttpError;
+use super::state::AppState;
+use crate::wallet::{SignedHeaders, signature_id, verify_request};
+
+/// Largest allowed distance between a request's timestamp and the server clock.
+pub const MAX_AGE_MS: u64 = 30_000;
+
+/// A verified request from a registered hotkey.
+#[derive(Debug, Clone)]
+pub struct Signed<T> {
+    /// The caller's SS58 hotkey.
+    pub hotkey: String,
+    /// The parsed body.
+    pub body: T,
+}
+
+/// A verified request from any hotkey (registration).
+#[derive(Debug, Clone)]
+pub struct SignedAny<T> {
+    /// The caller's SS58 hotkey.
+    pub hotkey: String,
+    /// The parsed body.
+    pub body: T,
+}
+
+async fn verify<T: DeserializeOwned>(
+    req: Request,
+    state: &AppState,
+    must_be_registered: bool,
+) -> Result<(String, T), HttpError> {
+    let headers =
+        SignedHeaders::from_lookup(|name| req.headers().get(name).and_then(|v| v.to_str().ok()))?;
+    let bytes = Bytes::from_request(req, state)
+        .await
+        .map_err(|e| HttpError::new(e.status(), "bad_request", e.body_text()))?;
+    let now = state.now_ms();
+    let address = verify_request(&headers, &bytes, now, MAX_AGE_MS, &state.config.run)?;
+    let hotkey = address.to_string();
+    let body: T = serde_json::from_slice(&bytes)
+        .map_err(|e| HttpError::bad_request(format!("malformed body: {e}")))?;
+    if must_be_registered && state.repo.miner(&hotkey)?.is_none() {
+        return Err(HttpError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "not_registered",
+            format!("hotkey {hotkey} is not registered: POST /api/register first"),
+        ));
+    }
+    let fresh = state.repo.record_signature(
+        &signature_id(&headers),
+        now.saturating_add(2 * MAX_AGE_MS),
+        now,
+    )?;
+    if !fresh {
+        return Err(HttpError::new(
+            axum::http::StatusCode::CONFLICT,
+            "replayed",
+            "this signature was already used: sign every request afresh",
+        ));
+    }
+    Ok((hotkey, body))
+}
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for Signed<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (hotkey, body) = verify(req, state, true).await?;
+        Ok(Self { hotkey, body })
+    }
+}
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for SignedAny<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let (hotkey, body) = verify(req, state, false).await?;
+        Ok(Self { hotkey, body })
+    }
+}

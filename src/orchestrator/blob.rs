@@ -1,0 +1,122 @@
+//! `GET/PUT /blob/{key}?exp=..&sig=..`: the orchestrator serves a local-directory store itself,
+//! to holders of a signed, expiring token ([`super::blob_token`]). `GET` honours a single
+//! `Range: bytes=a-b` (or `bytes=a-`) header with `206 Partial Content`.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::http_error::HttpError;
+use super::state::AppState;
+use crate::storage::ObjectKey;
+
+/// The token in the query string.
+#[derive(Debug, Deserialize)]
+pub struct BlobToken {
+    /// Expiry, ms since the Unix epoch.
+    pub exp: u64,
+    /// Signature (64 hex digits).
+    pub sig: String,
+}
+
+fn authorise(
+    state: &AppState,
+    method: &str,
+    key: &str,
+    token: &BlobToken,
+) -> Result<ObjectKey, HttpError> {
+    let key = ObjectKey::parse(key).map_err(|e| HttpError::bad_request(format!("bad key: {e}")))?;
+    if !state
+        .secret
+        .verify(method, key.as_str(), token.exp, &token.sig, state.now_ms())
+    {
+        return Err(HttpError::forbidden("blob token is invalid or expired"));
+    }
+    Ok(key)
+}
+
+/// Parses `bytes=a-b` / `bytes=a-` into a half-open range within `size`.
+///
+/// # Errors
+/// 416 for an unsatisfiable or malformed range.
+pub fn parse_range(value: &str, size: u64) -> Result<std::ops::Range<u64>, HttpError> {
+    let bad = || {
+        HttpError::new(
+            StatusCode::RANGE_NOT_SATISFIABLE,
+            "bad_request",
+            format!("unsupported or unsatisfiable range {value:?} (object is {size} bytes)"),
+        )
+    };
+    let spec = value.trim().strip_prefix("bytes=").ok_or_else(bad)?;
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let start: u64 = a.trim().parse().map_err(|_| bad())?;
+    let end_inclusive: u64 = if b.trim().is_empty() {
+        size.checked_sub(1).ok_or_else(bad)?
+    } else {
+        b.trim()
+            .parse::<u64>()
+            .map_err(|_| bad())?
+            .min(size.saturating_sub(1))
+    };
+    if start > end_inclusive || start >= size {
+        return Err(bad());
+    }
+    Ok(start..end_inclusive + 1)
+}
+
+/// `GET /blob/{key}`.
+pub async fn get_blob(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    Query(token): Query<BlobToken>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    let key = authorise(&state, "GET", &key, &token)?;
+    if let Some(range) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) {
+        let size = state.storage.head(&key).await?;
+        let range = parse_range(range, size)?;
+        let content_range = format!("bytes {}-{}/{size}", range.start, range.end - 1);
+        let bytes = state.storage.get_range(&key, range).await?;
+        return Ok((
+            StatusCode::PARTIAL_CONTENT,
+            [
+                (header::CONTENT_RANGE, content_range),
+                (header::CONTENT_TYPE, "application/octet-stream".to_string()),
+            ],
+            bytes,
+        )
+            .into_response());
+    }
+    let bytes = state.storage.get(&key).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+}
+
+/// `PUT /blob/{key}`.
+pub async fn put_blob(
+    State(state): State<AppState>,
+    Path(key): Path<String>,
+    Query(token): Query<BlobToken>,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let key = authorise(&state, "PUT", &key, &token)?;
+    let hash = state.storage.put(&key, body).await?;
+    Ok((StatusCode::OK, [(header::ETAG, format!("\"{hash}\""))]).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_parsed_inclusively() {
+        assert_eq!(parse_range("bytes=0-9", 100).unwrap(), 0..10);
+        assert_eq!(parse_range("bytes=90-", 100).unwrap(), 90..100);
+        assert_eq!(parse_range("bytes=90-200", 100).unwrap(), 90..100);
+        assert!(parse_range("bytes=100-", 100).is_err());
+        assert!(parse_range("bytes=5-2", 100).is_err());
+        assert!(parse_range("items=0-1", 100).is_err());
+        assert!(parse_range("bytes=-5", 100).is_err());
+    }
+}

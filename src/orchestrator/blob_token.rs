@@ -1,0 +1,113 @@
+//! Signed, expiring tokens for the orchestrator's own `/blob/{key}` endpoint (local-directory
+//! storage): `sig = hex(BLAKE3-keyed(secret, "METHOD\nkey\nexp"))`, so a token names one method,
+//! one object and one expiry, and cannot be forged without the secret kept in `data_dir`.
+
+use std::path::Path;
+
+/// Length of the server secret.
+pub const SECRET_LEN: usize = 32;
+
+/// The server's blob secret.
+#[derive(Clone)]
+pub struct BlobSecret([u8; SECRET_LEN]);
+
+impl std::fmt::Debug for BlobSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BlobSecret(..)")
+    }
+}
+
+impl BlobSecret {
+    /// A secret from raw bytes (tests).
+    pub fn from_bytes(bytes: [u8; SECRET_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// Reads the hex secret at `path`, or creates a random one there.
+    ///
+    /// # Errors
+    /// An I/O error, or a file that does not hold 64 hex digits.
+    pub fn load_or_create(path: &Path) -> std::io::Result<Self> {
+        if path.exists() {
+            let text = std::fs::read_to_string(path)?;
+            let bytes = hex::decode(text.trim()).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{path:?}: {e}"))
+            })?;
+            let bytes: [u8; SECRET_LEN] = bytes.try_into().map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    format!("{path:?}: expected {SECRET_LEN} bytes of hex"),
+                )
+            })?;
+            return Ok(Self(bytes));
+        }
+        let bytes: [u8; SECRET_LEN] = rand::random();
+        std::fs::write(path, hex::encode(bytes))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
+        Ok(Self(bytes))
+    }
+
+    /// The token for `method` (`GET`/`PUT`) on `key` until `exp_ms`.
+    pub fn sign(&self, method: &str, key: &str, exp_ms: u64) -> String {
+        let message = format!("{method}\n{key}\n{exp_ms}");
+        blake3::keyed_hash(&self.0, message.as_bytes())
+            .to_hex()
+            .to_string()
+    }
+
+    /// Whether `sig` is the token for `method` on `key` until `exp_ms`, and `exp_ms` has not
+    /// passed at `now_ms`. The comparison is constant-time.
+    pub fn verify(&self, method: &str, key: &str, exp_ms: u64, sig: &str, now_ms: u64) -> bool {
+        if now_ms > exp_ms {
+            return false;
+        }
+        let Ok(given) = blake3::Hash::from_hex(sig) else {
+            return false;
+        };
+        let message = format!("{method}\n{key}\n{exp_ms}");
+        blake3::keyed_hash(&self.0, message.as_bytes()) == given
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_bind_method_key_and_expiry() {
+        let s = BlobSecret::from_bytes([7; SECRET_LEN]);
+        let t = s.sign("GET", "runs/r/a", 1000);
+        assert_eq!(t.len(), 64);
+        assert!(s.verify("GET", "runs/r/a", 1000, &t, 999));
+        assert!(s.verify("GET", "runs/r/a", 1000, &t, 1000));
+        assert!(!s.verify("GET", "runs/r/a", 1000, &t, 1001), "expired");
+        assert!(!s.verify("PUT", "runs/r/a", 1000, &t, 0), "other method");
+        assert!(!s.verify("GET", "runs/r/b", 1000, &t, 0), "other key");
+        assert!(!s.verify("GET", "runs/r/a", 2000, &t, 0), "other expiry");
+        assert!(!s.verify("GET", "runs/r/a", 1000, "zz", 0), "not hex");
+        let other = BlobSecret::from_bytes([8; SECRET_LEN]);
+        assert!(
+            !other.verify("GET", "runs/r/a", 1000, &t, 0),
+            "other secret"
+        );
+    }
+
+    #[test]
+    fn secret_persists() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("blob_secret");
+        let a = BlobSecret::load_or_create(&path).unwrap();
+        let b = BlobSecret::load_or_create(&path).unwrap();
+        assert_eq!(a.sign("GET", "k", 1), b.sign("GET", "k", 1));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "only the owner may read the secret");
+        }
+    }
+}

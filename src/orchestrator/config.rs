@@ -1,0 +1,403 @@
+//! The run config of `iota orchestrate --config run.yaml`: everything one training run needs.
+//!
+//! # Format
+//! YAML; unknown keys are errors naming the key. Paths are relative to the current directory.
+//!
+//! ```yaml
+//! run: local-tiny            # run name: clients sign requests for it; [A-Za-z0-9._-]
+//! model: { preset: tiny }    # a preset plus any ModelConfig overrides
+//! data: { source: synthetic, tokenizer: null }
+//! storage: null              # StorageConfig; default: a local directory data_dir/objects
+//! listen: 127.0.0.1:8700
+//! public_url: null           # base URL clients reach; default http://{listen}
+//! data_dir: ./iota-run       # SQLite file, blob secret and local objects
+//! max_miners_per_section: 50
+//! batch_size: 4
+//! seq_len: 64
+//! seed: 0
+//! wire: bf16
+//! max_in_flight: 4
+//! local_steps: 1
+//! optimizer: {}              # OptimizerConfig overrides
+//! schedule: { peak: 0.003, warmup_steps: 20, total_steps: 1000, min_ratio: 0.1 }
+//! deadlines: { forward_s: 30, backward_s: 60 }
+//! batches_before_merging: 100
+//! max_samples: null          # optional sample budget (sample units)
+//! heartbeat_s: 10
+//! ```
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use thiserror::Error;
+
+use crate::data::DataSpec;
+use crate::model::{LrSchedule, ModelConfig, OptimizerConfig};
+use crate::storage::{KeyPart, StorageConfig, WireDtype};
+
+/// Why a run config was refused.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read run config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The YAML is malformed, has an unknown key or a value of the wrong type.
+    #[error("run config: {0}")]
+    Parse(String),
+    /// A value is out of range; the message names the key.
+    #[error("run config: `{key}` {reason}")]
+    Invalid {
+        /// The offending key.
+        key: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+}
+
+/// Where the training text comes from.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataConfig {
+    /// `synthetic[:SEED[:CHARS]]` or a path to text files ([`DataSpec`]).
+    #[serde(default)]
+    pub source: DataSpec,
+    /// A `tokenizer.json`; `None` means the byte tokenizer.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+}
+
+/// Time limits of one assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deadlines {
+    /// Seconds a miner has for a forward (a missed one is re-offered).
+    #[serde(default = "default_forward_s")]
+    pub forward_s: u64,
+    /// Seconds a miner has for a backward (a missed one drops the sample).
+    #[serde(default = "default_backward_s")]
+    pub backward_s: u64,
+}
+
+fn default_forward_s() -> u64 {
+    30
+}
+fn default_backward_s() -> u64 {
+    60
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Self {
+            forward_s: default_forward_s(),
+            backward_s: default_backward_s(),
+        }
+    }
+}
+
+/// The YAML as written (before the model is resolved).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRunConfig {
+    run: String,
+    #[serde(default)]
+    model: Option<serde_json::Value>,
+    #[serde(default)]
+    data: DataConfig,
+    #[serde(default)]
+    storage: Option<StorageConfig>,
+    #[serde(default = "default_listen")]
+    listen: SocketAddr,
+    #[serde(default)]
+    public_url: Option<String>,
+    #[serde(default = "default_data_dir")]
+    data_dir: PathBuf,
+    #[serde(default = "default_max_miners")]
+    max_miners_per_section: usize,
+    #[serde(default = "default_batch_size")]
+    batch_size: usize,
+    #[serde(default = "default_seq_len")]
+    seq_len: usize,
+    #[serde(default)]
+    seed: u64,
+    #[serde(default)]
+    wire: WireDtype,
+    #[serde(default = "default_max_in_flight")]
+    max_in_flight: usize,
+    #[serde(default = "default_one")]
+    local_steps: u64,
+    #[serde(default)]
+    optimizer: OptimizerConfig,
+    #[serde(default)]
+    schedule: LrSchedule,
+    #[serde(default)]
+    deadlines: Deadlines,
+    #[serde(default = "default_batches_before_merging")]
+    batches_before_merging: u64,
+    #[serde(default)]
+    max_samples: Option<u64>,
+    #[serde(default = "default_heartbeat_s")]
+    heartbeat_s: u64,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8700))
+}
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("iota-run")
+}
+fn default_max_miners() -> usize {
+    50
+}
+fn default_batch_size() -> usize {
+    4
+}
+fn default_seq_len() -> usize {
+    64
+}
+fn default_max_in_flight() -> usize {
+    4
+}
+fn default_one() -> u64 {
+    1
+}
+fn default_batches_before_merging() -> u64 {
+    100
+}
+fn default_heartbeat_s() -> u64 {
+    10
+}
+
+/// A validated run config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunConfig {
+    /// Run name (clients sign for it; a valid object-key component).
+    pub run: String,
+    /// The model, preset and overrides resolved and validated.
+    pub model: ModelConfig,
+    /// Training text and tokenizer.
+    pub data: DataConfig,
+    /// Object storage (default: `data_dir/objects`).
+    pub storage: StorageConfig,
+    /// Address the HTTP server binds.
+    pub listen: SocketAddr,
+    /// Base URL clients use to reach this server (blob URLs are built from it).
+    pub public_url: String,
+    /// Directory of the SQLite file, the blob secret and the local objects.
+    pub data_dir: PathBuf,
+    /// Most miners one section accepts.
+    pub max_miners_per_section: usize,
+    /// Token windows per sample unit (micro-batch).
+    pub batch_size: usize,
+    /// Tokens per window (inputs; windows hold one more token for the targets).
+    pub seq_len: usize,
+    /// Seed of the initial weights and of the data order.
+    pub seed: u64,
+    /// Encoding of boundary tensors.
+    pub wire: WireDtype,
+    /// Most forwards one miner holds awaiting their backward.
+    pub max_in_flight: usize,
+    /// Local optimizer step every this many backwards.
+    pub local_steps: u64,
+    /// Inner optimizer.
+    pub optimizer: OptimizerConfig,
+    /// Learning-rate schedule at the miners' local steps.
+    pub schedule: LrSchedule,
+    /// Assignment deadlines.
+    pub deadlines: Deadlines,
+    /// Sample units between merges (used by the merge phase).
+    pub batches_before_merging: u64,
+    /// Sample budget: no sample unit with an id at or above it is started.
+    pub max_samples: Option<u64>,
+    /// Seconds between miner heartbeats.
+    pub heartbeat_s: u64,
+}
+
+impl RunConfig {
+    /// Reads and validates a YAML file.
+    ///
+    /// # Errors
+    /// [`ConfigError::Read`], or as [`RunConfig::from_yaml`].
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_yaml(&text)
+    }
+
+    /// Parses and validates YAML text.
+    ///
+    /// # Errors
+    /// [`ConfigError::Parse`] for malformed YAML or unknown keys, [`ConfigError::Invalid`]
+    /// naming the key of a bad value.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let raw: RawRunConfig =
+            serde_norway::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let invalid = |key: &'static str, reason: String| ConfigError::Invalid { key, reason };
+        KeyPart::new(&raw.run).map_err(|e| invalid("run", e.to_string()))?;
+        let model_value = raw
+            .model
+            .unwrap_or_else(|| serde_json::Value::Object(serde_json::Map::new()));
+        let model = ModelConfig::from_value(&model_value, "tiny")
+            .map_err(|e| invalid("model", e.to_string()))?;
+        for (key, value) in [
+            ("max_miners_per_section", raw.max_miners_per_section),
+            ("batch_size", raw.batch_size),
+            ("seq_len", raw.seq_len),
+            ("max_in_flight", raw.max_in_flight),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
+        }
+        for (key, value) in [
+            ("local_steps", raw.local_steps),
+            ("deadlines.forward_s", raw.deadlines.forward_s),
+            ("deadlines.backward_s", raw.deadlines.backward_s),
+            ("batches_before_merging", raw.batches_before_merging),
+            ("heartbeat_s", raw.heartbeat_s),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
+        }
+        if raw.seq_len > model.max_seq_len {
+            return Err(invalid(
+                "seq_len",
+                format!(
+                    "is {} but the model's max_seq_len is {}",
+                    raw.seq_len, model.max_seq_len
+                ),
+            ));
+        }
+        if raw.max_samples == Some(0) {
+            return Err(invalid("max_samples", "must be at least 1 when set".into()));
+        }
+        raw.schedule
+            .validate()
+            .map_err(|reason| invalid("schedule", reason))?;
+        let storage = raw.storage.unwrap_or_else(|| {
+            StorageConfig::local(raw.data_dir.join("objects").to_string_lossy().into_owned())
+        });
+        let public_url = raw
+            .public_url
+            .unwrap_or_else(|| format!("http://{}", raw.listen))
+            .trim_end_matches('/')
+            .to_string();
+        if !(public_url.starts_with("http://") || public_url.starts_with("https://")) {
+            return Err(invalid(
+                "public_url",
+                "must start with http:// or https://".into(),
+            ));
+        }
+        Ok(Self {
+            run: raw.run,
+            model,
+            data: raw.data,
+            storage,
+            listen: raw.listen,
+            public_url,
+            data_dir: raw.data_dir,
+            max_miners_per_section: raw.max_miners_per_section,
+            batch_size: raw.batch_size,
+            seq_len: raw.seq_len,
+            seed: raw.seed,
+            wire: raw.wire,
+            max_in_flight: raw.max_in_flight,
+            local_steps: raw.local_steps,
+            optimizer: raw.optimizer,
+            schedule: raw.schedule,
+            deadlines: raw.deadlines,
+            batches_before_merging: raw.batches_before_merging,
+            max_samples: raw.max_samples,
+            heartbeat_s: raw.heartbeat_s,
+        })
+    }
+
+    /// Shape of a boundary tensor (activation or gradient): `[batch, seq, width]`.
+    pub fn boundary_shape(&self) -> Vec<usize> {
+        vec![self.batch_size, self.seq_len, self.model.boundary_width()]
+    }
+
+    /// Shape of the token ids and targets of one sample unit: `[batch, seq]`.
+    pub fn token_shape(&self) -> Vec<usize> {
+        vec![self.batch_size, self.seq_len]
+    }
+
+    /// Index of the last (tail) section.
+    pub fn tail(&self) -> usize {
+        self.model.n_sections().saturating_sub(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_config_takes_defaults() {
+        let cfg = RunConfig::from_yaml("run: r1\n").unwrap();
+        assert_eq!(cfg.run, "r1");
+        assert_eq!(cfg.model.name, "tiny");
+        assert_eq!(cfg.max_miners_per_section, 50);
+        assert_eq!(cfg.public_url, "http://127.0.0.1:8700");
+        assert_eq!(cfg.storage.url, "iota-run/objects");
+        assert_eq!(cfg.deadlines, Deadlines::default());
+        assert_eq!(cfg.token_shape(), vec![4, 64]);
+    }
+
+    #[test]
+    fn overrides_are_applied() {
+        let yaml = "run: r2\nmodel: {preset: tiny, n_layers: 6, sections: [[0,2],[2,4],[4,6]]}\n\
+                    batch_size: 2\nseq_len: 16\nwire: f32\ndeadlines: {forward_s: 5}\n\
+                    max_samples: 10\n";
+        let cfg = RunConfig::from_yaml(yaml).unwrap();
+        assert_eq!(cfg.model.n_sections(), 3);
+        assert_eq!(cfg.tail(), 2);
+        assert_eq!(cfg.wire, WireDtype::F32);
+        assert_eq!(cfg.deadlines.forward_s, 5);
+        assert_eq!(cfg.deadlines.backward_s, 60);
+        assert_eq!(cfg.max_samples, Some(10));
+        assert_eq!(cfg.boundary_shape()[..2], [2, 16]);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let err = RunConfig::from_yaml("run: r\nbatch_sise: 3\n").unwrap_err();
+        assert!(err.to_string().contains("batch_sise"), "{err}");
+        let err = RunConfig::from_yaml("run: r\ndeadlines: {forward: 3}\n").unwrap_err();
+        assert!(err.to_string().contains("forward"), "{err}");
+    }
+
+    #[test]
+    fn example_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let local = RunConfig::load(&dir.join("local.yaml")).unwrap();
+        assert_eq!(
+            (local.run.as_str(), local.model.n_sections()),
+            ("local-tiny", 3)
+        );
+        assert_eq!(local.storage.url, "./iota-run/objects");
+        let s3 = RunConfig::load(&dir.join("s3.yaml")).unwrap();
+        assert_eq!(s3.storage.url, "s3://iota-bucket/runs");
+        assert!(RunConfig::load(&dir.join("missing.yaml")).is_err());
+    }
+
+    #[test]
+    fn invalid_values_name_the_key() {
+        let err = RunConfig::from_yaml("run: r\nbatch_size: 0\n").unwrap_err();
+        assert!(err.to_string().contains("`batch_size`"), "{err}");
+        let err = RunConfig::from_yaml("run: a/b\n").unwrap_err();
+        assert!(err.to_string().contains("`run`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\nseq_len: 100000\n").unwrap_err();
+        assert!(err.to_string().contains("`seq_len`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\nmodel: {preset: nope}\n").unwrap_err();
+        assert!(err.to_string().contains("`model`"), "{err}");
+    }
+}

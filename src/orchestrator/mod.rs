@@ -1,0 +1,28 @@
+//! The orchestrator: the server side of the network (`iota orchestrate --config run.yaml`).
+//!
+//! - [`config`]: the run config (YAML).
+//! - [`repo`] / [`repo_types`]: durable state in SQLite and the routing rules.
+//! - [`auth`]: the signed-request extractors; [`http_error`]: every refusal.
+//! - [`handlers`]: the JSON endpoints; [`wire`]: assignments on the wire and their URLs.
+//! - [`blob`] / [`blob_token`]: the local-storage blob endpoint and its tokens.
+//! - [`metrics`]: Prometheus counters; [`state`]: the shared [`AppState`];
+//!   [`server`]: the router, the deadline task, graceful shutdown.
+
+pub mod auth;
+pub mod blob;
+pub mod blob_token;
+pub mod config;
+pub mod handlers;
+pub mod http_error;
+pub mod metrics;
+pub mod repo;
+pub mod repo_types;
+pub mod server;
+pub mod state;
+pub mod wire;
+
+pub use config::{ConfigError, RunConfig};
+pub use http_error::HttpError;
+pub use repo::Repository;
+pub use server::{enforce_deadlines, router, serve, shutdown_signal};
+pub use state::{AppState, Clock, StartError};

@@ -1,0 +1,303 @@
+//! Rows and enums of the orchestrator's state, as the [`super::repo::Repository`] returns them.
+
+use thiserror::Error;
+
+use crate::api::{Timings, WorkKind};
+
+/// Why a repository operation failed.
+#[derive(Debug, Error)]
+pub enum RepoError {
+    /// SQLite reported an error (I/O, corruption, locked file).
+    #[error("state database: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    /// A stored value could not be interpreted (the file was edited or is from another version).
+    #[error("state database holds an unexpected value: {0}")]
+    Corrupt(String),
+    /// The hotkey never registered.
+    #[error("hotkey {hotkey} is not registered")]
+    NotRegistered {
+        /// The hotkey.
+        hotkey: String,
+    },
+    /// Every section already has its maximum of miners.
+    #[error("every section is full ({max} miners per section)")]
+    SectionsFull {
+        /// The per-section maximum.
+        max: usize,
+    },
+    /// No assignment has this id.
+    #[error("assignment {id} does not exist")]
+    UnknownAssignment {
+        /// The id.
+        id: u64,
+    },
+    /// The assignment belongs to another miner.
+    #[error("assignment {id} is not held by this miner")]
+    NotHolder {
+        /// The id.
+        id: u64,
+    },
+    /// The assignment is no longer waiting for a result.
+    #[error("assignment {id} is {state}, not waiting for a result")]
+    NotAssigned {
+        /// The id.
+        id: u64,
+        /// Its current state.
+        state: AssignmentState,
+    },
+    /// A sample unit was started out of order (another one took the id first).
+    #[error("sample {got} cannot start: the next sample is {expected}")]
+    SampleOrder {
+        /// The id the run expects next.
+        expected: u64,
+        /// The id asked for.
+        got: u64,
+    },
+}
+
+/// Lifecycle of an assignment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignmentState {
+    /// A forward waiting for any miner of its section.
+    Open,
+    /// Held by a miner until its deadline.
+    Assigned,
+    /// Result accepted.
+    Done,
+    /// Result refused (bad payload); the work was re-offered or the sample dropped.
+    Failed,
+    /// Deadline missed; the work was re-offered or the sample dropped.
+    Expired,
+    /// Handed back by its miner.
+    Released,
+    /// Its sample was dropped.
+    Cancelled,
+}
+
+impl AssignmentState {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Assigned => "assigned",
+            Self::Done => "done",
+            Self::Failed => "failed",
+            Self::Expired => "expired",
+            Self::Released => "released",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Parses a stored name.
+    ///
+    /// # Errors
+    /// [`RepoError::Corrupt`] for an unknown name.
+    pub fn parse(s: &str) -> Result<Self, RepoError> {
+        Ok(match s {
+            "open" => Self::Open,
+            "assigned" => Self::Assigned,
+            "done" => Self::Done,
+            "failed" => Self::Failed,
+            "expired" => Self::Expired,
+            "released" => Self::Released,
+            "cancelled" => Self::Cancelled,
+            other => return Err(RepoError::Corrupt(format!("assignment state {other:?}"))),
+        })
+    }
+}
+
+impl std::fmt::Display for AssignmentState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Stored name of a [`WorkKind`].
+pub fn kind_str(kind: WorkKind) -> &'static str {
+    match kind {
+        WorkKind::Forward => "forward",
+        WorkKind::Backward => "backward",
+    }
+}
+
+/// Parses a stored [`WorkKind`].
+///
+/// # Errors
+/// [`RepoError::Corrupt`] for an unknown name.
+pub fn parse_kind(s: &str) -> Result<WorkKind, RepoError> {
+    match s {
+        "forward" => Ok(WorkKind::Forward),
+        "backward" => Ok(WorkKind::Backward),
+        other => Err(RepoError::Corrupt(format!("work kind {other:?}"))),
+    }
+}
+
+/// Final state of a sample unit in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SampleOutcome {
+    /// Under way.
+    Active,
+    /// Its backward reached the head.
+    Completed,
+    /// Dropped, with a reason.
+    Dropped,
+}
+
+impl SampleOutcome {
+    /// The name stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Completed => "completed",
+            Self::Dropped => "dropped",
+        }
+    }
+
+    /// Parses a stored name.
+    ///
+    /// # Errors
+    /// [`RepoError::Corrupt`] for an unknown name.
+    pub fn parse(s: &str) -> Result<Self, RepoError> {
+        Ok(match s {
+            "active" => Self::Active,
+            "completed" => Self::Completed,
+            "dropped" => Self::Dropped,
+            other => return Err(RepoError::Corrupt(format!("sample outcome {other:?}"))),
+        })
+    }
+}
+
+/// One registered miner.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MinerRow {
+    /// SS58 hotkey.
+    pub hotkey: String,
+    /// Section it serves.
+    pub section: usize,
+    /// First registration, ms since the Unix epoch.
+    pub registered_at_ms: u64,
+    /// Last request, ms since the Unix epoch.
+    pub last_seen_ms: u64,
+    /// Device it reported.
+    pub device: String,
+    /// Forwards it asked to hold at most.
+    pub max_in_flight: usize,
+    /// Forwards accepted.
+    pub forwards: u64,
+    /// Backwards accepted (a tail forward counts as one too: it runs its backward at once).
+    pub backwards: u64,
+    /// Penalties (missed deadlines, refused payloads).
+    pub penalties: u64,
+}
+
+/// One assignment.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AssignmentRow {
+    /// Id.
+    pub id: u64,
+    /// Sample unit.
+    pub sample: u64,
+    /// Epoch of the sample (object keys are grouped by it).
+    pub epoch: u64,
+    /// Section.
+    pub section: usize,
+    /// Forward or backward.
+    pub kind: WorkKind,
+    /// Holder (none for an open forward).
+    pub miner: Option<String>,
+    /// Deadline, ms since the Unix epoch (none for an open forward).
+    pub deadline_ms: Option<u64>,
+    /// State.
+    pub state: AssignmentState,
+    /// BLAKE3 hex of the input object.
+    pub input_hash: String,
+    /// BLAKE3 hex of the targets (tail forwards only).
+    pub targets_hash: Option<String>,
+    /// Earlier attempts at this piece of work.
+    pub attempts: u32,
+}
+
+/// One sample unit in the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampleRow {
+    /// Sample unit id.
+    pub id: u64,
+    /// Epoch it belongs to.
+    pub epoch: u64,
+    /// Outcome.
+    pub outcome: SampleOutcome,
+    /// Why it was dropped.
+    pub reason: Option<String>,
+    /// Tail loss.
+    pub loss: Option<f32>,
+    /// Start, ms since the Unix epoch.
+    pub started_ms: u64,
+    /// End, ms since the Unix epoch.
+    pub finished_ms: Option<u64>,
+}
+
+/// What a miner reports with an accepted result.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accepted {
+    /// BLAKE3 hex of the uploaded output (checked by the caller), if any.
+    pub output_hash: Option<String>,
+    /// Tail loss.
+    pub loss: Option<f32>,
+    /// Timings.
+    pub timings: Timings,
+}
+
+/// What happened to a missed, refused or released assignment.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Fallout {
+    /// A new open forward was created for the same work.
+    Reoffered {
+        /// The new assignment.
+        assignment: u64,
+    },
+    /// A new backward for the same miner was created.
+    RetriedBackward {
+        /// The new assignment.
+        assignment: u64,
+    },
+    /// The sample was dropped.
+    Dropped {
+        /// The sample.
+        sample: u64,
+        /// The reason recorded in the ledger.
+        reason: String,
+    },
+}
+
+/// Timing limits the routing needs, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutingLimits {
+    /// Time allowed for a forward.
+    pub forward_ms: u64,
+    /// Time allowed for a backward.
+    pub backward_ms: u64,
+    /// Server cap of forwards awaiting a backward per miner.
+    pub max_in_flight: usize,
+    /// Index of the tail section.
+    pub tail: usize,
+}
+
+/// Result of [`super::repo::Repository::take_work`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkTaken {
+    /// Assignments handed out (backwards first).
+    pub assignments: Vec<AssignmentRow>,
+    /// How many new samples a head miner may still start now (0 outside section 0).
+    pub head_capacity: usize,
+}
+
+/// Sample counters and recent losses.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LedgerCounts {
+    /// Completed samples.
+    pub completed: u64,
+    /// Dropped samples.
+    pub dropped: u64,
+    /// Active samples.
+    pub active: u64,
+}

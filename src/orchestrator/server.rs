@@ -1,0 +1,130 @@
+//! The router, the deadline task, and serving with graceful shutdown.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+
+use super::blob::{get_blob, put_blob};
+use super::handlers;
+use super::metrics::Metrics;
+use super::state::AppState;
+
+/// Body limit of the JSON API routes.
+pub const API_BODY_LIMIT: usize = 64 * 1024;
+/// Body limit of blob uploads.
+pub const BLOB_BODY_LIMIT: usize = 1 << 30;
+/// How often the deadline task looks for missed deadlines.
+pub const DEADLINE_TICK: Duration = Duration::from_millis(500);
+
+async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let start = Instant::now();
+    let response = next.run(req).await;
+    state.metrics.observe(
+        &route,
+        response.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    response
+}
+
+/// The whole HTTP API over `state` (tests drive it with `tower::ServiceExt::oneshot`).
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/api/register", post(handlers::register))
+        .route("/api/heartbeat", post(handlers::heartbeat))
+        .route("/api/work", post(handlers::work))
+        .route("/api/submit", post(handlers::submit))
+        .route("/api/release", post(handlers::release))
+        .layer(DefaultBodyLimit::max(API_BODY_LIMIT));
+    let blob = Router::new()
+        .route("/blob/{*key}", get(get_blob).put(put_blob))
+        .layer(DefaultBodyLimit::max(BLOB_BODY_LIMIT));
+    Router::new()
+        .route("/health", get(handlers::health))
+        .route("/metrics", get(handlers::metrics))
+        .route("/api/status", get(handlers::status))
+        .route("/api/run", get(handlers::run_info))
+        .merge(api)
+        .merge(blob)
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// One pass of the deadline task: expires missed assignments; returns how many.
+pub fn enforce_deadlines(state: &AppState) -> usize {
+    match state.repo.expire(state.limits(), state.now_ms()) {
+        Ok(fallout) => {
+            for f in &fallout {
+                tracing::warn!(?f, "assignment missed its deadline");
+                Metrics::bump(&state.metrics.expired);
+            }
+            fallout.len()
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "deadline task");
+            0
+        }
+    }
+}
+
+/// Serves `state` on `listener` until `shutdown` resolves, running the deadline task
+/// alongside; in-flight requests finish before it returns.
+///
+/// # Errors
+/// An I/O error of the listener.
+pub async fn serve(
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let ticker_state = state.clone();
+    let ticker = tokio::spawn(async move {
+        let mut interval = tokio::time::interval(DEADLINE_TICK);
+        loop {
+            interval.tick().await;
+            enforce_deadlines(&ticker_state);
+        }
+    });
+    let result = axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await;
+    ticker.abort();
+    result
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,206 @@
+//! [`AppState`]: what every request handler shares (config, state store, object storage,
+//! dataset, blob secret, clock, metrics).
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use thiserror::Error;
+
+use super::blob_token::BlobSecret;
+use super::config::RunConfig;
+use super::metrics::Metrics;
+use super::repo::Repository;
+use super::repo_types::{RepoError, RoutingLimits};
+use crate::data::{DataError, Dataset, Tokenizer};
+use crate::storage::{KeyError, KeyPart, ObjectKey, RunKeys, Storage, StorageError};
+
+/// File name of the state database inside `data_dir`.
+pub const STATE_FILE: &str = "state.sqlite";
+/// File name of the blob secret inside `data_dir`.
+pub const SECRET_FILE: &str = "blob_secret";
+
+/// Why the orchestrator could not start.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// The data directory or the secret file.
+    #[error("data directory: {0}")]
+    Io(#[from] std::io::Error),
+    /// The state database.
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+    /// Object storage.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// The dataset or tokenizer.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// The run name is not a valid key component.
+    #[error("run name: {0}")]
+    Key(#[from] KeyError),
+    /// The tokenizer does not fit the model.
+    #[error("the tokenizer has {tokenizer} tokens but the model's vocab_size is {model}")]
+    Vocab {
+        /// Tokenizer vocabulary.
+        tokenizer: usize,
+        /// Model vocabulary.
+        model: usize,
+    },
+}
+
+/// Milliseconds since the Unix epoch, from a replaceable clock (tests move time by hand).
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+/// The system clock.
+pub fn system_clock() -> Clock {
+    Arc::new(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0)
+    })
+}
+
+/// Shared state of the server; cheap to clone.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Inner>,
+}
+
+/// The shared parts (reach them through [`AppState`]'s `Deref`).
+pub struct Inner {
+    /// The run config.
+    pub config: RunConfig,
+    /// Durable state.
+    pub repo: Repository,
+    /// Object storage.
+    pub storage: Storage,
+    /// Training data.
+    pub dataset: Dataset,
+    /// Key layout of the run.
+    pub keys: RunKeys,
+    /// Secret of the local blob tokens.
+    pub secret: BlobSecret,
+    /// Time source.
+    pub clock: Clock,
+    /// Request and routing counters.
+    pub metrics: Metrics,
+    /// Serialises the start of new samples (their ids are consecutive).
+    pub start_lock: tokio::sync::Mutex<()>,
+    /// Server start, ms since the Unix epoch.
+    pub started_ms: u64,
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("run", &self.config.run)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppState {
+    /// Opens everything `config` names: creates `data_dir`, opens `data_dir/state.sqlite`,
+    /// the blob secret, the object storage, and loads the dataset.
+    ///
+    /// # Errors
+    /// [`StartError`] naming what could not be opened.
+    pub fn open(config: RunConfig) -> Result<Self, StartError> {
+        std::fs::create_dir_all(&config.data_dir)?;
+        let repo = Repository::open(&config.data_dir.join(STATE_FILE))?;
+        let secret = BlobSecret::load_or_create(&config.data_dir.join(SECRET_FILE))?;
+        let storage = Storage::open(&config.storage)?;
+        let tokenizer = Tokenizer::load(config.data.tokenizer.as_deref())?;
+        if tokenizer.vocab_size() > config.model.vocab_size {
+            return Err(StartError::Vocab {
+                tokenizer: tokenizer.vocab_size(),
+                model: config.model.vocab_size,
+            });
+        }
+        let dataset = Dataset::load(&config.data.source, &tokenizer, config.seq_len, config.seed)?;
+        Self::from_parts(config, repo, storage, dataset, secret, system_clock())
+    }
+
+    /// Assembles a state from opened parts (tests use an in-memory store and a fake clock).
+    ///
+    /// # Errors
+    /// [`StartError::Key`] for a run name that is not a key component.
+    pub fn from_parts(
+        config: RunConfig,
+        repo: Repository,
+        storage: Storage,
+        dataset: Dataset,
+        secret: BlobSecret,
+        clock: Clock,
+    ) -> Result<Self, StartError> {
+        let keys = RunKeys::new(&config.run)?;
+        let started_ms = clock();
+        Ok(Self {
+            inner: Arc::new(Inner {
+                config,
+                repo,
+                storage,
+                dataset,
+                keys,
+                secret,
+                clock,
+                metrics: Metrics::default(),
+                start_lock: tokio::sync::Mutex::new(()),
+                started_ms,
+            }),
+        })
+    }
+
+    /// Now, in ms since the Unix epoch.
+    pub fn now_ms(&self) -> u64 {
+        (self.clock)()
+    }
+
+    /// The routing limits of the config.
+    pub fn limits(&self) -> RoutingLimits {
+        RoutingLimits {
+            forward_ms: self.config.deadlines.forward_s.saturating_mul(1000),
+            backward_ms: self.config.deadlines.backward_s.saturating_mul(1000),
+            max_in_flight: self.config.max_in_flight,
+            tail: self.config.tail(),
+        }
+    }
+
+    /// Key of the token ids (`part` = `tokens`) or targets (`targets`) of a sample unit.
+    pub fn token_key(&self, epoch: u64, sample: u64, part: &str) -> ObjectKey {
+        let base = self
+            .keys
+            .activations_epoch(epoch)
+            .join(&KeyPart::from(sample));
+        match KeyPart::new(part) {
+            Ok(p) => base.join(&p),
+            Err(_) => base,
+        }
+    }
+
+    /// Token ids and targets of sample unit `sample`, as little-endian u32 `[batch, seq]`:
+    /// dataset sample ids `sample * batch .. (sample + 1) * batch`.
+    pub fn sample_tokens(&self, sample: u64) -> (Bytes, Bytes) {
+        let batch = self.config.batch_size;
+        let seq = self.config.seq_len;
+        let mut tokens = Vec::with_capacity(batch * seq * 4);
+        let mut targets = Vec::with_capacity(batch * seq * 4);
+        for i in 0..batch as u64 {
+            let window = self.dataset.train_sample(sample * batch as u64 + i);
+            for pos in 0..seq {
+                let t = window.get(pos).copied().unwrap_or(0);
+                let y = window.get(pos + 1).copied().unwrap_or(0);
+                tokens.extend_from_slice(&t.to_le_bytes());
+                targets.extend_from_slice(&y.to_le_bytes());
+            }
+        }
+        (Bytes::from(tokens), Bytes::from(targets))
+    }
+}

@@ -1,0 +1,152 @@
+//! Turning assignment rows into wire [`Assignment`]s: which objects each one reads and
+//! writes, their shapes, and short-lived URLs for them.
+//!
+//! | work | input | targets | output |
+//! |---|---|---|---|
+//! | forward, head | `.../{sample}/tokens` u32 `[b, s]` | – | `{sample}/0/forward` |
+//! | forward, section k | `{sample}/{k-1}/forward` | – | `{sample}/{k}/forward` |
+//! | forward, tail | `{sample}/{t-1}/forward` | `.../{sample}/targets` | `{sample}/{t}/backward` |
+//! | backward, section k | `{sample}/{k+1}/backward` | – | `{sample}/{k}/backward` (none for the head) |
+
+use std::time::Duration;
+
+use super::http_error::HttpError;
+use super::repo_types::AssignmentRow;
+use super::state::AppState;
+use crate::api::{Assignment, BlobRef, WorkKind};
+use crate::storage::{Direction, ObjectKey, PresignMethod};
+
+/// Extra validity of download URLs beyond the assignment's deadline. Upload URLs expire at the
+/// deadline itself, so a late miner cannot overwrite the result of the miner the work was
+/// re-offered to.
+pub const URL_GRACE_MS: u64 = 60_000;
+
+/// Where the input of `row` lives, with its shape.
+pub fn input_of(state: &AppState, row: &AssignmentRow) -> (ObjectKey, Vec<usize>) {
+    let c = &state.config;
+    match (row.kind, row.section) {
+        (WorkKind::Forward, 0) => (
+            state.token_key(row.epoch, row.sample, "tokens"),
+            c.token_shape(),
+        ),
+        (WorkKind::Forward, s) => (
+            state.keys.activation(
+                row.epoch,
+                row.sample,
+                section_u32(s - 1),
+                Direction::Forward,
+            ),
+            c.boundary_shape(),
+        ),
+        (WorkKind::Backward, s) => (
+            state.keys.activation(
+                row.epoch,
+                row.sample,
+                section_u32(s + 1),
+                Direction::Backward,
+            ),
+            c.boundary_shape(),
+        ),
+    }
+}
+
+/// Where the result of `row` must be uploaded, with its shape (`None`: nothing to upload).
+pub fn output_of(state: &AppState, row: &AssignmentRow) -> Option<(ObjectKey, Vec<usize>)> {
+    let tail = state.config.tail();
+    let direction = match (row.kind, row.section) {
+        (WorkKind::Backward, 0) => return None,
+        (WorkKind::Forward, 0) if tail == 0 => return None,
+        (WorkKind::Forward, s) if s == tail => Direction::Backward,
+        (WorkKind::Forward, _) => Direction::Forward,
+        (WorkKind::Backward, _) => Direction::Backward,
+    };
+    Some((
+        state
+            .keys
+            .activation(row.epoch, row.sample, section_u32(row.section), direction),
+        state.config.boundary_shape(),
+    ))
+}
+
+fn section_u32(s: usize) -> u32 {
+    u32::try_from(s).unwrap_or(u32::MAX)
+}
+
+/// A URL for `method` on `key` valid until `exp_ms`: presigned by S3, or this server's own
+/// `/blob` endpoint with a signed token.
+///
+/// # Errors
+/// A storage error when presigning fails.
+pub async fn url_for(
+    state: &AppState,
+    method: PresignMethod,
+    key: &ObjectKey,
+    exp_ms: u64,
+) -> Result<String, HttpError> {
+    let now = state.now_ms();
+    let secs = exp_ms.saturating_sub(now).div_ceil(1000).max(1);
+    if let Some(url) = state
+        .storage
+        .presign(method, key, Duration::from_secs(secs))
+        .await?
+    {
+        return Ok(url.to_string());
+    }
+    let name = match method {
+        PresignMethod::Get => "GET",
+        PresignMethod::Put => "PUT",
+    };
+    let sig = state.secret.sign(name, key.as_str(), exp_ms);
+    Ok(format!(
+        "{}/blob/{}?exp={exp_ms}&sig={sig}",
+        state.config.public_url,
+        key.as_str()
+    ))
+}
+
+/// The wire form of `row`, with URLs for its input, targets and output.
+///
+/// # Errors
+/// A storage error when presigning fails.
+pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment, HttpError> {
+    let deadline = row.deadline_ms.unwrap_or_else(|| state.now_ms());
+    let exp = deadline.saturating_add(URL_GRACE_MS);
+    let (input_key, input_shape) = input_of(state, row);
+    let input = BlobRef {
+        url: url_for(state, PresignMethod::Get, &input_key, exp).await?,
+        hash: Some(row.input_hash.clone()),
+        shape: Some(input_shape),
+        expires_unix_ms: exp,
+    };
+    let targets = match &row.targets_hash {
+        Some(hash) => {
+            let key = state.token_key(row.epoch, row.sample, "targets");
+            Some(BlobRef {
+                url: url_for(state, PresignMethod::Get, &key, exp).await?,
+                hash: Some(hash.clone()),
+                shape: Some(state.config.token_shape()),
+                expires_unix_ms: exp,
+            })
+        }
+        None => None,
+    };
+    let output = match output_of(state, row) {
+        Some((key, shape)) => Some(BlobRef {
+            url: url_for(state, PresignMethod::Put, &key, deadline).await?,
+            hash: None,
+            shape: Some(shape),
+            expires_unix_ms: deadline,
+        }),
+        None => None,
+    };
+    Ok(Assignment {
+        id: row.id,
+        sample_id: row.sample,
+        kind: row.kind,
+        section: row.section,
+        input,
+        targets,
+        output,
+        deadline_unix_ms: deadline,
+    })
+}

@@ -20,6 +20,7 @@ pub mod api;
 pub mod cmd;
 pub mod data;
 pub mod merge;
+pub mod miner;
 pub mod model;
 pub mod orchestrator;
 pub mod storage;

@@ -376,9 +376,12 @@ mod tests {
     use super::*;
     use crate::wallet::signing::{SignedHeaders, verify_request};
 
+    /// Requests recorded by [`serve`]: head, body.
+    type Seen = Arc<Mutex<Vec<(String, Vec<u8>)>>>;
+
     /// Serves the canned `(status, body)` answers in order, one per connection, and records
     /// each request's headers and body.
-    fn serve(answers: Vec<(u16, String)>) -> (String, Arc<Mutex<Vec<(String, Vec<u8>)>>>) {
+    fn serve(answers: Vec<(u16, String)>) -> (String, Seen) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Mutex::new(Vec::new()));

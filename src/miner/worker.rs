@@ -190,7 +190,7 @@ async fn mine<B: AutodiffBackend>(
         &reg.model,
         reg.section,
         settings.seed,
-        settings.optimizer.clone(),
+        settings.optimizer,
         &device,
     )?;
     if let Some(weights) = &reg.weights {

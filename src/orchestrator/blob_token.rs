@@ -43,6 +43,11 @@ impl BlobSecret {
         }
         let bytes: [u8; SECRET_LEN] = rand::random();
         std::fs::write(path, hex::encode(bytes))?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        }
         Ok(Self(bytes))
     }
 
@@ -98,5 +103,11 @@ mod tests {
         let a = BlobSecret::load_or_create(&path).unwrap();
         let b = BlobSecret::load_or_create(&path).unwrap();
         assert_eq!(a.sign("GET", "k", 1), b.sign("GET", "k", 1));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "only the owner may read the secret");
+        }
     }
 }

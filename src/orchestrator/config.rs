@@ -376,6 +376,20 @@ mod tests {
     }
 
     #[test]
+    fn example_configs_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+        let local = RunConfig::load(&dir.join("local.yaml")).unwrap();
+        assert_eq!(
+            (local.run.as_str(), local.model.n_sections()),
+            ("local-tiny", 3)
+        );
+        assert_eq!(local.storage.url, "./iota-run/objects");
+        let s3 = RunConfig::load(&dir.join("s3.yaml")).unwrap();
+        assert_eq!(s3.storage.url, "s3://iota-bucket/runs");
+        assert!(RunConfig::load(&dir.join("missing.yaml")).is_err());
+    }
+
+    #[test]
     fn invalid_values_name_the_key() {
         let err = RunConfig::from_yaml("run: r\nbatch_size: 0\n").unwrap_err();
         assert!(err.to_string().contains("`batch_size`"), "{err}");

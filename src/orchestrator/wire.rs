@@ -16,7 +16,9 @@ use super::state::AppState;
 use crate::api::{Assignment, BlobRef, WorkKind};
 use crate::storage::{Direction, ObjectKey, PresignMethod};
 
-/// Extra validity of URLs beyond the assignment's deadline.
+/// Extra validity of download URLs beyond the assignment's deadline. Upload URLs expire at the
+/// deadline itself, so a late miner cannot overwrite the result of the miner the work was
+/// re-offered to.
 pub const URL_GRACE_MS: u64 = 60_000;
 
 /// Where the input of `row` lives, with its shape.
@@ -130,10 +132,10 @@ pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment
     };
     let output = match output_of(state, row) {
         Some((key, shape)) => Some(BlobRef {
-            url: url_for(state, PresignMethod::Put, &key, exp).await?,
+            url: url_for(state, PresignMethod::Put, &key, deadline).await?,
             hash: None,
             shape: Some(shape),
-            expires_unix_ms: exp,
+            expires_unix_ms: deadline,
         }),
         None => None,
     };

@@ -1,0 +1,829 @@
+//! The orchestrator's HTTP API driven through its router (`tower::ServiceExt::oneshot`), with
+//! real sr25519 hotkeys, an in-memory object store and a hand-moved clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tower::ServiceExt;
+
+use iota::api::*;
+use iota::data::{DataSpec, Dataset, Tokenizer};
+use iota::orchestrator::blob_token::BlobSecret;
+use iota::orchestrator::{AppState, Repository, RunConfig, enforce_deadlines, router};
+use iota::storage::{Storage, WireDtype, encode, payload_hash};
+use iota::wallet::{Hotkey, sign_request};
+
+const T0: u64 = 1_767_225_600_000;
+
+struct Harness {
+    state: AppState,
+    app: Router,
+    now: Arc<AtomicU64>,
+}
+
+fn config(extra: &str) -> RunConfig {
+    RunConfig::from_yaml(&format!(
+        "run: test-run\nmodel: {{preset: tiny}}\nbatch_size: 2\nseq_len: 8\nwire: f32\n\
+         max_in_flight: 2\ndeadlines: {{forward_s: 10, backward_s: 20}}\n\
+         public_url: http://orch.test\n{extra}"
+    ))
+    .unwrap()
+}
+
+fn dataset(cfg: &RunConfig) -> Dataset {
+    let spec = DataSpec::Synthetic {
+        seed: 0,
+        chars: 20_000,
+    };
+    Dataset::load(&spec, &Tokenizer::byte(), cfg.seq_len, cfg.seed).unwrap()
+}
+
+fn harness_with(cfg: RunConfig, repo: Repository) -> Harness {
+    let now = Arc::new(AtomicU64::new(T0));
+    let clock_now = now.clone();
+    let data = dataset(&cfg);
+    let state = AppState::from_parts(
+        cfg,
+        repo,
+        Storage::in_memory(),
+        data,
+        BlobSecret::from_bytes([3; 32]),
+        Arc::new(move || clock_now.load(Ordering::SeqCst)),
+    )
+    .unwrap();
+    Harness {
+        app: router(state.clone()),
+        state,
+        now,
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(config(""), Repository::open_in_memory().unwrap())
+}
+
+fn key(uri: &str) -> Hotkey {
+    Hotkey::from_uri(uri).unwrap()
+}
+
+fn signed_raw(path: &str, body: Vec<u8>, hotkey: &Hotkey, ts: u64, run: &str) -> Request<Body> {
+    let headers = sign_request(hotkey, &body, ts, run);
+    let mut req = Request::post(path).header("content-type", "application/json");
+    for (name, value) in headers.to_pairs() {
+        req = req.header(name, value);
+    }
+    req.body(Body::from(body)).unwrap()
+}
+
+impl Harness {
+    fn now(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    fn advance(&self, ms: u64) {
+        self.now.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    fn signed(&self, path: &str, body: &impl Serialize, hotkey: &Hotkey) -> Request<Body> {
+        signed_raw(
+            path,
+            serde_json::to_vec(body).unwrap(),
+            hotkey,
+            self.now(),
+            "test-run",
+        )
+    }
+
+    async fn send(&self, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        (status, bytes)
+    }
+
+    async fn call<T: DeserializeOwned>(&self, req: Request<Body>) -> T {
+        let (status, bytes) = self.send(req).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    async fn register(&self, hotkey: &Hotkey) -> RegisterResponse {
+        let body = RegisterRequest {
+            device: "cpu".into(),
+            max_in_flight: 4,
+        };
+        self.call(self.signed("/api/register", &body, hotkey)).await
+    }
+
+    async fn work(&self, hotkey: &Hotkey, max: usize) -> Vec<Assignment> {
+        let resp: WorkResponse = self
+            .call(self.signed("/api/work", &WorkRequest { max }, hotkey))
+            .await;
+        resp.assignments
+    }
+
+    /// Uploads `bytes` through the PUT URL of `blob` (the `/blob` endpoint).
+    async fn upload(&self, blob: &BlobRef, bytes: Vec<u8>) {
+        let path = blob.url.strip_prefix("http://orch.test").unwrap();
+        let req = Request::put(path).body(Body::from(bytes)).unwrap();
+        let (status, body) = self.send(req).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+
+    async fn submit(
+        &self,
+        hotkey: &Hotkey,
+        a: &Assignment,
+        bytes: Option<Vec<u8>>,
+        loss: Option<f32>,
+    ) -> SubmitResponse {
+        let (hash, len) = match bytes {
+            Some(bytes) => {
+                let out = (Some(payload_hash(&bytes)), Some(bytes.len() as u64));
+                self.upload(a.output.as_ref().unwrap(), bytes).await;
+                out
+            }
+            None => (None, None),
+        };
+        let body = SubmitRequest {
+            assignment_id: a.id,
+            output_hash: hash,
+            output_bytes: len,
+            loss,
+            timings: Timings::default(),
+        };
+        self.call(self.signed("/api/submit", &body, hotkey)).await
+    }
+
+    /// Everything a refused request must leave alone.
+    fn snapshot(&self) -> String {
+        let repo = &self.state.repo;
+        let mut out = format!(
+            "{:?}\n{:?}\n{:?}\nsignatures {}\n",
+            repo.run_state().unwrap(),
+            repo.miners().unwrap(),
+            repo.counts().unwrap(),
+            repo.signature_count().unwrap()
+        );
+        for s in 0..4 {
+            out.push_str(&format!(
+                "{:?} {:?}\n",
+                repo.sample(s).unwrap(),
+                repo.assignments_of(s, 2).unwrap()
+            ));
+        }
+        out
+    }
+}
+
+fn activation(shape: &[usize], value: f32) -> Vec<u8> {
+    let n: usize = shape.iter().product();
+    encode(shape, &vec![value; n], WireDtype::F32).unwrap()
+}
+
+fn error_code(bytes: &[u8]) -> String {
+    serde_json::from_slice::<ApiError>(bytes).unwrap().code
+}
+
+#[tokio::test]
+async fn public_endpoints_answer() {
+    let h = harness();
+    let health: Health = h
+        .call(Request::get("/health").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(health.status, "ok");
+    let run: RunInfo = h
+        .call(Request::get("/api/run").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(
+        (run.run.as_str(), run.phase, run.epoch),
+        ("test-run", Phase::Training, 0)
+    );
+    let status: StatusResponse = h
+        .call(Request::get("/api/status").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(status.sections.len(), 3);
+    assert_eq!(status.samples, SampleCounts::default());
+    let (code, body) = h
+        .send(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.contains("iota_samples_total{outcome=\"completed\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("iota_section_miners{section=\"2\"} 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("iota_requests_total{route=\"/api/status\",status=\"200\"} 1"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn refused_requests_change_nothing() {
+    let h = harness();
+    let alice = key("//Alice");
+    h.register(&alice).await;
+    let work = serde_json::to_vec(&WorkRequest { max: 1 }).unwrap();
+    let before = h.snapshot();
+
+    // Unsigned.
+    let req = Request::post("/api/work")
+        .body(Body::from(work.clone()))
+        .unwrap();
+    let (code, body) = h.send(req).await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    assert_eq!(h.snapshot(), before, "unsigned");
+
+    // Bad signature: signed for one body, sent with another.
+    let good = h.signed("/api/work", &WorkRequest { max: 1 }, &alice);
+    let (parts, _) = good.into_parts();
+    let tampered = Request::from_parts(
+        parts,
+        Body::from(serde_json::to_vec(&WorkRequest { max: 9 }).unwrap()),
+    );
+    let (code, _) = h.send(tampered).await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert_eq!(h.snapshot(), before, "bad signature");
+
+    // Signed for another run.
+    let (code, _) = h
+        .send(signed_raw(
+            "/api/work",
+            work.clone(),
+            &alice,
+            h.now(),
+            "other-run",
+        ))
+        .await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED);
+    assert_eq!(h.snapshot(), before, "wrong run");
+
+    // Stale, both ways.
+    for ts in [h.now() - 30_001, h.now() + 30_001] {
+        let (code, body) = h
+            .send(signed_raw(
+                "/api/work",
+                work.clone(),
+                &alice,
+                ts,
+                "test-run",
+            ))
+            .await;
+        assert_eq!(
+            (code, error_code(&body).as_str()),
+            (StatusCode::UNAUTHORIZED, "stale")
+        );
+    }
+    assert_eq!(h.snapshot(), before, "stale");
+
+    // Unregistered.
+    let (code, body) = h
+        .send(h.signed("/api/work", &WorkRequest { max: 1 }, &key("//Bob")))
+        .await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (StatusCode::FORBIDDEN, "not_registered")
+    );
+    assert_eq!(h.snapshot(), before, "unregistered");
+
+    // Malformed body, correctly signed.
+    let (code, body) = h
+        .send(signed_raw(
+            "/api/work",
+            b"{\"max\": \"x\"}".to_vec(),
+            &alice,
+            h.now(),
+            "test-run",
+        ))
+        .await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (StatusCode::BAD_REQUEST, "bad_request")
+    );
+    assert_eq!(h.snapshot(), before, "malformed");
+
+    // Oversized body.
+    let big = vec![b' '; 100_000];
+    let (code, _) = h
+        .send(signed_raw("/api/work", big, &alice, h.now(), "test-run"))
+        .await;
+    assert_eq!(code, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(h.snapshot(), before, "oversized");
+
+    // Replayed: the first copy is served, the second refused with 409 and no change.
+    let ts = h.now();
+    let first = signed_raw(
+        "/api/heartbeat",
+        serde_json::to_vec(&HeartbeatRequest {
+            forwards: 0,
+            backwards: 0,
+            steps: 0,
+        })
+        .unwrap(),
+        &alice,
+        ts,
+        "test-run",
+    );
+    let (parts, body) = first.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let copy = Request::from_parts(parts.clone(), Body::from(body.clone()));
+    let (code, _) = h.send(Request::from_parts(parts, Body::from(body))).await;
+    assert_eq!(code, StatusCode::OK);
+    let after_first = h.snapshot();
+    let (code, body) = h.send(copy).await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (StatusCode::CONFLICT, "replayed")
+    );
+    assert_eq!(h.snapshot(), after_first, "replayed");
+}
+
+#[tokio::test]
+async fn registration_balances_sections_and_keeps_them() {
+    let h = harness();
+    let uris = ["//Alice", "//Bob", "//Charlie", "//Dave", "//Eve"];
+    let mut sections = Vec::new();
+    for uri in uris {
+        let r = h.register(&key(uri)).await;
+        assert_eq!(r.run, "test-run");
+        assert_eq!(r.settings.batch_size, 2);
+        assert_eq!(r.hotkey, key(uri).address().to_string());
+        sections.push(r.section);
+    }
+    assert_eq!(sections, vec![0, 1, 2, 0, 1]);
+    h.advance(1);
+    assert_eq!(
+        h.register(&key("//Dave")).await.section,
+        0,
+        "re-registration keeps the section"
+    );
+    let status: StatusResponse = h
+        .call(Request::get("/api/status").body(Body::empty()).unwrap())
+        .await;
+    let per_section: Vec<usize> = status.sections.iter().map(|s| s.miners.len()).collect();
+    assert_eq!(per_section, vec![2, 2, 1]);
+}
+
+#[tokio::test]
+async fn max_miners_per_section_is_enforced() {
+    let h = harness_with(
+        config("max_miners_per_section: 1\n"),
+        Repository::open_in_memory().unwrap(),
+    );
+    for uri in ["//Alice", "//Bob", "//Charlie"] {
+        h.register(&key(uri)).await;
+    }
+    let body = RegisterRequest {
+        device: "cpu".into(),
+        max_in_flight: 1,
+    };
+    let (code, body) = h
+        .send(h.signed("/api/register", &body, &key("//Dave")))
+        .await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (StatusCode::CONFLICT, "conflict")
+    );
+}
+
+/// Registers head, middle and tail miners.
+async fn three(h: &Harness) -> [Hotkey; 3] {
+    let keys = [key("//Alice"), key("//Bob"), key("//Charlie")];
+    for (i, k) in keys.iter().enumerate() {
+        assert_eq!(h.register(k).await.section, i);
+    }
+    keys
+}
+
+#[tokio::test]
+async fn a_sample_goes_round_trip_through_three_miners() {
+    let h = harness();
+    let [a, b, c] = three(&h).await;
+    let boundary = h.state.config.boundary_shape();
+
+    let work = h.work(&a, 1).await;
+    assert_eq!(work.len(), 1);
+    let f0 = &work[0];
+    assert_eq!(
+        (f0.kind, f0.section, f0.sample_id),
+        (WorkKind::Forward, 0, 0)
+    );
+    assert_eq!(f0.input.shape, Some(vec![2, 8]));
+    assert_eq!(f0.deadline_unix_ms, h.now() + 10_000);
+    // The head's input is the dataset's tokens, served by the blob endpoint, with a range.
+    let path = f0.input.url.strip_prefix("http://orch.test").unwrap();
+    let (code, tokens) = h
+        .send(Request::get(path).body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    assert_eq!(tokens.len(), 2 * 8 * 4);
+    assert_eq!(Some(payload_hash(&tokens)), f0.input.hash);
+    let expected: Vec<u8> = h.state.dataset.train_sample(0)[..8]
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .collect();
+    assert_eq!(tokens[..32], expected[..]);
+    let (code, part) = h
+        .send(
+            Request::get(path)
+                .header("range", "bytes=4-7")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::PARTIAL_CONTENT);
+    assert_eq!(part, tokens[4..8]);
+    // A token for another object or method is refused.
+    let (code, _) = h
+        .send(Request::put(path).body(Body::from("x")).unwrap())
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+
+    let r = h
+        .submit(&a, f0, Some(activation(&boundary, 0.5)), None)
+        .await;
+    assert!(r.accepted, "{r:?}");
+    let f1 = h.work(&b, 4).await.remove(0);
+    assert_eq!((f1.kind, f1.section), (WorkKind::Forward, 1));
+    assert!(
+        h.submit(&b, &f1, Some(activation(&boundary, 0.25)), None)
+            .await
+            .accepted
+    );
+    let f2 = h.work(&c, 4).await.remove(0);
+    assert_eq!(f2.targets.as_ref().unwrap().shape, Some(vec![2, 8]));
+    assert!(
+        h.submit(&c, &f2, Some(activation(&boundary, 0.1)), Some(3.0))
+            .await
+            .accepted
+    );
+    let b1 = h.work(&b, 4).await.remove(0);
+    assert_eq!((b1.kind, b1.section), (WorkKind::Backward, 1));
+    assert!(
+        h.submit(&b, &b1, Some(activation(&boundary, 0.2)), None)
+            .await
+            .accepted
+    );
+    let b0 = h.work(&a, 1).await.remove(0);
+    assert_eq!(
+        (b0.kind, b0.section, b0.output.clone()),
+        (WorkKind::Backward, 0, None)
+    );
+    assert!(h.submit(&a, &b0, None, None).await.accepted);
+
+    let status: StatusResponse = h
+        .call(Request::get("/api/status").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(status.samples.completed, 1);
+    assert_eq!(status.recent_loss, Some(3.0));
+    let sample = h.state.repo.sample(0).unwrap().unwrap();
+    assert_eq!(sample.loss, Some(3.0));
+    let path = h.state.repo.pathway(0).unwrap();
+    let names: Vec<String> = [&a, &b, &c]
+        .iter()
+        .map(|k| k.address().to_string())
+        .collect();
+    assert_eq!(
+        path,
+        vec![
+            (0, names[0].clone()),
+            (1, names[1].clone()),
+            (2, names[2].clone())
+        ]
+    );
+    // Submitting the same assignment again is a conflict.
+    let body = SubmitRequest {
+        assignment_id: b0.id,
+        output_hash: None,
+        output_bytes: None,
+        loss: None,
+        timings: Timings::default(),
+    };
+    let (code, _) = h.send(h.signed("/api/submit", &body, &a)).await;
+    assert_eq!(code, StatusCode::CONFLICT);
+}
+
+#[tokio::test]
+async fn bad_uploads_are_refused_and_reoffered() {
+    let h = harness();
+    let [a, _, _] = three(&h).await;
+    let boundary = h.state.config.boundary_shape();
+    let mut nan = activation(&boundary, 1.0);
+    let n = nan.len();
+    nan[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+    let cases: Vec<(&str, Vec<u8>, Option<String>)> = vec![
+        (
+            "wrong hash",
+            activation(&boundary, 1.0),
+            Some(payload_hash(b"other")),
+        ),
+        ("non-finite", nan, None),
+        ("wrong shape", activation(&[2, 8, 3], 1.0), None),
+        (
+            "wrong dtype",
+            encode(
+                &boundary,
+                &vec![1.0; boundary.iter().product()],
+                WireDtype::Bf16,
+            )
+            .unwrap(),
+            None,
+        ),
+    ];
+    let mut penalties = 0;
+    for (what, bytes, claimed) in cases {
+        let assignment = h.work(&a, 1).await.remove(0);
+        assert_eq!((assignment.sample_id, assignment.section), (0, 0), "{what}");
+        h.upload(assignment.output.as_ref().unwrap(), bytes.clone())
+            .await;
+        let body = SubmitRequest {
+            assignment_id: assignment.id,
+            output_hash: Some(claimed.unwrap_or_else(|| payload_hash(&bytes))),
+            output_bytes: Some(bytes.len() as u64),
+            loss: None,
+            timings: Timings::default(),
+        };
+        let r: SubmitResponse = h.call(h.signed("/api/submit", &body, &a)).await;
+        assert!(!r.accepted, "{what}");
+        assert!(r.reason.is_some(), "{what}");
+        penalties += 1;
+        let miner = h
+            .state
+            .repo
+            .miner(&a.address().to_string())
+            .unwrap()
+            .unwrap();
+        assert_eq!(miner.penalties, penalties, "{what}");
+        assert_eq!(miner.forwards, 0, "{what}");
+    }
+    // The sample was re-offered each time, never advanced.
+    let status: StatusResponse = h
+        .call(Request::get("/api/status").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!((status.samples.in_flight, status.samples.completed), (1, 0));
+}
+
+#[tokio::test]
+async fn the_tail_must_report_a_finite_loss() {
+    let h = harness();
+    let [a, b, c] = three(&h).await;
+    let boundary = h.state.config.boundary_shape();
+    let f0 = h.work(&a, 1).await.remove(0);
+    assert!(
+        h.submit(&a, &f0, Some(activation(&boundary, 0.5)), None)
+            .await
+            .accepted
+    );
+    let f1 = h.work(&b, 1).await.remove(0);
+    assert!(
+        h.submit(&b, &f1, Some(activation(&boundary, 0.5)), None)
+            .await
+            .accepted
+    );
+    let f2 = h.work(&c, 1).await.remove(0);
+    let r = h
+        .submit(&c, &f2, Some(activation(&boundary, 0.5)), Some(f32::NAN))
+        .await;
+    assert!(!r.accepted);
+    let again = h.work(&c, 1).await.remove(0);
+    assert_eq!(
+        (again.sample_id, again.section, again.kind),
+        (0, 2, WorkKind::Forward)
+    );
+}
+
+#[tokio::test]
+async fn deadlines_reoffer_forwards_and_drop_backwards() {
+    let h = harness();
+    let [a, b, c] = three(&h).await;
+    let boundary = h.state.config.boundary_shape();
+    let f0 = h.work(&a, 1).await.remove(0);
+    h.advance(10_001);
+    // The upload URL has expired with the deadline.
+    let late = activation(&boundary, 0.5);
+    let path = f0
+        .output
+        .as_ref()
+        .unwrap()
+        .url
+        .strip_prefix("http://orch.test")
+        .unwrap();
+    let (code, _) = h
+        .send(Request::put(path).body(Body::from(late.clone())).unwrap())
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    // A result that arrives after the deadline is refused (and the work re-offered at once).
+    let body = SubmitRequest {
+        assignment_id: f0.id,
+        output_hash: Some(payload_hash(&late)),
+        output_bytes: Some(late.len() as u64),
+        loss: None,
+        timings: Timings::default(),
+    };
+    let r: SubmitResponse = h.call(h.signed("/api/submit", &body, &a)).await;
+    assert!(!r.accepted);
+    assert_eq!(
+        enforce_deadlines(&h.state),
+        0,
+        "already expired by the late submit"
+    );
+    // Once expired, the assignment is closed: submitting again is a conflict.
+    let body = SubmitRequest {
+        assignment_id: f0.id,
+        output_hash: None,
+        output_bytes: None,
+        loss: None,
+        timings: Timings::default(),
+    };
+    let (code, _) = h.send(h.signed("/api/submit", &body, &a)).await;
+    assert_eq!(code, StatusCode::CONFLICT);
+    let f0 = h.work(&a, 1).await.remove(0);
+    assert_eq!((f0.sample_id, f0.section), (0, 0), "re-offered");
+    assert!(
+        h.submit(&a, &f0, Some(activation(&boundary, 0.5)), None)
+            .await
+            .accepted
+    );
+    let f1 = h.work(&b, 1).await.remove(0);
+    assert!(
+        h.submit(&b, &f1, Some(activation(&boundary, 0.5)), None)
+            .await
+            .accepted
+    );
+    let f2 = h.work(&c, 1).await.remove(0);
+    assert!(
+        h.submit(&c, &f2, Some(activation(&boundary, 0.5)), Some(2.0))
+            .await
+            .accepted
+    );
+    // b never picks up its backward.
+    h.advance(20_001);
+    assert_eq!(enforce_deadlines(&h.state), 1);
+    let sample = h.state.repo.sample(0).unwrap().unwrap();
+    assert!(
+        sample
+            .reason
+            .unwrap()
+            .contains("backward of section 1 missed its deadline")
+    );
+    let status: StatusResponse = h
+        .call(Request::get("/api/status").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(status.samples.dropped, 1);
+    let bob = status.sections[1].miners[0].clone();
+    assert_eq!(bob.penalties, 1);
+    let hb: HeartbeatResponse = h
+        .call(h.signed(
+            "/api/heartbeat",
+            &HeartbeatRequest {
+                forwards: 1,
+                backwards: 0,
+                steps: 0,
+            },
+            &b,
+        ))
+        .await;
+    assert_eq!(hb.penalties, 1);
+}
+
+#[tokio::test]
+async fn release_hands_work_back() {
+    let h = harness();
+    let [a, _, _] = three(&h).await;
+    let f0 = h.work(&a, 1).await.remove(0);
+    let r: SubmitResponse = h
+        .call(h.signed(
+            "/api/release",
+            &ReleaseRequest {
+                assignment_ids: vec![f0.id],
+            },
+            &a,
+        ))
+        .await;
+    assert!(r.accepted);
+    let again = h.work(&a, 1).await.remove(0);
+    assert_eq!(again.sample_id, 0);
+    assert_ne!(again.id, f0.id);
+}
+
+#[tokio::test]
+async fn the_sample_budget_stops_new_samples() {
+    let h = harness_with(
+        config("max_samples: 2\n"),
+        Repository::open_in_memory().unwrap(),
+    );
+    let [a, _, _] = three(&h).await;
+    let work = h.work(&a, 5).await;
+    assert_eq!(
+        work.iter().map(|w| w.sample_id).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+}
+
+#[tokio::test]
+async fn restart_from_the_same_data_dir_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "data_dir: {}\ndata: {{source: \"synthetic:0:20000\"}}\n",
+        dir.path().display()
+    );
+    let a = key("//Alice");
+    let keys = [key("//Alice"), key("//Bob"), key("//Charlie")];
+    let secret_before;
+    {
+        let state = AppState::open(config(&yaml)).unwrap();
+        let h = Harness {
+            app: router(state.clone()),
+            state,
+            now: Arc::new(AtomicU64::new(0)),
+        };
+        // This harness uses the system clock (AppState::open); sign with it.
+        h.now.store(iota_now(), Ordering::SeqCst);
+        for k in &keys {
+            h.register(k).await;
+        }
+        h.now.store(iota_now(), Ordering::SeqCst);
+        let f0 = h.work(&a, 1).await.remove(0);
+        let bytes = activation(&h.state.config.boundary_shape(), 0.5);
+        assert!(h.submit(&a, &f0, Some(bytes), None).await.accepted);
+        secret_before = std::fs::read_to_string(dir.path().join("blob_secret")).unwrap();
+    }
+    let state = AppState::open(config(&yaml)).unwrap();
+    let miners = state.repo.miners().unwrap();
+    assert_eq!(miners.len(), 3);
+    assert_eq!(miners[0].forwards, 1);
+    assert_eq!(state.repo.run_state().unwrap().2, 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("blob_secret")).unwrap(),
+        secret_before
+    );
+    // The head's output survived in the local object store, and section 1's forward is open.
+    let key1 = state
+        .keys
+        .activation(0, 0, 0, iota::storage::Direction::Forward);
+    assert!(state.storage.exists(&key1).await.unwrap());
+    let h = Harness {
+        app: router(state.clone()),
+        state,
+        now: Arc::new(AtomicU64::new(iota_now())),
+    };
+    let f1 = h.work(&keys[1], 1).await.remove(0);
+    assert_eq!((f1.sample_id, f1.section), (0, 1));
+}
+
+fn iota_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+#[tokio::test]
+async fn the_deadline_task_reoffers_a_missed_forward() {
+    let h = harness();
+    let [a, _, _] = three(&h).await;
+    let f0 = h.work(&a, 1).await.remove(0);
+    h.advance(10_000);
+    assert_eq!(
+        enforce_deadlines(&h.state),
+        0,
+        "the deadline itself is still in time"
+    );
+    h.advance(1);
+    assert_eq!(enforce_deadlines(&h.state), 1);
+    let again = h.work(&a, 1).await.remove(0);
+    assert_eq!((again.sample_id, again.section), (0, 0));
+    assert_ne!(again.id, f0.id);
+    let miner = h
+        .state
+        .repo
+        .miner(&a.address().to_string())
+        .unwrap()
+        .unwrap();
+    assert_eq!(miner.penalties, 1);
+}

@@ -144,6 +144,7 @@ impl BackendTask for MinerTask {
 /// The state of a running miner.
 struct Worker<B: AutodiffBackend> {
     client: ApiClient,
+    device: String,
     section: Section<B>,
     settings: MinerSettings,
     cache: InputCache,
@@ -205,6 +206,7 @@ async fn mine<B: AutodiffBackend>(
     ));
     let mut worker = Worker {
         client,
+        device: options.device.to_string(),
         cache: InputCache::new(settings.max_in_flight.max(1)),
         settings,
         counters,
@@ -283,6 +285,28 @@ impl<B: AutodiffBackend> Worker<B> {
                 Err(ClientError::Unreachable { reason, .. }) => {
                     tracing::warn!("orchestrator unreachable ({reason}); still trying");
                     tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                Err(e) if e.api_code() == Some("not_registered") => {
+                    // The orchestrator lost its state: register again (same hotkey, and the
+                    // section it gives back must be ours, or the weights would not fit).
+                    let reg = self
+                        .client
+                        .register(&RegisterRequest {
+                            device: self.device.clone(),
+                            max_in_flight: self.settings.max_in_flight,
+                        })
+                        .await?;
+                    if reg.section != self.report.section {
+                        return Err(MinerError::Malformed {
+                            id: 0,
+                            reason: format!(
+                                "re-registration moved this miner from section {} to {}",
+                                self.report.section, reg.section
+                            ),
+                        });
+                    }
+                    tracing::warn!("orchestrator forgot this miner; registered again");
                     continue;
                 }
                 Err(e) => return Err(e.into()),

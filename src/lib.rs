@@ -11,6 +11,7 @@
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
+//! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
 //!
 //! Dependencies point one way: `cmd` uses everything; `model` knows nothing of networks;
 //! `merge`, `storage` and `wallet` know nothing of burn.

@@ -11,6 +11,7 @@
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
+//! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
 //!
 //! Dependencies point one way: `cmd` uses everything; `model` knows nothing of networks;
 //! `merge`, `storage` and `wallet` know nothing of burn.
@@ -20,6 +21,7 @@ pub mod api;
 pub mod cmd;
 pub mod data;
 pub mod merge;
+pub mod miner;
 pub mod model;
 pub mod orchestrator;
 pub mod storage;

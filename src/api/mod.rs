@@ -15,3 +15,4 @@
 pub mod types;
 
 pub use types::*;
+pub mod client;

@@ -4,7 +4,9 @@
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod local;
 pub mod merge;
+pub mod mine;
 pub mod model;
 pub mod orchestrate;
 pub mod tokenizer;
@@ -41,6 +43,10 @@ pub enum Command {
     Merge(merge::MergeArgs),
     /// Run the orchestrator of a training run (HTTP API, state, routing).
     Orchestrate(orchestrate::OrchestrateArgs),
+    /// Serve one section of a run's model for an orchestrator (a miner).
+    Mine(mine::MineArgs),
+    /// A whole network on this machine: an orchestrator and miners as child processes.
+    Local(local::LocalArgs),
     /// Offline tokenizer tools (train a byte-level BPE).
     Tokenizer(tokenizer::TokenizerArgs),
 }
@@ -57,6 +63,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Merge(args) => merge::run(args),
         Command::Tokenizer(args) => tokenizer::run(args),
         Command::Orchestrate(args) => orchestrate::run(args),
+        Command::Mine(args) => mine::run(args),
+        Command::Local(args) => local::run(args),
     }
 }
 

@@ -1,0 +1,428 @@
+//! `iota local`: a whole network on one machine. Starts an orchestrator and N miners per
+//! section as child processes of this same binary, shows one progress view by polling
+//! `/api/status`, and ends with a summary.
+//!
+//! Everything lives under `--dir`: the generated run config (`run.yaml`), the orchestrator's
+//! state (`state/`), the miners' hotkeys (`wallets/`) and each child's log (`logs/`).
+//! Children are killed when the command ends, however it ends.
+
+use std::fs::{self, File};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde_json::json;
+
+use crate::api::StatusResponse;
+use crate::api::client::ApiClient;
+use crate::model::ModelConfig;
+use crate::model::backend::DeviceKind;
+use crate::model::config::even_sections;
+use crate::storage::RetryPolicy;
+use crate::wallet::WalletDir;
+
+/// Wallet that holds the local miners' hotkeys.
+const WALLET: &str = "local";
+
+/// Arguments of `iota local`.
+#[derive(Debug, Args)]
+pub struct LocalArgs {
+    /// Model preset (ignored with --config).
+    #[arg(long, default_value = "tiny")]
+    pub preset: String,
+    /// Number of pipeline sections (default: the preset's).
+    #[arg(long)]
+    pub sections: Option<usize>,
+    /// Miners per section.
+    #[arg(long, default_value_t = 2)]
+    pub miners_per_section: usize,
+    /// A run config to use instead of the generated one (see examples/local.yaml).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Training text: `synthetic[:SEED[:CHARS]]` or a path (ignored with --config).
+    #[arg(long, default_value = "synthetic")]
+    pub data: String,
+    /// Working directory (config, state, wallets, logs).
+    #[arg(long, default_value = "iota-local")]
+    pub dir: PathBuf,
+    /// Address of the orchestrator (default: a free port on 127.0.0.1).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Stop after this many samples (micro-batches) completed or dropped; default: Ctrl-C.
+    #[arg(long)]
+    pub samples: Option<u64>,
+    /// Keep training after --samples until Ctrl-C.
+    #[arg(long)]
+    pub keep_running: bool,
+    /// Append one JSON line per status poll (loss, samples, tokens/s) to this file.
+    #[arg(long)]
+    pub metrics_out: Option<PathBuf>,
+    /// Tokens per sample window (ignored with --config).
+    #[arg(long, default_value_t = 64)]
+    pub seq_len: usize,
+    /// Windows per sample unit (ignored with --config).
+    #[arg(long, default_value_t = 4)]
+    pub batch_size: usize,
+    /// Peak learning rate (ignored with --config).
+    #[arg(long, default_value_t = 0.003)]
+    pub lr: f64,
+    /// Compute threads per miner.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Backend of the miners.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceKind,
+    /// Milliseconds between status polls.
+    #[arg(long, default_value_t = 1000)]
+    pub poll_ms: u64,
+}
+
+/// Child processes, killed and reaped on drop.
+#[derive(Debug, Default)]
+pub struct Children(Vec<(String, Child)>);
+
+impl Children {
+    /// Adds a child under `name`.
+    pub fn push(&mut self, name: String, child: Child) {
+        self.0.push((name, child));
+    }
+
+    /// Names of children that have exited, with their status.
+    pub fn exited(&mut self) -> Vec<String> {
+        self.0
+            .iter_mut()
+            .filter_map(|(name, c)| match c.try_wait() {
+                Ok(Some(status)) => Some(format!("{name} ({status})")),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+impl Drop for Children {
+    fn drop(&mut self) {
+        // Miners first, the orchestrator (pushed first) last.
+        for (_, child) in self.0.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; a race is unlikely on one machine).
+fn free_addr() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    listener.local_addr().context("reading the free port")
+}
+
+/// Writes the generated run config and returns its path.
+fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Result<PathBuf> {
+    let mut model = json!({ "preset": args.preset });
+    if let Some(n) = args.sections {
+        let preset = ModelConfig::preset(&args.preset)?;
+        model["sections"] = json!(even_sections(preset.n_layers, n));
+    }
+    let config = json!({
+        "run": "local",
+        "model": model,
+        "data": { "source": args.data },
+        "listen": listen.to_string(),
+        "data_dir": dir.join("state"),
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "max_in_flight": 4,
+        "local_steps": 1,
+        "schedule": { "peak": args.lr, "warmup_steps": 5, "total_steps": 100000, "min_ratio": 0.1 },
+        "deadlines": { "forward_s": 20, "backward_s": 40 },
+        "heartbeat_s": 2,
+    });
+    let path = dir.join("run.yaml");
+    let text = serde_norway::to_string(&config).context("writing the run config")?;
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Spawns `iota <args>` with stdout and stderr going to `log`.
+fn spawn_self(args: &[String], log: &Path) -> anyhow::Result<Child> {
+    let exe = std::env::current_exe().context("locating the iota binary")?;
+    let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone().context("duplicating the log file")?;
+    Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .with_context(|| format!("starting iota {}", args.join(" ")))
+}
+
+/// Loads the hotkey `name` from `wallets`, creating it the first time.
+fn ensure_hotkey(wallets: &WalletDir, name: &str) -> anyhow::Result<()> {
+    if wallets.load_hotkey(WALLET, name).is_err() {
+        wallets
+            .create_hotkey(WALLET, name, true)
+            .with_context(|| format!("creating hotkey {name}"))?;
+    }
+    Ok(())
+}
+
+/// Loss and counters seen over the run, for the summary.
+#[derive(Debug, Default)]
+struct Tally {
+    first_loss: Option<f32>,
+    last_loss: Option<f32>,
+    tokens_per_s: Vec<f64>,
+}
+
+/// Runs a local network.
+///
+/// # Errors
+/// A directory that cannot be written, an orchestrator that does not come up, or one that
+/// exits early.
+pub fn run(args: LocalArgs) -> anyhow::Result<()> {
+    fs::create_dir_all(args.dir.join("logs"))
+        .with_context(|| format!("creating {}", args.dir.display()))?;
+    let dir = args.dir.canonicalize().context("resolving --dir")?;
+    let listen = match args.listen {
+        Some(addr) => addr,
+        None => free_addr()?,
+    };
+    let config = match &args.config {
+        Some(path) => path.clone(),
+        None => write_config(&args, &dir, listen)?,
+    };
+    let mut children = Children::default();
+    let orchestrate = vec![
+        "orchestrate".to_string(),
+        "--config".to_string(),
+        config.display().to_string(),
+        "--listen".to_string(),
+        listen.to_string(),
+    ];
+    children.push(
+        "orchestrator".into(),
+        spawn_self(&orchestrate, &dir.join("logs/orchestrator.log"))?,
+    );
+    let url = format!("http://{listen}");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let policy = RetryPolicy {
+        max_attempts: 100,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(300),
+    };
+    let client = runtime
+        .block_on(ApiClient::connect(&url, None, policy))
+        .with_context(|| {
+            format!(
+                "the orchestrator did not come up on {url} (see {})",
+                dir.join("logs/orchestrator.log").display()
+            )
+        })?;
+    let info = runtime.block_on(client.run_info())?;
+    let n_sections = info.model.n_sections();
+    let wallets = WalletDir::new(dir.join("wallets"));
+    let n_miners = n_sections * args.miners_per_section.max(1);
+    eprintln!(
+        "iota local: run {:?} on {url}: {} sections x {} miners, logs in {}",
+        info.run,
+        n_sections,
+        args.miners_per_section.max(1),
+        dir.join("logs").display()
+    );
+    for i in 0..n_miners {
+        let name = format!("miner{i}");
+        ensure_hotkey(&wallets, &name)?;
+        let mine = vec![
+            "mine".to_string(),
+            "--wallet".into(),
+            WALLET.into(),
+            "--hotkey".into(),
+            name.clone(),
+            "--orchestrator".into(),
+            url.clone(),
+            "--wallets-dir".into(),
+            wallets.root().display().to_string(),
+            "--threads".into(),
+            args.threads.max(1).to_string(),
+            "--device".into(),
+            args.device.to_string(),
+            "--quiet".into(),
+        ];
+        let log = dir.join(format!("logs/{name}.log"));
+        children.push(name, spawn_self(&mine, &log)?);
+    }
+    let (final_status, tally) = runtime.block_on(watch(&args, &client, &mut children))?;
+    drop(children);
+    print_summary(&final_status, &tally);
+    Ok(())
+}
+
+/// Polls the status until the sample budget is spent or Ctrl-C; returns the last status.
+async fn watch(
+    args: &LocalArgs,
+    client: &ApiClient,
+    children: &mut Children,
+) -> anyhow::Result<(StatusResponse, Tally)> {
+    let mut metrics = match &args.metrics_out {
+        Some(path) => {
+            Some(File::create(path).with_context(|| format!("creating {}", path.display()))?)
+        }
+        None => None,
+    };
+    let bar = match args.samples {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::new_spinner(),
+    };
+    if let Ok(style) =
+        ProgressStyle::with_template("{spinner} [{elapsed_precise}] {wide_bar} {pos} samples {msg}")
+    {
+        bar.set_style(style);
+    }
+    let started = Instant::now();
+    let mut tally = Tally::default();
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let mut reported_exits = 0;
+    loop {
+        let status = client.status().await.context("polling the orchestrator")?;
+        let done = status.samples.completed + status.samples.dropped;
+        if let Some(loss) = status.recent_loss {
+            tally.first_loss.get_or_insert(loss);
+            tally.last_loss = Some(loss);
+        }
+        if status.tokens_per_s > 0.0 {
+            tally.tokens_per_s.push(status.tokens_per_s);
+        }
+        if let Some(file) = metrics.as_mut() {
+            let line = json!({
+                "t_s": started.elapsed().as_secs_f64(),
+                "completed": status.samples.completed,
+                "dropped": status.samples.dropped,
+                "in_flight": status.samples.in_flight,
+                "recent_loss": status.recent_loss,
+                "tokens_per_s": status.tokens_per_s,
+                "epoch": status.epoch,
+            });
+            writeln!(file, "{line}").context("writing the metrics file")?;
+        }
+        bar.set_position(done);
+        bar.set_message(format!(
+            "| done {} dropped {} in flight {} | loss {} | {:.0} tok/s",
+            status.samples.completed,
+            status.samples.dropped,
+            status.samples.in_flight,
+            status
+                .recent_loss
+                .map(|l| format!("{l:.3}"))
+                .unwrap_or_else(|| "-".into()),
+            status.tokens_per_s
+        ));
+        let exits = children.exited();
+        if exits.iter().any(|e| e.starts_with("orchestrator")) {
+            bar.abandon();
+            bail!("the orchestrator exited: {}", exits.join(", "));
+        }
+        if exits.len() > reported_exits {
+            bar.println(format!("children exited: {}", exits.join(", ")));
+            reported_exits = exits.len();
+        }
+        if !args.keep_running && args.samples.is_some_and(|n| done >= n) {
+            bar.finish_and_clear();
+            return Ok((status, tally));
+        }
+        tokio::select! {
+            _ = &mut ctrl_c => {
+                bar.finish_and_clear();
+                eprintln!("iota local: stopping");
+                return Ok((status, tally));
+            }
+            _ = tokio::time::sleep(Duration::from_millis(args.poll_ms.max(50))) => {}
+        }
+    }
+}
+
+fn print_summary(status: &StatusResponse, tally: &Tally) {
+    let fmt_loss = |l: Option<f32>| l.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into());
+    let mean_tps = if tally.tokens_per_s.is_empty() {
+        0.0
+    } else {
+        tally.tokens_per_s.iter().sum::<f64>() / tally.tokens_per_s.len() as f64
+    };
+    println!("run {} (epoch {})", status.run, status.epoch);
+    println!(
+        "loss: first {} -> last {}",
+        fmt_loss(tally.first_loss),
+        fmt_loss(tally.last_loss)
+    );
+    println!(
+        "samples: {} completed, {} dropped, {} in flight",
+        status.samples.completed, status.samples.dropped, status.samples.in_flight
+    );
+    println!("tokens/s: {mean_tps:.0} (mean of polls)");
+    println!("section  miner                                             fwd    bwd  penalties");
+    for section in &status.sections {
+        for m in &section.miners {
+            println!(
+                "{:>7}  {:<48} {:>6} {:>6} {:>10}",
+                section.index, m.hotkey, m.forwards, m.backwards, m.penalties
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Wrap {
+        #[command(flatten)]
+        args: LocalArgs,
+    }
+
+    #[test]
+    fn generated_config_is_a_valid_run_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let wrap = Wrap::parse_from([
+            "x",
+            "--sections",
+            "2",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+        ]);
+        let listen: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        let path = write_config(&wrap.args, dir.path(), listen).unwrap();
+        let cfg = crate::orchestrator::RunConfig::load(&path).unwrap();
+        assert_eq!(cfg.model.sections, vec![[0, 3], [3, 6]]);
+        assert_eq!(cfg.seq_len, 16);
+        assert_eq!(cfg.batch_size, 2);
+        assert_eq!(cfg.listen, listen);
+        assert_eq!(cfg.data_dir, dir.path().join("state"));
+    }
+
+    #[test]
+    fn children_are_killed_on_drop() {
+        let mut children = Children::default();
+        children.push(
+            "sleeper".into(),
+            Command::new("sleep").arg("30").spawn().unwrap(),
+        );
+        assert!(children.exited().is_empty());
+        let pid = children.0[0].1.id();
+        drop(children);
+        // The process is reaped: /proc no longer lists it.
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+}

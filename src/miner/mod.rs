@@ -1,0 +1,18 @@
+//! The miner: serves one section of the run's model for the orchestrator.
+//!
+//! A miner registers, builds its [`crate::model::Section`] from the run seed (or the weights
+//! the orchestrator hands out), then loops: ask for work (backward first), download the input
+//! through the assignment's URL, verify its hash, decode it, compute, upload the result,
+//! submit it. Forward inputs are cached by sample id until their backward
+//! ([`cache::InputCache`]); the optimizer steps every `local_steps` backwards.
+//!
+//! - [`cache`]: the bounded forward-input cache.
+//! - [`payload`]: blob decoding (token ids and wire tensors) and download checks.
+//! - [`worker`]: the loop itself, generic over the burn backend.
+
+pub mod cache;
+pub mod payload;
+pub mod worker;
+
+pub use cache::{CachedInput, InputCache};
+pub use worker::{MinerError, MinerOptions, MinerReport, run_miner};

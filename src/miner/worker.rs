@@ -1,0 +1,579 @@
+//! The miner loop, generic over the burn backend.
+//!
+//! One process works its assignments one after another (the compute is CPU or GPU bound
+//! anyway); a background task sends heartbeats. Stopping (Ctrl-C or [`MinerOptions::stop`])
+//! finishes the assignment under way, hands the rest of the batch back with `/api/release`,
+//! and returns a [`MinerReport`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+use bytes::Bytes;
+use indicatif::{ProgressBar, ProgressStyle};
+use thiserror::Error;
+use url::Url;
+
+use super::cache::{CachedInput, InputCache};
+use super::payload::{self, PayloadError};
+use crate::api::client::{ApiClient, ClientError, patient_policy};
+use crate::api::{
+    Assignment, BlobRef, HeartbeatRequest, MinerSettings, Phase, RegisterRequest, ReleaseRequest,
+    SubmitRequest, Timings, WorkKind, WorkRequest,
+};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::model::checkpoint::read_safetensors;
+use crate::model::section::Inner;
+use crate::model::{ModelError, Section, SectionInput, StepOutcome};
+use crate::storage::{StorageError, encode, payload_hash, upload_to_url};
+use crate::wallet::Hotkey;
+
+/// Wait between two empty answers to `/api/work`.
+const IDLE_WAIT: Duration = Duration::from_millis(150);
+
+/// Why the miner stopped with an error.
+#[derive(Debug, Error)]
+pub enum MinerError {
+    /// The orchestrator refused a request or stayed unreachable.
+    #[error("orchestrator: {0}")]
+    Client(#[from] ClientError),
+    /// The section could not be built or ran into a shape error.
+    #[error("model: {0}")]
+    Model(#[from] ModelError),
+    /// An input could not be obtained.
+    #[error("input: {0}")]
+    Payload(#[from] PayloadError),
+    /// The result could not be uploaded.
+    #[error("upload: {0}")]
+    Upload(#[from] StorageError),
+    /// A backward arrived for a sample whose forward input is not cached.
+    #[error("no cached input for sample {sample}: its forward was evicted or done elsewhere")]
+    CacheMiss {
+        /// The sample.
+        sample: u64,
+    },
+    /// The assignment is inconsistent (missing targets or output URL).
+    #[error("malformed assignment {id}: {reason}")]
+    Malformed {
+        /// Assignment id.
+        id: u64,
+        /// What is missing.
+        reason: String,
+    },
+    /// The initial weights could not be loaded.
+    #[error("weights: {0}")]
+    Weights(String),
+    /// The async runtime or the backend could not start.
+    #[error("runtime: {0}")]
+    Runtime(String),
+}
+
+/// How to run a miner.
+#[derive(Debug, Clone)]
+pub struct MinerOptions {
+    /// Base URL of the orchestrator.
+    pub orchestrator: String,
+    /// The miner's hotkey.
+    pub hotkey: Hotkey,
+    /// Backend to compute on.
+    pub device: DeviceKind,
+    /// Forwards in flight the miner asks for (the server caps it).
+    pub max_in_flight: usize,
+    /// Draw a progress bar on stderr (hidden anyway when stderr is not a terminal).
+    pub progress: bool,
+    /// Set to stop the miner cleanly; Ctrl-C sets it too.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// What a miner did before it stopped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MinerReport {
+    /// Section served.
+    pub section: usize,
+    /// Forwards submitted and accepted (the tail's combined forward-backward counts here).
+    pub forwards: u64,
+    /// Backwards submitted and accepted (the tail's included).
+    pub backwards: u64,
+    /// Local optimizer steps applied.
+    pub steps: u64,
+    /// Results the server refused.
+    pub refused: u64,
+    /// Assignments handed back (failures and shutdown).
+    pub released: u64,
+    /// Penalties the server reported at the last heartbeat.
+    pub penalties: u64,
+    /// Last tail loss.
+    pub last_loss: Option<f32>,
+}
+
+/// Counters shared with the heartbeat task.
+#[derive(Debug, Default)]
+struct Counters {
+    forwards: AtomicU64,
+    backwards: AtomicU64,
+    steps: AtomicU64,
+    penalties: AtomicU64,
+}
+
+/// Runs a miner until it is stopped.
+///
+/// # Errors
+/// The backend is not compiled in, the orchestrator refuses registration or stays unreachable
+/// through registration, or the section cannot be built.
+pub fn run_miner(options: MinerOptions) -> Result<MinerReport, MinerError> {
+    dispatch(options.device, MinerTask(options)).map_err(MinerError::Runtime)?
+}
+
+struct MinerTask(MinerOptions);
+
+impl BackendTask for MinerTask {
+    type Output = Result<MinerReport, MinerError>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| MinerError::Runtime(e.to_string()))?;
+        runtime.block_on(mine::<B>(self.0, device))
+    }
+}
+
+/// The state of a running miner.
+struct Worker<B: AutodiffBackend> {
+    client: ApiClient,
+    device: String,
+    section: Section<B>,
+    settings: MinerSettings,
+    cache: InputCache,
+    counters: Arc<Counters>,
+    report: MinerReport,
+    tokens: u64,
+    bar: ProgressBar,
+    started: Instant,
+}
+
+async fn mine<B: AutodiffBackend>(
+    options: MinerOptions,
+    device: B::Device,
+) -> Result<MinerReport, MinerError> {
+    let stop = options.stop.clone();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!(
+                    "iota mine: stopping after the current assignment (Ctrl-C again to abort)"
+                );
+                stop.store(true, Ordering::SeqCst);
+                if tokio::signal::ctrl_c().await.is_ok() {
+                    std::process::exit(130);
+                }
+            }
+        });
+    }
+    let client = ApiClient::connect(
+        &options.orchestrator,
+        Some(options.hotkey.clone()),
+        patient_policy(),
+    )
+    .await?;
+    let reg = client
+        .register(&RegisterRequest {
+            device: options.device.to_string(),
+            max_in_flight: options.max_in_flight,
+        })
+        .await?;
+    let settings = reg.settings.clone();
+    let mut section = Section::<B>::new(
+        &reg.model,
+        reg.section,
+        settings.seed,
+        settings.optimizer,
+        &device,
+    )?;
+    if let Some(weights) = &reg.weights {
+        import_weights(&mut section, weights).await?;
+    }
+    tracing::info!(section = reg.section, run = %reg.run, "miner registered");
+    let counters = Arc::new(Counters::default());
+    let heartbeat = tokio::spawn(heartbeats(
+        client.clone(),
+        counters.clone(),
+        Duration::from_secs(settings.heartbeat_s.max(1)),
+    ));
+    let mut worker = Worker {
+        client,
+        device: options.device.to_string(),
+        cache: InputCache::new(settings.max_in_flight.max(1)),
+        settings,
+        counters,
+        report: MinerReport {
+            section: reg.section,
+            ..MinerReport::default()
+        },
+        tokens: 0,
+        bar: progress_bar(options.progress),
+        started: Instant::now(),
+        section,
+    };
+    let result = worker.serve(&stop).await;
+    heartbeat.abort();
+    worker.bar.finish_and_clear();
+    worker.report.penalties = worker.counters.penalties.load(Ordering::Relaxed);
+    result.map(|()| worker.report)
+}
+
+fn progress_bar(show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} [{elapsed_precise}] {msg}") {
+        bar.set_style(style);
+    }
+    bar.enable_steady_tick(Duration::from_millis(250));
+    bar
+}
+
+/// Downloads a safetensors weights blob and loads it into `section`.
+async fn import_weights<B: AutodiffBackend>(
+    section: &mut Section<B>,
+    blob: &BlobRef,
+) -> Result<(), MinerError> {
+    let bytes = payload::fetch(blob).await?;
+    let path = std::env::temp_dir().join(format!(
+        "iota-weights-{}-{}.safetensors",
+        std::process::id(),
+        section.spec().index
+    ));
+    std::fs::write(&path, &bytes).map_err(|e| MinerError::Weights(e.to_string()))?;
+    let tensors = read_safetensors(&path);
+    let _ = std::fs::remove_file(&path);
+    section.import_params(&tensors?)?;
+    Ok(())
+}
+
+async fn heartbeats(client: ApiClient, counters: Arc<Counters>, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let req = HeartbeatRequest {
+            forwards: counters.forwards.load(Ordering::Relaxed),
+            backwards: counters.backwards.load(Ordering::Relaxed),
+            steps: counters.steps.load(Ordering::Relaxed),
+        };
+        match client.heartbeat(&req).await {
+            Ok(resp) => counters.penalties.store(resp.penalties, Ordering::Relaxed),
+            Err(e) => tracing::warn!("heartbeat failed: {e}"),
+        }
+    }
+}
+
+impl<B: AutodiffBackend> Worker<B> {
+    /// Asks for work and does it until `stop` is set.
+    async fn serve(&mut self, stop: &AtomicBool) -> Result<(), MinerError> {
+        while !stop.load(Ordering::SeqCst) {
+            let max = if self.section.spec().is_tail {
+                self.settings.max_in_flight.max(1)
+            } else {
+                self.cache.free().max(1)
+            };
+            let work = match self.client.work(&WorkRequest { max }).await {
+                Ok(work) => work,
+                Err(ClientError::Unreachable { reason, .. }) => {
+                    tracing::warn!("orchestrator unreachable ({reason}); still trying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                Err(e) if e.api_code() == Some("not_registered") => {
+                    // The orchestrator lost its state: register again (same hotkey, and the
+                    // section it gives back must be ours, or the weights would not fit).
+                    let reg = self
+                        .client
+                        .register(&RegisterRequest {
+                            device: self.device.clone(),
+                            max_in_flight: self.settings.max_in_flight,
+                        })
+                        .await?;
+                    if reg.section != self.report.section {
+                        return Err(MinerError::Malformed {
+                            id: 0,
+                            reason: format!(
+                                "re-registration moved this miner from section {} to {}",
+                                self.report.section, reg.section
+                            ),
+                        });
+                    }
+                    tracing::warn!("orchestrator forgot this miner; registered again");
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if work.assignments.is_empty() || work.phase != Phase::Training {
+                tokio::time::sleep(IDLE_WAIT).await;
+                continue;
+            }
+            let mut pending = work.assignments.into_iter();
+            while let Some(assignment) = pending.next() {
+                self.handle(&assignment).await;
+                if stop.load(Ordering::SeqCst) {
+                    let rest: Vec<u64> = pending.by_ref().map(|a| a.id).collect();
+                    self.release(rest).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Does one assignment and submits it; a failure is logged and the work handed back.
+    async fn handle(&mut self, assignment: &Assignment) {
+        let submit = match self.process(assignment).await {
+            Ok(submit) => submit,
+            Err(e) => {
+                tracing::warn!(
+                    id = assignment.id,
+                    sample = assignment.sample_id,
+                    "assignment failed: {e}"
+                );
+                self.release(vec![assignment.id]).await;
+                return;
+            }
+        };
+        match self.client.submit(&submit).await {
+            Ok(resp) if resp.accepted => match assignment.kind {
+                WorkKind::Forward if !self.section.spec().is_tail => {
+                    self.report.forwards += 1;
+                    self.counters.forwards.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => {
+                    if self.section.spec().is_tail {
+                        self.report.forwards += 1;
+                        self.counters.forwards.fetch_add(1, Ordering::Relaxed);
+                    }
+                    self.report.backwards += 1;
+                    self.counters.backwards.fetch_add(1, Ordering::Relaxed);
+                }
+            },
+            Ok(resp) => {
+                self.report.refused += 1;
+                tracing::warn!(
+                    id = assignment.id,
+                    "result refused: {}",
+                    resp.reason.unwrap_or_default()
+                );
+            }
+            Err(e) => {
+                self.report.refused += 1;
+                tracing::warn!(id = assignment.id, "submit failed: {e}");
+            }
+        }
+        self.show();
+    }
+
+    async fn release(&mut self, ids: Vec<u64>) {
+        if ids.is_empty() {
+            return;
+        }
+        let n = ids.len() as u64;
+        match self
+            .client
+            .release(&ReleaseRequest {
+                assignment_ids: ids,
+            })
+            .await
+        {
+            Ok(_) => self.report.released += n,
+            Err(e) => tracing::warn!("release failed: {e}"),
+        }
+    }
+
+    fn show(&self) {
+        let secs = self.started.elapsed().as_secs_f64().max(1e-3);
+        let loss = self
+            .report
+            .last_loss
+            .map(|l| format!(" | loss {l:.3}"))
+            .unwrap_or_default();
+        self.bar.set_message(format!(
+            "section {} | fwd {} bwd {} | steps {} | {:.0} tok/s{loss} | refused {} | penalties {}",
+            self.report.section,
+            self.report.forwards,
+            self.report.backwards,
+            self.report.steps,
+            self.tokens as f64 / secs,
+            self.report.refused,
+            self.counters.penalties.load(Ordering::Relaxed),
+        ));
+    }
+
+    /// Downloads, computes and uploads one assignment; returns what to submit.
+    async fn process(&mut self, a: &Assignment) -> Result<SubmitRequest, MinerError> {
+        let t0 = Instant::now();
+        let spec = self.section.spec().clone();
+        match a.kind {
+            WorkKind::Forward => {
+                let input = self.fetch_input(&a.input, spec.is_head).await?;
+                let targets = if spec.is_tail {
+                    let blob = a.targets.as_ref().ok_or_else(|| MinerError::Malformed {
+                        id: a.id,
+                        reason: "tail forward without targets".into(),
+                    })?;
+                    let shape = payload::shape_of::<2>(blob)?;
+                    let ids = payload::decode_tokens(&payload::fetch(blob).await?, shape)?;
+                    Some((ids, shape))
+                } else {
+                    None
+                };
+                let download_ms = elapsed_ms(t0);
+                let t1 = Instant::now();
+                let [b, s] = input_dims(&input);
+                let (out, loss) = match targets {
+                    Some((ids, shape)) => {
+                        let targets = token_tensor::<Inner<B>>(&ids, shape, self.section.device());
+                        let tail = self
+                            .section
+                            .train_tail(self.to_tensor(input.clone()), targets)?;
+                        self.after_backward();
+                        self.report.last_loss = Some(tail.loss);
+                        (tail.input_grad, Some(tail.loss))
+                    }
+                    None => {
+                        let out = self.section.forward(self.to_tensor(input.clone()))?;
+                        self.cache.insert(a.sample_id, input);
+                        (out, None)
+                    }
+                };
+                self.tokens += (b * s) as u64;
+                let compute_ms = elapsed_ms(t1);
+                let (hash, size, upload_ms) = self.upload(a, Some(out)).await?;
+                Ok(SubmitRequest {
+                    assignment_id: a.id,
+                    output_hash: hash,
+                    output_bytes: size,
+                    loss,
+                    timings: Timings {
+                        download_ms,
+                        compute_ms,
+                        upload_ms,
+                    },
+                })
+            }
+            WorkKind::Backward => {
+                let shape = payload::shape_of::<3>(&a.input)?;
+                let upstream = payload::decode_tensor(&payload::fetch(&a.input).await?, shape)?;
+                let download_ms = elapsed_ms(t0);
+                let input = self.cache.take(a.sample_id).ok_or(MinerError::CacheMiss {
+                    sample: a.sample_id,
+                })?;
+                let t1 = Instant::now();
+                let upstream = Tensor::<Inner<B>, 3>::from_data(
+                    TensorData::new(upstream, shape),
+                    self.section.device(),
+                );
+                let grad = self.section.backward(self.to_tensor(input), upstream)?;
+                self.after_backward();
+                let compute_ms = elapsed_ms(t1);
+                let (hash, size, upload_ms) = self.upload(a, grad).await?;
+                Ok(SubmitRequest {
+                    assignment_id: a.id,
+                    output_hash: hash,
+                    output_bytes: size,
+                    loss: None,
+                    timings: Timings {
+                        download_ms,
+                        compute_ms,
+                        upload_ms,
+                    },
+                })
+            }
+        }
+    }
+
+    /// Steps the optimizer every `local_steps` backwards.
+    fn after_backward(&mut self) {
+        let every = self.settings.local_steps.max(1);
+        if self.section.pending_backwards() < every {
+            return;
+        }
+        let lr = self.settings.schedule.at(self.section.stats().steps);
+        match self.section.step(lr) {
+            StepOutcome::Applied { .. } => {
+                self.report.steps += 1;
+                self.counters.steps.fetch_add(1, Ordering::Relaxed);
+            }
+            StepOutcome::NoGradients => {}
+            StepOutcome::Skipped { reason } => tracing::warn!("optimizer step skipped: {reason}"),
+        }
+    }
+
+    async fn fetch_input(&self, blob: &BlobRef, head: bool) -> Result<CachedInput, MinerError> {
+        let bytes = payload::fetch(blob).await?;
+        if head {
+            let shape = payload::shape_of::<2>(blob)?;
+            let ids = payload::decode_tokens(&bytes, shape)?;
+            Ok(CachedInput::Tokens { ids, shape })
+        } else {
+            let shape = payload::shape_of::<3>(blob)?;
+            let data = payload::decode_tensor(&bytes, shape)?;
+            Ok(CachedInput::Hidden { data, shape })
+        }
+    }
+
+    fn to_tensor(&self, input: CachedInput) -> SectionInput<Inner<B>> {
+        let device = self.section.device();
+        match input {
+            CachedInput::Tokens { ids, shape } => {
+                SectionInput::Tokens(token_tensor::<Inner<B>>(&ids, shape, device))
+            }
+            CachedInput::Hidden { data, shape } => {
+                SectionInput::Hidden(Tensor::from_data(TensorData::new(data, shape), device))
+            }
+        }
+    }
+
+    /// Encodes `out` and uploads it to the assignment's output URL; returns hash, size and
+    /// time taken. Nothing to upload (the head's backward) gives `None`s.
+    async fn upload(
+        &self,
+        a: &Assignment,
+        out: Option<Tensor<Inner<B>, 3>>,
+    ) -> Result<(Option<String>, Option<u64>, u64), MinerError> {
+        let (Some(out), Some(target)) = (out, a.output.as_ref()) else {
+            return Ok((None, None, 0));
+        };
+        let t0 = Instant::now();
+        let shape = out.dims();
+        let data: Vec<f32> = out
+            .into_data()
+            .to_vec()
+            .map_err(|e| ModelError::Shape(format!("{e:?}")))?;
+        let bytes = encode(&shape, &data, self.settings.wire).map_err(ModelError::from)?;
+        let hash = payload_hash(&bytes);
+        let size = bytes.len() as u64;
+        let url = Url::parse(&target.url).map_err(|e| PayloadError::BadUrl(e.to_string()))?;
+        upload_to_url(&url, Bytes::from(bytes)).await?;
+        Ok((Some(hash), Some(size), elapsed_ms(t0)))
+    }
+}
+
+fn input_dims(input: &CachedInput) -> [usize; 2] {
+    match input {
+        CachedInput::Tokens { shape, .. } => *shape,
+        CachedInput::Hidden { shape, .. } => [shape[0], shape[1]],
+    }
+}
+
+fn token_tensor<B: burn::tensor::backend::Backend>(
+    ids: &[u32],
+    shape: [usize; 2],
+    device: &B::Device,
+) -> Tensor<B, 2, Int> {
+    let data: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+fn elapsed_ms(t: Instant) -> u64 {
+    u64::try_from(t.elapsed().as_millis()).unwrap_or(u64::MAX)
+}

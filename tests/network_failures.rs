@@ -1,0 +1,297 @@
+//! End to end, failures: a miner killed mid-run (its work is re-offered or dropped with a
+//! recorded reason, and the run goes on with the miners left); the orchestrator killed and
+//! restarted under running miners (they ride it out and resume); a miner stopped with Ctrl-C
+//! (it exits cleanly).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use iota::wallet::WalletDir;
+
+/// The tests of this file run one at a time (each starts seven processes on a small machine).
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Children killed on drop, so a failing test leaves nothing running.
+struct Kids(Vec<Child>);
+
+impl Drop for Kids {
+    fn drop(&mut self) {
+        for c in self.0.iter_mut().rev() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(args: &[&str], log: &Path) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
+}
+
+fn status(url: &str) -> Option<serde_json::Value> {
+    let body = reqwest::blocking_get(&format!("{url}/api/status"))?;
+    serde_json::from_str(&body).ok()
+}
+
+mod reqwest {
+    /// A tiny blocking GET over a raw TCP socket (the crate's reqwest is async only).
+    pub fn blocking_get(url: &str) -> Option<String> {
+        use std::io::{Read, Write};
+        let rest = url.strip_prefix("http://")?;
+        let (host, path) = rest.split_once('/')?;
+        let mut stream = std::net::TcpStream::connect(host).ok()?;
+        write!(
+            stream,
+            "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
+        let (head, body) = text.split_once("\r\n\r\n")?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return None;
+        }
+        if head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+        {
+            // Dechunk.
+            let mut out = String::new();
+            let mut rest = body;
+            loop {
+                let (size, after) = rest.split_once("\r\n")?;
+                let n = usize::from_str_radix(size.trim(), 16).ok()?;
+                if n == 0 {
+                    break;
+                }
+                out.push_str(after.get(..n)?);
+                rest = after.get(n + 2..)?;
+            }
+            return Some(out);
+        }
+        Some(body.to_string())
+    }
+}
+
+fn completed(s: &serde_json::Value) -> u64 {
+    s["samples"]["completed"].as_u64().unwrap_or(0)
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Writes a run config with short deadlines on a free port; returns the URL and the path.
+fn write_config(dir: &Path, run: &str) -> (String, std::path::PathBuf) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.join("run.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "run: {run}\nmodel: {{ preset: tiny }}\ndata: {{ source: synthetic }}\n\
+             listen: 127.0.0.1:{port}\ndata_dir: {}\nbatch_size: 2\nseq_len: 32\n\
+             max_in_flight: 4\nlocal_steps: 1\nheartbeat_s: 1\n\
+             deadlines: {{ forward_s: 2, backward_s: 3 }}\n",
+            dir.join("state").display()
+        ),
+    )
+    .unwrap();
+    (format!("http://127.0.0.1:{port}"), config)
+}
+
+/// Starts `iota orchestrate` and waits until it answers.
+fn start_orchestrator(dir: &Path, config: &Path, url: &str) -> Child {
+    let child = spawn(
+        &["orchestrate", "--config", config.to_str().unwrap()],
+        &dir.join("orchestrator.log"),
+    );
+    wait_for("the orchestrator", Duration::from_secs(30), || {
+        status(url).is_some()
+    });
+    child
+}
+
+/// Starts `iota mine` with a fresh hotkey `name`; returns the child and the address.
+fn start_miner(dir: &Path, url: &str, name: &str) -> (Child, String) {
+    let wallets_dir = dir.join("wallets");
+    let key = WalletDir::new(&wallets_dir)
+        .create_hotkey("w", name, true)
+        .unwrap();
+    let child = spawn(
+        &[
+            "mine",
+            "--wallet",
+            "w",
+            "--hotkey",
+            name,
+            "--orchestrator",
+            url,
+            "--wallets-dir",
+            wallets_dir.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--quiet",
+        ],
+        &dir.join(format!("{name}.log")),
+    );
+    (child, key.address().to_string())
+}
+
+#[test]
+fn miners_ride_out_an_orchestrator_restart_and_stop_cleanly_on_ctrl_c() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (url, config) = write_config(dir.path(), "restart-test");
+    let mut orchestrator = Kids(vec![start_orchestrator(dir.path(), &config, &url)]);
+    let mut miners = Kids(Vec::new());
+    for i in 0..3 {
+        miners
+            .0
+            .push(start_miner(dir.path(), &url, &format!("m{i}")).0);
+    }
+    wait_for("training to start", Duration::from_secs(60), || {
+        status(&url).is_some_and(|s| completed(&s) >= 3)
+    });
+    // Kill the orchestrator, leave it down a moment, start it again on the same state.
+    drop(orchestrator);
+    std::thread::sleep(Duration::from_secs(2));
+    for m in miners.0.iter_mut() {
+        assert!(
+            m.try_wait().unwrap().is_none(),
+            "a miner died with the orchestrator"
+        );
+    }
+    orchestrator = Kids(vec![start_orchestrator(dir.path(), &config, &url)]);
+    let before = status(&url).map(|s| completed(&s)).unwrap_or(0);
+    wait_for(
+        "progress after the restart",
+        Duration::from_secs(60),
+        || status(&url).is_some_and(|s| completed(&s) >= before + 5),
+    );
+
+    // Ctrl-C (SIGINT) to one miner: it finishes or releases its work and exits with success.
+    let pid = miners.0[0].id().to_string();
+    let killed = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    assert!(killed.success());
+    let start = Instant::now();
+    let exit = loop {
+        if let Some(code) = miners.0[0].try_wait().unwrap() {
+            break code;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "miner ignored Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let log = std::fs::read_to_string(dir.path().join("m0.log")).unwrap();
+    assert!(exit.success(), "miner exit {exit}: {log}");
+    assert!(log.contains("iota mine: section"), "no summary line: {log}");
+    drop(orchestrator);
+}
+
+#[test]
+fn killed_miner_work_is_reoffered_or_dropped_and_the_run_continues() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (url, config) = write_config(dir.path(), "kill-test");
+    let mut kids = Kids(Vec::new());
+    kids.0.push(start_orchestrator(dir.path(), &config, &url));
+
+    let mut addresses = Vec::new();
+    for i in 0..6 {
+        let (child, address) = start_miner(dir.path(), &url, &format!("m{i}"));
+        kids.0.push(child);
+        addresses.push(address);
+    }
+    wait_for("training to start", Duration::from_secs(60), || {
+        status(&url).is_some_and(|s| completed(&s) >= 5)
+    });
+
+    // Kill a miner of the middle section (SIGKILL: no release, no goodbye).
+    let db_path = dir.path().join("state/state.sqlite");
+    let section_of = |address: &str| -> Option<i64> {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        db.query_row(
+            "SELECT section FROM miners WHERE hotkey = ?1",
+            [address],
+            |r| r.get(0),
+        )
+        .ok()
+    };
+    let victim = (0..6)
+        .find(|&i| section_of(&addresses[i]) == Some(1))
+        .unwrap();
+    let victim_address = addresses[victim].clone();
+    // kids.0[0] is the orchestrator.
+    kids.0[victim + 1].kill().unwrap();
+    kids.0[victim + 1].wait().unwrap();
+    let after_kill = status(&url).map(|s| completed(&s)).unwrap_or(0);
+
+    // The run goes on with the other miners.
+    wait_for("progress after the kill", Duration::from_secs(60), || {
+        status(&url).is_some_and(|s| completed(&s) >= after_kill + 10)
+    });
+
+    // The victim's unfinished work was re-offered or its samples dropped with a reason; none
+    // of it is left assigned to the dead miner without an outcome.
+    wait_for(
+        "the victim's work to be settled",
+        Duration::from_secs(30),
+        || {
+            let db = rusqlite::Connection::open(&db_path).unwrap();
+            let stuck: i64 = db
+                .query_row(
+                    "SELECT COUNT(*) FROM assignments WHERE miner = ?1 AND state = 'assigned'",
+                    [&victim_address],
+                    |r| r.get(0),
+                )
+                .unwrap();
+            stuck == 0
+        },
+    );
+    let db = rusqlite::Connection::open(&db_path).unwrap();
+    let settled: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM assignments WHERE miner = ?1 AND reason IS NOT NULL",
+            [&victim_address],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let dropped_without_reason: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM samples WHERE outcome = 'dropped' AND reason IS NULL",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let penalties: i64 = db
+        .query_row(
+            "SELECT COUNT(*) FROM penalties WHERE miner = ?1",
+            [&victim_address],
+            |r| r.get(0),
+        )
+        .unwrap();
+    eprintln!("victim: {settled} assignments settled with a reason, {penalties} penalties");
+    assert_eq!(dropped_without_reason, 0, "a sample was dropped silently");
+    assert!(
+        settled > 0 || penalties > 0,
+        "the dead miner's work left no trace in the ledger (settled {settled}, penalties {penalties})"
+    );
+}

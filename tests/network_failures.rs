@@ -239,6 +239,46 @@ fn killed_miner_work_is_reoffered_or_dropped_and_the_run_continues() {
         .find(|&i| section_of(&addresses[i]) == Some(1))
         .unwrap();
     let victim_address = addresses[victim].clone();
+    // Freeze the victim, and kill it only while it holds unfinished work (an open assignment,
+    // or a forward whose backward is still due), so the test always exercises re-offering or
+    // dropping; otherwise let it run a little and try again.
+    let pid = kids.0[victim + 1].id().to_string();
+    let signal = |sig: &str| {
+        assert!(
+            Command::new("kill")
+                .args([sig, &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    let holds_work = || -> bool {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        let open: i64 = db
+            .query_row(
+                "SELECT (SELECT COUNT(*) FROM assignments WHERE miner = ?1 AND state = 'assigned') \
+                 + (SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
+                    WHERE p.miner = ?1 AND p.backward_done = 0 AND s.outcome = 'active')",
+                [&victim_address],
+                |r| r.get(0),
+            )
+            .unwrap();
+        open > 0
+    };
+    let start = Instant::now();
+    loop {
+        signal("-STOP");
+        std::thread::sleep(Duration::from_millis(50));
+        if holds_work() {
+            break;
+        }
+        signal("-CONT");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the victim never held work"
+        );
+        std::thread::sleep(Duration::from_millis(30));
+    }
     // kids.0[0] is the orchestrator.
     kids.0[victim + 1].kill().unwrap();
     kids.0[victim + 1].wait().unwrap();

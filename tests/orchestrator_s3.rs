@@ -4,11 +4,6 @@
 //!
 //! s3s-fs must be installed: `cargo install s3s-fs@0.14.1 --features binary --locked`.
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
-
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use bytes::Bytes;
@@ -23,67 +18,9 @@ use iota::orchestrator::{AppState, RunConfig, router};
 use iota::storage::{WireDtype, download_from_url, encode, payload_hash, upload_to_url};
 use iota::wallet::{Hotkey, sign_request};
 
-const BUCKET: &str = "orch-bucket";
+mod common;
 
-/// s3s-fs on a free port; killed on drop.
-struct S3 {
-    child: Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for S3 {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn s3s_fs() -> PathBuf {
-    let home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
-        .expect("HOME or CARGO_HOME");
-    std::env::var_os("PATH")
-        .iter()
-        .flat_map(std::env::split_paths)
-        .map(|d| d.join("s3s-fs"))
-        .chain([home.join("bin").join("s3s-fs")])
-        .find(|p| p.is_file())
-        .expect("s3s-fs is not installed: cargo install s3s-fs@0.14.1 --features binary --locked")
-}
-
-impl S3 {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        std::fs::create_dir_all(data.join(BUCKET)).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(s3s_fs())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", "orch", "--secret-key", "orch-secret"])
-            .arg(&data)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let until = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            assert!(Instant::now() < until, "s3s-fs did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
-        }
-    }
-}
+use common::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -120,13 +57,13 @@ async fn post<T: DeserializeOwned>(
 
 #[tokio::test]
 async fn assignments_carry_presigned_urls_that_work() {
-    let s3 = S3::start();
+    let s3 = S3Server::start();
     let data_dir = tempfile::tempdir().unwrap();
     let yaml = format!(
         "run: s3-run\nbatch_size: 2\nseq_len: 8\nwire: f32\n\
          data: {{source: \"synthetic:2:20000\"}}\ndata_dir: {}\n\
          storage: {{url: \"s3://{BUCKET}/runs\", endpoint: \"{}\", region: us-east-1, \
-         access_key_id: orch, secret_access_key: orch-secret}}\n",
+         access_key_id: {ACCESS_KEY}, secret_access_key: {SECRET_KEY}}}\n",
         data_dir.path().display(),
         s3.endpoint
     );

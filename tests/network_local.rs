@@ -89,3 +89,100 @@ fn local_network_trains_and_mixes_pathways() {
         );
     }
 }
+
+#[test]
+fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args([
+            "local",
+            "--preset",
+            "tiny",
+            "--miners-per-section",
+            "1",
+            "--samples",
+            "4",
+        ])
+        .args([
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+            "--poll-ms",
+            "200",
+            "--keep-running",
+        ])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    // Wait until the budget is spent and the miners are gone, while the API still answers.
+    loop {
+        assert!(
+            start.elapsed().as_secs() < 90,
+            "the budget was never reached"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "iota local exited before Ctrl-C"
+        );
+        if let Some(body) = get_status(port) {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            let done = v["samples"]["completed"].as_u64().unwrap_or(0);
+            let logs = dir.path().join("logs");
+            let stopped = std::fs::read_dir(&logs).is_ok() && done >= 4;
+            if stopped {
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "iota local did not keep running"
+    );
+    assert!(get_status(port).is_some(), "the API stopped answering");
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let exit = child.wait().unwrap();
+    assert!(exit.success(), "exit {exit}");
+    assert!(
+        get_status(port).is_none(),
+        "the orchestrator outlived iota local"
+    );
+}
+
+/// `GET /api/status` over a plain socket; the JSON body, or None when nothing answers.
+fn get_status(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        .ok()?;
+    write!(
+        stream,
+        "GET /api/status HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let ok = head.lines().next().is_some_and(|l| l.contains(" 200 "));
+    ok.then(|| body.to_string())
+}

@@ -56,7 +56,8 @@ pub struct LocalArgs {
     /// Stop after this many samples (micro-batches) completed or dropped; default: Ctrl-C.
     #[arg(long)]
     pub samples: Option<u64>,
-    /// Keep training after --samples until Ctrl-C.
+    /// After the --samples budget, stop the miners but keep the orchestrator (its API and
+    /// metrics) serving until Ctrl-C, so the run can be inspected.
     #[arg(long)]
     pub keep_running: bool,
     /// Append one JSON line per status poll (loss, samples, tokens/s) to this file.
@@ -87,6 +88,15 @@ pub struct LocalArgs {
 pub struct Children(Vec<(String, Child)>);
 
 impl Children {
+    /// Kills and reaps every child except the first (the orchestrator).
+    pub fn stop_miners(&mut self) {
+        for (_, child) in self.0.iter_mut().skip(1) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.0.truncate(1);
+    }
+
     /// Adds a child under `name`.
     pub fn push(&mut self, name: String, child: Child) {
         self.0.push((name, child));
@@ -261,6 +271,18 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         children.push(name, spawn_self(&mine, &log)?);
     }
     let (final_status, tally) = runtime.block_on(watch(&args, &client, &mut children))?;
+    if args.keep_running && args.samples.is_some() {
+        children.stop_miners();
+        print_summary(&final_status, &tally);
+        eprintln!(
+            "iota local: miners stopped; the orchestrator keeps serving {url} (/api/status, /metrics) until Ctrl-C"
+        );
+        runtime
+            .block_on(tokio::signal::ctrl_c())
+            .context("waiting for Ctrl-C")?;
+        drop(children);
+        return Ok(());
+    }
     drop(children);
     print_summary(&final_status, &tally);
     Ok(())
@@ -335,7 +357,7 @@ async fn watch(
             bar.println(format!("children exited: {}", exits.join(", ")));
             reported_exits = exits.len();
         }
-        if !args.keep_running && args.samples.is_some_and(|n| done >= n) {
+        if args.samples.is_some_and(|n| done >= n) {
             bar.finish_and_clear();
             return Ok((status, tally));
         }

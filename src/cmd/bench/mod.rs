@@ -4,6 +4,7 @@ use clap::{Args, Subcommand};
 
 pub mod merge;
 pub mod model;
+pub mod network;
 
 /// Arguments of `iota bench`.
 #[derive(Debug, Args)]
@@ -20,6 +21,8 @@ pub enum BenchCommand {
     Model(model::BenchModelArgs),
     /// Butterfly merge of N simulated miners through local storage: traffic per miner.
     Merge(merge::BenchMergeArgs),
+    /// Single-process chain against a local network: tokens/s, wire bytes, request latency.
+    Network(network::BenchNetworkArgs),
 }
 
 /// Runs `iota bench`.
@@ -30,6 +33,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
         BenchCommand::Model(a) => model::run(a),
         BenchCommand::Merge(a) => merge::run(a),
+        BenchCommand::Network(a) => network::run(a),
     }
 }
 

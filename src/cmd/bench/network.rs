@@ -1,0 +1,422 @@
+//! `iota bench network`: the same number of samples through the single-process section chain
+//! and through a local network (`iota local`: an orchestrator and miners as child processes),
+//! then one table: tokens/s of each and their ratio, wire bytes per sample, and the
+//! orchestrator's request latency.
+//!
+//! How each number is taken:
+//! - single process: `model::pipeline::Pipeline` in this process, `train_batch` + `step` per
+//!   sample, timed from the first to the last sample after one warm-up sample.
+//! - network: steady state only, from the first status poll that shows a completed sample to
+//!   the last poll (the `--metrics-out` lines of `iota local`), so process start-up and miner
+//!   registration are left out.
+//! - wire bytes: activation + gradient bytes the chain encodes with the wire codec at every
+//!   boundary (the network's miners upload the same encodings); computed, not counted on the
+//!   network.
+//! - latency: from the orchestrator's `/metrics` request histogram (all routes except
+//!   `/metrics` and `/api/status`), scraped during the run; a percentile is the upper bound of
+//!   the bucket it falls in.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+
+use crate::cmd::model::human_bytes;
+use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::model::pipeline::Pipeline;
+use crate::model::{ModelConfig, OptimizerConfig};
+use crate::storage::codec::WireDtype;
+
+/// Arguments of `iota bench network`.
+#[derive(Debug, Args)]
+pub struct BenchNetworkArgs {
+    /// Model preset.
+    #[arg(long, value_name = "NAME", default_value = "tiny")]
+    pub preset: String,
+    /// Samples (micro-batches) through each variant.
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub samples: u64,
+    /// Miners per section in the network.
+    #[arg(long, value_name = "M", default_value_t = 1)]
+    pub miners_per_section: usize,
+    /// Windows per sample.
+    #[arg(long, value_name = "B", default_value_t = 4)]
+    pub batch_size: usize,
+    /// Tokens per window.
+    #[arg(long, value_name = "L", default_value_t = 64)]
+    pub seq_len: usize,
+    /// Compute threads per miner (keep miners x threads near the core count).
+    #[arg(long, value_name = "T", default_value_t = 1)]
+    pub threads: usize,
+}
+
+/// Throughput of a run: samples completed over a time span.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Span {
+    /// Samples completed within the span.
+    pub samples: u64,
+    /// Length of the span in seconds.
+    pub seconds: f64,
+}
+
+impl Span {
+    /// Tokens per second for samples of `tokens_per_sample` tokens (0 for an empty span).
+    pub fn tokens_per_s(&self, tokens_per_sample: usize) -> f64 {
+        if self.seconds <= 0.0 {
+            return 0.0;
+        }
+        (self.samples as f64 * tokens_per_sample as f64) / self.seconds
+    }
+}
+
+/// Steady-state span of a network run from the JSON lines of `iota local --metrics-out`
+/// (`t_s`, `completed` per poll): from the first poll with a completed sample to the last
+/// poll, counting the samples completed in between.
+///
+/// Returns `None` when fewer than two polls show completed samples or no time passed.
+pub fn steady_state(metrics_jsonl: &str) -> Option<Span> {
+    let polls: Vec<(f64, u64)> = metrics_jsonl
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["t_s"].as_f64()?, v["completed"].as_u64()?)))
+        .filter(|&(_, c)| c > 0)
+        .collect();
+    let (t0, c0) = *polls.first()?;
+    let (t1, c1) = *polls.last()?;
+    (t1 > t0 && c1 > c0).then_some(Span {
+        samples: c1 - c0,
+        seconds: t1 - t0,
+    })
+}
+
+/// Cumulative request-latency histogram summed over routes: `(upper bound s, count)` sorted
+/// by bound, the last bound being infinity.
+///
+/// Reads the `iota_request_seconds_bucket{route="..",le=".."} N` lines of Prometheus text and
+/// skips the routes named in `skip`. Lines that do not parse are ignored.
+pub fn latency_histogram(prometheus: &str, skip: &[&str]) -> Vec<(f64, u64)> {
+    let mut buckets: Vec<(f64, u64)> = Vec::new();
+    for line in prometheus.lines() {
+        let Some(rest) = line.strip_prefix("iota_request_seconds_bucket{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix("=\"")?.strip_suffix('"'))
+        };
+        let (Some(route), Some(le), Ok(n)) = (label("route"), label("le"), value.trim().parse())
+        else {
+            continue;
+        };
+        if skip.contains(&route) {
+            continue;
+        }
+        let bound = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            match le.parse::<f64>() {
+                Ok(b) => b,
+                Err(_) => continue,
+            }
+        };
+        match buckets.iter_mut().find(|(b, _)| *b == bound) {
+            Some((_, count)) => *count += n,
+            None => buckets.push((bound, n)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// Upper bound (seconds) of the bucket that holds quantile `q` (0..=1) of a cumulative
+/// histogram; `None` when it is empty. May be infinite when the quantile lies past the last
+/// finite bound.
+pub fn quantile_bound(histogram: &[(f64, u64)], q: f64) -> Option<f64> {
+    let total = histogram.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let rank = (q.clamp(0.0, 1.0) * total as f64).ceil().max(1.0) as u64;
+    histogram
+        .iter()
+        .find(|&&(_, count)| count >= rank)
+        .map(|&(bound, _)| bound)
+}
+
+/// Result of the single-process run.
+struct Single {
+    span: Span,
+    wire_bytes_per_sample: usize,
+}
+
+struct Task {
+    cfg: ModelConfig,
+    batch: usize,
+    seq: usize,
+    samples: u64,
+}
+
+impl BackendTask for Task {
+    type Output = anyhow::Result<Single>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+        let data = Dataset::load(&DataSpec::default(), &Tokenizer::byte(), self.seq, 0)?;
+        let mut pipeline = Pipeline::<B>::new(
+            &self.cfg,
+            0,
+            OptimizerConfig::default(),
+            WireDtype::default(),
+            &device,
+        )?;
+        let mut wire_bytes = 0;
+        let mut started = Instant::now();
+        // Sample 0 warms up (allocations, caches) and is not timed.
+        for s in 0..=self.samples {
+            if s == 1 {
+                started = Instant::now();
+            }
+            let windows: Vec<&[u32]> = (0..self.batch)
+                .map(|i| data.train_sample(s * self.batch as u64 + i as u64))
+                .collect();
+            let report = pipeline.train_batch(&windows)?;
+            wire_bytes = report.bytes_forward + report.bytes_backward;
+            pipeline.step(1e-3);
+        }
+        Ok(Single {
+            span: Span {
+                samples: self.samples,
+                seconds: started.elapsed().as_secs_f64(),
+            },
+            wire_bytes_per_sample: wire_bytes,
+        })
+    }
+}
+
+/// What the network run measured.
+struct Network {
+    span: Span,
+    histogram: Vec<(f64, u64)>,
+}
+
+/// `GET /metrics` from `addr` with a plain HTTP/1.0 request; the body on success.
+fn scrape(addr: SocketAddr) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200")
+        .then(|| body.to_string())
+        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_string()))
+}
+
+fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
+    let listen = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port")?;
+    let metrics = dir.join("metrics.jsonl");
+    let exe = std::env::current_exe().context("locating the iota binary")?;
+    let log = dir.join("local.log");
+    let out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone().context("duplicating the log file")?;
+    let mut child = Command::new(exe)
+        .arg("local")
+        .args(["--preset", &args.preset])
+        .args(["--samples", &args.samples.to_string()])
+        .args(["--miners-per-section", &args.miners_per_section.to_string()])
+        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--seq-len", &args.seq_len.to_string()])
+        .args(["--threads", &args.threads.max(1).to_string()])
+        .args(["--listen", &listen.to_string()])
+        .args(["--poll-ms", "200"])
+        .arg("--dir")
+        .arg(dir.join("net"))
+        .arg("--metrics-out")
+        .arg(&metrics)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .context("starting iota local")?;
+    // Scrape the histogram while the network runs: `iota local` stops the orchestrator when
+    // it is done, so the last scrape is the one kept.
+    let mut last_scrape = None;
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for iota local")? {
+            break status;
+        }
+        if let Some(text) = scrape(listen) {
+            last_scrape = Some(text);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    if !status.success() {
+        let tail = fs::read_to_string(&log).unwrap_or_default();
+        let tail: String = tail
+            .lines()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        bail!("iota local failed ({status}):\n{tail}");
+    }
+    let text =
+        fs::read_to_string(&metrics).with_context(|| format!("reading {}", metrics.display()))?;
+    let span = steady_state(&text).context(
+        "the network completed too few samples to measure a steady state (raise --samples)",
+    )?;
+    let histogram = last_scrape
+        .map(|t| latency_histogram(&t, &["/metrics", "/api/status"]))
+        .unwrap_or_default();
+    Ok(Network { span, histogram })
+}
+
+fn fmt_ms(bound: Option<f64>) -> String {
+    match bound {
+        Some(b) if b.is_finite() => format!("<= {:.1} ms", b * 1e3),
+        Some(_) => "> 5000 ms".into(),
+        None => "-".into(),
+    }
+}
+
+/// Runs `iota bench network`.
+///
+/// # Errors
+/// Unknown preset, zero samples, a network that fails or completes too few samples.
+pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
+    if args.samples < 2 {
+        bail!("--samples must be at least 2");
+    }
+    let mut cfg = ModelConfig::preset(&args.preset)?;
+    cfg.max_seq_len = cfg.max_seq_len.max(args.seq_len);
+    let tokens_per_sample = args.batch_size * args.seq_len;
+    println!(
+        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each)",
+        cfg.name,
+        args.samples,
+        args.batch_size,
+        args.seq_len,
+        cfg.n_sections(),
+        args.miners_per_section.max(1),
+        args.threads.max(1)
+    );
+    let task = Task {
+        cfg: cfg.clone(),
+        batch: args.batch_size,
+        seq: args.seq_len,
+        samples: args.samples,
+    };
+    let single = dispatch(DeviceKind::Cpu, task)
+        .map_err(anyhow::Error::msg)?
+        .context("running the single-process chain")?;
+
+    let tmp = std::env::temp_dir().join(format!("iota-bench-network-{}", std::process::id()));
+    fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+    let net = run_network(&args, &tmp);
+    // Best effort: a leftover directory in /tmp is harmless.
+    let _ = fs::remove_dir_all(&tmp);
+    let net = net?;
+
+    let single_tps = single.span.tokens_per_s(tokens_per_sample);
+    let net_tps = net.span.tokens_per_s(tokens_per_sample);
+    println!("\nvariant                     samples  seconds   tokens/s");
+    println!(
+        "single process (chain)      {:>7}  {:>7.2}  {:>9.1}",
+        single.span.samples, single.span.seconds, single_tps
+    );
+    println!(
+        "local network (steady)      {:>7}  {:>7.2}  {:>9.1}",
+        net.span.samples, net.span.seconds, net_tps
+    );
+    println!(
+        "network / single            {:>27.3}",
+        net_tps / single_tps.max(1e-9)
+    );
+    println!(
+        "wire bytes per sample       {} (activations + gradients over {} boundaries, encoded {}; computed in the chain, not counted on the network)",
+        human_bytes(single.wire_bytes_per_sample),
+        cfg.n_sections().saturating_sub(1),
+        WireDtype::default()
+    );
+    let total: u64 = net.histogram.last().map_or(0, |b| b.1);
+    println!(
+        "orchestrator latency        p50 {}  p99 {}  ({} requests, /metrics histogram bucket bounds)",
+        fmt_ms(quantile_bound(&net.histogram, 0.5)),
+        fmt_ms(quantile_bound(&net.histogram, 0.99)),
+        total
+    );
+    println!(
+        "network tokens/s is the steady state: first completed sample to the last status poll (start-up and registration excluded)"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn steady_state_starts_at_the_first_completed_sample() {
+        let text = "{\"t_s\":0.0,\"completed\":0}\n\
+                    {\"t_s\":2.0,\"completed\":0}\n\
+                    {\"t_s\":3.0,\"completed\":2}\n\
+                    not json\n\
+                    {\"t_s\":5.0,\"completed\":10}\n";
+        let span = steady_state(text).unwrap();
+        assert_eq!(span.samples, 8);
+        assert!((span.seconds - 2.0).abs() < 1e-12);
+        // 8 samples x 16 tokens / 2 s = 64 tokens/s.
+        assert!((span.tokens_per_s(16) - 64.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn steady_state_needs_progress() {
+        assert_eq!(steady_state(""), None);
+        assert_eq!(steady_state("{\"t_s\":1.0,\"completed\":3}\n"), None);
+        assert_eq!(
+            Span {
+                samples: 3,
+                seconds: 0.0
+            }
+            .tokens_per_s(10),
+            0.0
+        );
+    }
+
+    #[test]
+    fn histogram_sums_routes_and_skips_some() {
+        let text = "iota_request_seconds_bucket{route=\"/api/work\",le=\"0.001\"} 1\n\
+            iota_request_seconds_bucket{route=\"/api/work\",le=\"0.01\"} 3\n\
+            iota_request_seconds_bucket{route=\"/api/work\",le=\"+Inf\"} 4\n\
+            iota_request_seconds_bucket{route=\"/api/result\",le=\"0.001\"} 0\n\
+            iota_request_seconds_bucket{route=\"/api/result\",le=\"0.01\"} 5\n\
+            iota_request_seconds_bucket{route=\"/api/result\",le=\"+Inf\"} 6\n\
+            iota_request_seconds_bucket{route=\"/metrics\",le=\"+Inf\"} 99\n\
+            iota_request_seconds_count{route=\"/api/work\"} 4\n";
+        let h = latency_histogram(text, &["/metrics"]);
+        assert_eq!(h, vec![(0.001, 1), (0.01, 8), (f64::INFINITY, 10)]);
+        // Rank 5 of 10 falls in the 0.01 bucket, rank 10 past the last finite bound.
+        assert_eq!(quantile_bound(&h, 0.5), Some(0.01));
+        assert_eq!(quantile_bound(&h, 0.1), Some(0.001));
+        assert_eq!(quantile_bound(&h, 0.99), Some(f64::INFINITY));
+        assert_eq!(quantile_bound(&[], 0.5), None);
+        assert_eq!(fmt_ms(Some(0.0025)), "<= 2.5 ms");
+    }
+}

@@ -37,7 +37,7 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Describe model presets: parameters per section, bytes crossing each boundary.
     Model(model::ModelArgs),
-    /// Benchmarks that print tables (model, merge).
+    /// Benchmarks that print tables (model, merge, network).
     Bench(bench::BenchArgs),
     /// Merge checkpoints offline with the network's merge operators.
     Merge(merge::MergeArgs),

@@ -343,6 +343,8 @@ async fn refused_requests_change_nothing() {
             forwards: 0,
             backwards: 0,
             steps: 0,
+            weights_epoch: 0,
+            weights_hash: None,
         })
         .unwrap(),
         &alice,
@@ -704,6 +706,8 @@ async fn deadlines_reoffer_forwards_and_drop_backwards() {
                 forwards: 1,
                 backwards: 0,
                 steps: 0,
+                weights_epoch: 0,
+                weights_hash: None,
             },
             &b,
         ))

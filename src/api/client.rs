@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use thiserror::Error;
 use url::Url;
 
+use super::merge::{MergeStatus, MergeSubmitRequest, MergeTaskRequest, MergeTaskResponse};
 use super::types::{
     ApiError, Health, HeartbeatRequest, HeartbeatResponse, RegisterRequest, RegisterResponse,
     ReleaseRequest, RunInfo, StatusResponse, SubmitRequest, SubmitResponse, WorkRequest,
@@ -254,6 +255,33 @@ impl ApiClient {
         self.post("/api/release", req).await
     }
 
+    /// `POST /api/merge/task`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn merge_task(&self, req: &MergeTaskRequest) -> Result<MergeTaskResponse, ClientError> {
+        self.post("/api/merge/task", req).await
+    }
+
+    /// `POST /api/merge/submit`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn merge_submit(
+        &self,
+        req: &MergeSubmitRequest,
+    ) -> Result<SubmitResponse, ClientError> {
+        self.post("/api/merge/submit", req).await
+    }
+
+    /// `GET /api/merge/status`.
+    ///
+    /// # Errors
+    /// As [`Self::connect`].
+    pub async fn merge_status(&self) -> Result<MergeStatus, ClientError> {
+        self.get("/api/merge/status").await
+    }
+
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         let url = self.url(path)?;
         self.with_retries(path, || self.http.get(url.clone())).await
@@ -481,6 +509,8 @@ mod tests {
                 forwards: 0,
                 backwards: 0,
                 steps: 0,
+                weights_epoch: 0,
+                weights_hash: None,
             })
             .await
             .unwrap_err();

@@ -12,7 +12,9 @@
 //!   object storage (S3 presigned URLs, or the orchestrator's own `/blob` endpoint with a signed
 //!   expiring token when the run stores objects in a local directory).
 
+pub mod merge;
 pub mod types;
 
+pub use merge::*;
 pub use types::*;
 pub mod client;

@@ -12,6 +12,7 @@
 //! | POST `/api/work` | [`WorkRequest`] | [`WorkResponse`] | signed, registered; backward work first |
 //! | POST `/api/submit` | [`SubmitRequest`] | [`SubmitResponse`] | signed, registered; the assignment's holder only |
 //! | POST `/api/release` | [`ReleaseRequest`] | [`SubmitResponse`] | signed: hand assignments back (Ctrl-C) |
+//! | `/api/merge/*` | see [`super::merge`] | | the merge cycle |
 //! | GET/PUT `/blob/{key}?exp=..&sig=..` | bytes | bytes | local storage only; token from a [`BlobRef`] |
 
 use serde::{Deserialize, Serialize};
@@ -108,8 +109,8 @@ pub struct RegisterResponse {
     pub model: ModelConfig,
     /// Settings to follow.
     pub settings: MinerSettings,
-    /// Latest weights of the section to start from; `None` means initialise from the seed.
-    pub weights: Option<BlobRef>,
+    /// Latest merged state of the section to start from; `None` means initialise from the seed.
+    pub checkpoint: Option<super::merge::SectionCheckpoint>,
 }
 
 /// A short-lived URL for one object, with what the consumer must check.
@@ -174,6 +175,9 @@ pub struct WorkResponse {
     pub assignments: Vec<Assignment>,
     /// Current phase (the miner stops asking for training work outside `training`).
     pub phase: Phase,
+    /// Current epoch: a miner holding older weights adopts the merged ones first.
+    #[serde(default)]
+    pub epoch: u64,
 }
 
 /// Time spent on an assignment, for the ledger and scoring.
@@ -227,6 +231,12 @@ pub struct HeartbeatRequest {
     pub backwards: u64,
     /// Local optimizer steps applied.
     pub steps: u64,
+    /// Epoch of the weights the miner holds.
+    #[serde(default)]
+    pub weights_epoch: u64,
+    /// BLAKE3 hex of the miner's flat state right after it adopted a merge (None before).
+    #[serde(default)]
+    pub weights_hash: Option<String>,
 }
 
 /// `POST /api/heartbeat` response.
@@ -255,6 +265,12 @@ pub struct MinerStatus {
     pub penalties: u64,
     /// Seconds since the last request from this miner.
     pub last_seen_s: f64,
+    /// Epoch of the weights the miner reported holding.
+    #[serde(default)]
+    pub weights_epoch: u64,
+    /// Hash of its flat state after its last adoption (as reported in its heartbeat).
+    #[serde(default)]
+    pub weights_hash: Option<String>,
 }
 
 /// One section in [`StatusResponse`].

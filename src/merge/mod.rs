@@ -11,6 +11,7 @@
 //! - `mean`, `geometric`, `median`, `trimmed`: the merge operators, one per file.
 //! - `outer`: the optional DiLoCo-style Nesterov outer step ([`nesterov_outer_step`]).
 //! - `op`: [`MergeOp`], the operator selected by config or command line.
+//! - `layout`: [`FlatLayout`], the flat vector a section's state travels as.
 //! - `driver`: [`merge_partition`] and [`merge_with_plan`].
 //! - `plan` (with `shuffle`): the seeded butterfly partition plan and traffic estimate.
 //! - `verify`: comparing redundant copies and flagging mergers.
@@ -29,6 +30,7 @@ mod driver;
 mod error;
 mod geometric;
 mod inputs;
+mod layout;
 mod mean;
 mod median;
 mod op;
@@ -40,6 +42,9 @@ mod verify;
 
 pub use driver::{merge_partition, merge_with_plan};
 pub use error::{MergeError, PlanError};
+pub use layout::{
+    FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,
+};
 pub use geometric::sign_aware_geometric_mean;
 pub use mean::weighted_mean;
 pub use median::coordinate_median;

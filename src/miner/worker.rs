@@ -194,8 +194,8 @@ async fn mine<B: AutodiffBackend>(
         settings.optimizer,
         &device,
     )?;
-    if let Some(weights) = &reg.weights {
-        import_weights(&mut section, weights).await?;
+    if let Some(checkpoint) = &reg.checkpoint {
+        let _ = checkpoint; // adopted by the merge participation (in progress)
     }
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
@@ -263,6 +263,8 @@ async fn heartbeats(client: ApiClient, counters: Arc<Counters>, every: Duration)
             forwards: counters.forwards.load(Ordering::Relaxed),
             backwards: counters.backwards.load(Ordering::Relaxed),
             steps: counters.steps.load(Ordering::Relaxed),
+            weights_epoch: 0,
+            weights_hash: None,
         };
         match client.heartbeat(&req).await {
             Ok(resp) => counters.penalties.store(resp.penalties, Ordering::Relaxed),

@@ -21,6 +21,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod init;
 pub mod layers;
+pub mod layout;
 pub mod optimizer;
 pub mod params;
 pub mod pipeline;

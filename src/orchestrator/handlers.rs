@@ -70,6 +70,8 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
                     backwards: m.backwards,
                     penalties: m.penalties,
                     last_seen_s: now.saturating_sub(m.last_seen_ms) as f64 / 1000.0,
+                    weights_epoch: 0,
+                    weights_hash: None,
                 })
                 .collect(),
         })
@@ -174,7 +176,7 @@ pub async fn register(
             schedule: c.schedule,
             heartbeat_s: c.heartbeat_s,
         },
-        weights: None,
+        checkpoint: None,
     }))
 }
 
@@ -204,11 +206,12 @@ pub async fn work(
     req: Signed<WorkRequest>,
 ) -> Result<Json<WorkResponse>, HttpError> {
     let limits = state.limits();
-    let (phase, _, _) = state.repo.run_state()?;
+    let (phase, epoch, _) = state.repo.run_state()?;
     if phase != Phase::Training {
         return Ok(Json(WorkResponse {
             assignments: Vec::new(),
             phase,
+            epoch,
         }));
     }
     let taken = state
@@ -228,7 +231,11 @@ pub async fn work(
     for row in &rows {
         assignments.push(to_wire(&state, row).await?);
     }
-    Ok(Json(WorkResponse { assignments, phase }))
+    Ok(Json(WorkResponse {
+        assignments,
+        phase,
+        epoch,
+    }))
 }
 
 /// Stores the tokens and targets of the next sample and starts it (caller holds the start

@@ -1,0 +1,236 @@
+//! Request and response bodies of the merge cycle (training -> uploading -> merging).
+//!
+//! # Endpoints
+//! | method, path | body | response | notes |
+//! |---|---|---|---|
+//! | POST `/api/merge/task` | [`MergeTaskRequest`] | [`MergeTaskResponse`] | signed, registered: what to do now |
+//! | POST `/api/merge/submit` | [`MergeSubmitRequest`] | [`SubmitResponse`] | signed: an upload or a merged partition is done |
+//! | GET `/api/merge/status` | – | [`MergeStatus`] | public: progress of the current merge |
+//!
+//! # The cycle, seen from a miner
+//! 1. `training`: `/api/work` as usual. Once `batches_before_merging` samples of the epoch
+//!    completed, the phase becomes `uploading` (work answers say so).
+//! 2. The miner asks `/api/merge/task`: [`MergeTask::Upload`] gives a PUT URL and a lease. It
+//!    uploads its flat state ([`crate::merge::FlatLayout`], little-endian `f32`) and submits
+//!    [`MergeSubmitRequest::Upload`] with the manifest. An upload started under a lease is
+//!    accepted until `lease_until_unix_ms`, even after the phase moved on.
+//! 3. `merging`: [`MergeTask::Merge`] lists the miner's partitions of the seeded plan, with a
+//!    GET URL per uploader (the miner reads bytes `4*start..4*end`) and a PUT URL for the
+//!    result. Each result is submitted with [`MergeSubmitRequest::Partition`].
+//! 4. When the section's merge is verified, [`MergeTask::Adopt`] hands out the merged state
+//!    (the same object for every miner of the section, so they end bit-identical). The miner
+//!    imports it, reports it in its heartbeat, and trains again once the phase is `training`.
+
+use serde::{Deserialize, Serialize};
+
+use super::types::{BlobRef, Phase};
+use crate::merge::{FlatLayout, MergeOp};
+
+/// `POST /api/merge/task`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergeTaskRequest {
+    /// Epoch of the weights the miner holds (0: the seed's initial weights).
+    pub held_epoch: u64,
+}
+
+/// `POST /api/merge/task` response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergeTaskResponse {
+    /// Current phase.
+    pub phase: Phase,
+    /// Current epoch (merges completed).
+    pub epoch: u64,
+    /// When the current phase ends, if it has a deadline.
+    pub phase_deadline_unix_ms: Option<u64>,
+    /// What to do.
+    pub task: MergeTask,
+}
+
+/// What a miner should do next in the merge cycle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MergeTask {
+    /// The phase is `training` and the miner holds the current weights: ask `/api/work`.
+    Train,
+    /// Nothing to do yet; ask again after `retry_ms`.
+    Wait {
+        /// Why (for logs).
+        reason: String,
+        /// Suggested wait.
+        retry_ms: u64,
+    },
+    /// Upload the flat state for the merge of `epoch`.
+    Upload {
+        /// Merge epoch.
+        epoch: u64,
+        /// Layout the upload must follow.
+        layout: FlatLayout,
+        /// PUT URL of the upload.
+        target: BlobRef,
+        /// The upload is accepted until then.
+        lease_until_unix_ms: u64,
+    },
+    /// Merge these partitions.
+    Merge {
+        /// Merge epoch.
+        epoch: u64,
+        /// Operator.
+        op: MergeOp,
+        /// The caller's partitions that still lack its result.
+        partitions: Vec<PartitionTask>,
+    },
+    /// Load the section's merged state.
+    Adopt {
+        /// The merged state.
+        checkpoint: SectionCheckpoint,
+    },
+}
+
+/// One partition a miner must merge.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartitionTask {
+    /// Partition index in the plan.
+    pub index: usize,
+    /// First flat index (inclusive).
+    pub start: u64,
+    /// Last flat index (exclusive).
+    pub end: u64,
+    /// Every uploader's state: read bytes `4*start..4*end` of each.
+    pub sources: Vec<MergeSource>,
+    /// PUT URL of the merged partition (`4*(end-start)` bytes, little-endian `f32`).
+    pub output: BlobRef,
+}
+
+/// One uploader's contribution to a partition.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergeSource {
+    /// The uploader's hotkey.
+    pub hotkey: String,
+    /// Its weight in the merge (backwards it completed in the epoch).
+    pub weight: f32,
+    /// GET URL of its whole flat upload (already verified by the orchestrator).
+    pub blob: BlobRef,
+}
+
+/// The merged state of one section: the starting point of every miner of the section after a
+/// merge, and of late joiners.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SectionCheckpoint {
+    /// Section index.
+    pub section: usize,
+    /// Epoch these weights start (merges completed).
+    pub epoch: u64,
+    /// Layout of the flat vector.
+    pub layout: FlatLayout,
+    /// GET URL, with the BLAKE3 hash of the whole object.
+    pub blob: BlobRef,
+}
+
+/// What a miner reports about its flat upload.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UploadManifest {
+    /// Layout of the uploaded vector (must equal the section's).
+    pub layout: FlatLayout,
+    /// Element type: always `f32` (little-endian).
+    pub dtype: String,
+    /// BLAKE3 hex of the uploaded bytes.
+    pub hash: String,
+    /// Size in bytes.
+    pub bytes: u64,
+}
+
+/// `POST /api/merge/submit`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum MergeSubmitRequest {
+    /// The flat state was uploaded.
+    Upload {
+        /// Merge epoch.
+        epoch: u64,
+        /// What was uploaded.
+        manifest: UploadManifest,
+    },
+    /// A merged partition was uploaded.
+    Partition {
+        /// Merge epoch.
+        epoch: u64,
+        /// Partition index.
+        index: usize,
+        /// BLAKE3 hex of the uploaded bytes.
+        hash: String,
+        /// Size in bytes.
+        bytes: u64,
+    },
+}
+
+/// A merger flagged by verification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlaggedMerger {
+    /// Hotkey.
+    pub hotkey: String,
+    /// Partition.
+    pub partition: usize,
+    /// `disagreed`, `missing`, `invalid` or `unassigned`.
+    pub reason: String,
+}
+
+/// One section in [`MergeStatus`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SectionMergeStatus {
+    /// Section index.
+    pub section: usize,
+    /// Uploads accepted for this merge.
+    pub uploads: usize,
+    /// Partitions in the plan (0 before it is built).
+    pub partitions: usize,
+    /// Partitions with at least one submitted result.
+    pub partitions_with_results: usize,
+    /// Submitted partition results.
+    pub results: usize,
+    /// Whether the merge of this section is verified and its checkpoint written.
+    pub finalized: bool,
+    /// Partitions whose result came from the orchestrator's own recomputation.
+    pub recomputed: usize,
+    /// Partitions that fell back to the previous global values.
+    pub fallbacks: usize,
+    /// Flagged mergers.
+    pub flagged: Vec<FlaggedMerger>,
+    /// Hash of the section's latest checkpoint.
+    pub checkpoint_hash: Option<String>,
+    /// Epoch of the section's latest checkpoint.
+    pub checkpoint_epoch: Option<u64>,
+}
+
+/// Loss summary of one training epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EpochSummary {
+    /// Epoch.
+    pub epoch: u64,
+    /// Samples completed.
+    pub completed: u64,
+    /// Mean loss of the completed samples.
+    pub mean_loss: Option<f32>,
+    /// Mean loss of the first quarter of its completed samples.
+    pub first_loss: Option<f32>,
+    /// Mean loss of the last quarter of its completed samples.
+    pub last_loss: Option<f32>,
+}
+
+/// `GET /api/merge/status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MergeStatus {
+    /// Current phase.
+    pub phase: Phase,
+    /// Current epoch (merges completed).
+    pub epoch: u64,
+    /// Deadline of the current phase.
+    pub phase_deadline_unix_ms: Option<u64>,
+    /// Operator of the run.
+    pub op: MergeOp,
+    /// Samples per training epoch.
+    pub batches_before_merging: u64,
+    /// Per section: the current merge (or the last one while training).
+    pub sections: Vec<SectionMergeStatus>,
+    /// Epochs so far, oldest first.
+    pub epochs: Vec<EpochSummary>,
+}

@@ -259,7 +259,10 @@ impl ApiClient {
     ///
     /// # Errors
     /// As [`Self::register`].
-    pub async fn merge_task(&self, req: &MergeTaskRequest) -> Result<MergeTaskResponse, ClientError> {
+    pub async fn merge_task(
+        &self,
+        req: &MergeTaskRequest,
+    ) -> Result<MergeTaskResponse, ClientError> {
         self.post("/api/merge/task", req).await
     }
 

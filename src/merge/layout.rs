@@ -84,7 +84,9 @@ impl FlatLayout {
     ///
     /// # Errors
     /// [`LayoutError::Duplicate`] when a name repeats.
-    pub fn new(shapes: impl IntoIterator<Item = (String, Vec<usize>)>) -> Result<Self, LayoutError> {
+    pub fn new(
+        shapes: impl IntoIterator<Item = (String, Vec<usize>)>,
+    ) -> Result<Self, LayoutError> {
         let mut shapes: Vec<(String, Vec<usize>)> = shapes.into_iter().collect();
         shapes.sort_by(|a, b| a.0.cmp(&b.0));
         let mut tensors = Vec::with_capacity(shapes.len());
@@ -272,10 +274,11 @@ mod tests {
         ));
         let params = HashMap::from([("b", &a[..])]);
         assert!(l.flatten(&params, &none, &none).is_err());
-        assert!(matches!(l.split(&[0.0; 5]), Err(LayoutError::Length { .. })));
-        assert!(
-            FlatLayout::new([("x".to_string(), vec![1]), ("x".to_string(), vec![2])]).is_err()
-        );
+        assert!(matches!(
+            l.split(&[0.0; 5]),
+            Err(LayoutError::Length { .. })
+        ));
+        assert!(FlatLayout::new([("x".to_string(), vec![1]), ("x".to_string(), vec![2])]).is_err());
         let mut other = l.clone();
         other.tensors[1].shape = vec![4];
         assert!(l.expect_same(&other).is_err());

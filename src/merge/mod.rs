@@ -42,10 +42,10 @@ mod verify;
 
 pub use driver::{merge_partition, merge_with_plan};
 pub use error::{MergeError, PlanError};
+pub use geometric::sign_aware_geometric_mean;
 pub use layout::{
     FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,
 };
-pub use geometric::sign_aware_geometric_mean;
 pub use mean::weighted_mean;
 pub use median::coordinate_median;
 pub use op::{DEFAULT_TRIM_FRACTION, MergeOp};

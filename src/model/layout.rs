@@ -19,7 +19,10 @@ use crate::merge::FlatLayout;
 ///
 /// # Errors
 /// [`ModelError::Invalid`] when `index` is out of range.
-pub fn param_shapes(cfg: &ModelConfig, index: usize) -> Result<Vec<(String, Vec<usize>)>, ModelError> {
+pub fn param_shapes(
+    cfg: &ModelConfig,
+    index: usize,
+) -> Result<Vec<(String, Vec<usize>)>, ModelError> {
     let spec = cfg.section(index)?;
     let (d, w, v) = (cfg.d_model, cfg.boundary_width(), cfg.vocab_size);
     let kv = cfg.n_kv_heads * cfg.head_dim();
@@ -34,7 +37,10 @@ pub fn param_shapes(cfg: &ModelConfig, index: usize) -> Result<Vec<(String, Vec<
             format!("model.layers.{first}.bottleneck.decoder.weight"),
             vec![d, w],
         );
-        push(format!("model.layers.{first}.bottleneck.decoder.bias"), vec![d]);
+        push(
+            format!("model.layers.{first}.bottleneck.decoder.bias"),
+            vec![d],
+        );
     }
     for i in spec.blocks.clone() {
         let p = format!("model.layers.{i}");
@@ -166,9 +172,14 @@ mod tests {
         cfgs.push(one);
         for cfg in cfgs {
             for index in 0..cfg.n_sections() {
-                let section =
-                    Section::<B>::new(&cfg, index, 0, OptimizerConfig::default(), &Default::default())
-                        .unwrap();
+                let section = Section::<B>::new(
+                    &cfg,
+                    index,
+                    0,
+                    OptimizerConfig::default(),
+                    &Default::default(),
+                )
+                .unwrap();
                 assert_eq!(
                     sorted(param_shapes(&cfg, index).unwrap()),
                     sorted(section.param_shapes()),
@@ -203,7 +214,11 @@ mod tests {
         let last = bad.len() - 1;
         bad[last] = f32::INFINITY;
         assert!(b.import_flat(&layout, &bad).is_err());
-        assert_eq!(b.export_flat(&layout).unwrap(), changed, "refused import changed state");
+        assert_eq!(
+            b.export_flat(&layout).unwrap(),
+            changed,
+            "refused import changed state"
+        );
         assert!(b.import_flat(&layout, &changed[1..]).is_err());
     }
 }

@@ -21,7 +21,16 @@
 //! optimizer: {}              # OptimizerConfig overrides
 //! schedule: { peak: 0.003, warmup_steps: 20, total_steps: 1000, min_ratio: 0.1 }
 //! deadlines: { forward_s: 30, backward_s: 60 }
-//! batches_before_merging: 100
+//! batches_before_merging: 100  # samples completed per epoch, then uploading -> merging
+//! merge:                     # MergeConfig
+//!   op: mean                 # mean | geometric | median | trimmed[:F]
+//!   replication: 2           # mergers per partition, cross-checked
+//!   partitions_per_miner: 1
+//!   upload_s: 60             # upload phase; leases may finish lease_grace_s later
+//!   lease_grace_s: 15
+//!   merge_s: 120             # then unmerged partitions fall back to the previous global
+//!   tolerance: 1.0e-4        # relative, when comparing copies
+//!   outer: null              # e.g. {lr: 0.7, momentum: 0.9}: Nesterov outer step
 //! max_samples: null          # optional sample budget (sample units)
 //! heartbeat_s: 10
 //! ```
@@ -33,6 +42,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use crate::data::DataSpec;
+use crate::merge::{MergeOp, OuterStep};
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig};
 use crate::storage::{KeyPart, StorageConfig, WireDtype};
 
@@ -100,6 +110,70 @@ impl Default for Deadlines {
     }
 }
 
+/// How a section's miners merge their weights between training epochs.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MergeConfig {
+    /// Operator: `mean` (weighted by backwards), `geometric`, `median`, `trimmed[:F]`.
+    #[serde(default)]
+    pub op: MergeOp,
+    /// Mergers per partition (`r`; their copies are cross-checked).
+    #[serde(default = "default_replication")]
+    pub replication: usize,
+    /// Partitions per uploader (`P = M * this`).
+    #[serde(default = "default_one_usize")]
+    pub partitions_per_miner: usize,
+    /// Seconds miners have to upload their state.
+    #[serde(default = "default_upload_s")]
+    pub upload_s: u64,
+    /// Seconds an upload started under a lease may finish after the upload phase ended.
+    #[serde(default = "default_lease_grace_s")]
+    pub lease_grace_s: u64,
+    /// Seconds the mergers have once the plan is out; unmerged partitions then fall back.
+    #[serde(default = "default_merge_s")]
+    pub merge_s: u64,
+    /// Relative tolerance when comparing the copies of a partition.
+    #[serde(default = "default_tolerance")]
+    pub tolerance: f32,
+    /// Optional DiLoCo-style outer step (`{lr, momentum}`) on the merged parameters.
+    #[serde(default)]
+    pub outer: Option<OuterStep>,
+}
+
+fn default_replication() -> usize {
+    2
+}
+fn default_one_usize() -> usize {
+    1
+}
+fn default_upload_s() -> u64 {
+    60
+}
+fn default_lease_grace_s() -> u64 {
+    15
+}
+fn default_merge_s() -> u64 {
+    120
+}
+fn default_tolerance() -> f32 {
+    1e-4
+}
+
+impl Default for MergeConfig {
+    fn default() -> Self {
+        Self {
+            op: MergeOp::default(),
+            replication: default_replication(),
+            partitions_per_miner: default_one_usize(),
+            upload_s: default_upload_s(),
+            lease_grace_s: default_lease_grace_s(),
+            merge_s: default_merge_s(),
+            tolerance: default_tolerance(),
+            outer: None,
+        }
+    }
+}
+
 /// The YAML as written (before the model is resolved).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -139,6 +213,8 @@ struct RawRunConfig {
     deadlines: Deadlines,
     #[serde(default = "default_batches_before_merging")]
     batches_before_merging: u64,
+    #[serde(default)]
+    merge: MergeConfig,
     #[serde(default)]
     max_samples: Option<u64>,
     #[serde(default = "default_heartbeat_s")]
@@ -210,8 +286,10 @@ pub struct RunConfig {
     pub schedule: LrSchedule,
     /// Assignment deadlines.
     pub deadlines: Deadlines,
-    /// Sample units between merges (used by the merge phase).
+    /// Sample units completed per training epoch before the merge starts.
     pub batches_before_merging: u64,
+    /// The merge between epochs.
+    pub merge: MergeConfig,
     /// Sample budget: no sample unit with an id at or above it is started.
     pub max_samples: Option<u64>,
     /// Seconds between miner heartbeats.
@@ -262,6 +340,8 @@ impl RunConfig {
             ("deadlines.backward_s", raw.deadlines.backward_s),
             ("batches_before_merging", raw.batches_before_merging),
             ("heartbeat_s", raw.heartbeat_s),
+            ("merge.upload_s", raw.merge.upload_s),
+            ("merge.merge_s", raw.merge.merge_s),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be at least 1".into()));
@@ -275,6 +355,29 @@ impl RunConfig {
                     raw.seq_len, model.max_seq_len
                 ),
             ));
+        }
+        for (key, value) in [
+            ("merge.replication", raw.merge.replication),
+            ("merge.partitions_per_miner", raw.merge.partitions_per_miner),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
+        }
+        if !(raw.merge.tolerance.is_finite() && raw.merge.tolerance >= 0.0) {
+            return Err(invalid("merge.tolerance", "must be finite and >= 0".into()));
+        }
+        if let Some(outer) = raw.merge.outer {
+            let ok = outer.lr.is_finite()
+                && outer.lr >= 0.0
+                && outer.momentum.is_finite()
+                && (0.0..1.0).contains(&outer.momentum);
+            if !ok {
+                return Err(invalid(
+                    "merge.outer",
+                    "needs a finite lr >= 0 and a momentum in [0, 1)".into(),
+                ));
+            }
         }
         if raw.max_samples == Some(0) {
             return Err(invalid("max_samples", "must be at least 1 when set".into()));
@@ -315,6 +418,7 @@ impl RunConfig {
             schedule: raw.schedule,
             deadlines: raw.deadlines,
             batches_before_merging: raw.batches_before_merging,
+            merge: raw.merge,
             max_samples: raw.max_samples,
             heartbeat_s: raw.heartbeat_s,
         })
@@ -397,6 +501,14 @@ mod tests {
         assert!(err.to_string().contains("`run`"), "{err}");
         let err = RunConfig::from_yaml("run: r\nseq_len: 100000\n").unwrap_err();
         assert!(err.to_string().contains("`seq_len`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\nmerge: {replication: 0}\n").unwrap_err();
+        assert!(err.to_string().contains("`merge.replication`"), "{err}");
+        let err =
+            RunConfig::from_yaml("run: r\nmerge: {outer: {lr: 1, momentum: 1}}\n").unwrap_err();
+        assert!(err.to_string().contains("`merge.outer`"), "{err}");
+        let cfg = RunConfig::from_yaml("run: r\nmerge: {op: 'trimmed:0.1', merge_s: 5}\n").unwrap();
+        assert_eq!(cfg.merge.op, MergeOp::Trimmed { fraction: 0.1 });
+        assert_eq!(cfg.merge.merge_s, 5);
         let err = RunConfig::from_yaml("run: r\nmodel: {preset: nope}\n").unwrap_err();
         assert!(err.to_string().contains("`model`"), "{err}");
     }

@@ -9,6 +9,7 @@ use axum::response::IntoResponse;
 
 use super::auth::{Signed, SignedAny};
 use super::http_error::HttpError;
+use super::merge_handlers::{section_checkpoint, spawn_advance};
 use super::metrics::Metrics;
 use super::repo_types::{Accepted, AssignmentRow, Fallout};
 use super::state::AppState;
@@ -50,7 +51,8 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
 /// A state-store error.
 pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
     let now = state.now_ms();
-    let (phase, epoch, _) = state.repo.run_state()?;
+    let info = state.repo.phase_info()?;
+    let (phase, epoch) = (info.phase, info.epoch);
     let miners = state.repo.miners()?;
     let sections = state
         .config
@@ -70,8 +72,8 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
                     backwards: m.backwards,
                     penalties: m.penalties,
                     last_seen_s: now.saturating_sub(m.last_seen_ms) as f64 / 1000.0,
-                    weights_epoch: 0,
-                    weights_hash: None,
+                    weights_epoch: m.weights_epoch,
+                    weights_hash: m.weights_hash.clone(),
                 })
                 .collect(),
         })
@@ -87,7 +89,7 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
         run: state.config.run.clone(),
         phase,
         epoch,
-        phase_deadline_unix_ms: None,
+        phase_deadline_unix_ms: info.deadline_ms,
         sections,
         samples: SampleCounts {
             completed: counts.completed,
@@ -158,6 +160,7 @@ pub async fn register(
         state.now_ms(),
     )?;
     let (_, epoch, _) = state.repo.run_state()?;
+    let checkpoint = section_checkpoint(&state, section).await?;
     tracing::info!(hotkey = %req.hotkey, section, "miner registered");
     Ok(Json(RegisterResponse {
         hotkey: req.hotkey,
@@ -176,7 +179,7 @@ pub async fn register(
             schedule: c.schedule,
             heartbeat_s: c.heartbeat_s,
         },
-        checkpoint: None,
+        checkpoint,
     }))
 }
 
@@ -186,16 +189,21 @@ pub async fn heartbeat(
     req: Signed<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, HttpError> {
     state.repo.touch(&req.hotkey, state.now_ms())?;
-    let (phase, epoch, _) = state.repo.run_state()?;
+    state.repo.set_weights(
+        &req.hotkey,
+        req.body.weights_epoch,
+        req.body.weights_hash.as_deref(),
+    )?;
+    let info = state.repo.phase_info()?;
     let penalties = state
         .repo
         .miner(&req.hotkey)?
         .map(|m| m.penalties)
         .unwrap_or(0);
     Ok(Json(HeartbeatResponse {
-        phase,
-        epoch,
-        phase_deadline_unix_ms: None,
+        phase: info.phase,
+        epoch: info.epoch,
+        phase_deadline_unix_ms: info.deadline_ms,
         penalties,
     }))
 }
@@ -218,9 +226,18 @@ pub async fn work(
         .repo
         .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
     let mut rows = taken.assignments;
-    if taken.head_capacity > 0 {
+    // Start no more samples than the epoch still needs before its merge.
+    let (done, active) = state.repo.epoch_progress(epoch)?;
+    let room = state
+        .config
+        .batches_before_merging
+        .saturating_sub(done + active);
+    let head_capacity = taken
+        .head_capacity
+        .min(usize::try_from(room).unwrap_or(usize::MAX));
+    if head_capacity > 0 {
         let _guard = state.start_lock.lock().await;
-        for _ in 0..taken.head_capacity {
+        for _ in 0..head_capacity {
             match start_sample(&state, &req.hotkey).await? {
                 Some(row) => rows.push(row),
                 None => break,
@@ -360,6 +377,7 @@ pub async fn submit(
         .repo
         .accept(id, &req.hotkey, &accepted, limits, state.now_ms())?;
     Metrics::bump(&state.metrics.accepted);
+    spawn_advance(&state);
     Ok(Json(SubmitResponse {
         accepted: true,
         reason: None,

@@ -27,13 +27,15 @@ pub const MAX_ATTEMPTS: u32 = 5;
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS run_state (
     id INTEGER PRIMARY KEY CHECK (id = 0),
-    phase TEXT NOT NULL, epoch INTEGER NOT NULL, next_sample INTEGER NOT NULL);
+    phase TEXT NOT NULL, epoch INTEGER NOT NULL, next_sample INTEGER NOT NULL,
+    phase_deadline INTEGER, upload_closed INTEGER);
 INSERT OR IGNORE INTO run_state (id, phase, epoch, next_sample) VALUES (0, 'training', 0, 0);
 CREATE TABLE IF NOT EXISTS miners (
     hotkey TEXT PRIMARY KEY, section INTEGER NOT NULL, registered_at INTEGER NOT NULL,
     last_seen INTEGER NOT NULL, device TEXT NOT NULL, max_in_flight INTEGER NOT NULL,
     forwards INTEGER NOT NULL DEFAULT 0, backwards INTEGER NOT NULL DEFAULT 0,
-    penalties INTEGER NOT NULL DEFAULT 0);
+    penalties INTEGER NOT NULL DEFAULT 0, weights_epoch INTEGER NOT NULL DEFAULT 0,
+    weights_hash TEXT);
 CREATE TABLE IF NOT EXISTS penalties (
     id INTEGER PRIMARY KEY AUTOINCREMENT, miner TEXT NOT NULL, at INTEGER NOT NULL,
     assignment INTEGER, reason TEXT NOT NULL);
@@ -67,15 +69,15 @@ pub struct Repository {
     conn: Mutex<Connection>,
 }
 
-fn to_i64(v: u64) -> i64 {
+pub(super) fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn to_u64(v: i64) -> u64 {
+pub(super) fn to_u64(v: i64) -> u64 {
     u64::try_from(v).unwrap_or(0)
 }
 
-fn usize_of(v: i64) -> usize {
+pub(super) fn usize_of(v: i64) -> usize {
     usize::try_from(v).unwrap_or(0)
 }
 
@@ -145,11 +147,13 @@ fn read_miner(row: &rusqlite::Row<'_>) -> rusqlite::Result<MinerRow> {
         forwards: to_u64(row.get(6)?),
         backwards: to_u64(row.get(7)?),
         penalties: to_u64(row.get(8)?),
+        weights_epoch: to_u64(row.get(9)?),
+        weights_hash: row.get(10)?,
     })
 }
 
 const MINER_COLUMNS: &str = "hotkey, section, registered_at, last_seen, device, max_in_flight, \
-     forwards, backwards, penalties";
+     forwards, backwards, penalties, weights_epoch, weights_hash";
 
 impl Repository {
     /// Opens (creating if needed) the state file at `path`, in WAL mode.
@@ -174,18 +178,19 @@ impl Repository {
 
     fn init(conn: Connection) -> Result<Self, RepoError> {
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(super::merge_repo::MERGE_SCHEMA)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave a half-done transaction behind (it rolls
         // back on drop), so a poisoned lock is safe to reuse.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write<T>(
+    pub(super) fn write<T>(
         &self,
         f: impl FnOnce(&Transaction<'_>) -> Result<T, RepoError>,
     ) -> Result<T, RepoError> {
@@ -921,7 +926,12 @@ fn penalise(
     Ok(())
 }
 
-fn drop_sample(tx: &Connection, sample: u64, reason: &str, now_ms: u64) -> Result<(), RepoError> {
+pub(super) fn drop_sample(
+    tx: &Connection,
+    sample: u64,
+    reason: &str,
+    now_ms: u64,
+) -> Result<(), RepoError> {
     tx.execute(
         "UPDATE samples SET outcome = 'dropped', reason = ?2, finished_at = ?3 \
          WHERE id = ?1 AND outcome = 'active'",

@@ -188,6 +188,10 @@ pub struct MinerRow {
     pub backwards: u64,
     /// Penalties (missed deadlines, refused payloads).
     pub penalties: u64,
+    /// Epoch of the weights it reported holding.
+    pub weights_epoch: u64,
+    /// Hash of its flat state after its last adoption, as reported.
+    pub weights_hash: Option<String>,
 }
 
 /// One assignment.

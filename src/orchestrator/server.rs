@@ -11,6 +11,7 @@ use axum::routing::{get, post};
 
 use super::blob::{get_blob, put_blob};
 use super::handlers;
+use super::merge_handlers;
 use super::metrics::Metrics;
 use super::state::AppState;
 
@@ -18,7 +19,7 @@ use super::state::AppState;
 pub const API_BODY_LIMIT: usize = 64 * 1024;
 /// Body limit of blob uploads.
 pub const BLOB_BODY_LIMIT: usize = 1 << 30;
-/// How often the deadline task looks for missed deadlines.
+/// How often the deadline task looks for missed deadlines and advances the merge cycle.
 pub const DEADLINE_TICK: Duration = Duration::from_millis(500);
 
 async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -44,6 +45,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/work", post(handlers::work))
         .route("/api/submit", post(handlers::submit))
         .route("/api/release", post(handlers::release))
+        .route("/api/merge/task", post(merge_handlers::task))
+        .route("/api/merge/submit", post(merge_handlers::submit))
         .layer(DefaultBodyLimit::max(API_BODY_LIMIT));
     let blob = Router::new()
         .route("/blob/{*key}", get(get_blob).put(put_blob))
@@ -53,6 +56,7 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(handlers::metrics))
         .route("/api/status", get(handlers::status))
         .route("/api/run", get(handlers::run_info))
+        .route("/api/merge/status", get(merge_handlers::status))
         .merge(api)
         .merge(blob)
         .layer(middleware::from_fn_with_state(state.clone(), observe))
@@ -92,6 +96,9 @@ pub async fn serve(
         loop {
             interval.tick().await;
             enforce_deadlines(&ticker_state);
+            if let Err(e) = super::cycle::advance(&ticker_state).await {
+                tracing::error!("merge cycle: {e}");
+            }
         }
     });
     let result = axum::serve(listener, router(state))

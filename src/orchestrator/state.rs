@@ -13,7 +13,9 @@ use super::metrics::Metrics;
 use super::repo::Repository;
 use super::repo_types::{RepoError, RoutingLimits};
 use crate::data::{DataError, Dataset, Tokenizer};
-use crate::storage::{KeyError, KeyPart, ObjectKey, RunKeys, Storage, StorageError};
+use crate::storage::{
+    Hotkey, KeyError, KeyPart, ObjectKey, RunKeys, StatePart, Storage, StorageError,
+};
 
 /// File name of the state database inside `data_dir`.
 pub const STATE_FILE: &str = "state.sqlite";
@@ -87,6 +89,8 @@ pub struct Inner {
     pub metrics: Metrics,
     /// Serialises the start of new samples (their ids are consecutive).
     pub start_lock: tokio::sync::Mutex<()>,
+    /// Serialises the phase machine ([`super::cycle::advance`]).
+    pub cycle_lock: tokio::sync::Mutex<()>,
     /// Server start, ms since the Unix epoch.
     pub started_ms: u64,
 }
@@ -153,6 +157,7 @@ impl AppState {
                 clock,
                 metrics: Metrics::default(),
                 start_lock: tokio::sync::Mutex::new(()),
+                cycle_lock: tokio::sync::Mutex::new(()),
                 started_ms,
             }),
         })
@@ -185,6 +190,50 @@ impl AppState {
         }
     }
 
+    /// Key of `hotkey`'s flat upload for the merge of `epoch`.
+    ///
+    /// # Errors
+    /// [`KeyError`] for a hotkey that is not a key component.
+    pub fn upload_key(
+        &self,
+        section: usize,
+        epoch: u64,
+        hotkey: &str,
+    ) -> Result<ObjectKey, KeyError> {
+        Ok(self.keys.weights(
+            section_u32(section),
+            epoch,
+            &Hotkey::new(hotkey)?,
+            StatePart::Flat,
+        ))
+    }
+
+    /// Key of `merger`'s result for partition `partition` of the merge of `epoch`.
+    ///
+    /// # Errors
+    /// [`KeyError`] for a hotkey that is not a key component.
+    pub fn partition_key(
+        &self,
+        section: usize,
+        epoch: u64,
+        partition: usize,
+        merger: &str,
+    ) -> Result<ObjectKey, KeyError> {
+        Ok(self.keys.merged(
+            section_u32(section),
+            epoch,
+            u32::try_from(partition).unwrap_or(u32::MAX),
+            &Hotkey::new(merger)?,
+            StatePart::Flat,
+        ))
+    }
+
+    /// Key of the merged state of `section` that starts epoch `epoch` (`part`: the flat state
+    /// or the outer momentum).
+    pub fn checkpoint_key(&self, section: usize, epoch: u64, part: StatePart) -> ObjectKey {
+        self.keys.checkpoint(epoch, section_u32(section), part)
+    }
+
     /// Token ids and targets of sample unit `sample`, as little-endian u32 `[batch, seq]`:
     /// dataset sample ids `sample * batch .. (sample + 1) * batch`.
     pub fn sample_tokens(&self, sample: u64) -> (Bytes, Bytes) {
@@ -203,4 +252,8 @@ impl AppState {
         }
         (Bytes::from(tokens), Bytes::from(targets))
     }
+}
+
+fn section_u32(s: usize) -> u32 {
+    u32::try_from(s).unwrap_or(u32::MAX)
 }

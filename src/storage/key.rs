@@ -244,6 +244,10 @@ pub enum StatePart {
     Parameters,
     /// The optimizer state (moments), merged alongside the parameters.
     Optimizer,
+    /// Parameters and moments in one flat vector ([`crate::merge::FlatLayout`]).
+    Flat,
+    /// The outer optimizer's momentum (DiLoCo-style outer step).
+    OuterMomentum,
 }
 
 impl StatePart {
@@ -252,6 +256,8 @@ impl StatePart {
             match self {
                 Self::Parameters => "parameters",
                 Self::Optimizer => "optimizer",
+                Self::Flat => "flat",
+                Self::OuterMomentum => "outer-momentum",
             }
             .to_owned(),
         )
@@ -334,6 +340,12 @@ impl RunKeys {
             "weights",
             &[&section.into(), &epoch.into(), &hotkey.0, &part.part()],
         )
+    }
+
+    /// `runs/{run}/merged/{section}/{epoch}`: every merger's copy of every partition of one
+    /// merge.
+    pub fn merged_epoch(&self, section: u32, epoch: u64) -> ObjectKey {
+        self.build("merged", &[&section.into(), &epoch.into()])
     }
 
     /// `runs/{run}/merged/{section}/{epoch}/{partition}`: every merger's copy of one partition.

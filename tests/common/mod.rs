@@ -5,6 +5,8 @@
 //! `cargo install s3s-fs@0.14.1 --features binary --locked`.
 #![allow(dead_code)]
 
+pub mod api_harness;
+
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

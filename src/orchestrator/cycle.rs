@@ -1,0 +1,245 @@
+//! The phase machine: training -> uploading -> merging -> training, one step per call of
+//! [`advance`] (after each accepted result, and on every tick of the deadline task).
+//!
+//! - **training -> uploading** once `batches_before_merging` samples of the epoch completed.
+//!   Samples still under way are dropped with a recorded reason (never lost silently).
+//! - **uploading -> merging** when every live miner's upload is in (accepted or refused), or at
+//!   the upload deadline. Uploads started under a lease may still finish until the lease ends;
+//!   a section's plan is built once its leases are resolved.
+//! - **merging -> training** when every section's merge is finalised: all partitions have
+//!   their `r` results, or the merge deadline passed ([`super::finalize`]).
+
+use thiserror::Error;
+
+use super::finalize::finalize_section;
+use super::merge_repo::{PlanRow, SectionOutcome, UploadState};
+use super::repo_types::RepoError;
+use super::state::AppState;
+use crate::api::Phase;
+use crate::merge::{MergeError, MergePlan, PlanError, PlanSpec, partition_count};
+use crate::model::ModelError;
+use crate::storage::{KeyError, StorageError};
+
+/// Why a step of the phase machine failed (it is retried at the next tick).
+#[derive(Debug, Error)]
+pub enum CycleError {
+    /// The state store.
+    #[error(transparent)]
+    Repo(#[from] RepoError),
+    /// Object storage.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A key could not be built.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The plan could not be built.
+    #[error("merge plan: {0}")]
+    Plan(#[from] PlanError),
+    /// Merging (recomputation or the outer step) failed.
+    #[error("merge: {0}")]
+    Merge(#[from] MergeError),
+    /// The section layout.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A stored object does not hold what the state store says.
+    #[error("stored object {key}: {reason}")]
+    BadObject {
+        /// The object.
+        key: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Seconds without a request after which a miner no longer counts as live (at least).
+const MIN_ALIVE_MS: u64 = 10_000;
+
+/// Runs one step of the phase machine; a no-op when nothing is due.
+///
+/// # Errors
+/// [`CycleError`]; nothing is half-applied (each step is one transaction at its end).
+pub async fn advance(state: &AppState) -> Result<(), CycleError> {
+    let _guard = state.cycle_lock.lock().await;
+    let now = state.now_ms();
+    let info = state.repo.phase_info()?;
+    let m = &state.config.merge;
+    match info.phase {
+        Phase::Training => {
+            let (done, _) = state.repo.epoch_progress(info.epoch)?;
+            if done >= state.config.batches_before_merging {
+                let deadline = now.saturating_add(m.upload_s.saturating_mul(1000));
+                let cancelled = state.repo.begin_uploading(info.epoch, deadline, now)?;
+                tracing::info!(
+                    epoch = info.epoch,
+                    completed = done,
+                    cancelled,
+                    "training epoch ended: uploading for the merge"
+                );
+            }
+        }
+        Phase::Uploading => {
+            let deadline = info.deadline_ms.unwrap_or(now);
+            if now >= deadline || all_live_uploads_in(state, info.epoch, now)? {
+                let merge_deadline = now
+                    .saturating_add(m.lease_grace_s.saturating_mul(1000))
+                    .saturating_add(m.merge_s.saturating_mul(1000));
+                state.repo.begin_merging(merge_deadline, now)?;
+                tracing::info!(epoch = info.epoch, "uploads closed: merging");
+            }
+        }
+        Phase::Merging => {
+            let deadline = info.deadline_ms.unwrap_or(now);
+            let mut all_done = true;
+            for section in 0..state.config.model.n_sections() {
+                if !advance_section(state, info.epoch, section, now, deadline).await? {
+                    all_done = false;
+                }
+            }
+            if all_done {
+                collect_garbage(state, info.epoch).await;
+                state.repo.finish_merge(info.epoch)?;
+                tracing::info!(epoch = info.epoch + 1, "merge done: training");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether every live miner has a resolved upload (and at least one miner is live).
+fn all_live_uploads_in(state: &AppState, epoch: u64, now: u64) -> Result<bool, CycleError> {
+    let window = state
+        .config
+        .heartbeat_s
+        .saturating_mul(3000)
+        .max(MIN_ALIVE_MS);
+    let live: Vec<_> = state
+        .repo
+        .miners()?
+        .into_iter()
+        .filter(|m| now.saturating_sub(m.last_seen_ms) <= window)
+        .collect();
+    if live.is_empty() {
+        return Ok(false);
+    }
+    for miner in &live {
+        match state.repo.upload(epoch, &miner.hotkey)? {
+            Some(u) if u.state != UploadState::Leased => {}
+            _ => return Ok(false),
+        }
+    }
+    Ok(true)
+}
+
+/// Moves one section's merge forward; `true` once it is finalised.
+async fn advance_section(
+    state: &AppState,
+    epoch: u64,
+    section: usize,
+    now: u64,
+    deadline: u64,
+) -> Result<bool, CycleError> {
+    let Some(row) = state.repo.plan(epoch, section)? else {
+        let uploads = state.repo.uploads_of(epoch, section)?;
+        let leases_open = uploads
+            .iter()
+            .any(|u| u.state == UploadState::Leased && now <= u.lease_until_ms);
+        if leases_open && now < deadline {
+            return Ok(false);
+        }
+        let accepted: Vec<_> = uploads
+            .iter()
+            .filter(|u| u.state == UploadState::Accepted)
+            .collect();
+        if accepted.is_empty() {
+            tracing::warn!(
+                epoch,
+                section,
+                "no upload for this section: nothing to merge"
+            );
+            state
+                .repo
+                .finalize_section(epoch, section, &SectionOutcome::default(), now)?;
+            return Ok(true);
+        }
+        let mut weights: Vec<f32> = accepted.iter().map(|u| u.weight.max(0.0)).collect();
+        if weights.iter().all(|w| *w == 0.0) {
+            weights.iter_mut().for_each(|w| *w = 1.0);
+        }
+        let layout = crate::model::layout::section_layout(&state.config.model, section)?;
+        let plan = PlanRow {
+            uploaders: accepted.iter().map(|u| u.miner.clone()).collect(),
+            weights,
+            len: layout.total_len(),
+            partitions: partition_count(accepted.len(), state.config.merge.partitions_per_miner),
+            replication: state.config.merge.replication,
+            finalized: false,
+        };
+        state.repo.save_plan(epoch, section, &plan)?;
+        tracing::info!(
+            epoch,
+            section,
+            uploaders = plan.uploaders.len(),
+            partitions = plan.partitions,
+            "merge plan built"
+        );
+        return Ok(false);
+    };
+    if row.finalized {
+        return Ok(true);
+    }
+    let plan = build_plan(state, epoch, section, &row)?;
+    let results = state.repo.results(epoch, section)?;
+    let complete = plan.partitions().iter().all(|p| {
+        p.mergers().iter().all(|m| {
+            results
+                .iter()
+                .any(|r| r.partition == p.index() && &r.merger == m)
+        })
+    });
+    if !complete && now < deadline {
+        return Ok(false);
+    }
+    finalize_section(state, epoch, section, &row, &plan, &results).await?;
+    Ok(true)
+}
+
+/// The plan of a stored [`PlanRow`] (recomputed: it is a pure function of the row).
+///
+/// # Errors
+/// [`CycleError::Plan`] for a row no plan can be built from.
+pub fn build_plan(
+    state: &AppState,
+    epoch: u64,
+    section: usize,
+    row: &PlanRow,
+) -> Result<MergePlan, CycleError> {
+    Ok(PlanSpec::new(
+        state.config.run.clone(),
+        u32::try_from(section).unwrap_or(u32::MAX),
+        epoch,
+        row.uploaders.iter().cloned(),
+        row.len,
+    )
+    .with_partitions(row.partitions)
+    .with_replication(row.replication)
+    .build()?)
+}
+
+/// Deletes what the finished merge of `epoch` no longer needs: the epoch's activations, and
+/// the uploads and partition copies of the merge before it (the latest ones stay for audit).
+async fn collect_garbage(state: &AppState, epoch: u64) {
+    let mut prefixes = vec![state.keys.activations_epoch(epoch)];
+    if epoch > 0 {
+        for section in 0..state.config.model.n_sections() {
+            let s = u32::try_from(section).unwrap_or(u32::MAX);
+            prefixes.push(state.keys.weights_epoch(s, epoch - 1));
+            prefixes.push(state.keys.merged_epoch(s, epoch - 1));
+        }
+    }
+    for prefix in prefixes {
+        match state.storage.delete_prefix(&prefix).await {
+            Ok(n) => tracing::debug!(prefix = prefix.as_str(), n, "deleted old objects"),
+            Err(e) => tracing::warn!(prefix = prefix.as_str(), "garbage collection: {e}"),
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Finalising one section's merge: verify every partition's copies, choose its values (the
+//! agreed copy, the orchestrator's own recomputation, or the previous global values), apply the
+//! optional outer step, and write the section checkpoint every miner then adopts.
+//!
+//! | copies | result |
+//! |---|---|
+//! | a majority agrees (hash, then tolerance) | the agreed copy; dissenters flagged `disagreed` |
+//! | one valid copy (its twin died) | that copy |
+//! | no majority | recomputed here from the uploads; copies that differ flagged |
+//! | none | the previous global values (recomputed when there is no previous merge) |
+
+use super::cycle::CycleError;
+use super::merge_repo::{PlanRow, ResultRow, SectionOutcome};
+use super::state::AppState;
+use crate::merge::{
+    FlagReason, MergePlan, MergedCopy, Partition, Tolerance, Verdict, f32_from_le_bytes,
+    f32_to_le_bytes, judge_against_recomputed, merge_partition, nesterov_outer_step, values_hash,
+    verify_partition,
+};
+use crate::model::layout::section_layout;
+use crate::storage::{StatePart, StorageError, payload_hash};
+
+/// A partition copy loaded from storage.
+struct Loaded {
+    merger: String,
+    hash: [u8; 32],
+    values: Vec<f32>,
+}
+
+/// Verifies, assembles and stores the merged state of `section` for the merge of `epoch`, and
+/// records verdicts, flags and the checkpoint.
+///
+/// # Errors
+/// [`CycleError`] when storage fails or a stored object is not what the ledger says.
+pub async fn finalize_section(
+    state: &AppState,
+    epoch: u64,
+    section: usize,
+    row: &PlanRow,
+    plan: &MergePlan,
+    results: &[ResultRow],
+) -> Result<(), CycleError> {
+    let layout = section_layout(&state.config.model, section)?;
+    let n = layout.total_len();
+    let previous = load_previous(state, section).await?;
+    let tolerance = Tolerance {
+        relative: state.config.merge.tolerance,
+    };
+    let mut merged = vec![0.0f32; n];
+    let mut outcome = SectionOutcome::default();
+    for part in plan.partitions() {
+        let range = part.range();
+        let copies = load_copies(state, epoch, section, part, results).await;
+        let views: Vec<MergedCopy<'_>> = copies
+            .iter()
+            .map(|c| MergedCopy {
+                merger: &c.merger,
+                hash: &c.hash,
+                values: &c.values,
+            })
+            .collect();
+        let mut verification = verify_partition(part.mergers(), &views, range.len(), tolerance);
+        let (values, verdict) = match verification.verdict {
+            Verdict::Agreed { copy, support } => {
+                (copies[copy].values.clone(), format!("agreed by {support}"))
+            }
+            Verdict::Single { copy } => (copies[copy].values.clone(), "single copy".to_string()),
+            Verdict::FallbackToPrevious => match &previous {
+                Some(prev) => (
+                    prev[range.clone()].to_vec(),
+                    "fallback to previous".to_string(),
+                ),
+                None => (
+                    recompute(state, epoch, section, row, part).await?,
+                    "recomputed (no previous global)".to_string(),
+                ),
+            },
+            Verdict::NeedsRecompute | Verdict::Recomputed => {
+                let values = recompute(state, epoch, section, row, part).await?;
+                verification = judge_against_recomputed(part.mergers(), &views, &values, tolerance);
+                (values, "recomputed".to_string())
+            }
+        };
+        for flag in &verification.flagged {
+            let reason = match flag.reason {
+                FlagReason::Disagreed => "disagreed",
+                FlagReason::Missing => "missing",
+                FlagReason::Invalid => "invalid",
+                FlagReason::Unassigned => "unassigned",
+            };
+            tracing::warn!(epoch, section, partition = part.index(), merger = %flag.merger, reason, "merger flagged");
+            outcome
+                .flags
+                .push((part.index(), flag.merger.clone(), reason.to_string()));
+        }
+        merged[range].copy_from_slice(&values);
+        outcome.verdicts.push((part.index(), verdict));
+    }
+    if let (Some(step), Some(prev)) = (state.config.merge.outer, &previous) {
+        let p = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+        let mut momentum = load_momentum(state, section, prev.epoch, p).await?;
+        let stepped = nesterov_outer_step(&prev.values[..p], &merged[..p], &mut momentum, step)?;
+        merged[..p].copy_from_slice(&stepped);
+        state
+            .storage
+            .put(
+                &state.checkpoint_key(section, epoch + 1, StatePart::OuterMomentum),
+                f32_to_le_bytes(&momentum).into(),
+            )
+            .await?;
+    }
+    let bytes = f32_to_le_bytes(&merged);
+    let size = bytes.len() as u64;
+    let hash = state
+        .storage
+        .put(
+            &state.checkpoint_key(section, epoch + 1, StatePart::Flat),
+            bytes.into(),
+        )
+        .await?;
+    tracing::info!(epoch, section, hash = %hash, flags = outcome.flags.len(), "section merged");
+    outcome.checkpoint = Some((hash, size));
+    state
+        .repo
+        .finalize_section(epoch, section, &outcome, state.now_ms())?;
+    Ok(())
+}
+
+/// The previous global state of a section.
+struct Previous {
+    epoch: u64,
+    values: Vec<f32>,
+}
+
+impl std::ops::Index<std::ops::Range<usize>> for Previous {
+    type Output = [f32];
+    fn index(&self, r: std::ops::Range<usize>) -> &[f32] {
+        &self.values[r]
+    }
+}
+
+async fn load_previous(state: &AppState, section: usize) -> Result<Option<Previous>, CycleError> {
+    let Some(cp) = state.repo.latest_checkpoint(section)? else {
+        return Ok(None);
+    };
+    let key = state.checkpoint_key(section, cp.epoch, StatePart::Flat);
+    let bytes = state.storage.get_verified(&key, &cp.hash).await?;
+    let values = f32_from_le_bytes(&bytes).ok_or_else(|| CycleError::BadObject {
+        key: key.as_str().to_string(),
+        reason: "length is not a multiple of 4".into(),
+    })?;
+    Ok(Some(Previous {
+        epoch: cp.epoch,
+        values,
+    }))
+}
+
+async fn load_momentum(
+    state: &AppState,
+    section: usize,
+    epoch: u64,
+    len: usize,
+) -> Result<Vec<f32>, CycleError> {
+    let key = state.checkpoint_key(section, epoch, StatePart::OuterMomentum);
+    match state.storage.get(&key).await {
+        Ok(bytes) => match f32_from_le_bytes(&bytes) {
+            Some(v) if v.len() == len => Ok(v),
+            _ => Err(CycleError::BadObject {
+                key: key.as_str().to_string(),
+                reason: format!("expected {len} momentum values"),
+            }),
+        },
+        Err(StorageError::NotFound { .. }) => Ok(vec![0.0; len]),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The copies submitted for `part`; one that cannot be read or does not match its reported
+/// hash is kept with no values, so verification flags it `invalid`.
+async fn load_copies(
+    state: &AppState,
+    epoch: u64,
+    section: usize,
+    part: &Partition,
+    results: &[ResultRow],
+) -> Vec<Loaded> {
+    let mut out = Vec::new();
+    for r in results.iter().filter(|r| r.partition == part.index()) {
+        let values = match state.partition_key(section, epoch, part.index(), &r.merger) {
+            Ok(key) => match state.storage.get(&key).await {
+                Ok(bytes) if payload_hash(&bytes).eq_ignore_ascii_case(&r.hash) => {
+                    f32_from_le_bytes(&bytes).unwrap_or_default()
+                }
+                Ok(_) => Vec::new(),
+                Err(e) => {
+                    tracing::warn!(merger = %r.merger, "cannot read a partition copy: {e}");
+                    Vec::new()
+                }
+            },
+            Err(_) => Vec::new(),
+        };
+        out.push(Loaded {
+            merger: r.merger.clone(),
+            hash: values_hash(&values),
+            values,
+        });
+    }
+    out
+}
+
+/// Merges `part` here, from the uploads (the same inputs the mergers were given).
+async fn recompute(
+    state: &AppState,
+    epoch: u64,
+    section: usize,
+    row: &PlanRow,
+    part: &Partition,
+) -> Result<Vec<f32>, CycleError> {
+    let range = part.range();
+    let bytes = (range.start as u64 * 4)..(range.end as u64 * 4);
+    let mut slices = Vec::new();
+    let mut weights = Vec::new();
+    for (miner, weight) in merge_sources(row) {
+        let key = state.upload_key(section, epoch, &miner)?;
+        let data = state.storage.get_range(&key, bytes.clone()).await?;
+        let values = f32_from_le_bytes(&data)
+            .filter(|v| v.len() == range.len())
+            .ok_or_else(|| CycleError::BadObject {
+                key: key.as_str().to_string(),
+                reason: format!("range {bytes:?} is short"),
+            })?;
+        slices.push(values);
+        weights.push(weight);
+    }
+    let views: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
+    Ok(merge_partition(state.config.merge.op, &views, &weights)?)
+}
+
+/// The uploaders that take part in the merge with their weights: those with a positive weight
+/// (the plan row already replaced an all-zero weighting by equal weights).
+pub fn merge_sources(row: &PlanRow) -> Vec<(String, f32)> {
+    row.uploaders
+        .iter()
+        .cloned()
+        .zip(row.weights.iter().copied())
+        .filter(|(_, w)| *w > 0.0)
+        .collect()
+}

@@ -1,0 +1,473 @@
+//! Handlers of the merge cycle (see [`crate::api::merge`] for the protocol).
+
+use axum::Json;
+use axum::extract::State;
+
+use super::auth::Signed;
+use super::cycle::{self, build_plan};
+use super::finalize::merge_sources;
+use super::http_error::HttpError;
+use super::merge_repo::UploadState;
+use super::state::AppState;
+use super::wire::url_for;
+use crate::api::*;
+use crate::merge::f32_from_le_bytes;
+use crate::model::layout::section_layout;
+use crate::storage::{PresignMethod, StatePart, StorageError, payload_hash};
+
+/// How long a miner waits before asking again when there is nothing to do.
+const RETRY_MS: u64 = 500;
+/// Validity of a checkpoint download URL.
+const CHECKPOINT_URL_MS: u64 = 3_600_000;
+
+fn wait(reason: impl Into<String>) -> MergeTask {
+    MergeTask::Wait {
+        reason: reason.into(),
+        retry_ms: RETRY_MS,
+    }
+}
+
+/// Runs the phase machine in the background (it may read and write large objects).
+pub fn spawn_advance(state: &AppState) {
+    let state = state.clone();
+    tokio::spawn(async move {
+        if let Err(e) = cycle::advance(&state).await {
+            tracing::error!("merge cycle: {e}");
+        }
+    });
+}
+
+/// The latest checkpoint of `section` as a downloadable [`SectionCheckpoint`].
+///
+/// # Errors
+/// A state-store or presigning error.
+pub async fn section_checkpoint(
+    state: &AppState,
+    section: usize,
+) -> Result<Option<SectionCheckpoint>, HttpError> {
+    let Some(cp) = state.repo.latest_checkpoint(section)? else {
+        return Ok(None);
+    };
+    let exp = state.now_ms().saturating_add(CHECKPOINT_URL_MS);
+    let key = state.checkpoint_key(section, cp.epoch, StatePart::Flat);
+    Ok(Some(SectionCheckpoint {
+        section,
+        epoch: cp.epoch,
+        layout: section_layout(&state.config.model, section).map_err(HttpError::internal)?,
+        blob: BlobRef {
+            url: url_for(state, PresignMethod::Get, &key, exp).await?,
+            hash: Some(cp.hash),
+            shape: None,
+            expires_unix_ms: exp,
+        },
+    }))
+}
+
+/// `POST /api/merge/task`: what the caller should do now.
+pub async fn task(
+    State(state): State<AppState>,
+    req: Signed<MergeTaskRequest>,
+) -> Result<Json<MergeTaskResponse>, HttpError> {
+    let now = state.now_ms();
+    state.repo.touch(&req.hotkey, now)?;
+    let info = state.repo.phase_info()?;
+    let miner = state
+        .repo
+        .miner(&req.hotkey)?
+        .ok_or_else(|| HttpError::forbidden("not registered"))?;
+    let section = miner.section;
+    let task = match section_checkpoint(&state, section).await? {
+        Some(cp) if cp.epoch > req.body.held_epoch => MergeTask::Adopt { checkpoint: cp },
+        _ => next_task(&state, &req.hotkey, section, info, now).await?,
+    };
+    Ok(Json(MergeTaskResponse {
+        phase: info.phase,
+        epoch: info.epoch,
+        phase_deadline_unix_ms: info.deadline_ms,
+        task,
+    }))
+}
+
+async fn next_task(
+    state: &AppState,
+    hotkey: &str,
+    section: usize,
+    info: super::merge_repo::PhaseInfo,
+    now: u64,
+) -> Result<MergeTask, HttpError> {
+    let epoch = info.epoch;
+    if info.phase == Phase::Training {
+        return Ok(MergeTask::Train);
+    }
+    let upload = state.repo.upload(epoch, hotkey)?;
+    let planned = state.repo.plan(epoch, section)?;
+    let lease_open = |u: &super::merge_repo::UploadRow| {
+        u.state == UploadState::Leased && now <= u.lease_until_ms && planned.is_none()
+    };
+    match &upload {
+        None if info.phase == Phase::Uploading => {
+            let grace = state.config.merge.lease_grace_s.saturating_mul(1000);
+            let lease_until = info.deadline_ms.unwrap_or(now).saturating_add(grace);
+            state
+                .repo
+                .lease_upload(epoch, section, hotkey, lease_until)?;
+            return upload_task(state, hotkey, section, epoch, lease_until).await;
+        }
+        Some(u) if lease_open(u) => {
+            return upload_task(state, hotkey, section, epoch, u.lease_until_ms).await;
+        }
+        _ => {}
+    }
+    let Some(row) = planned else {
+        return Ok(wait(match info.phase {
+            Phase::Uploading => "waiting for the other uploads",
+            _ => "waiting for the merge plan",
+        }));
+    };
+    if row.finalized {
+        return Ok(wait(
+            "this section is merged; waiting for the other sections",
+        ));
+    }
+    let plan = build_plan(state, epoch, section, &row).map_err(HttpError::internal)?;
+    let done = state.repo.results(epoch, section)?;
+    let deadline = info.deadline_ms.unwrap_or(now);
+    let mut partitions = Vec::new();
+    for part in plan.partitions_for(hotkey) {
+        if done
+            .iter()
+            .any(|r| r.partition == part.index() && r.merger == hotkey)
+        {
+            continue;
+        }
+        let range = part.range();
+        let mut sources = Vec::new();
+        let read_until = deadline.saturating_add(super::wire::URL_GRACE_MS);
+        for (uploader, weight) in merge_sources(&row) {
+            let key = state
+                .upload_key(section, epoch, &uploader)
+                .map_err(HttpError::internal)?;
+            sources.push(MergeSource {
+                hotkey: uploader,
+                weight,
+                blob: BlobRef {
+                    url: url_for(state, PresignMethod::Get, &key, read_until).await?,
+                    hash: None,
+                    shape: None,
+                    expires_unix_ms: read_until,
+                },
+            });
+        }
+        let out = state
+            .partition_key(section, epoch, part.index(), hotkey)
+            .map_err(HttpError::internal)?;
+        partitions.push(PartitionTask {
+            index: part.index(),
+            start: range.start as u64,
+            end: range.end as u64,
+            sources,
+            output: BlobRef {
+                url: url_for(state, PresignMethod::Put, &out, deadline).await?,
+                hash: None,
+                shape: Some(vec![range.len()]),
+                expires_unix_ms: deadline,
+            },
+        });
+    }
+    if partitions.is_empty() {
+        return Ok(wait("waiting for the other mergers"));
+    }
+    Ok(MergeTask::Merge {
+        epoch,
+        op: state.config.merge.op,
+        partitions,
+    })
+}
+
+async fn upload_task(
+    state: &AppState,
+    hotkey: &str,
+    section: usize,
+    epoch: u64,
+    lease_until: u64,
+) -> Result<MergeTask, HttpError> {
+    let key = state
+        .upload_key(section, epoch, hotkey)
+        .map_err(HttpError::internal)?;
+    let layout = section_layout(&state.config.model, section).map_err(HttpError::internal)?;
+    Ok(MergeTask::Upload {
+        epoch,
+        target: BlobRef {
+            url: url_for(state, PresignMethod::Put, &key, lease_until).await?,
+            hash: None,
+            shape: Some(vec![layout.total_len()]),
+            expires_unix_ms: lease_until,
+        },
+        layout,
+        lease_until_unix_ms: lease_until,
+    })
+}
+
+fn refused(reason: impl Into<String>) -> Json<SubmitResponse> {
+    Json(SubmitResponse {
+        accepted: false,
+        reason: Some(reason.into()),
+    })
+}
+
+/// `POST /api/merge/submit`: an upload or a merged partition is done.
+pub async fn submit(
+    State(state): State<AppState>,
+    req: Signed<MergeSubmitRequest>,
+) -> Result<Json<SubmitResponse>, HttpError> {
+    let now = state.now_ms();
+    let info = state.repo.phase_info()?;
+    let miner = state
+        .repo
+        .miner(&req.hotkey)?
+        .ok_or_else(|| HttpError::forbidden("not registered"))?;
+    let section = miner.section;
+    let response = match &req.body {
+        MergeSubmitRequest::Upload { epoch, manifest } => {
+            if *epoch != info.epoch || info.phase == Phase::Training {
+                return Ok(refused(format!(
+                    "no merge of epoch {epoch} is collecting uploads"
+                )));
+            }
+            let Some(upload) = state.repo.upload(*epoch, &req.hotkey)? else {
+                return Ok(refused("no upload lease: ask /api/merge/task first"));
+            };
+            if upload.state != UploadState::Leased {
+                return Ok(refused(format!(
+                    "this upload was already {}",
+                    upload.state.as_str()
+                )));
+            }
+            if now > upload.lease_until_ms || state.repo.plan(*epoch, section)?.is_some() {
+                return Ok(refused("the upload lease expired"));
+            }
+            match check_upload(&state, section, *epoch, &req.hotkey, manifest).await? {
+                Some(reason) => {
+                    tracing::warn!(hotkey = %req.hotkey, epoch, %reason, "upload refused");
+                    state
+                        .repo
+                        .refuse_upload(*epoch, &req.hotkey, &reason, now)?;
+                    refused(reason)
+                }
+                None => {
+                    let weight = state.repo.backwards_in_epoch(&req.hotkey, *epoch)? as f32;
+                    state.repo.accept_upload(
+                        *epoch,
+                        &req.hotkey,
+                        &manifest.hash.to_ascii_lowercase(),
+                        manifest.bytes,
+                        weight,
+                    )?;
+                    tracing::info!(hotkey = %req.hotkey, epoch, section, weight, "upload accepted");
+                    Json(SubmitResponse {
+                        accepted: true,
+                        reason: None,
+                    })
+                }
+            }
+        }
+        MergeSubmitRequest::Partition {
+            epoch,
+            index,
+            hash,
+            bytes,
+        } => {
+            if *epoch != info.epoch || info.phase != Phase::Merging {
+                return Ok(refused(format!("no merge of epoch {epoch} is under way")));
+            }
+            let Some(row) = state.repo.plan(*epoch, section)? else {
+                return Ok(refused("this section has no merge plan yet"));
+            };
+            if row.finalized {
+                return Ok(refused("this section's merge is already finalised"));
+            }
+            let plan = build_plan(&state, *epoch, section, &row).map_err(HttpError::internal)?;
+            let Some(part) = plan
+                .partitions_for(&req.hotkey)
+                .find(|p| p.index() == *index)
+            else {
+                return Ok(refused(format!(
+                    "partition {index} is not assigned to this miner"
+                )));
+            };
+            let expected = part.len() as u64 * 4;
+            let key = state
+                .partition_key(section, *epoch, *index, &req.hotkey)
+                .map_err(HttpError::internal)?;
+            let reason = match state.storage.get(&key).await {
+                Ok(data) if data.len() as u64 != expected || *bytes != expected => Some(format!(
+                    "partition {index} must be {expected} bytes, got {} (reported {bytes})",
+                    data.len()
+                )),
+                Ok(data) if !payload_hash(&data).eq_ignore_ascii_case(hash) => Some(format!(
+                    "hash mismatch: reported {hash}, the object hashes to {}",
+                    payload_hash(&data)
+                )),
+                Ok(_) => None,
+                Err(StorageError::NotFound { .. }) => {
+                    Some(format!("nothing was uploaded for partition {index}"))
+                }
+                Err(e) => return Err(HttpError::internal(e)),
+            };
+            if let Some(reason) = reason {
+                return Ok(refused(reason));
+            }
+            state.repo.record_result(
+                *epoch,
+                section,
+                *index,
+                &req.hotkey,
+                &hash.to_ascii_lowercase(),
+                *bytes,
+                now,
+            )?;
+            Json(SubmitResponse {
+                accepted: true,
+                reason: None,
+            })
+        }
+    };
+    spawn_advance(&state);
+    Ok(response)
+}
+
+/// Why an upload is refused, if it is: layout, dtype, size, hash, finiteness.
+async fn check_upload(
+    state: &AppState,
+    section: usize,
+    epoch: u64,
+    hotkey: &str,
+    manifest: &UploadManifest,
+) -> Result<Option<String>, HttpError> {
+    let layout = section_layout(&state.config.model, section).map_err(HttpError::internal)?;
+    if let Err(e) = layout.expect_same(&manifest.layout) {
+        return Ok(Some(format!("wrong layout: {e}")));
+    }
+    if manifest.dtype != "f32" {
+        return Ok(Some(format!("dtype {} is not f32", manifest.dtype)));
+    }
+    if manifest.bytes != layout.total_bytes() {
+        return Ok(Some(format!(
+            "manifest says {} bytes, the layout needs {}",
+            manifest.bytes,
+            layout.total_bytes()
+        )));
+    }
+    let key = state
+        .upload_key(section, epoch, hotkey)
+        .map_err(HttpError::internal)?;
+    let data = match state.storage.get(&key).await {
+        Ok(data) => data,
+        Err(StorageError::NotFound { .. }) => return Ok(Some("nothing was uploaded".into())),
+        Err(e) => return Err(HttpError::internal(e)),
+    };
+    if data.len() as u64 != layout.total_bytes() {
+        return Ok(Some(format!(
+            "the object has {} bytes, the layout needs {}",
+            data.len(),
+            layout.total_bytes()
+        )));
+    }
+    let actual = payload_hash(&data);
+    if !actual.eq_ignore_ascii_case(&manifest.hash) {
+        return Ok(Some(format!(
+            "hash mismatch: reported {}, the object hashes to {actual}",
+            manifest.hash
+        )));
+    }
+    let values = f32_from_le_bytes(&data).unwrap_or_default();
+    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        let name = layout
+            .tensors
+            .iter()
+            .rev()
+            .find(|t| (t.offset as usize) <= i % layout.params_len.max(1) as usize)
+            .map_or("?", |t| t.name.as_str());
+        return Ok(Some(format!(
+            "non-finite value at flat index {i} (tensor `{name}`)"
+        )));
+    }
+    Ok(None)
+}
+
+/// `GET /api/merge/status`.
+pub async fn status(State(state): State<AppState>) -> Result<Json<MergeStatus>, HttpError> {
+    let info = state.repo.phase_info()?;
+    // While training, show the merge that produced the current epoch.
+    let epoch = match info.phase {
+        Phase::Training => info.epoch.checked_sub(1),
+        _ => Some(info.epoch),
+    };
+    let mut sections = Vec::new();
+    for section in 0..state.config.model.n_sections() {
+        let mut s = SectionMergeStatus {
+            section,
+            uploads: 0,
+            partitions: 0,
+            partitions_with_results: 0,
+            results: 0,
+            finalized: false,
+            recomputed: 0,
+            fallbacks: 0,
+            flagged: Vec::new(),
+            checkpoint_hash: None,
+            checkpoint_epoch: None,
+        };
+        if let Some(cp) = state.repo.latest_checkpoint(section)? {
+            s.checkpoint_hash = Some(cp.hash);
+            s.checkpoint_epoch = Some(cp.epoch);
+        }
+        if let Some(e) = epoch {
+            s.uploads = state
+                .repo
+                .uploads_of(e, section)?
+                .iter()
+                .filter(|u| u.state == UploadState::Accepted)
+                .count();
+            if let Some(row) = state.repo.plan(e, section)? {
+                s.finalized = row.finalized;
+                if row.len > 0 {
+                    let plan = build_plan(&state, e, section, &row).map_err(HttpError::internal)?;
+                    s.partitions = plan.partitions().len();
+                }
+                let results = state.repo.results(e, section)?;
+                s.results = results.len();
+                let mut with: Vec<usize> = results.iter().map(|r| r.partition).collect();
+                with.dedup();
+                s.partitions_with_results = with.len();
+            }
+            for (_, verdict) in state.repo.verdicts(e, section)? {
+                if verdict.starts_with("recomputed") {
+                    s.recomputed += 1;
+                } else if verdict.starts_with("fallback") {
+                    s.fallbacks += 1;
+                }
+            }
+            s.flagged = state
+                .repo
+                .flags(e, section)?
+                .into_iter()
+                .map(|(partition, hotkey, reason)| FlaggedMerger {
+                    hotkey,
+                    partition,
+                    reason,
+                })
+                .collect();
+        }
+        sections.push(s);
+    }
+    Ok(Json(MergeStatus {
+        phase: info.phase,
+        epoch: info.epoch,
+        phase_deadline_unix_ms: info.deadline_ms,
+        op: state.config.merge.op,
+        batches_before_merging: state.config.batches_before_merging,
+        sections,
+        epochs: state.repo.epoch_summaries()?,
+    }))
+}

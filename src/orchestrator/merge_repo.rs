@@ -1,0 +1,712 @@
+//! Durable state of the merge cycle: phase deadlines, upload leases, plans, partition results,
+//! verification outcomes, flags and section checkpoints. Every change is one transaction, so
+//! an orchestrator restarted mid-merge carries on from where it stopped.
+
+use rusqlite::{OptionalExtension, params};
+
+use super::repo::{Repository, drop_sample, to_i64, to_u64, usize_of};
+use super::repo_types::RepoError;
+use crate::api::{EpochSummary, Phase};
+
+/// Tables of the merge cycle (created next to the routing tables).
+pub const MERGE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS uploads (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, miner TEXT NOT NULL, state TEXT NOT NULL,
+    lease_until INTEGER NOT NULL, hash TEXT, bytes INTEGER, weight REAL, reason TEXT,
+    PRIMARY KEY (epoch, miner));
+CREATE TABLE IF NOT EXISTS merge_plans (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, uploaders TEXT NOT NULL,
+    weights TEXT NOT NULL, len INTEGER NOT NULL, partitions INTEGER NOT NULL,
+    replication INTEGER NOT NULL, finalized_at INTEGER, PRIMARY KEY (epoch, section));
+CREATE TABLE IF NOT EXISTS partition_results (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
+    merger TEXT NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL, at INTEGER NOT NULL,
+    PRIMARY KEY (epoch, section, partition, merger));
+CREATE TABLE IF NOT EXISTS partition_outcomes (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
+    verdict TEXT NOT NULL, PRIMARY KEY (epoch, section, partition));
+CREATE TABLE IF NOT EXISTS merge_flags (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
+    merger TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    section INTEGER NOT NULL, epoch INTEGER NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL,
+    at INTEGER NOT NULL, PRIMARY KEY (section, epoch));
+";
+
+/// The phase and its deadlines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PhaseInfo {
+    /// Current phase.
+    pub phase: Phase,
+    /// Current epoch.
+    pub epoch: u64,
+    /// End of the current phase (uploading, merging).
+    pub deadline_ms: Option<u64>,
+    /// When uploading ended (merging only).
+    pub upload_closed_ms: Option<u64>,
+}
+
+/// State of one miner's upload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UploadState {
+    /// The miner was handed an upload URL and has not submitted yet.
+    Leased,
+    /// Verified and part of the merge.
+    Accepted,
+    /// Refused (reason recorded); the miner is left out of this merge.
+    Refused,
+}
+
+impl UploadState {
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Leased => "leased",
+            Self::Accepted => "accepted",
+            Self::Refused => "refused",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, RepoError> {
+        match s {
+            "leased" => Ok(Self::Leased),
+            "accepted" => Ok(Self::Accepted),
+            "refused" => Ok(Self::Refused),
+            other => Err(RepoError::Corrupt(format!("upload state {other:?}"))),
+        }
+    }
+}
+
+/// One miner's upload for a merge.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UploadRow {
+    /// Uploader.
+    pub miner: String,
+    /// Its section.
+    pub section: usize,
+    /// State.
+    pub state: UploadState,
+    /// Lease end.
+    pub lease_until_ms: u64,
+    /// Hash of the accepted upload.
+    pub hash: Option<String>,
+    /// Merge weight (backwards in the epoch).
+    pub weight: f32,
+    /// Why it was refused.
+    pub reason: Option<String>,
+}
+
+/// A stored plan: the inputs every party needs to recompute it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanRow {
+    /// Accepted uploaders, sorted.
+    pub uploaders: Vec<String>,
+    /// Their merge weights, same order.
+    pub weights: Vec<f32>,
+    /// Flat length.
+    pub len: usize,
+    /// Requested partitions.
+    pub partitions: usize,
+    /// Requested replication.
+    pub replication: usize,
+    /// Whether the section's merge is finished.
+    pub finalized: bool,
+}
+
+/// One submitted partition result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultRow {
+    /// Partition index.
+    pub partition: usize,
+    /// Merger.
+    pub merger: String,
+    /// Hash of its upload.
+    pub hash: String,
+}
+
+/// A section's merged state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointRow {
+    /// Section.
+    pub section: usize,
+    /// Epoch it starts.
+    pub epoch: u64,
+    /// Hash of the flat object.
+    pub hash: String,
+    /// Size.
+    pub bytes: u64,
+}
+
+/// What finalising one section's merge records.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SectionOutcome {
+    /// `(partition, verdict)` for every partition.
+    pub verdicts: Vec<(usize, String)>,
+    /// `(partition, merger, reason)` of every flag.
+    pub flags: Vec<(usize, String, String)>,
+    /// The new checkpoint `(hash, bytes)`, if one was written.
+    pub checkpoint: Option<(String, u64)>,
+}
+
+fn phase_str(p: Phase) -> &'static str {
+    match p {
+        Phase::Training => "training",
+        Phase::Uploading => "uploading",
+        Phase::Merging => "merging",
+    }
+}
+
+impl Repository {
+    /// Phase, epoch and deadlines.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
+        let (phase, epoch, _) = self.run_state()?;
+        let conn = self.lock();
+        let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row(
+            "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(PhaseInfo {
+            phase,
+            epoch,
+            deadline_ms: deadline.map(to_u64),
+            upload_closed_ms: closed.map(to_u64),
+        })
+    }
+
+    /// Samples of `epoch` completed, and samples still active (any epoch).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
+        let conn = self.lock();
+        let (done, active): (i64, i64) = conn.query_row(
+            "SELECT COALESCE(SUM(outcome = 'completed' AND epoch = ?1), 0), \
+             COALESCE(SUM(outcome = 'active'), 0) FROM samples",
+            [to_i64(epoch)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((to_u64(done), to_u64(active)))
+    }
+
+    /// Ends training of `epoch`: every sample still under way is dropped with a recorded
+    /// reason (its assignments cancelled), and the phase becomes `uploading` until
+    /// `deadline_ms`. Returns the samples cancelled.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn begin_uploading(
+        &self,
+        epoch: u64,
+        deadline_ms: u64,
+        now_ms: u64,
+    ) -> Result<u64, RepoError> {
+        self.write(|tx| {
+            let active: Vec<i64> = {
+                let mut stmt = tx.prepare("SELECT id FROM samples WHERE outcome = 'active'")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let reason = format!("cancelled: training of epoch {epoch} ended for the merge");
+            for id in &active {
+                drop_sample(tx, to_u64(*id), &reason, now_ms)?;
+            }
+            tx.execute(
+                "UPDATE run_state SET phase = 'uploading', phase_deadline = ?1, \
+                 upload_closed = NULL WHERE id = 0",
+                [to_i64(deadline_ms)],
+            )?;
+            Ok(active.len() as u64)
+        })
+    }
+
+    /// Closes uploading: the phase becomes `merging` until `deadline_ms`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn begin_merging(&self, deadline_ms: u64, now_ms: u64) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE run_state SET phase = 'merging', phase_deadline = ?1, upload_closed = ?2 \
+                 WHERE id = 0",
+                params![to_i64(deadline_ms), to_i64(now_ms)],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Ends the merge of `epoch`: training resumes in epoch `epoch + 1`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn finish_merge(&self, epoch: u64) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE run_state SET phase = ?1, epoch = ?2, phase_deadline = NULL, \
+                 upload_closed = NULL WHERE id = 0 AND epoch = ?3",
+                params![phase_str(Phase::Training), to_i64(epoch + 1), to_i64(epoch)],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The upload of `hotkey` for the merge of `epoch`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn upload(&self, epoch: u64, hotkey: &str) -> Result<Option<UploadRow>, RepoError> {
+        let conn = self.lock();
+        let row = conn
+            .query_row(
+                "SELECT miner, section, state, lease_until, hash, weight, reason FROM uploads \
+                 WHERE epoch = ?1 AND miner = ?2",
+                params![to_i64(epoch), hotkey],
+                read_upload,
+            )
+            .optional()?;
+        row.map(finish_upload).transpose()
+    }
+
+    /// Every upload of `section` for the merge of `epoch`, sorted by miner.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn uploads_of(&self, epoch: u64, section: usize) -> Result<Vec<UploadRow>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT miner, section, state, lease_until, hash, weight, reason FROM uploads \
+             WHERE epoch = ?1 AND section = ?2 ORDER BY miner",
+        )?;
+        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], read_upload)?;
+        rows.map(|r| finish_upload(r?)).collect()
+    }
+
+    /// Grants `hotkey` an upload lease until `lease_until_ms` (no-op when it has one).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn lease_upload(
+        &self,
+        epoch: u64,
+        section: usize,
+        hotkey: &str,
+        lease_until_ms: u64,
+    ) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "INSERT OR IGNORE INTO uploads (epoch, section, miner, state, lease_until) \
+                 VALUES (?1, ?2, ?3, 'leased', ?4)",
+                params![
+                    to_i64(epoch),
+                    to_i64(section as u64),
+                    hotkey,
+                    to_i64(lease_until_ms)
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Accepts a verified upload with its merge weight.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn accept_upload(
+        &self,
+        epoch: u64,
+        hotkey: &str,
+        hash: &str,
+        bytes: u64,
+        weight: f32,
+    ) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE uploads SET state = 'accepted', hash = ?3, bytes = ?4, weight = ?5 \
+                 WHERE epoch = ?1 AND miner = ?2",
+                params![
+                    to_i64(epoch),
+                    hotkey,
+                    hash,
+                    to_i64(bytes),
+                    f64::from(weight)
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Refuses an upload: the miner is left out of the merge and penalised.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn refuse_upload(
+        &self,
+        epoch: u64,
+        hotkey: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE uploads SET state = 'refused', reason = ?3 WHERE epoch = ?1 AND miner = ?2",
+                params![to_i64(epoch), hotkey, reason],
+            )?;
+            penalise_merge(tx, hotkey, &format!("upload refused: {reason}"), now_ms)
+        })
+    }
+
+    /// Backwards `hotkey` completed for samples of `epoch` (its merge weight).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn backwards_in_epoch(&self, hotkey: &str, epoch: u64) -> Result<u64, RepoError> {
+        let conn = self.lock();
+        let n: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
+             WHERE p.miner = ?1 AND p.backward_done = 1 AND s.epoch = ?2",
+            params![hotkey, to_i64(epoch)],
+            |r| r.get(0),
+        )?;
+        Ok(to_u64(n))
+    }
+
+    /// Stores the plan of `section` for the merge of `epoch` (once; later calls keep the first).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`] (unserialisable plan).
+    pub fn save_plan(&self, epoch: u64, section: usize, plan: &PlanRow) -> Result<(), RepoError> {
+        let uploaders = serde_json::to_string(&plan.uploaders)
+            .map_err(|e| RepoError::Corrupt(e.to_string()))?;
+        let weights =
+            serde_json::to_string(&plan.weights).map_err(|e| RepoError::Corrupt(e.to_string()))?;
+        self.write(|tx| {
+            tx.execute(
+                "INSERT OR IGNORE INTO merge_plans (epoch, section, uploaders, weights, len, \
+                 partitions, replication) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    to_i64(epoch),
+                    to_i64(section as u64),
+                    uploaders,
+                    weights,
+                    to_i64(plan.len as u64),
+                    to_i64(plan.partitions as u64),
+                    to_i64(plan.replication as u64)
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The stored plan of `section` for `epoch`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn plan(&self, epoch: u64, section: usize) -> Result<Option<PlanRow>, RepoError> {
+        let conn = self.lock();
+        let raw: Option<(String, String, i64, i64, i64, Option<i64>)> = conn
+            .query_row(
+                "SELECT uploaders, weights, len, partitions, replication, finalized_at \
+                 FROM merge_plans WHERE epoch = ?1 AND section = ?2",
+                params![to_i64(epoch), to_i64(section as u64)],
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                },
+            )
+            .optional()?;
+        let Some((uploaders, weights, len, partitions, replication, finalized)) = raw else {
+            return Ok(None);
+        };
+        let corrupt = |e: serde_json::Error| RepoError::Corrupt(format!("merge plan: {e}"));
+        Ok(Some(PlanRow {
+            uploaders: serde_json::from_str(&uploaders).map_err(corrupt)?,
+            weights: serde_json::from_str(&weights).map_err(corrupt)?,
+            len: usize_of(len),
+            partitions: usize_of(partitions),
+            replication: usize_of(replication),
+            finalized: finalized.is_some(),
+        }))
+    }
+
+    /// Records a merger's result for a partition (a resubmission replaces the earlier one).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_result(
+        &self,
+        epoch: u64,
+        section: usize,
+        partition: usize,
+        merger: &str,
+        hash: &str,
+        bytes: u64,
+        now_ms: u64,
+    ) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "INSERT OR REPLACE INTO partition_results (epoch, section, partition, merger, \
+                 hash, bytes, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    to_i64(epoch),
+                    to_i64(section as u64),
+                    to_i64(partition as u64),
+                    merger,
+                    hash,
+                    to_i64(bytes),
+                    to_i64(now_ms)
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Every submitted result of `section` for `epoch`, by partition then merger.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn results(&self, epoch: u64, section: usize) -> Result<Vec<ResultRow>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT partition, merger, hash FROM partition_results WHERE epoch = ?1 \
+             AND section = ?2 ORDER BY partition, merger",
+        )?;
+        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+            Ok(ResultRow {
+                partition: usize_of(r.get(0)?),
+                merger: r.get(1)?,
+                hash: r.get(2)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Records the end of a section's merge in one transaction: verdicts, flags (each a
+    /// penalty), the new checkpoint (epoch `epoch + 1`) and the plan marked finalised.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn finalize_section(
+        &self,
+        epoch: u64,
+        section: usize,
+        outcome: &SectionOutcome,
+        now_ms: u64,
+    ) -> Result<(), RepoError> {
+        let (e, s) = (to_i64(epoch), to_i64(section as u64));
+        self.write(|tx| {
+            for (partition, verdict) in &outcome.verdicts {
+                tx.execute(
+                    "INSERT OR REPLACE INTO partition_outcomes (epoch, section, partition, \
+                     verdict) VALUES (?1, ?2, ?3, ?4)",
+                    params![e, s, to_i64(*partition as u64), verdict],
+                )?;
+            }
+            for (partition, merger, reason) in &outcome.flags {
+                tx.execute(
+                    "INSERT INTO merge_flags (epoch, section, partition, merger, reason) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![e, s, to_i64(*partition as u64), merger, reason],
+                )?;
+                penalise_merge(
+                    tx,
+                    merger,
+                    &format!("merge of epoch {epoch} partition {partition}: {reason}"),
+                    now_ms,
+                )?;
+            }
+            if let Some((hash, bytes)) = &outcome.checkpoint {
+                tx.execute(
+                    "INSERT OR REPLACE INTO checkpoints (section, epoch, hash, bytes, at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![s, to_i64(epoch + 1), hash, to_i64(*bytes), to_i64(now_ms)],
+                )?;
+            }
+            tx.execute(
+                "INSERT OR IGNORE INTO merge_plans (epoch, section, uploaders, weights, len, \
+                 partitions, replication) VALUES (?1, ?2, '[]', '[]', 0, 0, 0)",
+                params![e, s],
+            )?;
+            tx.execute(
+                "UPDATE merge_plans SET finalized_at = ?3 WHERE epoch = ?1 AND section = ?2",
+                params![e, s, to_i64(now_ms)],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Verdicts of a section's finished merge: `(partition, verdict)`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn verdicts(&self, epoch: u64, section: usize) -> Result<Vec<(usize, String)>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT partition, verdict FROM partition_outcomes WHERE epoch = ?1 AND section = ?2 \
+             ORDER BY partition",
+        )?;
+        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+            Ok((usize_of(r.get(0)?), r.get(1)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Flags of a section's merge: `(partition, merger, reason)`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn flags(
+        &self,
+        epoch: u64,
+        section: usize,
+    ) -> Result<Vec<(usize, String, String)>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT partition, merger, reason FROM merge_flags WHERE epoch = ?1 AND section = ?2 \
+             ORDER BY partition, merger",
+        )?;
+        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+            Ok((usize_of(r.get(0)?), r.get(1)?, r.get(2)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The newest checkpoint of `section`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn latest_checkpoint(&self, section: usize) -> Result<Option<CheckpointRow>, RepoError> {
+        let conn = self.lock();
+        Ok(conn
+            .query_row(
+                "SELECT section, epoch, hash, bytes FROM checkpoints WHERE section = ?1 \
+                 ORDER BY epoch DESC LIMIT 1",
+                [to_i64(section as u64)],
+                |r| {
+                    Ok(CheckpointRow {
+                        section: usize_of(r.get(0)?),
+                        epoch: to_u64(r.get(1)?),
+                        hash: r.get(2)?,
+                        bytes: to_u64(r.get(3)?),
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Records the weights a miner reports holding (heartbeat).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn set_weights(
+        &self,
+        hotkey: &str,
+        epoch: u64,
+        hash: Option<&str>,
+    ) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE miners SET weights_epoch = ?2, weights_hash = ?3 WHERE hotkey = ?1",
+                params![hotkey, to_i64(epoch), hash],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Loss summary of every epoch that completed samples, oldest first.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn epoch_summaries(&self) -> Result<Vec<EpochSummary>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT epoch, loss FROM samples WHERE outcome = 'completed' AND loss IS NOT NULL \
+             ORDER BY epoch, finished_at, id",
+        )?;
+        let rows: Vec<(i64, f64)> = stmt
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?;
+        let mut out: Vec<EpochSummary> = Vec::new();
+        let mut i = 0;
+        while i < rows.len() {
+            let epoch = rows[i].0;
+            let j = rows[i..]
+                .iter()
+                .position(|r| r.0 != epoch)
+                .map_or(rows.len(), |k| i + k);
+            let losses: Vec<f64> = rows[i..j].iter().map(|r| r.1).collect();
+            let quarter = losses.len().div_ceil(4).max(1);
+            let mean = |v: &[f64]| (v.iter().sum::<f64>() / v.len().max(1) as f64) as f32;
+            out.push(EpochSummary {
+                epoch: to_u64(epoch),
+                completed: losses.len() as u64,
+                mean_loss: Some(mean(&losses)),
+                first_loss: Some(mean(&losses[..quarter])),
+                last_loss: Some(mean(&losses[losses.len() - quarter..])),
+            });
+            i = j;
+        }
+        Ok(out)
+    }
+}
+
+type RawUpload = (
+    String,
+    i64,
+    String,
+    i64,
+    Option<String>,
+    Option<f64>,
+    Option<String>,
+);
+
+fn read_upload(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawUpload> {
+    Ok((
+        r.get(0)?,
+        r.get(1)?,
+        r.get(2)?,
+        r.get(3)?,
+        r.get(4)?,
+        r.get(5)?,
+        r.get(6)?,
+    ))
+}
+
+fn finish_upload(raw: RawUpload) -> Result<UploadRow, RepoError> {
+    let (miner, section, state, lease_until, hash, weight, reason) = raw;
+    Ok(UploadRow {
+        miner,
+        section: usize_of(section),
+        state: UploadState::parse(&state)?,
+        lease_until_ms: to_u64(lease_until),
+        hash,
+        weight: weight.unwrap_or(0.0) as f32,
+        reason,
+    })
+}
+
+fn penalise_merge(
+    tx: &rusqlite::Connection,
+    hotkey: &str,
+    reason: &str,
+    now_ms: u64,
+) -> Result<(), RepoError> {
+    tx.execute(
+        "UPDATE miners SET penalties = penalties + 1 WHERE hotkey = ?1",
+        [hotkey],
+    )?;
+    tx.execute(
+        "INSERT INTO penalties (miner, at, assignment, reason) VALUES (?1, ?2, NULL, ?3)",
+        params![hotkey, to_i64(now_ms), reason],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,209 @@
+//! A harness driving the orchestrator's router in-process (`tower::ServiceExt::oneshot`) with
+//! real sr25519 hotkeys, an in-memory object store and a hand-moved clock.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tower::ServiceExt;
+
+use iota::api::*;
+use iota::data::{DataSpec, Dataset, Tokenizer};
+use iota::orchestrator::blob_token::BlobSecret;
+use iota::orchestrator::{AppState, Repository, RunConfig, router};
+use iota::storage::{Storage, WireDtype, encode, payload_hash};
+use iota::wallet::{Hotkey, sign_request};
+
+pub const T0: u64 = 1_767_225_600_000;
+
+pub struct Harness {
+    pub state: AppState,
+    pub app: Router,
+    pub now: Arc<AtomicU64>,
+}
+
+/// The test run's config plus `extra` YAML lines (which may replace the model).
+pub fn config(extra: &str) -> RunConfig {
+    let model = if extra.contains("model:") {
+        ""
+    } else {
+        "model: {preset: tiny}\n"
+    };
+    RunConfig::from_yaml(&format!(
+        "run: test-run\n{model}batch_size: 2\nseq_len: 8\nwire: f32\n\
+         max_in_flight: 2\ndeadlines: {{forward_s: 10, backward_s: 20}}\n\
+         public_url: http://orch.test\n{extra}"
+    ))
+    .unwrap()
+}
+
+pub fn dataset(cfg: &RunConfig) -> Dataset {
+    let spec = DataSpec::Synthetic {
+        seed: 0,
+        chars: 20_000,
+    };
+    Dataset::load(&spec, &Tokenizer::byte(), cfg.seq_len, cfg.seed).unwrap()
+}
+
+pub fn harness_with(cfg: RunConfig, repo: Repository) -> Harness {
+    let now = Arc::new(AtomicU64::new(T0));
+    let clock_now = now.clone();
+    let data = dataset(&cfg);
+    let state = AppState::from_parts(
+        cfg,
+        repo,
+        Storage::in_memory(),
+        data,
+        BlobSecret::from_bytes([3; 32]),
+        Arc::new(move || clock_now.load(Ordering::SeqCst)),
+    )
+    .unwrap();
+    Harness {
+        app: router(state.clone()),
+        state,
+        now,
+    }
+}
+
+pub fn harness() -> Harness {
+    harness_with(config(""), Repository::open_in_memory().unwrap())
+}
+
+pub fn key(uri: &str) -> Hotkey {
+    Hotkey::from_uri(uri).unwrap()
+}
+
+pub fn signed_raw(path: &str, body: Vec<u8>, hotkey: &Hotkey, ts: u64, run: &str) -> Request<Body> {
+    let headers = sign_request(hotkey, &body, ts, run);
+    let mut req = Request::post(path).header("content-type", "application/json");
+    for (name, value) in headers.to_pairs() {
+        req = req.header(name, value);
+    }
+    req.body(Body::from(body)).unwrap()
+}
+
+impl Harness {
+    pub fn now(&self) -> u64 {
+        self.now.load(Ordering::SeqCst)
+    }
+
+    pub fn advance(&self, ms: u64) {
+        self.now.fetch_add(ms, Ordering::SeqCst);
+    }
+
+    pub fn signed(&self, path: &str, body: &impl Serialize, hotkey: &Hotkey) -> Request<Body> {
+        signed_raw(
+            path,
+            serde_json::to_vec(body).unwrap(),
+            hotkey,
+            self.now(),
+            "test-run",
+        )
+    }
+
+    pub async fn send(&self, req: Request<Body>) -> (StatusCode, Vec<u8>) {
+        let resp = self.app.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        (status, bytes)
+    }
+
+    pub async fn call<T: DeserializeOwned>(&self, req: Request<Body>) -> T {
+        let (status, bytes) = self.send(req).await;
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    pub async fn register(&self, hotkey: &Hotkey) -> RegisterResponse {
+        let body = RegisterRequest {
+            device: "cpu".into(),
+            max_in_flight: 4,
+        };
+        self.call(self.signed("/api/register", &body, hotkey)).await
+    }
+
+    pub async fn work(&self, hotkey: &Hotkey, max: usize) -> Vec<Assignment> {
+        let resp: WorkResponse = self
+            .call(self.signed("/api/work", &WorkRequest { max }, hotkey))
+            .await;
+        resp.assignments
+    }
+
+    /// Uploads `bytes` through the PUT URL of `blob` (the `/blob` endpoint).
+    pub async fn upload(&self, blob: &BlobRef, bytes: Vec<u8>) {
+        let path = blob.url.strip_prefix("http://orch.test").unwrap();
+        let req = Request::put(path).body(Body::from(bytes)).unwrap();
+        let (status, body) = self.send(req).await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+
+    pub async fn submit(
+        &self,
+        hotkey: &Hotkey,
+        a: &Assignment,
+        bytes: Option<Vec<u8>>,
+        loss: Option<f32>,
+    ) -> SubmitResponse {
+        let (hash, len) = match bytes {
+            Some(bytes) => {
+                let out = (Some(payload_hash(&bytes)), Some(bytes.len() as u64));
+                self.upload(a.output.as_ref().unwrap(), bytes).await;
+                out
+            }
+            None => (None, None),
+        };
+        let body = SubmitRequest {
+            assignment_id: a.id,
+            output_hash: hash,
+            output_bytes: len,
+            loss,
+            timings: Timings::default(),
+        };
+        self.call(self.signed("/api/submit", &body, hotkey)).await
+    }
+
+    /// Everything a refused request must leave alone.
+    pub fn snapshot(&self) -> String {
+        let repo = &self.state.repo;
+        let mut out = format!(
+            "{:?}\n{:?}\n{:?}\nsignatures {}\n",
+            repo.run_state().unwrap(),
+            repo.miners().unwrap(),
+            repo.counts().unwrap(),
+            repo.signature_count().unwrap()
+        );
+        for s in 0..4 {
+            out.push_str(&format!(
+                "{:?} {:?}\n",
+                repo.sample(s).unwrap(),
+                repo.assignments_of(s, 2).unwrap()
+            ));
+        }
+        out
+    }
+}
+
+pub fn activation(shape: &[usize], value: f32) -> Vec<u8> {
+    let n: usize = shape.iter().product();
+    encode(shape, &vec![value; n], WireDtype::F32).unwrap()
+}
+
+pub fn error_code(bytes: &[u8]) -> String {
+    serde_json::from_slice::<ApiError>(bytes).unwrap().code
+}

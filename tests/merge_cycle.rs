@@ -1,0 +1,635 @@
+//! The merge cycle driven through the orchestrator's router with real hotkeys and a hand-moved
+//! clock: miners are played by the test, which knows every uploaded vector and can therefore
+//! check the merged result exactly, lie, or die at any step.
+
+mod common;
+
+use std::collections::HashMap;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+
+use common::api_harness::*;
+use iota::api::*;
+use iota::merge::{
+    MergeOp, OuterStep, PlanSpec, f32_from_le_bytes, f32_to_le_bytes, merge_partition,
+    nesterov_outer_step,
+};
+use iota::orchestrator::Repository;
+use iota::orchestrator::cycle::advance;
+use iota::storage::payload_hash;
+use iota::wallet::Hotkey;
+
+/// A one-section model (head = tail), so a sample is a single forward with a loss, and the
+/// merge can be exercised with few moving parts.
+fn merge_harness(merge: &str) -> Harness {
+    let cfg = config(&format!(
+        "model: {{preset: tiny, n_layers: 1, d_model: 32, n_heads: 2, n_kv_heads: 2, d_ff: 64, \
+         bottleneck: false, sections: [[0, 1]]}}\nbatches_before_merging: 2\nheartbeat_s: 1\n\
+         merge: {{upload_s: 30, lease_grace_s: 5, merge_s: 30{merge}}}\n"
+    ));
+    harness_with(cfg, Repository::open_in_memory().unwrap())
+}
+
+/// A miner played by the test.
+struct Player {
+    key: Hotkey,
+    name: String,
+    flat: Vec<f32>,
+}
+
+fn player(uri: &str, seed: f32, len: usize) -> Player {
+    let key = key(uri);
+    let name = key.address().to_string();
+    let flat = (0..len)
+        .map(|i| ((i as f32 * 0.37 + seed).sin() * (1.0 + seed)).abs() * 0.1 + seed * 0.01)
+        .collect();
+    Player { key, name, flat }
+}
+
+impl Harness {
+    async fn task(&self, p: &Player, held_epoch: u64) -> MergeTaskResponse {
+        self.call(self.signed("/api/merge/task", &MergeTaskRequest { held_epoch }, &p.key))
+            .await
+    }
+
+    async fn merge_submit(&self, p: &Player, req: &MergeSubmitRequest) -> SubmitResponse {
+        self.call(self.signed("/api/merge/submit", req, &p.key))
+            .await
+    }
+
+    async fn get_blob(&self, blob: &BlobRef) -> Vec<u8> {
+        let path = blob.url.strip_prefix("http://orch.test").unwrap();
+        let (status, body) = self
+            .send(Request::get(path).body(Body::empty()).unwrap())
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        body
+    }
+
+    async fn merge_status(&self) -> MergeStatus {
+        self.call(
+            Request::get("/api/merge/status")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn step(&self) {
+        advance(&self.state).await.unwrap();
+    }
+
+    /// Runs samples to completion (each is one forward with a loss) until the phase changes.
+    async fn train_until_upload(&self, players: &[&Player]) {
+        for _ in 0..20 {
+            for p in players {
+                for a in self.work(&p.key, 2).await {
+                    let r = self.submit(&p.key, &a, None, Some(3.0)).await;
+                    assert!(r.accepted, "{r:?}");
+                }
+            }
+            self.step().await;
+            if self.merge_status().await.phase != Phase::Training {
+                return;
+            }
+        }
+        panic!("the run never left training");
+    }
+
+    /// Uploads `p`'s vector (the manifest may be tampered with by `edit`).
+    async fn upload_state(
+        &self,
+        p: &Player,
+        held: u64,
+        values: &[f32],
+        edit: impl FnOnce(&mut UploadManifest),
+    ) -> SubmitResponse {
+        let resp = self.task(p, held).await;
+        let MergeTask::Upload {
+            epoch,
+            layout,
+            target,
+            ..
+        } = resp.task
+        else {
+            panic!("expected an upload task, got {:?}", resp.task);
+        };
+        let bytes = f32_to_le_bytes(values);
+        let mut manifest = UploadManifest {
+            layout,
+            dtype: "f32".into(),
+            hash: payload_hash(&bytes),
+            bytes: bytes.len() as u64,
+        };
+        edit(&mut manifest);
+        self.upload(&target, bytes).await;
+        self.merge_submit(p, &MergeSubmitRequest::Upload { epoch, manifest })
+            .await
+    }
+
+    /// Does `p`'s merge work honestly (from the vectors the test knows), scaled by `lie`.
+    async fn merge_work(&self, p: &Player, everyone: &[&Player], held: u64, lie: f32) -> usize {
+        let resp = self.task(p, held).await;
+        let MergeTask::Merge {
+            epoch,
+            op,
+            partitions,
+        } = resp.task
+        else {
+            return 0;
+        };
+        let by_name: HashMap<&str, &Player> =
+            everyone.iter().map(|q| (q.name.as_str(), *q)).collect();
+        for part in &partitions {
+            let (s, e) = (part.start as usize, part.end as usize);
+            // Read one source through its URL, as a miner would (byte range of the object).
+            let first = &part.sources[0];
+            let whole = f32_from_le_bytes(&self.get_blob(&first.blob).await).unwrap();
+            assert_eq!(&whole[s..e], &by_name[first.hotkey.as_str()].flat[s..e]);
+            let slices: Vec<&[f32]> = part
+                .sources
+                .iter()
+                .map(|src| &by_name[src.hotkey.as_str()].flat[s..e])
+                .collect();
+            let weights: Vec<f32> = part.sources.iter().map(|src| src.weight).collect();
+            let merged: Vec<f32> = merge_partition(op, &slices, &weights)
+                .unwrap()
+                .into_iter()
+                .map(|v| v * lie)
+                .collect();
+            let bytes = f32_to_le_bytes(&merged);
+            let (hash, n) = (payload_hash(&bytes), bytes.len() as u64);
+            self.upload(&part.output, bytes).await;
+            let r = self
+                .merge_submit(
+                    p,
+                    &MergeSubmitRequest::Partition {
+                        epoch,
+                        index: part.index,
+                        hash,
+                        bytes: n,
+                    },
+                )
+                .await;
+            assert!(r.accepted, "{r:?}");
+        }
+        partitions.len()
+    }
+
+    /// The checkpoint a player is told to adopt, with its values.
+    async fn adopt(&self, p: &Player, held: u64) -> (SectionCheckpoint, Vec<f32>) {
+        let resp = self.task(p, held).await;
+        let MergeTask::Adopt { checkpoint } = resp.task else {
+            panic!("expected adopt, got {:?}", resp.task);
+        };
+        let bytes = self.get_blob(&checkpoint.blob).await;
+        assert_eq!(Some(payload_hash(&bytes)), checkpoint.blob.hash);
+        (checkpoint, f32_from_le_bytes(&bytes).unwrap())
+    }
+}
+
+/// The weighted mean the network must produce, computed directly on the whole vectors.
+fn direct_mean(players: &[&Player], weights: &[f32]) -> Vec<f32> {
+    let all: Vec<&[f32]> = players.iter().map(|p| p.flat.as_slice()).collect();
+    merge_partition(MergeOp::Mean, &all, weights).unwrap()
+}
+
+async fn three_players(h: &Harness) -> (Player, Player, Player, usize) {
+    let layout = iota::model::layout::section_layout(&h.state.config.model, 0).unwrap();
+    let n = layout.total_len();
+    let a = player("//Alice", 1.0, n);
+    let b = player("//Bob", 2.0, n);
+    let c = player("//Charlie", 3.0, n);
+    for p in [&a, &b, &c] {
+        h.register(&p.key).await;
+    }
+    (a, b, c, n)
+}
+
+#[tokio::test]
+async fn a_full_cycle_merges_exactly_and_everyone_adopts_the_same_state() {
+    let h = merge_harness("");
+    let (a, b, c, n) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    let status: StatusResponse = h
+        .call(Request::get("/api/status").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(status.phase, Phase::Uploading);
+    assert!(status.phase_deadline_unix_ms.is_some_and(|d| d > h.now()));
+    // Training work is no longer handed out.
+    assert!(h.work(&a.key, 2).await.is_empty());
+
+    for p in all {
+        let r = h.upload_state(p, 0, &p.flat, |_| {}).await;
+        assert!(r.accepted, "{r:?}");
+    }
+    h.step().await; // every live miner uploaded: merging
+    h.step().await; // plan
+    assert_eq!(h.merge_status().await.phase, Phase::Merging);
+
+    // Every party recomputes the same plan from the public inputs.
+    let mut names: Vec<String> = all.iter().map(|p| p.name.clone()).collect();
+    names.sort();
+    let plan = PlanSpec::new("test-run", 0, 0, names, n).build().unwrap();
+    let mut merged_parts = 0;
+    for p in all {
+        let resp = h.task(p, 0).await;
+        let MergeTask::Merge { partitions, .. } = &resp.task else {
+            panic!("{:?}", resp.task);
+        };
+        let mine: Vec<usize> = plan.partitions_for(&p.name).map(|q| q.index()).collect();
+        let given: Vec<usize> = partitions.iter().map(|q| q.index).collect();
+        assert_eq!(mine, given);
+        merged_parts += h.merge_work(p, &all, 0, 1.0).await;
+    }
+    assert_eq!(merged_parts, plan.partitions().len() * 2);
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!((ms.phase, ms.epoch), (Phase::Training, 1));
+    assert!(ms.sections[0].finalized && ms.sections[0].flagged.is_empty());
+
+    // Weights are the backwards each miner did in the epoch.
+    let mut weights = Vec::new();
+    for p in all {
+        weights.push(h.state.repo.backwards_in_epoch(&p.name, 0).unwrap() as f32);
+    }
+    let expected = if weights.iter().all(|w| *w == 0.0) {
+        direct_mean(&all, &[1.0; 3])
+    } else {
+        direct_mean(&all, &weights)
+    };
+    let mut hashes = Vec::new();
+    for p in all {
+        let (cp, values) = h.adopt(p, 0).await;
+        assert_eq!((cp.epoch, cp.section), (1, 0));
+        assert_eq!(
+            values, expected,
+            "merged state differs from the direct mean"
+        );
+        hashes.push(cp.blob.hash.clone());
+        // Once adopted, a miner is sent back to training.
+        assert_eq!(h.task(p, 1).await.task, MergeTask::Train);
+    }
+    assert!(hashes.windows(2).all(|w| w[0] == w[1]));
+
+    // A late joiner starts from the merged checkpoint.
+    let dave = key("//Dave");
+    let reg = h.register(&dave).await;
+    let cp = reg.checkpoint.expect("late joiner gets the checkpoint");
+    assert_eq!((cp.epoch, cp.blob.hash.clone()), (1, hashes[0].clone()));
+    // And training goes on in epoch 1.
+    let work = h.work(&a.key, 2).await;
+    assert!(!work.is_empty());
+    assert!(work.iter().all(|w| w.sample_id >= 2));
+}
+
+#[tokio::test]
+async fn a_lying_merger_is_flagged_and_its_result_not_used() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    for p in all {
+        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
+    }
+    h.step().await;
+    h.step().await;
+    h.merge_work(&a, &all, 0, 1.0).await;
+    h.merge_work(&b, &all, 0, 1.0).await;
+    h.merge_work(&c, &all, 0, 1.5).await; // Charlie scales his results
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!(ms.epoch, 1);
+    let flagged: Vec<&str> = ms.sections[0]
+        .flagged
+        .iter()
+        .map(|f| f.hotkey.as_str())
+        .collect();
+    assert!(!flagged.is_empty());
+    assert!(flagged.iter().all(|f| *f == c.name), "{flagged:?}");
+    assert!(
+        ms.sections[0]
+            .flagged
+            .iter()
+            .all(|f| f.reason == "disagreed")
+    );
+    assert!(ms.sections[0].recomputed >= 1);
+    let weights: Vec<f32> = all
+        .iter()
+        .map(|p| h.state.repo.backwards_in_epoch(&p.name, 0).unwrap() as f32)
+        .collect();
+    let weights = if weights.iter().all(|w| *w == 0.0) {
+        vec![1.0; 3]
+    } else {
+        weights
+    };
+    let (_, values) = h.adopt(&a, 0).await;
+    assert_eq!(values, direct_mean(&all, &weights));
+    let charlie = h.state.repo.miner(&c.name).unwrap().unwrap();
+    assert!(charlie.penalties >= 1);
+}
+
+#[tokio::test]
+async fn dead_mergers_are_covered_by_their_twin_or_the_previous_global() {
+    let h = merge_harness("");
+    let (a, b, c, n) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    // Epoch 0: an honest merge gives the previous global values.
+    h.train_until_upload(&all).await;
+    for p in all {
+        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
+    }
+    h.step().await;
+    h.step().await;
+    for p in all {
+        h.merge_work(p, &all, 0, 1.0).await;
+    }
+    h.step().await;
+    let (_, previous) = h.adopt(&a, 0).await;
+
+    // Epoch 1: new vectors; Alice and Bob die after uploading, only Charlie merges.
+    let shifted: Vec<Player> = [("//Alice", 4.0), ("//Bob", 5.0), ("//Charlie", 6.0)]
+        .iter()
+        .map(|(u, s)| player(u, *s, n))
+        .collect();
+    let now = [&shifted[0], &shifted[1], &shifted[2]];
+    h.train_until_upload(&now).await;
+    for p in now {
+        let resp = h.task(p, 1).await;
+        assert!(
+            matches!(resp.task, MergeTask::Upload { .. }),
+            "{:?}",
+            resp.task
+        );
+        let r = h.upload_state(p, 1, &p.flat, |_| {}).await;
+        assert!(r.accepted, "{r:?}");
+    }
+    h.step().await;
+    h.step().await;
+    h.merge_work(&shifted[2], &now, 1, 1.0).await;
+    h.step().await;
+    assert_eq!(
+        h.merge_status().await.phase,
+        Phase::Merging,
+        "waits for the deadline"
+    );
+    h.advance(60_000);
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!(
+        (ms.phase, ms.epoch),
+        (Phase::Training, 2),
+        "the run goes on"
+    );
+
+    let mut names: Vec<String> = now.iter().map(|p| p.name.clone()).collect();
+    names.sort();
+    let plan = PlanSpec::new("test-run", 0, 1, names, n).build().unwrap();
+    let weights: Vec<f32> = now
+        .iter()
+        .map(|p| h.state.repo.backwards_in_epoch(&p.name, 1).unwrap() as f32)
+        .collect();
+    let weights = if weights.iter().all(|w| *w == 0.0) {
+        vec![1.0; 3]
+    } else {
+        weights
+    };
+    let fresh = direct_mean(&now, &weights);
+    let (cp, values) = h.adopt(&shifted[0], 1).await;
+    assert_eq!(cp.epoch, 2);
+    let mut fallbacks = 0;
+    for part in plan.partitions() {
+        let r = part.range();
+        if part.mergers().contains(&shifted[2].name) {
+            assert_eq!(values[r.clone()], fresh[r], "twin's copy used");
+        } else {
+            fallbacks += 1;
+            assert_eq!(values[r.clone()], previous[r], "previous global used");
+        }
+    }
+    assert_eq!(ms.sections[0].fallbacks, fallbacks);
+    // The dead mergers are flagged as missing.
+    assert!(
+        ms.sections[0]
+            .flagged
+            .iter()
+            .all(|f| f.reason == "missing" && f.hotkey != shifted[2].name)
+    );
+}
+
+#[tokio::test]
+async fn bad_uploads_are_refused_and_their_uploaders_left_out() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let dave = player("//Dave", 7.0, a.flat.len());
+    h.register(&dave.key).await;
+    let all = [&a, &b, &c, &dave];
+    h.train_until_upload(&all).await;
+
+    // Submitting before asking for a lease is refused and changes nothing.
+    let early = h
+        .merge_submit(
+            &a,
+            &MergeSubmitRequest::Upload {
+                epoch: 0,
+                manifest: UploadManifest {
+                    layout: iota::model::layout::section_layout(&h.state.config.model, 0).unwrap(),
+                    dtype: "f32".into(),
+                    hash: "00".into(),
+                    bytes: 0,
+                },
+            },
+        )
+        .await;
+    assert!(!early.accepted);
+
+    let mut nan = a.flat.clone();
+    nan[5] = f32::NAN;
+    let r = h.upload_state(&a, 0, &nan, |_| {}).await;
+    assert!(
+        !r.accepted && r.reason.as_deref().unwrap().contains("non-finite"),
+        "{r:?}"
+    );
+    let r = h
+        .upload_state(&b, 0, &b.flat, |m| m.layout.tensors[0].shape = vec![1, 2])
+        .await;
+    assert!(
+        !r.accepted && r.reason.as_deref().unwrap().contains("layout"),
+        "{r:?}"
+    );
+    let r = h.upload_state(&c, 0, &c.flat[1..], |_| {}).await;
+    assert!(!r.accepted, "{r:?}");
+    let r = h
+        .upload_state(&dave, 0, &dave.flat, |m| m.hash = payload_hash(b"other"))
+        .await;
+    assert!(
+        !r.accepted && r.reason.as_deref().unwrap().contains("hash"),
+        "{r:?}"
+    );
+    // A refused upload cannot be retried in the same merge.
+    let again = h.task(&a, 0).await;
+    assert!(
+        matches!(again.task, MergeTask::Wait { .. }),
+        "{:?}",
+        again.task
+    );
+    for p in all {
+        assert!(h.state.repo.miner(&p.name).unwrap().unwrap().penalties >= 1);
+    }
+    // Nobody valid uploaded: the section keeps its state and training resumes.
+    h.step().await;
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!((ms.phase, ms.epoch), (Phase::Training, 1));
+    assert_eq!(ms.sections[0].uploads, 0);
+    assert_eq!(ms.sections[0].checkpoint_hash, None);
+}
+
+#[tokio::test]
+async fn a_lease_lets_an_upload_finish_after_the_phase_changed() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    assert!(h.upload_state(&a, 0, &a.flat, |_| {}).await.accepted);
+    // Bob takes his lease now and finishes after the upload deadline; Charlie never asks.
+    let MergeTask::Upload {
+        lease_until_unix_ms,
+        ..
+    } = h.task(&b, 0).await.task
+    else {
+        panic!("expected upload");
+    };
+    h.advance(31_000);
+    h.step().await;
+    assert_eq!(h.merge_status().await.phase, Phase::Merging);
+    h.step().await; // Bob's lease is open: no plan yet
+    assert_eq!(h.merge_status().await.sections[0].partitions, 0);
+    assert!(h.now() < lease_until_unix_ms);
+    let r = h.upload_state(&b, 0, &b.flat, |_| {}).await;
+    assert!(r.accepted, "{r:?}");
+    // Charlie, without a lease, is told to wait.
+    assert!(matches!(h.task(&c, 0).await.task, MergeTask::Wait { .. }));
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!((ms.sections[0].uploads, ms.sections[0].partitions), (2, 2));
+}
+
+#[tokio::test]
+async fn the_operator_and_outer_step_follow_the_config() {
+    let h = merge_harness(", op: median, outer: {lr: 0.5, momentum: 0.5}");
+    let (_, _, _, n) = three_players(&h).await;
+    let step = OuterStep {
+        lr: 0.5,
+        momentum: 0.5,
+    };
+    let layout = iota::model::layout::section_layout(&h.state.config.model, 0).unwrap();
+    let p = layout.params_len as usize;
+    let mut global: Option<Vec<f32>> = None;
+    let mut momentum = vec![0.0f32; p];
+    for epoch in 0..3u64 {
+        let players: Vec<Player> = ["//Alice", "//Bob", "//Charlie"]
+            .iter()
+            .enumerate()
+            .map(|(k, u)| player(u, (epoch * 3 + k as u64) as f32, n))
+            .collect();
+        let all = [&players[0], &players[1], &players[2]];
+        h.train_until_upload(&all).await;
+        for q in all {
+            assert!(h.upload_state(q, epoch, &q.flat, |_| {}).await.accepted);
+        }
+        h.step().await;
+        h.step().await;
+        for q in all {
+            h.merge_work(q, &all, epoch, 1.0).await;
+        }
+        h.step().await;
+        let ms = h.merge_status().await;
+        assert_eq!((ms.op, ms.epoch), (MergeOp::Median, epoch + 1));
+        let weights: Vec<f32> = all
+            .iter()
+            .map(|q| h.state.repo.backwards_in_epoch(&q.name, epoch).unwrap() as f32)
+            .collect();
+        let flats: Vec<&[f32]> = all.iter().map(|q| q.flat.as_slice()).collect();
+        let mut expected = merge_partition(MergeOp::Median, &flats, &weights).unwrap();
+        // No outer step at the first merge (no previous global); afterwards Nesterov on the
+        // parameters only, with the momentum kept by the orchestrator between merges.
+        if let Some(prev) = &global {
+            let stepped =
+                nesterov_outer_step(&prev[..p], &expected[..p], &mut momentum, step).unwrap();
+            expected[..p].copy_from_slice(&stepped);
+        }
+        let (_, got) = h.adopt(&players[0], epoch).await;
+        assert_eq!(got, expected, "epoch {epoch}");
+        global = Some(got);
+    }
+}
+
+/// A harness whose state lives in `dir` (SQLite file and local objects), with the clock at `now`.
+fn harness_in(dir: &std::path::Path, now: u64) -> Harness {
+    use iota::orchestrator::blob_token::BlobSecret;
+    use iota::storage::{Storage, StorageConfig};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let cfg = config(
+        "model: {preset: tiny, n_layers: 1, d_model: 32, n_heads: 2, n_kv_heads: 2, d_ff: 64, \
+         bottleneck: false, sections: [[0, 1]]}\nbatches_before_merging: 2\nheartbeat_s: 1\n\
+         merge: {upload_s: 30, lease_grace_s: 5, merge_s: 30}\n",
+    );
+    let clock = Arc::new(AtomicU64::new(now));
+    let clock_now = clock.clone();
+    let storage =
+        Storage::open(&StorageConfig::local(dir.join("objects").to_string_lossy())).unwrap();
+    let data = dataset(&cfg);
+    let state = iota::orchestrator::AppState::from_parts(
+        cfg,
+        Repository::open(&dir.join("state.sqlite")).unwrap(),
+        storage,
+        data,
+        BlobSecret::from_bytes([3; 32]),
+        Arc::new(move || clock_now.load(Ordering::SeqCst)),
+    )
+    .unwrap();
+    Harness {
+        app: iota::orchestrator::router(state.clone()),
+        state,
+        now: clock,
+    }
+}
+
+#[tokio::test]
+async fn an_orchestrator_restarted_mid_merge_finishes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = harness_in(dir.path(), T0);
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    for p in all {
+        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
+    }
+    h.step().await;
+    h.step().await;
+    h.merge_work(&a, &all, 0, 1.0).await;
+    h.merge_work(&b, &all, 0, 1.0).await;
+    let now = h.now();
+    drop(h);
+
+    let h = harness_in(dir.path(), now + 1_000);
+    assert_eq!(h.merge_status().await.phase, Phase::Merging);
+    assert!(
+        h.merge_work(&c, &all, 0, 1.0).await > 0,
+        "Charlie's partitions survived"
+    );
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!((ms.phase, ms.epoch), (Phase::Training, 1));
+    assert!(ms.sections[0].flagged.is_empty());
+    let weights: Vec<f32> = all
+        .iter()
+        .map(|p| h.state.repo.backwards_in_epoch(&p.name, 0).unwrap() as f32)
+        .collect();
+    let (_, values) = h.adopt(&b, 0).await;
+    assert_eq!(values, direct_mean(&all, &weights));
+}

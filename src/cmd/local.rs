@@ -18,8 +18,9 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::api::StatusResponse;
+use crate::api::{MergeStatus, StatusResponse};
 use crate::api::client::ApiClient;
+use crate::merge::MergeOp;
 use crate::model::ModelConfig;
 use crate::model::backend::DeviceKind;
 use crate::model::config::even_sections;
@@ -81,6 +82,12 @@ pub struct LocalArgs {
     /// Milliseconds between status polls.
     #[arg(long, default_value_t = 1000)]
     pub poll_ms: u64,
+    /// Samples completed per training epoch before the miners merge (ignored with --config).
+    #[arg(long, default_value_t = 100)]
+    pub merge_every: u64,
+    /// Merge operator: mean, geometric, median, trimmed[:F] (ignored with --config).
+    #[arg(long, default_value = "mean")]
+    pub merge_op: MergeOp,
 }
 
 /// Child processes, killed and reaped on drop.
@@ -150,6 +157,8 @@ fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Res
         "schedule": { "peak": args.lr, "warmup_steps": 5, "total_steps": 100000, "min_ratio": 0.1 },
         "deadlines": { "forward_s": 20, "backward_s": 40 },
         "heartbeat_s": 2,
+        "batches_before_merging": args.merge_every,
+        "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
     });
     let path = dir.join("run.yaml");
     let text = serde_norway::to_string(&config).context("writing the run config")?;
@@ -271,9 +280,10 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         children.push(name, spawn_self(&mine, &log)?);
     }
     let (final_status, tally) = runtime.block_on(watch(&args, &client, &mut children))?;
+    let merge = runtime.block_on(client.merge_status()).ok();
     if args.keep_running && args.samples.is_some() {
         children.stop_miners();
-        print_summary(&final_status, &tally);
+        print_summary(&final_status, merge.as_ref(), &tally);
         eprintln!(
             "iota local: miners stopped; the orchestrator keeps serving {url} (/api/status, /metrics) until Ctrl-C"
         );
@@ -284,7 +294,7 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     drop(children);
-    print_summary(&final_status, &tally);
+    print_summary(&final_status, merge.as_ref(), &tally);
     Ok(())
 }
 
@@ -338,7 +348,9 @@ async fn watch(
         }
         bar.set_position(done);
         bar.set_message(format!(
-            "| done {} dropped {} in flight {} | loss {} | {:.0} tok/s",
+            "| epoch {} {:?} | done {} dropped {} in flight {} | loss {} | {:.0} tok/s",
+            status.epoch,
+            status.phase,
             status.samples.completed,
             status.samples.dropped,
             status.samples.in_flight,
@@ -372,7 +384,7 @@ async fn watch(
     }
 }
 
-fn print_summary(status: &StatusResponse, tally: &Tally) {
+fn print_summary(status: &StatusResponse, merge: Option<&MergeStatus>, tally: &Tally) {
     let fmt_loss = |l: Option<f32>| l.map(|l| format!("{l:.4}")).unwrap_or_else(|| "-".into());
     let mean_tps = if tally.tokens_per_s.is_empty() {
         0.0
@@ -390,11 +402,30 @@ fn print_summary(status: &StatusResponse, tally: &Tally) {
         status.samples.completed, status.samples.dropped, status.samples.in_flight
     );
     println!("tokens/s: {mean_tps:.0} (mean of polls)");
-    println!("section  miner                                             fwd    bwd  penalties");
+    if let Some(merge) = merge.filter(|m| !m.epochs.is_empty()) {
+        println!("epoch  samples  mean loss  first quarter  last quarter");
+        for e in &merge.epochs {
+            println!(
+                "{:>5}  {:>7}  {:>9}  {:>13}  {:>12}",
+                e.epoch,
+                e.completed,
+                fmt_loss(e.mean_loss),
+                fmt_loss(e.first_loss),
+                fmt_loss(e.last_loss)
+            );
+        }
+    }
+    println!(
+        "section  miner                                             fwd    bwd  penalties  weights"
+    );
     for section in &status.sections {
         for m in &section.miners {
+            let weights = match &m.weights_hash {
+                Some(h) => format!("epoch {} {}", m.weights_epoch, &h[..h.len().min(12)]),
+                None => "seed".into(),
+            };
             println!(
-                "{:>7}  {:<48} {:>6} {:>6} {:>10}",
+                "{:>7}  {:<48} {:>6} {:>6} {:>10}  {weights}",
                 section.index, m.hotkey, m.forwards, m.backwards, m.penalties
             );
         }

@@ -18,8 +18,8 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
-use crate::api::{MergeStatus, StatusResponse};
 use crate::api::client::ApiClient;
+use crate::api::{MergeStatus, StatusResponse};
 use crate::merge::MergeOp;
 use crate::model::ModelConfig;
 use crate::model::backend::DeviceKind;

@@ -27,12 +27,34 @@ pub struct MergeArgs {
     #[arg(long, value_delimiter = ',', value_name = "W1,W2,..")]
     pub weights: Vec<f32>,
     /// Where to write the merged checkpoint (F32 tensors; replaced atomically if it exists).
-    #[arg(short, long, value_name = "OUT.safetensors")]
-    pub output: PathBuf,
+    #[arg(
+        short,
+        long,
+        value_name = "OUT.safetensors",
+        required_unless_present = "status"
+    )]
+    pub output: Option<PathBuf>,
     /// The checkpoints to merge (at least two), with identical tensor names and shapes.
     /// F32, BF16 and F16 tensors are accepted.
-    #[arg(required = true, num_args = 2.., value_name = "INPUT.safetensors")]
+    #[arg(
+        required_unless_present = "status",
+        num_args = 2..,
+        value_name = "INPUT.safetensors"
+    )]
     pub inputs: Vec<PathBuf>,
+    /// Instead of merging files, show the progress of a network's current merge.
+    #[arg(
+        long,
+        requires = "orchestrator",
+        conflicts_with_all = ["output", "inputs", "weights"]
+    )]
+    pub status: bool,
+    /// Orchestrator URL for `--status`.
+    #[arg(long, value_name = "URL")]
+    pub orchestrator: Option<String>,
+    /// With `--status`: print the raw JSON document.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs `iota merge`: reads every input, merges each tensor and writes the result.
@@ -47,14 +69,28 @@ pub struct MergeArgs {
 /// dtype other than F32/BF16/F16; a non-finite value (the file, tensor and element are named);
 /// an output that cannot be written.
 pub fn run(args: MergeArgs) -> anyhow::Result<()> {
-    let summary = merge_files(&args.inputs, args.op, &args.weights, &args.output)?;
+    if args.status {
+        let url = args
+            .orchestrator
+            .as_deref()
+            .context("--status needs --orchestrator URL")?;
+        return super::merge_status::run(url, args.json);
+    }
+    if args.orchestrator.is_some() || args.json {
+        bail!("--orchestrator and --json only go with --status");
+    }
+    let output = args
+        .output
+        .as_deref()
+        .context("-o OUT.safetensors is required")?;
+    let summary = merge_files(&args.inputs, args.op, &args.weights, output)?;
     println!(
         "merged {} tensors ({} values) from {} files with {} into {}",
         summary.tensors,
         summary.values,
         args.inputs.len(),
         args.op,
-        args.output.display()
+        output.display()
     );
     Ok(())
 }
@@ -496,5 +532,31 @@ mod tests {
             Cli::try_parse_from(["iota", "merge", "--op", "avg", "-o", "o", "a", "b"]).is_err()
         );
         assert!(Cli::try_parse_from(["iota", "merge", "a", "b"]).is_err());
+
+        let parsed = Cli::try_parse_from([
+            "iota",
+            "merge",
+            "--status",
+            "--orchestrator",
+            "http://127.0.0.1:8700",
+        ])
+        .unwrap();
+        let Command::Merge(args) = parsed.command else {
+            panic!("expected the merge subcommand");
+        };
+        assert!(args.status && args.output.is_none());
+        assert!(Cli::try_parse_from(["iota", "merge", "--status"]).is_err());
+        assert!(
+            Cli::try_parse_from([
+                "iota",
+                "merge",
+                "--status",
+                "--orchestrator",
+                "http://x",
+                "a",
+                "b"
+            ])
+            .is_err()
+        );
     }
 }

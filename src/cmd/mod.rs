@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 pub mod bench;
 pub mod local;
 pub mod merge;
+pub mod merge_status;
 pub mod mine;
 pub mod model;
 pub mod orchestrate;

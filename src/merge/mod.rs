@@ -14,6 +14,7 @@
 //! - `layout`: [`FlatLayout`], the flat vector a section's state travels as.
 //! - `driver`: [`merge_partition`] and [`merge_with_plan`].
 //! - `plan` (with `shuffle`): the seeded butterfly partition plan and traffic estimate.
+//! - [`participant`]: a miner's share of the merge (download ranges, merge, upload).
 //! - `verify`: comparing redundant copies and flagging mergers.
 //!
 //! # Example
@@ -35,6 +36,7 @@ mod mean;
 mod median;
 mod op;
 mod outer;
+pub mod participant;
 mod plan;
 mod shuffle;
 mod trimmed;

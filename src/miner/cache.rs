@@ -87,6 +87,11 @@ impl InputCache {
         let pos = self.entries.iter().position(|(s, _)| *s == sample)?;
         self.entries.remove(pos).map(|(_, input)| input)
     }
+
+    /// Forgets every cached input (their samples ended with the epoch).
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
 }
 
 #[cfg(test)]

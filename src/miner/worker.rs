@@ -18,13 +18,14 @@ use url::Url;
 
 use super::cache::{CachedInput, InputCache};
 use super::payload::{self, PayloadError};
+
+mod merging;
 use crate::api::client::{ApiClient, ClientError, patient_policy};
 use crate::api::{
     Assignment, BlobRef, HeartbeatRequest, MinerSettings, Phase, RegisterRequest, ReleaseRequest,
     SubmitRequest, Timings, WorkKind, WorkRequest,
 };
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
-use crate::model::checkpoint::read_safetensors;
 use crate::model::section::Inner;
 use crate::model::{ModelError, Section, SectionInput, StepOutcome};
 use crate::storage::{StorageError, encode, payload_hash, upload_to_url};
@@ -106,6 +107,14 @@ pub struct MinerReport {
     pub penalties: u64,
     /// Last tail loss.
     pub last_loss: Option<f32>,
+    /// Flat-state uploads submitted for merges.
+    pub uploads: u64,
+    /// Partitions merged and accepted.
+    pub partitions_merged: u64,
+    /// Merged states adopted (after a merge, or at registration).
+    pub adopted: u64,
+    /// Epoch of the weights held at the end.
+    pub weights_epoch: u64,
 }
 
 /// Counters shared with the heartbeat task.
@@ -115,6 +124,25 @@ struct Counters {
     backwards: AtomicU64,
     steps: AtomicU64,
     penalties: AtomicU64,
+    /// Epoch of the weights held, and the hash of the flat state right after adopting them.
+    weights: std::sync::Mutex<(u64, Option<String>)>,
+}
+
+impl Counters {
+    fn heartbeat(&self) -> HeartbeatRequest {
+        let (weights_epoch, weights_hash) = self
+            .weights
+            .lock()
+            .map(|w| w.clone())
+            .unwrap_or_else(|e| e.into_inner().clone());
+        HeartbeatRequest {
+            forwards: self.forwards.load(Ordering::Relaxed),
+            backwards: self.backwards.load(Ordering::Relaxed),
+            steps: self.steps.load(Ordering::Relaxed),
+            weights_epoch,
+            weights_hash,
+        }
+    }
 }
 
 /// Runs a miner until it is stopped.
@@ -153,6 +181,10 @@ struct Worker<B: AutodiffBackend> {
     tokens: u64,
     bar: ProgressBar,
     started: Instant,
+    /// Epoch of the weights held (0: the seed's).
+    held_epoch: u64,
+    /// Merge epoch whose upload was already submitted.
+    uploaded_epoch: Option<u64>,
 }
 
 async fn mine<B: AutodiffBackend>(
@@ -187,16 +219,13 @@ async fn mine<B: AutodiffBackend>(
         })
         .await?;
     let settings = reg.settings.clone();
-    let mut section = Section::<B>::new(
+    let section = Section::<B>::new(
         &reg.model,
         reg.section,
         settings.seed,
         settings.optimizer,
         &device,
     )?;
-    if let Some(checkpoint) = &reg.checkpoint {
-        let _ = checkpoint; // adopted by the merge participation (in progress)
-    }
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
     let heartbeat = tokio::spawn(heartbeats(
@@ -218,11 +247,18 @@ async fn mine<B: AutodiffBackend>(
         bar: progress_bar(options.progress),
         started: Instant::now(),
         section,
+        held_epoch: 0,
+        uploaded_epoch: None,
     };
+    if let Some(checkpoint) = &reg.checkpoint {
+        // A late joiner starts from the section's merged state.
+        worker.adopt(checkpoint).await?;
+    }
     let result = worker.serve(&stop).await;
     heartbeat.abort();
     worker.bar.finish_and_clear();
     worker.report.penalties = worker.counters.penalties.load(Ordering::Relaxed);
+    worker.report.weights_epoch = worker.held_epoch;
     result.map(|()| worker.report)
 }
 
@@ -238,34 +274,10 @@ fn progress_bar(show: bool) -> ProgressBar {
     bar
 }
 
-/// Downloads a safetensors weights blob and loads it into `section`.
-async fn import_weights<B: AutodiffBackend>(
-    section: &mut Section<B>,
-    blob: &BlobRef,
-) -> Result<(), MinerError> {
-    let bytes = payload::fetch(blob).await?;
-    let path = std::env::temp_dir().join(format!(
-        "iota-weights-{}-{}.safetensors",
-        std::process::id(),
-        section.spec().index
-    ));
-    std::fs::write(&path, &bytes).map_err(|e| MinerError::Weights(e.to_string()))?;
-    let tensors = read_safetensors(&path);
-    let _ = std::fs::remove_file(&path);
-    section.import_params(&tensors?)?;
-    Ok(())
-}
-
 async fn heartbeats(client: ApiClient, counters: Arc<Counters>, every: Duration) {
     loop {
         tokio::time::sleep(every).await;
-        let req = HeartbeatRequest {
-            forwards: counters.forwards.load(Ordering::Relaxed),
-            backwards: counters.backwards.load(Ordering::Relaxed),
-            steps: counters.steps.load(Ordering::Relaxed),
-            weights_epoch: 0,
-            weights_hash: None,
-        };
+        let req = counters.heartbeat();
         match client.heartbeat(&req).await {
             Ok(resp) => counters.penalties.store(resp.penalties, Ordering::Relaxed),
             Err(e) => tracing::warn!("heartbeat failed: {e}"),
@@ -313,6 +325,10 @@ impl<B: AutodiffBackend> Worker<B> {
                 }
                 Err(e) => return Err(e.into()),
             };
+            if work.phase != Phase::Training || work.epoch > self.held_epoch {
+                // The run is merging, or merged since: take part, adopt, then go on.
+                self.merge_round(stop).await;
+            }
             if work.assignments.is_empty() || work.phase != Phase::Training {
                 tokio::time::sleep(IDLE_WAIT).await;
                 continue;
@@ -399,12 +415,14 @@ impl<B: AutodiffBackend> Worker<B> {
             .map(|l| format!(" | loss {l:.3}"))
             .unwrap_or_default();
         self.bar.set_message(format!(
-            "section {} | fwd {} bwd {} | steps {} | {:.0} tok/s{loss} | refused {} | penalties {}",
+            "section {} epoch {} | fwd {} bwd {} | steps {} | {:.0} tok/s{loss} | merged {} | refused {} | penalties {}",
             self.report.section,
+            self.held_epoch,
             self.report.forwards,
             self.report.backwards,
             self.report.steps,
             self.tokens as f64 / secs,
+            self.report.adopted,
             self.report.refused,
             self.counters.penalties.load(Ordering::Relaxed),
         ));

@@ -1,7 +1,8 @@
 //! End to end, failures: a miner killed mid-run (its work is re-offered or dropped with a
 //! recorded reason, and the run goes on with the miners left); the orchestrator killed and
 //! restarted under running miners (they ride it out and resume); a miner stopped with Ctrl-C
-//! (it exits cleanly).
+//! (it exits cleanly); a miner killed during the merge (its twin covers its partitions, or it
+//! is left out of the plan, and training resumes after the merge).
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -334,4 +335,104 @@ fn killed_miner_work_is_reoffered_or_dropped_and_the_run_continues() {
         settled > 0 || penalties > 0,
         "the dead miner's work left no trace in the ledger (settled {settled}, penalties {penalties})"
     );
+}
+
+#[test]
+fn a_miner_killed_during_the_merge_is_covered_and_the_run_goes_on() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let (url, config) = write_config(dir.path(), "merge-kill-test");
+    let mut yaml = std::fs::read_to_string(&config).unwrap();
+    yaml.push_str(
+        "batches_before_merging: 8\nmerge: { upload_s: 20, lease_grace_s: 2, merge_s: 6 }\n",
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let mut kids = Kids(Vec::new());
+    kids.0.push(start_orchestrator(dir.path(), &config, &url));
+    let mut addresses = Vec::new();
+    for i in 0..6 {
+        let (child, address) = start_miner(dir.path(), &url, &format!("m{i}"));
+        kids.0.push(child);
+        addresses.push(address);
+    }
+    let db_path = dir.path().join("state/state.sqlite");
+    let query = |sql: &str, arg: &str| -> i64 {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        db.query_row(sql, [arg], |r| r.get(0)).unwrap_or(-1)
+    };
+    wait_for("every miner to register", Duration::from_secs(60), || {
+        query("SELECT COUNT(*) FROM miners WHERE ?1 = ?1", "") == 6
+    });
+    let victim = (0..6)
+        .find(|&i| {
+            query(
+                "SELECT section FROM miners WHERE hotkey = ?1",
+                &addresses[i],
+            ) == 1
+        })
+        .unwrap();
+    let victim_address = addresses[victim].clone();
+    // Kill the victim right after its upload is accepted, before it can merge (or, if it
+    // does not upload within a few seconds of the merge starting, before uploading).
+    wait_for("the merge to start", Duration::from_secs(120), || {
+        status(&url).is_some_and(|s| s["phase"] != "training")
+    });
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(5)
+        && query(
+            "SELECT COUNT(*) FROM uploads WHERE miner = ?1 AND state = 'accepted'",
+            &victim_address,
+        ) < 1
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kids.0[victim + 1].kill().unwrap();
+    kids.0[victim + 1].wait().unwrap();
+    let uploaded = query(
+        "SELECT COUNT(*) FROM uploads WHERE miner = ?1 AND state = 'accepted'",
+        &victim_address,
+    ) > 0;
+
+    // The merge finishes without it (at the latest at its deadline) and training goes on.
+    wait_for("the merge to finish", Duration::from_secs(90), || {
+        status(&url).is_some_and(|s| s["epoch"].as_u64() == Some(1) && s["phase"] == "training")
+    });
+    let before = status(&url).map(|s| completed(&s)).unwrap_or(0);
+    wait_for("training after the merge", Duration::from_secs(60), || {
+        status(&url).is_some_and(|s| completed(&s) >= before + 4)
+    });
+    let checkpoints = query(
+        "SELECT COUNT(*) FROM checkpoints WHERE epoch = 1 AND ?1 = ?1",
+        "",
+    );
+    assert_eq!(checkpoints, 3, "every section has its merged checkpoint");
+    let merged_results = query(
+        "SELECT COUNT(*) FROM partition_results WHERE merger = ?1",
+        &victim_address,
+    );
+    if uploaded && merged_results == 0 {
+        // It uploaded, then died before merging: its twin's copies were used, it is flagged.
+        let flagged = query(
+            "SELECT COUNT(*) FROM merge_flags WHERE merger = ?1 AND reason = 'missing'",
+            &victim_address,
+        );
+        assert!(flagged > 0, "the dead merger was not flagged");
+        let single = query(
+            "SELECT COUNT(*) FROM partition_outcomes WHERE section = 1 AND verdict = ?1",
+            "single copy",
+        );
+        assert!(single > 0, "the twin's copy was not used");
+    } else if !uploaded {
+        // It died before uploading: it is not in the plan.
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        let uploaders: String = db
+            .query_row(
+                "SELECT uploaders FROM merge_plans WHERE epoch = 0 AND section = 1",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert!(!uploaders.contains(&victim_address), "{uploaders}");
+    }
+    eprintln!("victim uploaded: {uploaded}, partition results: {merged_results}");
 }

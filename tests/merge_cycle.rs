@@ -633,3 +633,41 @@ async fn an_orchestrator_restarted_mid_merge_finishes_it() {
     let (_, values) = h.adopt(&b, 0).await;
     assert_eq!(values, direct_mean(&all, &weights));
 }
+
+#[tokio::test]
+async fn a_lone_copy_is_checked_by_the_orchestrator() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    for p in all {
+        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
+    }
+    h.step().await;
+    h.step().await;
+    // Alice dies before merging; Charlie lies wherever he merges, even where he is alone.
+    h.merge_work(&b, &all, 0, 1.0).await;
+    h.merge_work(&c, &all, 0, 1.25).await;
+    h.advance(60_000);
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!(ms.epoch, 1);
+    let flags: Vec<(&str, &str)> = ms.sections[0]
+        .flagged
+        .iter()
+        .map(|f| (f.hotkey.as_str(), f.reason.as_str()))
+        .collect();
+    assert!(flags.contains(&(c.name.as_str(), "disagreed")), "{flags:?}");
+    assert!(flags.contains(&(a.name.as_str(), "missing")), "{flags:?}");
+    assert!(flags.iter().all(|(who, _)| *who != b.name), "{flags:?}");
+    let weights: Vec<f32> = all
+        .iter()
+        .map(|p| h.state.repo.backwards_in_epoch(&p.name, 0).unwrap() as f32)
+        .collect();
+    let (_, values) = h.adopt(&b, 0).await;
+    assert_eq!(
+        values,
+        direct_mean(&all, &weights),
+        "no lie reached the checkpoint"
+    );
+}

@@ -5,7 +5,7 @@
 //! | copies | result |
 //! |---|---|
 //! | a majority agrees (hash, then tolerance) | the agreed copy; dissenters flagged `disagreed` |
-//! | one valid copy (its twin died) | that copy |
+//! | one valid copy (its twin died) | that copy, after the orchestrator recomputed and compared it |
 //! | no majority | recomputed here from the uploads; copies that differ flagged |
 //! | none | the previous global values (recomputed when there is no previous merge) |
 
@@ -64,7 +64,25 @@ pub async fn finalize_section(
             Verdict::Agreed { copy, support } => {
                 (copies[copy].values.clone(), format!("agreed by {support}"))
             }
-            Verdict::Single { copy } => (copies[copy].values.clone(), "single copy".to_string()),
+            Verdict::Single { copy } => {
+                // Nobody can cross-check a lone copy, so the orchestrator does.
+                let values = recompute(state, epoch, section, row, part).await?;
+                let judged = judge_against_recomputed(part.mergers(), &views, &values, tolerance);
+                let agrees = judged
+                    .flagged
+                    .iter()
+                    .all(|f| f.merger != copies[copy].merger);
+                for flag in judged.flagged {
+                    if !verification.flagged.contains(&flag) {
+                        verification.flagged.push(flag);
+                    }
+                }
+                if agrees {
+                    (copies[copy].values.clone(), "single copy".to_string())
+                } else {
+                    (values, "recomputed".to_string())
+                }
+            }
             Verdict::FallbackToPrevious => match &previous {
                 Some(prev) => (
                     prev[range.clone()].to_vec(),

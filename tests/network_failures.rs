@@ -435,4 +435,34 @@ fn a_miner_killed_during_the_merge_is_covered_and_the_run_goes_on() {
         assert!(!uploaders.contains(&victim_address), "{uploaders}");
     }
     eprintln!("victim uploaded: {uploaded}, partition results: {merged_results}");
+
+    // `iota merge --status` shows the finished merge and the flag.
+    let out = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["merge", "--status", "--orchestrator", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("| phase Training"), "{text}");
+    assert_eq!(
+        text.matches(" yes ").count(),
+        3,
+        "three finalised sections: {text}"
+    );
+
+    // A late joiner starts from its section's merged checkpoint: the hash it reports for the
+    // state it holds is the checkpoint's.
+    let (child, late) = start_miner(dir.path(), &url, "late");
+    kids.0.push(child);
+    wait_for("the late joiner to adopt", Duration::from_secs(60), || {
+        let db = rusqlite::Connection::open(&db_path).unwrap();
+        db.query_row(
+            "SELECT m.weights_hash = c.hash FROM miners m JOIN checkpoints c \
+             ON c.section = m.section AND c.epoch = m.weights_epoch \
+             WHERE m.hotkey = ?1 AND m.weights_epoch >= 1",
+            [&late],
+            |r| r.get::<_, bool>(0),
+        )
+        .unwrap_or(false)
+    });
 }

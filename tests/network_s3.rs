@@ -1,6 +1,7 @@
 //! End to end on real S3-compatible storage: `iota local` with a run config whose storage is
 //! an s3s-fs bucket started by the test. Miners hold no credentials: every activation and
 //! gradient moves through presigned URLs, and the orchestrator checks uploads in the bucket.
+//! Two merges run through the bucket too (state uploads, ranged reads, checkpoints).
 
 mod common;
 
@@ -75,7 +76,11 @@ fn local_network_trains_through_an_s3_bucket() {
     // Two merges went through the bucket (uploads, ranged reads through presigned URLs,
     // partition results, checkpoints), and every miner holds its section's checkpoint.
     let merged: i64 = db
-        .query_row("SELECT COUNT(*) FROM checkpoints WHERE epoch = 2", [], |r| r.get(0))
+        .query_row(
+            "SELECT COUNT(*) FROM checkpoints WHERE epoch = 2",
+            [],
+            |r| r.get(0),
+        )
         .unwrap();
     assert_eq!(merged, 3, "{stdout}\n{orchestrator_log}");
     let bucket = s3.dir.path().join("data").join(BUCKET);
@@ -98,7 +103,10 @@ fn local_network_trains_through_an_s3_bucket() {
     assert!(same.iter().all(|s| *s), "{same:?}");
     // This epoch's activations are in the bucket; the merged epochs' were deleted.
     assert!(files_under(&bucket.join("runs/runs/s3-e2e/activations/2")) > 0);
-    assert_eq!(files_under(&bucket.join("runs/runs/s3-e2e/activations/0")), 0);
+    assert_eq!(
+        files_under(&bucket.join("runs/runs/s3-e2e/activations/0")),
+        0
+    );
 }
 
 /// Regular files below `dir` (s3s-fs keeps empty directories after deletes).

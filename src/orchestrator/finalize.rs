@@ -18,7 +18,7 @@ use crate::merge::{
     verify_partition,
 };
 use crate::model::layout::section_layout;
-use crate::storage::{StatePart, StorageError, payload_hash};
+use crate::storage::{ObjectKey, StatePart, payload_hash};
 
 /// A partition copy loaded from storage.
 struct Loaded {
@@ -41,12 +41,34 @@ pub async fn finalize_section(
     results: &[ResultRow],
 ) -> Result<(), CycleError> {
     let layout = section_layout(&state.config.model, section)?;
-    let n = layout.total_len();
-    let previous = load_previous(state, section).await?;
+    let params_len = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+    let previous = state.repo.latest_checkpoint(section)?.map(|cp| {
+        (
+            cp.epoch,
+            state.checkpoint_key(section, cp.epoch, StatePart::Flat),
+        )
+    });
+    let outer = match (state.config.merge.outer, &previous) {
+        (Some(step), Some((prev_epoch, _))) => {
+            let key = state.checkpoint_key(section, *prev_epoch, StatePart::OuterMomentum);
+            let momentum = state.storage.exists(&key).await?.then_some(key);
+            Some((step, momentum))
+        }
+        _ => None,
+    };
     let tolerance = Tolerance {
         relative: state.config.merge.tolerance,
     };
-    let mut merged = vec![0.0f32; n];
+    // The checkpoint (and the outer momentum) are written partition by partition: the
+    // partitions tile the flat vector in order, so no more than one is held at a time.
+    let mut out = state
+        .storage
+        .writer(&state.checkpoint_key(section, epoch + 1, StatePart::Flat));
+    let mut momentum_out = outer.as_ref().map(|_| {
+        state
+            .storage
+            .writer(&state.checkpoint_key(section, epoch + 1, StatePart::OuterMomentum))
+    });
     let mut outcome = SectionOutcome::default();
     for part in plan.partitions() {
         let range = part.range();
@@ -60,7 +82,7 @@ pub async fn finalize_section(
             })
             .collect();
         let mut verification = verify_partition(part.mergers(), &views, range.len(), tolerance);
-        let (values, verdict) = match verification.verdict {
+        let (mut values, verdict) = match verification.verdict {
             Verdict::Agreed { copy, support } => {
                 (copies[copy].values.clone(), format!("agreed by {support}"))
             }
@@ -84,8 +106,8 @@ pub async fn finalize_section(
                 }
             }
             Verdict::FallbackToPrevious => match &previous {
-                Some(prev) => (
-                    prev[range.clone()].to_vec(),
+                Some((_, key)) => (
+                    read_values(state, key, range.clone()).await?,
                     "fallback to previous".to_string(),
                 ),
                 None => (
@@ -111,31 +133,29 @@ pub async fn finalize_section(
                 .flags
                 .push((part.index(), flag.merger.clone(), reason.to_string()));
         }
-        merged[range].copy_from_slice(&values);
+        // The outer step applies to the parameter block only.
+        let in_params = range.start..range.end.min(params_len);
+        if let (Some((step, momentum_key)), Some((_, prev_key)), Some(writer)) =
+            (&outer, &previous, momentum_out.as_mut())
+            && !in_params.is_empty()
+        {
+            let prev = read_values(state, prev_key, in_params.clone()).await?;
+            let mut momentum = match momentum_key {
+                Some(key) => read_values(state, key, in_params.clone()).await?,
+                None => vec![0.0; in_params.len()],
+            };
+            let merged = &values[..in_params.len()];
+            let stepped = nesterov_outer_step(&prev, merged, &mut momentum, *step)?;
+            values[..in_params.len()].copy_from_slice(&stepped);
+            writer.write(&f32_to_le_bytes(&momentum)).await?;
+        }
+        out.write(&f32_to_le_bytes(&values)).await?;
         outcome.verdicts.push((part.index(), verdict));
     }
-    if let (Some(step), Some(prev)) = (state.config.merge.outer, &previous) {
-        let p = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
-        let mut momentum = load_momentum(state, section, prev.epoch, p).await?;
-        let stepped = nesterov_outer_step(&prev.values[..p], &merged[..p], &mut momentum, step)?;
-        merged[..p].copy_from_slice(&stepped);
-        state
-            .storage
-            .put(
-                &state.checkpoint_key(section, epoch + 1, StatePart::OuterMomentum),
-                f32_to_le_bytes(&momentum).into(),
-            )
-            .await?;
+    if let Some(writer) = momentum_out {
+        writer.finish().await?;
     }
-    let bytes = f32_to_le_bytes(&merged);
-    let size = bytes.len() as u64;
-    let hash = state
-        .storage
-        .put(
-            &state.checkpoint_key(section, epoch + 1, StatePart::Flat),
-            bytes.into(),
-        )
-        .await?;
+    let (hash, size) = out.finish().await?;
     tracing::info!(epoch, section, hash = %hash, flags = outcome.flags.len(), "section merged");
     outcome.checkpoint = Some((hash, size));
     state
@@ -144,53 +164,22 @@ pub async fn finalize_section(
     Ok(())
 }
 
-/// The previous global state of a section.
-struct Previous {
-    epoch: u64,
-    values: Vec<f32>,
-}
-
-impl std::ops::Index<std::ops::Range<usize>> for Previous {
-    type Output = [f32];
-    fn index(&self, r: std::ops::Range<usize>) -> &[f32] {
-        &self.values[r]
-    }
-}
-
-async fn load_previous(state: &AppState, section: usize) -> Result<Option<Previous>, CycleError> {
-    let Some(cp) = state.repo.latest_checkpoint(section)? else {
-        return Ok(None);
-    };
-    let key = state.checkpoint_key(section, cp.epoch, StatePart::Flat);
-    let bytes = state.storage.get_verified(&key, &cp.hash).await?;
-    let values = f32_from_le_bytes(&bytes).ok_or_else(|| CycleError::BadObject {
-        key: key.as_str().to_string(),
-        reason: "length is not a multiple of 4".into(),
-    })?;
-    Ok(Some(Previous {
-        epoch: cp.epoch,
-        values,
-    }))
-}
-
-async fn load_momentum(
+/// Values `range` (flat indices) of the f32 object under `key`.
+async fn read_values(
     state: &AppState,
-    section: usize,
-    epoch: u64,
-    len: usize,
+    key: &ObjectKey,
+    range: std::ops::Range<usize>,
 ) -> Result<Vec<f32>, CycleError> {
-    let key = state.checkpoint_key(section, epoch, StatePart::OuterMomentum);
-    match state.storage.get(&key).await {
-        Ok(bytes) => match f32_from_le_bytes(&bytes) {
-            Some(v) if v.len() == len => Ok(v),
-            _ => Err(CycleError::BadObject {
-                key: key.as_str().to_string(),
-                reason: format!("expected {len} momentum values"),
-            }),
-        },
-        Err(StorageError::NotFound { .. }) => Ok(vec![0.0; len]),
-        Err(e) => Err(e.into()),
-    }
+    let bytes = state
+        .storage
+        .get_range(key, range.start as u64 * 4..range.end as u64 * 4)
+        .await?;
+    f32_from_le_bytes(&bytes)
+        .filter(|v| v.len() == range.len())
+        .ok_or_else(|| CycleError::BadObject {
+            key: key.as_str().to_string(),
+            reason: format!("range {range:?} is short"),
+        })
 }
 
 /// The copies submitted for `part`; one that cannot be read or does not match its reported

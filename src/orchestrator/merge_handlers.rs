@@ -17,6 +17,8 @@ use crate::storage::{PresignMethod, StatePart, StorageError, payload_hash};
 
 /// How long a miner waits before asking again when there is nothing to do.
 const RETRY_MS: u64 = 500;
+/// Bytes read at a time when checking an upload (a multiple of 4).
+const CHECK_CHUNK: u64 = 8 << 20;
 /// Validity of a checkpoint download URL.
 const CHECKPOINT_URL_MS: u64 = 3_600_000;
 
@@ -361,35 +363,49 @@ async fn check_upload(
     let key = state
         .upload_key(section, epoch, hotkey)
         .map_err(HttpError::internal)?;
-    let data = match state.storage.get(&key).await {
-        Ok(data) => data,
+    let size = match state.storage.head(&key).await {
+        Ok(size) => size,
         Err(StorageError::NotFound { .. }) => return Ok(Some("nothing was uploaded".into())),
         Err(e) => return Err(HttpError::internal(e)),
     };
-    if data.len() as u64 != layout.total_bytes() {
+    if size != layout.total_bytes() {
         return Ok(Some(format!(
-            "the object has {} bytes, the layout needs {}",
-            data.len(),
+            "the object has {size} bytes, the layout needs {}",
             layout.total_bytes()
         )));
     }
-    let actual = payload_hash(&data);
+    // Read in chunks, so a large section is never held whole.
+    let mut hasher = blake3::Hasher::new();
+    let mut offset = 0u64;
+    while offset < size {
+        let end = (offset + CHECK_CHUNK).min(size);
+        let chunk = state
+            .storage
+            .get_range(&key, offset..end)
+            .await
+            .map_err(HttpError::internal)?;
+        hasher.update(&chunk);
+        let values = f32_from_le_bytes(&chunk).unwrap_or_default();
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            let index = offset / 4 + i as u64;
+            let within = index % layout.params_len.max(1);
+            let name = layout
+                .tensors
+                .iter()
+                .rev()
+                .find(|t| t.offset <= within)
+                .map_or("?", |t| t.name.as_str());
+            return Ok(Some(format!(
+                "non-finite value at flat index {index} (tensor `{name}`)"
+            )));
+        }
+        offset = end;
+    }
+    let actual = hasher.finalize().to_hex().to_string();
     if !actual.eq_ignore_ascii_case(&manifest.hash) {
         return Ok(Some(format!(
             "hash mismatch: reported {}, the object hashes to {actual}",
             manifest.hash
-        )));
-    }
-    let values = f32_from_le_bytes(&data).unwrap_or_default();
-    if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-        let name = layout
-            .tensors
-            .iter()
-            .rev()
-            .find(|t| (t.offset as usize) <= i % layout.params_len.max(1) as usize)
-            .map_or("?", |t| t.name.as_str());
-        return Ok(Some(format!(
-            "non-finite value at flat index {i} (tensor `{name}`)"
         )));
     }
     Ok(None)

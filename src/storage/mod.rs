@@ -27,7 +27,7 @@ pub use codec::{CodecError, WireDtype, WireTensor, decode, decode_expecting, enc
 pub use hash::{payload_hash, verify_hash};
 pub use key::{Direction, Hotkey, KeyError, KeyPart, ObjectKey, RunKeys, StatePart};
 pub use retry::RetryPolicy;
-pub use store::{ObjectInfo, PresignMethod, Storage};
+pub use store::{ObjectInfo, ObjectWriter, PresignMethod, Storage};
 pub use store_config::{BackendKind, StorageConfig};
 pub use store_error::{StorageError, StorageResult};
 pub use transfer::{UrlClient, download_from_url, upload_to_url};

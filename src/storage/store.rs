@@ -217,6 +217,23 @@ impl Storage {
         Ok(hash)
     }
 
+    /// A writer that stores an object under `key` from consecutive chunks, so a large object
+    /// (a merged section) never has to be held in memory whole. Nothing is visible under `key`
+    /// before [`ObjectWriter::finish`].
+    pub fn writer(&self, key: &ObjectKey) -> ObjectWriter {
+        ObjectWriter {
+            store: self.store.clone(),
+            path: self.path(key),
+            key: key.clone(),
+            threshold: self.multipart_threshold,
+            part_size: self.part_size,
+            hasher: blake3::Hasher::new(),
+            buffer: Vec::new(),
+            multipart: None,
+            written: 0,
+        }
+    }
+
     /// The whole object under `key`.
     ///
     /// # Errors
@@ -412,6 +429,91 @@ impl Storage {
     }
 }
 
+/// Writes one object from consecutive chunks ([`Storage::writer`]): small objects go up in one
+/// request at [`ObjectWriter::finish`], larger ones as a multipart upload (aborted on error).
+pub struct ObjectWriter {
+    store: Arc<dyn ObjectStore>,
+    path: Path,
+    key: ObjectKey,
+    threshold: usize,
+    part_size: usize,
+    hasher: blake3::Hasher,
+    buffer: Vec<u8>,
+    multipart: Option<WriteMultipart>,
+    written: u64,
+}
+
+impl std::fmt::Debug for ObjectWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObjectWriter")
+            .field("key", &self.key)
+            .field("written", &self.written)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ObjectWriter {
+    /// Appends `chunk`.
+    ///
+    /// # Errors
+    /// [`StorageError::AccessDenied`] or [`StorageError::Backend`] when a part fails (the
+    /// upload is aborted then).
+    pub async fn write(&mut self, chunk: &[u8]) -> StorageResult<()> {
+        self.hasher.update(chunk);
+        self.written += chunk.len() as u64;
+        self.buffer.extend_from_slice(chunk);
+        if self.multipart.is_none() && self.buffer.len() > self.threshold {
+            let upload = self
+                .store
+                .put_multipart(&self.path)
+                .await
+                .map_err(|e| StorageError::from_backend(self.key.as_str(), e))?;
+            self.multipart = Some(WriteMultipart::new_with_chunk_size(upload, self.part_size));
+        }
+        if let Some(writer) = self.multipart.as_mut() {
+            if let Err(e) = writer.wait_for_capacity(PART_CONCURRENCY).await {
+                if let Some(writer) = self.multipart.take() {
+                    let _ = writer.abort().await;
+                }
+                return Err(StorageError::from_backend(self.key.as_str(), e));
+            }
+            writer.put(Bytes::from(std::mem::take(&mut self.buffer)));
+        }
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.written
+    }
+
+    /// True before anything was written.
+    pub fn is_empty(&self) -> bool {
+        self.written == 0
+    }
+
+    /// Completes the object; returns its BLAKE3 hash (lowercase hex) and size.
+    ///
+    /// # Errors
+    /// As [`Self::write`].
+    pub async fn finish(self) -> StorageResult<(String, u64)> {
+        let hash = self.hasher.finalize().to_hex().to_string();
+        let backend_err = |e| StorageError::from_backend(self.key.as_str(), e);
+        match self.multipart {
+            Some(writer) => {
+                writer.finish().await.map_err(backend_err)?;
+            }
+            None => {
+                self.store
+                    .put(&self.path, PutPayload::from(Bytes::from(self.buffer)))
+                    .await
+                    .map_err(backend_err)?;
+            }
+        }
+        Ok((hash, self.written))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,6 +609,25 @@ mod tests {
         ));
         assert!(storage.get_range(&k, 990..1010).await.is_err());
         assert!(storage.get_range(&k, 2000..2010).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn writer_streams_small_and_multipart_objects() {
+        let (_dir, storage) = local();
+        let storage = storage.with_multipart(1000, 300).unwrap();
+        for (name, size) in [("small", 700usize), ("large", 2500)] {
+            let k = key(&format!("runs/r/checkpoints/1/0/{name}"));
+            let payload = pattern(size);
+            let mut writer = storage.writer(&k);
+            for chunk in payload.chunks(137) {
+                writer.write(chunk).await.unwrap();
+            }
+            assert_eq!(writer.len(), size as u64);
+            assert!(!storage.exists(&k).await.unwrap(), "visible before finish");
+            let (hash, n) = writer.finish().await.unwrap();
+            assert_eq!((hash, n), (payload_hash(&payload), size as u64));
+            assert_eq!(storage.get(&k).await.unwrap(), payload);
+        }
     }
 
     #[tokio::test]

@@ -20,6 +20,9 @@ use crate::merge::{
 use crate::model::layout::section_layout;
 use crate::storage::{ObjectKey, StatePart, payload_hash};
 
+/// Values merged at a time when the orchestrator recomputes a partition.
+const RECOMPUTE_CHUNK: usize = 1 << 20;
+
 /// A partition copy loaded from storage.
 struct Loaded {
     merger: String,
@@ -224,23 +227,27 @@ async fn recompute(
     part: &Partition,
 ) -> Result<Vec<f32>, CycleError> {
     let range = part.range();
-    let bytes = (range.start as u64 * 4)..(range.end as u64 * 4);
-    let mut slices = Vec::new();
-    let mut weights = Vec::new();
-    for (miner, weight) in merge_sources(row) {
-        let key = state.upload_key(section, epoch, &miner)?;
-        let data = state.storage.get_range(&key, bytes.clone()).await?;
-        let values = f32_from_le_bytes(&data)
-            .filter(|v| v.len() == range.len())
-            .ok_or_else(|| CycleError::BadObject {
-                key: key.as_str().to_string(),
-                reason: format!("range {bytes:?} is short"),
-            })?;
-        slices.push(values);
-        weights.push(weight);
+    let sources = merge_sources(row);
+    let mut keys = Vec::with_capacity(sources.len());
+    for (miner, _) in &sources {
+        keys.push(state.upload_key(section, epoch, miner)?);
     }
-    let views: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
-    Ok(merge_partition(state.config.merge.op, &views, &weights)?)
+    let weights: Vec<f32> = sources.iter().map(|(_, w)| *w).collect();
+    // Coordinate-wise operators: merge a chunk at a time, so memory stays at one chunk per
+    // uploader however large the partition.
+    let mut out = Vec::with_capacity(range.len());
+    let mut start = range.start;
+    while start < range.end {
+        let end = (start + RECOMPUTE_CHUNK).min(range.end);
+        let mut slices = Vec::with_capacity(keys.len());
+        for key in &keys {
+            slices.push(read_values(state, key, start..end).await?);
+        }
+        let views: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
+        out.extend(merge_partition(state.config.merge.op, &views, &weights)?);
+        start = end;
+    }
+    Ok(out)
 }
 
 /// The uploaders that take part in the merge with their weights: those with a positive weight

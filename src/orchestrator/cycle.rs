@@ -1,5 +1,5 @@
 //! The phase machine: training -> uploading -> merging -> training, one step per call of
-//! [`advance`] (after each accepted result, and on every tick of the deadline task).
+//! [`advance`] (on every tick of the deadline task, and after each merge submission).
 //!
 //! - **training -> uploading** once `batches_before_merging` samples of the epoch completed.
 //!   Samples still under way are dropped with a recorded reason (never lost silently).

@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 
 use super::auth::{Signed, SignedAny};
 use super::http_error::HttpError;
-use super::merge_handlers::{section_checkpoint, spawn_advance};
+use super::merge_handlers::section_checkpoint;
 use super::metrics::Metrics;
 use super::repo_types::{Accepted, AssignmentRow, Fallout};
 use super::state::AppState;
@@ -377,7 +377,6 @@ pub async fn submit(
         .repo
         .accept(id, &req.hotkey, &accepted, limits, state.now_ms())?;
     Metrics::bump(&state.metrics.accepted);
-    spawn_advance(&state);
     Ok(Json(SubmitResponse {
         accepted: true,
         reason: None,

@@ -7,7 +7,7 @@ use super::auth::Signed;
 use super::cycle::{self, build_plan};
 use super::finalize::merge_sources;
 use super::http_error::HttpError;
-use super::merge_repo::UploadState;
+use super::merge_repo::{PhaseInfo, UploadRow, UploadState};
 use super::state::AppState;
 use super::wire::url_for;
 use crate::api::*;
@@ -29,7 +29,8 @@ fn wait(reason: impl Into<String>) -> MergeTask {
     }
 }
 
-/// Runs the phase machine in the background (it may read and write large objects).
+/// Runs the phase machine in the background (it may read and write large objects), so a merge
+/// step that completes a phase moves on without waiting for the deadline task's next tick.
 pub fn spawn_advance(state: &AppState) {
     let state = state.clone();
     tokio::spawn(async move {
@@ -65,6 +66,16 @@ pub async fn section_checkpoint(
     }))
 }
 
+/// The run's phase and the section `hotkey` serves.
+fn phase_and_section(state: &AppState, hotkey: &str) -> Result<(PhaseInfo, usize), HttpError> {
+    let info = state.repo.phase_info()?;
+    let miner = state
+        .repo
+        .miner(hotkey)?
+        .ok_or_else(|| HttpError::forbidden("not registered"))?;
+    Ok((info, miner.section))
+}
+
 /// `POST /api/merge/task`: what the caller should do now.
 pub async fn task(
     State(state): State<AppState>,
@@ -72,12 +83,7 @@ pub async fn task(
 ) -> Result<Json<MergeTaskResponse>, HttpError> {
     let now = state.now_ms();
     state.repo.touch(&req.hotkey, now)?;
-    let info = state.repo.phase_info()?;
-    let miner = state
-        .repo
-        .miner(&req.hotkey)?
-        .ok_or_else(|| HttpError::forbidden("not registered"))?;
-    let section = miner.section;
+    let (info, section) = phase_and_section(&state, &req.hotkey)?;
     let task = match section_checkpoint(&state, section).await? {
         Some(cp) if cp.epoch > req.body.held_epoch => MergeTask::Adopt { checkpoint: cp },
         _ => next_task(&state, &req.hotkey, section, info, now).await?,
@@ -94,7 +100,7 @@ async fn next_task(
     state: &AppState,
     hotkey: &str,
     section: usize,
-    info: super::merge_repo::PhaseInfo,
+    info: PhaseInfo,
     now: u64,
 ) -> Result<MergeTask, HttpError> {
     let epoch = info.epoch;
@@ -103,7 +109,7 @@ async fn next_task(
     }
     let upload = state.repo.upload(epoch, hotkey)?;
     let planned = state.repo.plan(epoch, section)?;
-    let lease_open = |u: &super::merge_repo::UploadRow| {
+    let lease_open = |u: &UploadRow| {
         u.state == UploadState::Leased && now <= u.lease_until_ms && planned.is_none()
     };
     match &upload {
@@ -223,12 +229,7 @@ pub async fn submit(
     req: Signed<MergeSubmitRequest>,
 ) -> Result<Json<SubmitResponse>, HttpError> {
     let now = state.now_ms();
-    let info = state.repo.phase_info()?;
-    let miner = state
-        .repo
-        .miner(&req.hotkey)?
-        .ok_or_else(|| HttpError::forbidden("not registered"))?;
-    let section = miner.section;
+    let (info, section) = phase_and_section(&state, &req.hotkey)?;
     let response = match &req.body {
         MergeSubmitRequest::Upload { epoch, manifest } => {
             if *epoch != info.epoch || info.phase == Phase::Training {

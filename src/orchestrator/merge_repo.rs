@@ -4,7 +4,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::repo::{Repository, drop_sample, to_i64, to_u64, usize_of};
+use super::repo::{Repository, drop_sample, penalise, to_i64, to_u64, usize_of};
 use super::repo_types::RepoError;
 use crate::api::{EpochSummary, Phase};
 
@@ -183,9 +183,11 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
         let conn = self.lock();
+        // Both counts are ranges of the `samples_outcome` index (this runs on every work
+        // request), not scans of the whole ledger.
         let (done, active): (i64, i64) = conn.query_row(
-            "SELECT COALESCE(SUM(outcome = 'completed' AND epoch = ?1), 0), \
-             COALESCE(SUM(outcome = 'active'), 0) FROM samples",
+            "SELECT (SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND epoch = ?1), \
+             (SELECT COUNT(*) FROM samples WHERE outcome = 'active')",
             [to_i64(epoch)],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
@@ -354,7 +356,13 @@ impl Repository {
                 "UPDATE uploads SET state = 'refused', reason = ?3 WHERE epoch = ?1 AND miner = ?2",
                 params![to_i64(epoch), hotkey, reason],
             )?;
-            penalise_merge(tx, hotkey, &format!("upload refused: {reason}"), now_ms)
+            penalise(
+                tx,
+                hotkey,
+                None,
+                &format!("upload refused: {reason}"),
+                now_ms,
+            )
         })
     }
 
@@ -517,9 +525,10 @@ impl Repository {
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                     params![e, s, to_i64(*partition as u64), merger, reason],
                 )?;
-                penalise_merge(
+                penalise(
                     tx,
                     merger,
+                    None,
                     &format!("merge of epoch {epoch} partition {partition}: {reason}"),
                     now_ms,
                 )?;
@@ -692,21 +701,4 @@ fn finish_upload(raw: RawUpload) -> Result<UploadRow, RepoError> {
         weight: weight.unwrap_or(0.0) as f32,
         reason,
     })
-}
-
-fn penalise_merge(
-    tx: &rusqlite::Connection,
-    hotkey: &str,
-    reason: &str,
-    now_ms: u64,
-) -> Result<(), RepoError> {
-    tx.execute(
-        "UPDATE miners SET penalties = penalties + 1 WHERE hotkey = ?1",
-        [hotkey],
-    )?;
-    tx.execute(
-        "INSERT INTO penalties (miner, at, assignment, reason) VALUES (?1, ?2, NULL, ?3)",
-        params![hotkey, to_i64(now_ms), reason],
-    )?;
-    Ok(())
 }

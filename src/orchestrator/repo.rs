@@ -57,6 +57,7 @@ CREATE TABLE IF NOT EXISTS assignments (
 CREATE INDEX IF NOT EXISTS assignments_state ON assignments (state, section, kind);
 CREATE INDEX IF NOT EXISTS assignments_miner ON assignments (miner, state);
 CREATE INDEX IF NOT EXISTS assignments_sample ON assignments (sample);
+CREATE INDEX IF NOT EXISTS samples_outcome ON samples (outcome, epoch);
 CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
 ";
 
@@ -691,7 +692,7 @@ impl Repository {
             check_held(&row, hotkey)?;
             let reason = format!("refused result from {hotkey}: {reason}");
             set_state(tx, id, AssignmentState::Failed, &reason, now_ms)?;
-            penalise(tx, hotkey, id, &reason, now_ms)?;
+            penalise(tx, hotkey, Some(id), &reason, now_ms)?;
             reoffer(tx, &row, &reason, true, limits, now_ms)
         })
     }
@@ -757,7 +758,7 @@ impl Repository {
                     row.section
                 );
                 set_state(tx, row.id, AssignmentState::Expired, &reason, now_ms)?;
-                penalise(tx, &miner, row.id, &reason, now_ms)?;
+                penalise(tx, &miner, Some(row.id), &reason, now_ms)?;
                 out.push(match row.kind {
                     WorkKind::Forward => reoffer(tx, &row, &reason, true, limits, now_ms)?,
                     WorkKind::Backward => {
@@ -908,10 +909,11 @@ fn set_state(
     Ok(())
 }
 
-fn penalise(
+/// Records a penalty against `hotkey`, for an assignment or (`None`) for its part in a merge.
+pub(super) fn penalise(
     tx: &Connection,
     hotkey: &str,
-    id: u64,
+    assignment: Option<u64>,
     reason: &str,
     now_ms: u64,
 ) -> Result<(), RepoError> {
@@ -921,7 +923,7 @@ fn penalise(
     )?;
     tx.execute(
         "INSERT INTO penalties (miner, at, assignment, reason) VALUES (?1, ?2, ?3, ?4)",
-        params![hotkey, to_i64(now_ms), to_i64(id), reason],
+        params![hotkey, to_i64(now_ms), assignment.map(to_i64), reason],
     )?;
     Ok(())
 }

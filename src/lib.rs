@@ -14,6 +14,7 @@
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
 //! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
+//! - [`validator`]: replay checks, CLASP, copy detection, scores and weights (`iota validate`).
 //!
 //! Dependencies point one way: `cmd` uses everything; `model` knows nothing of networks;
 //! `merge`, `storage` and `wallet` know nothing of burn.
@@ -28,4 +29,5 @@ pub mod miner;
 pub mod model;
 pub mod orchestrator;
 pub mod storage;
+pub mod validator;
 pub mod wallet;

@@ -14,7 +14,9 @@
 
 pub mod merge;
 pub mod types;
+pub mod validator;
 
 pub use merge::*;
 pub use types::*;
+pub use validator::*;
 pub mod client;

@@ -7,7 +7,9 @@
 //! - [`model`]: the burn Llama-style model, split into sections joined by learned bottlenecks;
 //!   the section training API, optimizer, schedules and checkpoints.
 //! - [`data`]: tokenizers, text sources, the synthetic corpus and deterministic sample windows.
-//! - [`storage`]: the wire codec for tensors crossing the network, and payload hashes.
+//! - [`codec`]: byte formats shared by everyone: the tensor wire codec, payload hashes, the flat
+//!   state layout. Depends on nothing else in the crate.
+//! - [`storage`]: object storage (local directory or S3), keys, presigned-URL transfers.
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
@@ -20,6 +22,7 @@
 
 pub mod api;
 pub mod cmd;
+pub mod codec;
 pub mod data;
 pub mod merge;
 pub mod miner;

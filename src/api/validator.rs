@@ -19,8 +19,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::blob_ref::BlobRef;
 use super::merge::{FlaggedMerger, SectionCheckpoint};
-use super::types::{BlobRef, MinerSettings, Phase, WorkKind};
+use super::phase::Phase;
+use super::types::{MinerSettings, WorkKind};
 use crate::merge::MergeOp;
 use crate::model::ModelConfig;
 

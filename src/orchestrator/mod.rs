@@ -3,13 +3,13 @@
 //! - [`config`]: the run config (YAML).
 //! - [`repo`] / [`repo_types`]: durable state in SQLite and the routing rules.
 //! - [`auth`]: the signed-request extractors; [`http_error`]: every refusal.
-//! - [`cycle`] / [`finalize`] / [`merge_handlers`] / [`merge_repo`]: the merge cycle (phase
-//!   machine, verification and checkpoints, its endpoints, its durable state).
+//! - [`cycle`] / [`finalize`] / [`merge_handlers`]: the merge cycle (phase machine,
+//!   verification and checkpoints, its endpoints); its durable state is in [`repo`] too.
 //! - [`handlers`]: the JSON endpoints; [`wire`]: assignments on the wire and their URLs.
 //! - [`blob`] / [`blob_token`]: the local-storage blob endpoint and its tokens.
-//! - [`validation_handlers`] / [`validation_repo`] / [`metagraph`] / [`retention`]: what
-//!   validators read and publish, the local metagraph (`/api/weights`), and how long an epoch's
-//!   objects are kept for them.
+//! - [`validation_handlers`] / [`metagraph`] / [`retention`]: what validators read and
+//!   publish, the local metagraph (`/api/weights`), and how long an epoch's objects are kept
+//!   for them; their durable state is in [`repo`] too.
 //! - [`metrics`]: Prometheus counters; [`state`]: the shared [`AppState`];
 //!   [`server`]: the router, the deadline task, graceful shutdown.
 
@@ -18,11 +18,11 @@ pub mod blob;
 pub mod blob_token;
 pub mod config;
 pub mod cycle;
+pub mod cycle_error;
 pub mod finalize;
 pub mod handlers;
 pub mod http_error;
 pub mod merge_handlers;
-pub mod merge_repo;
 pub mod metagraph;
 pub mod metrics;
 pub mod repo;
@@ -31,7 +31,6 @@ pub mod retention;
 pub mod server;
 pub mod state;
 pub mod validation_handlers;
-pub mod validation_repo;
 pub mod wire;
 
 pub use config::{ConfigError, RunConfig};

@@ -145,7 +145,6 @@ impl AppState {
         clock: Clock,
     ) -> Result<Self, StartError> {
         let keys = RunKeys::new(&config.run)?;
-        repo.init_validation()?;
         let started_ms = clock();
         Ok(Self {
             inner: Arc::new(Inner {

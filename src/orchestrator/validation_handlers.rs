@@ -11,10 +11,9 @@ use axum::extract::State;
 
 use super::auth::SignedValidator;
 use super::http_error::HttpError;
-use super::merge_repo::{CheckpointRow, UploadState};
 use super::metagraph::{Vote, check_submission, combine, distances};
+use super::repo::{CheckpointRow, PublishedRow, UploadState};
 use super::state::AppState;
-use super::validation_repo::PublishedRow;
 use super::wire::{input_of, output_of, url_for};
 use crate::api::*;
 use crate::model::layout::section_layout;

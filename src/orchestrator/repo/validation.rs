@@ -4,23 +4,10 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::merge_repo::CheckpointRow;
-use super::repo::{Repository, to_i64, to_u64, usize_of};
-use super::repo_types::RepoError;
+use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::merge::CheckpointRow;
 use crate::api::{LedgerSample, WorkKind};
-
-/// Tables of validation (created next to the routing tables).
-pub const VALIDATION_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS published_weights (
-    validator TEXT NOT NULL, epoch INTEGER NOT NULL, received_at INTEGER NOT NULL,
-    body TEXT NOT NULL, signature TEXT NOT NULL, signed_at INTEGER NOT NULL,
-    PRIMARY KEY (validator, epoch));
-CREATE TABLE IF NOT EXISTS upload_times (
-    epoch INTEGER NOT NULL, miner TEXT NOT NULL, accepted_at INTEGER NOT NULL,
-    PRIMARY KEY (epoch, miner));
-CREATE TABLE IF NOT EXISTS kept_objects (
-    prefix TEXT PRIMARY KEY, epoch INTEGER NOT NULL, eligible_at INTEGER NOT NULL);
-";
+use crate::orchestrator::repo_types::RepoError;
 
 /// A stored weight vector: the signed body exactly as received.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,15 +53,6 @@ pub struct KeptObjects {
 }
 
 impl Repository {
-    /// Creates the validation tables if they are missing (idempotent).
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`].
-    pub fn init_validation(&self) -> Result<(), RepoError> {
-        self.lock().execute_batch(VALIDATION_SCHEMA)?;
-        Ok(())
-    }
-
     /// Records a weight vector (a validator republishing an epoch replaces its earlier one).
     ///
     /// # Errors
@@ -411,7 +389,6 @@ mod tests {
         };
         {
             let repo = Repository::open(&path).unwrap();
-            repo.init_validation().unwrap();
             repo.save_weights(&row("v1", 0)).unwrap();
             repo.save_weights(&row("v1", 2)).unwrap();
             repo.save_weights(&row("v2", 1)).unwrap();
@@ -421,7 +398,6 @@ mod tests {
             repo.save_weights(&again).unwrap();
         }
         let repo = Repository::open(&path).unwrap();
-        repo.init_validation().unwrap();
         let latest = repo.latest_weights().unwrap();
         assert_eq!(latest.len(), 2);
         assert_eq!((latest[0].validator.as_str(), latest[0].epoch), ("v1", 2));
@@ -433,7 +409,6 @@ mod tests {
     #[test]
     fn kept_objects_and_upload_times() {
         let repo = Repository::open_in_memory().unwrap();
-        repo.init_validation().unwrap();
         repo.keep_objects("runs/r/activations/0", 0, 100).unwrap();
         repo.keep_objects("runs/r/activations/0", 0, 999).unwrap();
         repo.keep_objects("runs/r/activations/1", 1, 200).unwrap();

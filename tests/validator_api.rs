@@ -41,15 +41,6 @@ impl Harness {
             .await
     }
 
-    async fn fetch(&self, blob: &BlobRef) -> Vec<u8> {
-        let path = blob.url.strip_prefix("http://orch.test").unwrap();
-        let (status, body) = self
-            .send(Request::get(path).body(Body::empty()).unwrap())
-            .await;
-        assert_eq!(status, StatusCode::OK);
-        body
-    }
-
     /// Trains until the phase leaves `training`; returns how many samples each miner did.
     async fn train(&self, miners: &[&Hotkey]) {
         for round in 0..20 {
@@ -197,9 +188,9 @@ async fn ledger_and_work_come_back_in_order_with_downloadable_objects() {
     for item in &work.items {
         assert_eq!(item.kind, WorkKind::Forward);
         assert!(item.loss.is_some() && item.output.is_none());
-        let bytes = h.fetch(&item.input).await;
+        let bytes = h.get_blob(&item.input).await;
         assert_eq!(Some(payload_hash(&bytes)), item.input.hash);
-        let targets = h.fetch(item.targets.as_ref().unwrap()).await;
+        let targets = h.get_blob(item.targets.as_ref().unwrap()).await;
         assert_eq!(targets.len(), 2 * 8 * 4);
     }
     let blobs: SampleBlobs = h
@@ -213,7 +204,7 @@ async fn ledger_and_work_come_back_in_order_with_downloadable_objects() {
         ))
         .await;
     assert_eq!(blobs.samples.len(), 1, "unknown samples are left out");
-    let tokens = h.fetch(&blobs.samples[0].tokens).await;
+    let tokens = h.get_blob(&blobs.samples[0].tokens).await;
     assert_eq!(Some(payload_hash(&tokens)), blobs.samples[0].tokens.hash);
     // Bad input is a clear error.
     let (status, _) = h

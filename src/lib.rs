@@ -9,6 +9,8 @@
 //! - [`data`]: tokenizers, text sources, the synthetic corpus and deterministic sample windows.
 //! - [`storage`]: the wire codec for tensors crossing the network, and payload hashes.
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
+//! - [`chain`]: the chain hotkeys register on, behind a trait (local registry; Bittensor
+//!   networks refused with what to run instead).
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
 //! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
@@ -18,6 +20,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod chain;
 pub mod cmd;
 pub mod data;
 pub mod merge;

@@ -7,10 +7,12 @@
 //! ([`cache::InputCache`]); the optimizer steps every `local_steps` backwards.
 //!
 //! - [`cache`]: the bounded forward-input cache.
+//! - [`participant`]: the miner's share of a butterfly merge (read ranges, merge, upload).
 //! - [`payload`]: blob decoding (token ids and wire tensors) and download checks.
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
 pub mod cache;
+pub mod participant;
 pub mod payload;
 pub mod worker;
 

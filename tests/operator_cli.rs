@@ -5,8 +5,8 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use common::net::{free_port, http_get, status, wait_for};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -39,18 +39,6 @@ fn run(cmd: &mut Command) -> (bool, String, String) {
     )
 }
 
-/// A plain HTTP GET on loopback; the body, or None when nothing answers.
-fn http_get(addr: &str, path: &str) -> Option<String> {
-    let mut stream = TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?;
-    (code == "200").then(|| body.to_string())
-}
-
 /// A real `iota orchestrate` process on a free port; killed on drop.
 struct Orchestrator {
     child: Child,
@@ -61,11 +49,7 @@ struct Orchestrator {
 impl Orchestrator {
     fn start(extra: &str) -> Orchestrator {
         let dir = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let config = dir.path().join("run.yaml");
         std::fs::write(
@@ -90,11 +74,9 @@ impl Orchestrator {
             addr,
             _dir: dir,
         };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while http_get(&orchestrator.addr, "/health").is_none() {
-            assert!(Instant::now() < deadline, "the orchestrator did not start");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        wait_for("the orchestrator to start", Duration::from_secs(30), || {
+            http_get(&format!("{}/health", orchestrator.url())).is_some()
+        });
         orchestrator
     }
 
@@ -104,8 +86,7 @@ impl Orchestrator {
 
     /// Hotkeys of the registered miners, from `/api/status`.
     fn miners(&self) -> Vec<String> {
-        let body = http_get(&self.addr, "/api/status").expect("status");
-        let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let status = status(&self.url()).expect("status");
         status["sections"]
             .as_array()
             .unwrap()

@@ -639,3 +639,87 @@ async fn the_deadline_task_reoffers_a_missed_forward() {
         .unwrap();
     assert_eq!(miner.penalties, 1);
 }
+
+/// The replay confirmed from outside (issue 9): a signed register replayed with its timestamp
+/// spelled `0<ts>`, `+<ts>` or `00<ts>` was accepted three more times. Each re-spelling is now
+/// refused before it can touch the state, and the plain replay still gets 409.
+#[tokio::test]
+async fn r9_a_replay_with_a_respelled_timestamp_is_refused() {
+    let h = harness();
+    let alice = key("//Alice");
+    let body = serde_json::to_vec(&RegisterRequest {
+        device: "cpu".into(),
+        max_in_flight: 4,
+    })
+    .unwrap();
+    let ts = h.now();
+    let original = signed_raw("/api/register", body.clone(), &alice, ts, "test-run");
+    let (parts, _) = original.into_parts();
+    let (code, _) = h
+        .send(Request::from_parts(parts.clone(), Body::from(body.clone())))
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    let after_first = h.snapshot();
+    for spelled in [format!("0{ts}"), format!("+{ts}"), format!("00{ts}")] {
+        let mut replay = Request::from_parts(parts.clone(), Body::from(body.clone()));
+        replay
+            .headers_mut()
+            .insert("X-Iota-Timestamp", spelled.parse().unwrap());
+        let (code, answer) = h.send(replay).await;
+        assert_eq!(
+            (code, error_code(&answer).as_str()),
+            (StatusCode::UNAUTHORIZED, "unauthorized"),
+            "timestamp {spelled:?} was accepted: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert_eq!(h.snapshot(), after_first, "timestamp {spelled:?}");
+    }
+    let (code, answer) = h.send(Request::from_parts(parts, Body::from(body))).await;
+    assert_eq!(
+        (code, error_code(&answer).as_str()),
+        (StatusCode::CONFLICT, "replayed")
+    );
+}
+
+/// A heartbeat's `weights_hash` is a report shown on the status page and in `iota local`'s
+/// summary: anything but 64 hex digits is refused (a multi-byte one used to panic the summary's
+/// byte slicing) and nothing is recorded.
+#[tokio::test]
+async fn a_weights_hash_that_is_not_hex_is_refused() {
+    let h = harness();
+    let alice = key("//Alice");
+    h.register(&alice).await;
+    let before = h.state.repo.miners().unwrap();
+    for bad in ["é".repeat(32), "zz".repeat(32), "ab".into()] {
+        let body = HeartbeatRequest {
+            forwards: 0,
+            backwards: 0,
+            steps: 0,
+            weights_epoch: 1,
+            weights_hash: Some(bad.clone()),
+        };
+        let (code, answer) = h.send(h.signed("/api/heartbeat", &body, &alice)).await;
+        assert_eq!(
+            (code, error_code(&answer).as_str()),
+            (StatusCode::BAD_REQUEST, "bad_request"),
+            "{bad:?}"
+        );
+        assert_eq!(h.state.repo.miners().unwrap(), before, "{bad:?}");
+    }
+    let good = HeartbeatRequest {
+        forwards: 0,
+        backwards: 0,
+        steps: 0,
+        weights_epoch: 1,
+        weights_hash: Some("AB".repeat(32)),
+    };
+    let (code, _) = h.send(h.signed("/api/heartbeat", &good, &alice)).await;
+    assert_eq!(code, StatusCode::OK);
+    let miner = h
+        .state
+        .repo
+        .miner(&alice.address().to_string())
+        .unwrap()
+        .unwrap();
+    assert_eq!(miner.weights_hash, Some("ab".repeat(32)));
+}

@@ -52,11 +52,21 @@ pub async fn heartbeat(
     State(state): State<AppState>,
     req: Signed<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, HttpError> {
+    if let Some(hash) = &req.body.weights_hash
+        && !(hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Err(HttpError::bad_request(
+            "weights_hash must be 64 hex digits (the BLAKE3 hash of the adopted state)",
+        ));
+    }
     state.repo.touch(&req.hotkey, state.now_ms())?;
     state.repo.set_weights(
         &req.hotkey,
         req.body.weights_epoch,
-        req.body.weights_hash.as_deref(),
+        req.body
+            .weights_hash
+            .map(|h| h.to_ascii_lowercase())
+            .as_deref(),
     )?;
     let info = state.repo.phase_info()?;
     let penalties = state

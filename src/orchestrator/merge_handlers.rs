@@ -266,6 +266,7 @@ pub async fn submit(
                         manifest.bytes,
                         weight,
                     )?;
+                    state.repo.record_upload_time(*epoch, &req.hotkey, now)?;
                     tracing::info!(hotkey = %req.hotkey, epoch, section, weight, "upload accepted");
                     Json(SubmitResponse {
                         accepted: true,

@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 
 use common::api_harness::*;
+use common::net::now_ms;
 use http_body_util::BodyExt;
 use iota::api::*;
 use iota::orchestrator::{AppState, Repository, enforce_deadlines, router};
@@ -581,11 +582,11 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
             now: Arc::new(AtomicU64::new(0)),
         };
         // This harness uses the system clock (AppState::open); sign with it.
-        h.now.store(iota_now(), Ordering::SeqCst);
+        h.now.store(now_ms(), Ordering::SeqCst);
         for k in &keys {
             h.register(k).await;
         }
-        h.now.store(iota_now(), Ordering::SeqCst);
+        h.now.store(now_ms(), Ordering::SeqCst);
         let f0 = h.work(&a, 1).await.remove(0);
         let bytes = activation(&h.state.config.boundary_shape(), 0.5);
         assert!(h.submit(&a, &f0, Some(bytes), None).await.accepted);
@@ -608,17 +609,10 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
     let h = Harness {
         app: router(state.clone()),
         state,
-        now: Arc::new(AtomicU64::new(iota_now())),
+        now: Arc::new(AtomicU64::new(now_ms())),
     };
     let f1 = h.work(&keys[1], 1).await.remove(0);
     assert_eq!((f1.sample_id, f1.section), (0, 1));
-}
-
-fn iota_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 #[tokio::test]
@@ -644,4 +638,88 @@ async fn the_deadline_task_reoffers_a_missed_forward() {
         .unwrap()
         .unwrap();
     assert_eq!(miner.penalties, 1);
+}
+
+/// The replay confirmed from outside (issue 9): a signed register replayed with its timestamp
+/// spelled `0<ts>`, `+<ts>` or `00<ts>` was accepted three more times. Each re-spelling is now
+/// refused before it can touch the state, and the plain replay still gets 409.
+#[tokio::test]
+async fn r9_a_replay_with_a_respelled_timestamp_is_refused() {
+    let h = harness();
+    let alice = key("//Alice");
+    let body = serde_json::to_vec(&RegisterRequest {
+        device: "cpu".into(),
+        max_in_flight: 4,
+    })
+    .unwrap();
+    let ts = h.now();
+    let original = signed_raw("/api/register", body.clone(), &alice, ts, "test-run");
+    let (parts, _) = original.into_parts();
+    let (code, _) = h
+        .send(Request::from_parts(parts.clone(), Body::from(body.clone())))
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    let after_first = h.snapshot();
+    for spelled in [format!("0{ts}"), format!("+{ts}"), format!("00{ts}")] {
+        let mut replay = Request::from_parts(parts.clone(), Body::from(body.clone()));
+        replay
+            .headers_mut()
+            .insert("X-Iota-Timestamp", spelled.parse().unwrap());
+        let (code, answer) = h.send(replay).await;
+        assert_eq!(
+            (code, error_code(&answer).as_str()),
+            (StatusCode::UNAUTHORIZED, "unauthorized"),
+            "timestamp {spelled:?} was accepted: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert_eq!(h.snapshot(), after_first, "timestamp {spelled:?}");
+    }
+    let (code, answer) = h.send(Request::from_parts(parts, Body::from(body))).await;
+    assert_eq!(
+        (code, error_code(&answer).as_str()),
+        (StatusCode::CONFLICT, "replayed")
+    );
+}
+
+/// A heartbeat's `weights_hash` is a report shown on the status page and in `iota local`'s
+/// summary: anything but 64 hex digits is refused (a multi-byte one used to panic the summary's
+/// byte slicing) and nothing is recorded.
+#[tokio::test]
+async fn a_weights_hash_that_is_not_hex_is_refused() {
+    let h = harness();
+    let alice = key("//Alice");
+    h.register(&alice).await;
+    let before = h.state.repo.miners().unwrap();
+    for bad in ["é".repeat(32), "zz".repeat(32), "ab".into()] {
+        let body = HeartbeatRequest {
+            forwards: 0,
+            backwards: 0,
+            steps: 0,
+            weights_epoch: 1,
+            weights_hash: Some(bad.clone()),
+        };
+        let (code, answer) = h.send(h.signed("/api/heartbeat", &body, &alice)).await;
+        assert_eq!(
+            (code, error_code(&answer).as_str()),
+            (StatusCode::BAD_REQUEST, "bad_request"),
+            "{bad:?}"
+        );
+        assert_eq!(h.state.repo.miners().unwrap(), before, "{bad:?}");
+    }
+    let good = HeartbeatRequest {
+        forwards: 0,
+        backwards: 0,
+        steps: 0,
+        weights_epoch: 1,
+        weights_hash: Some("AB".repeat(32)),
+    };
+    let (code, _) = h.send(h.signed("/api/heartbeat", &good, &alice)).await;
+    assert_eq!(code, StatusCode::OK);
+    let miner = h
+        .state
+        .repo
+        .miner(&alice.address().to_string())
+        .unwrap()
+        .unwrap();
+    assert_eq!(miner.weights_hash, Some("ab".repeat(32)));
 }

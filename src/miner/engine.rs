@@ -424,9 +424,7 @@ impl<B: AutodiffBackend> Engine<B> {
 }
 
 /// Copies a boundary tensor to host memory.
-fn to_host<B: burn::tensor::backend::Backend>(
-    t: Tensor<B, 3>,
-) -> Result<Activations, ModelError> {
+fn to_host<B: burn::tensor::backend::Backend>(t: Tensor<B, 3>) -> Result<Activations, ModelError> {
     let shape = t.dims();
     let data = t
         .into_data()
@@ -438,9 +436,9 @@ fn to_host<B: burn::tensor::backend::Backend>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::codec::{self, WireDtype};
     use crate::model::pipeline::Pipeline;
     use crate::model::{ModelConfig, OptimizerConfig, TestAutodiff};
-    use crate::storage::codec::{self, WireDtype};
 
     type E = Engine<TestAutodiff>;
 
@@ -460,9 +458,14 @@ mod tests {
     }
 
     fn engine(index: usize, stashing: bool, local_steps: u64) -> E {
-        let section =
-            Section::new(&cfg(), index, 3, OptimizerConfig::default(), &Default::default())
-                .unwrap();
+        let section = Section::new(
+            &cfg(),
+            index,
+            3,
+            OptimizerConfig::default(),
+            &Default::default(),
+        )
+        .unwrap();
         Engine::new(
             section,
             EngineSettings {
@@ -478,7 +481,11 @@ mod tests {
     /// Windows of 9 tokens for sample `s` (2 per sample).
     fn windows(s: u64) -> Vec<Vec<u32>> {
         (0..2)
-            .map(|w| (0..9).map(|i| ((s * 31 + w * 7 + i * 13) % 251) as u32).collect())
+            .map(|w| {
+                (0..9)
+                    .map(|i| ((s * 31 + w * 7 + i * 13) % 251) as u32)
+                    .collect()
+            })
             .collect()
     }
 
@@ -513,8 +520,14 @@ mod tests {
         let (tokens, targets) = split(s);
         let a = engines[0].forward(s, tokens).unwrap().output;
         let b = engines[1].forward(s, hidden(a)).unwrap().output;
-        let tail = engines[2].train_tail(s, hidden(b), &targets, [2, 8]).unwrap();
-        let g = engines[1].backward(s, wire(tail.grad)).unwrap().grad.unwrap();
+        let tail = engines[2]
+            .train_tail(s, hidden(b), &targets, [2, 8])
+            .unwrap();
+        let g = engines[1]
+            .backward(s, wire(tail.grad))
+            .unwrap()
+            .grad
+            .unwrap();
         assert!(engines[0].backward(s, wire(g)).unwrap().grad.is_none());
         tail.loss
     }
@@ -582,7 +595,11 @@ mod tests {
         let (stashed, version, body) = second_backward(true);
         assert_eq!(version, 0);
         assert_eq!(body.version(), 2);
-        assert_eq!(body.held_versions(), 0, "no kept sample needs an old version");
+        assert_eq!(
+            body.held_versions(),
+            0,
+            "no kept sample needs an old version"
+        );
         // The same backward on a fresh engine, at version 0.
         let mut fresh = engine(1, true, 1);
         fresh.forward(1, input(1)).unwrap();

@@ -42,12 +42,18 @@ impl BlobSecret {
             return Ok(Self(bytes));
         }
         let bytes: [u8; SECRET_LEN] = rand::random();
-        std::fs::write(path, hex::encode(bytes))?;
+        // Created owner-only from the first byte (never world-readable, even for an instant),
+        // and never over an existing file.
+        let mut options = std::fs::OpenOptions::new();
+        options.write(true).create_new(true);
         #[cfg(unix)]
         {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
         }
+        let mut file = options.open(path)?;
+        std::io::Write::write_all(&mut file, hex::encode(bytes).as_bytes())?;
+        file.sync_all()?;
         Ok(Self(bytes))
     }
 
@@ -109,5 +115,26 @@ mod tests {
             let mode = std::fs::metadata(&path).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600, "only the owner may read the secret");
         }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_secret_file_is_created_owner_only_and_never_through_a_planted_link() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        // A dangling link planted where the secret goes: the old write-then-chmod followed it
+        // and wrote the secret wherever it pointed.
+        let planted = dir.path().join("planted");
+        let target = dir.path().join("somewhere-readable");
+        std::os::unix::fs::symlink(&target, &planted).unwrap();
+        assert!(BlobSecret::load_or_create(&planted).is_err());
+        assert!(!target.exists(), "the secret was written through the link");
+
+        let path = dir.path().join("blob_secret");
+        let secret = BlobSecret::load_or_create(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "mode {mode:o}");
+        let again = BlobSecret::load_or_create(&path).unwrap();
+        assert_eq!(secret.sign("GET", "k", 1), again.sign("GET", "k", 1));
     }
 }

@@ -31,6 +31,7 @@ use serde_json::json;
 
 use super::network::steady_state;
 use crate::cmd::local::{LocalArgs, generated_config};
+use crate::codec::WireDtype;
 use crate::data::{Dataset, Tokenizer};
 use crate::merge::{MergeOp, f32_from_le_bytes};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
@@ -38,7 +39,6 @@ use crate::model::layout::section_layout;
 use crate::model::pipeline::Pipeline;
 use crate::model::{ModelConfig, OptimizerConfig};
 use crate::orchestrator::RunConfig;
-use crate::storage::codec::WireDtype;
 use crate::storage::{RunKeys, StatePart, Storage};
 
 /// Held-out windows per evaluation (`iota train`'s default `eval_samples`).
@@ -509,7 +509,13 @@ impl BackendTask for CheckpointEval {
             .enable_all()
             .build()
             .context("starting the async runtime")?;
-        let mut pipeline = Pipeline::<B>::new(&c.model, c.seed, OptimizerConfig::default(), c.wire, &device)?;
+        let mut pipeline = Pipeline::<B>::new(
+            &c.model,
+            c.seed,
+            OptimizerConfig::default(),
+            c.wire,
+            &device,
+        )?;
         let mut evals = vec![EvalPoint {
             samples: 0,
             eval_loss: pipeline.eval_mean(&windows, self.batch)?,

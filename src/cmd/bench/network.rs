@@ -28,11 +28,11 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
 use crate::cmd::model::human_bytes;
+use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::pipeline::Pipeline;
 use crate::model::{ModelConfig, OptimizerConfig};
-use crate::storage::codec::WireDtype;
 
 /// Arguments of `iota bench network`.
 #[derive(Debug, Args)]

@@ -299,7 +299,7 @@ impl<B: AutodiffBackend> Engine<B> {
     ) -> Result<TailDone, EngineError> {
         let targets = self.token_tensor(targets, targets_shape);
         let version = self.version;
-        let out = self.section.train_tail(self.into_input(input), targets)?;
+        let out = self.section.train_tail(self.owned_input(input), targets)?;
         let grad = to_host(out.input_grad)?;
         let step = self.after_backward(sample);
         Ok(TailDone {
@@ -337,7 +337,7 @@ impl<B: AutodiffBackend> Engine<B> {
             TensorData::new(upstream.data, upstream.shape),
             self.section.device(),
         );
-        let input = self.into_input(input);
+        let input = self.owned_input(input);
         let grad = self.section.backward_at(&weights, input, upstream)?;
         let grad = grad.map(to_host).transpose()?;
         let step = self.after_backward(sample);
@@ -405,7 +405,7 @@ impl<B: AutodiffBackend> Engine<B> {
         }
     }
 
-    fn into_input(&self, input: CachedInput) -> SectionInput<Inner<B>> {
+    fn owned_input(&self, input: CachedInput) -> SectionInput<Inner<B>> {
         match input {
             CachedInput::Tokens { ids, shape } => {
                 SectionInput::Tokens(self.token_tensor(&ids, shape))

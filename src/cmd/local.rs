@@ -317,6 +317,9 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
             args.threads.max(1).to_string(),
             "--device".into(),
             args.device.to_string(),
+            // Explicit, so an operator's ~/.config/iota/miner.yaml changes nothing here.
+            "--max-in-flight".into(),
+            "4".into(),
             "--quiet".into(),
         ];
         let log = dir.join(format!("logs/{name}.log"));

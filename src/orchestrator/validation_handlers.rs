@@ -14,10 +14,10 @@ use super::http_error::HttpError;
 use super::metagraph::{Vote, check_submission, combine, distances};
 use super::repo::{CheckpointRow, PublishedRow, UploadState};
 use super::state::AppState;
-use super::wire::{input_of, output_of, url_for};
+use super::wire::{get_url, input_of, output_of};
 use crate::api::*;
 use crate::model::layout::section_layout;
-use crate::storage::{PresignMethod, StatePart};
+use crate::storage::StatePart;
 
 /// Validity of the URLs handed to validators (they may replay long after the epoch).
 const VALIDATOR_URL_MS: u64 = 3_600_000;
@@ -35,7 +35,7 @@ async fn get_ref(
 ) -> Result<BlobRef, HttpError> {
     let exp = url_expiry(state);
     Ok(BlobRef {
-        url: url_for(state, PresignMethod::Get, key, exp).await?,
+        url: get_url(state, key, exp).await?,
         hash,
         shape,
         expires_unix_ms: exp,

@@ -7,7 +7,7 @@
 //! | free-riding (missed deadlines over `free_rider`) | ledger | flag |
 //! | merge verification flagged a copy `disagreed` / `invalid` | ledger | flag |
 //! | CLASP outlier ([`super::clasp`]) | ledger pathways and losses | flag; CLASP factor |
-//! | replay of `miners_per_epoch` tracked miners ([`super::replay`]) | objects | flag |
+//! | replay of `miners_per_epoch` tracked miners ([`super::replay`]); after epoch 0 only up to the first optimizer step | objects | flag |
 //! | upload identical to the epoch's start (did not train) | uploads | flag |
 //! | copy of another uploader's state ([`super::uploads`]) | uploads | flag (the later one) |
 //! | merged partitions recomputed ([`super::merge_check`]) | uploads, copies | flag; missing ones a penalty |
@@ -33,6 +33,7 @@ use crate::api::{
     EpochLedger, MergeRecord, MinerSettings, MinerWeight, MinerWork, ValidationSettings,
     WeightSubmission,
 };
+use crate::miner::engine::{Engine, EngineError};
 use crate::model::layout::section_layout;
 use crate::model::{ModelConfig, Section};
 
@@ -353,20 +354,36 @@ pub async fn replay_miner<B: AutodiffBackend>(
         &ctx.device,
     )
     .await?;
-    let mut section = Section::<B>::new(
+    let section = Section::<B>::new(
         &ctx.model,
         work.section,
         ctx.settings.seed,
         ctx.settings.optimizer,
         &ctx.device,
     )?;
-    section.import_flat(&layout, &start)?;
     let spec = section.spec().clone();
-    let mut replayer = Replayer::new(section, ctx.settings.clone(), *r, 0);
+    let mut engine = Engine::new(section, Replayer::<B>::engine_settings(&ctx.settings));
+    engine
+        .adopt_flat(&layout, &start, None)
+        .map_err(|e| match e {
+            EngineError::Model(m) => ReplayError::Model(m),
+            other => ReplayError::Model(crate::model::ModelError::Params(other.to_string())),
+        })?;
+    let mut replayer = Replayer::new(engine, *r);
     let n = ((work.items.len() as f64) * r.fraction).ceil() as usize;
+    // After a merge the checkpoint carries parameters and AdamW moments but not AdamW's step
+    // count, which each miner keeps from its own history (bias corrections): a replay cannot
+    // know it, so it checks only the work done before the epoch's first optimizer step, at
+    // the checkpoint's weights, which does not depend on it.
+    let merged_start = work.start.is_some();
+    let mut done = 0;
     for item in work.items.iter().take(n) {
         let item = load_item(item, spec.is_head, spec.is_tail).await?;
         replayer.apply(item)?;
+        done += 1;
+        if merged_start && replayer.stats().steps > 0 {
+            break;
+        }
     }
     let stats = replayer.stats().clone();
     let mut flags = Vec::new();
@@ -389,7 +406,14 @@ pub async fn replay_miner<B: AutodiffBackend>(
             .min_magnitude_ratio
             .map_or("-".into(), |c| format!("{c:.6}")),
     );
-    if n == work.items.len()
+    if done < n {
+        note.push_str(&format!(
+            "; stopped at the first optimizer step ({done} of {n} items): the merged checkpoint \
+             does not carry AdamW's step count, so later work cannot be replayed exactly"
+        ));
+    }
+    if done == work.items.len()
+        && !merged_start
         && let Some(upload) = &work.upload
     {
         let uploaded = fetch_flat(upload).await?;

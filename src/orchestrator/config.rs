@@ -34,6 +34,11 @@
 //!   outer: null              # e.g. {lr: 0.7, momentum: 0.9}: Nesterov outer step
 //! max_samples: null          # optional sample budget (sample units)
 //! heartbeat_s: 10
+//! miner_ttl_s: 60            # a miner silent this long no longer holds a section seat
+//! penalties:                 # how penalties act on routing (orchestrator::repo::standing)
+//!   backoff_s: 10            # no new work after a failure; doubles with each one in a row
+//!   exclude_after: 3         # failures in a row that exclude a miner ...
+//!   exclusion_s: 600         # ... for this long
 //! validators:                # hotkeys allowed to validate, with their stake (default 1)
 //!   - { hotkey: 5F..., stake: 1.0 }
 //! validation: {}             # crate::api::ValidationSettings overrides (replay, clasp, ...)
@@ -45,6 +50,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
+use super::repo::Standing;
 use crate::api::ValidationSettings;
 use crate::data::DataSpec;
 use crate::merge::{MergeOp, OuterStep};
@@ -250,6 +256,10 @@ struct RawRunConfig {
     max_samples: Option<u64>,
     #[serde(default = "default_heartbeat_s")]
     heartbeat_s: u64,
+    #[serde(default = "default_miner_ttl_s")]
+    miner_ttl_s: u64,
+    #[serde(default)]
+    penalties: PenaltyConfig,
     #[serde(default)]
     validators: Vec<ValidatorEntry>,
     #[serde(default)]
@@ -282,6 +292,32 @@ fn default_batches_before_merging() -> u64 {
 }
 fn default_heartbeat_s() -> u64 {
     10
+}
+fn default_miner_ttl_s() -> u64 {
+    60
+}
+
+/// How penalties act on routing (see [`super::repo::Standing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PenaltyConfig {
+    /// Seconds without new work after a failure; doubles with each further one in a row.
+    pub backoff_s: u64,
+    /// Failures in a row that exclude a miner.
+    pub exclude_after: u32,
+    /// Seconds an exclusion lasts.
+    pub exclusion_s: u64,
+}
+
+impl Default for PenaltyConfig {
+    fn default() -> Self {
+        let d = Standing::default();
+        Self {
+            backoff_s: d.backoff_ms / 1000,
+            exclude_after: d.exclude_after,
+            exclusion_s: d.exclusion_ms / 1000,
+        }
+    }
 }
 
 /// A validated run config.
@@ -329,6 +365,10 @@ pub struct RunConfig {
     pub max_samples: Option<u64>,
     /// Seconds between miner heartbeats.
     pub heartbeat_s: u64,
+    /// Seconds after which a silent miner no longer holds a seat in its section.
+    pub miner_ttl_s: u64,
+    /// How penalties act on routing.
+    pub penalties: PenaltyConfig,
     /// Hotkeys allowed to validate, with their stake.
     pub validators: Vec<ValidatorEntry>,
     /// How validators check miners and publish weights.
@@ -385,6 +425,21 @@ impl RunConfig {
             if value == 0 {
                 return Err(invalid(key, "must be at least 1".into()));
             }
+        }
+        if raw.miner_ttl_s <= raw.heartbeat_s {
+            return Err(invalid(
+                "miner_ttl_s",
+                format!(
+                    "is {} but must exceed heartbeat_s ({}): live miners would lose their seats",
+                    raw.miner_ttl_s, raw.heartbeat_s
+                ),
+            ));
+        }
+        if raw.penalties.exclude_after == 0 {
+            return Err(invalid(
+                "penalties.exclude_after",
+                "must be at least 1".into(),
+            ));
         }
         if raw.seq_len > model.max_seq_len {
             return Err(invalid(
@@ -489,9 +544,21 @@ impl RunConfig {
             merge: raw.merge,
             max_samples: raw.max_samples,
             heartbeat_s: raw.heartbeat_s,
+            miner_ttl_s: raw.miner_ttl_s,
+            penalties: raw.penalties,
             validators: raw.validators,
             validation: raw.validation,
         })
+    }
+
+    /// The standing policy of the state store (penalties and liveness, in milliseconds).
+    pub fn standing(&self) -> Standing {
+        Standing {
+            backoff_ms: self.penalties.backoff_s.saturating_mul(1000),
+            exclude_after: self.penalties.exclude_after,
+            exclusion_ms: self.penalties.exclusion_s.saturating_mul(1000),
+            miner_ttl_ms: self.miner_ttl_s.saturating_mul(1000),
+        }
     }
 
     /// Shape of a boundary tensor (activation or gradient): `[batch, seq, width]`.

@@ -152,6 +152,7 @@ impl AppState {
     ) -> Result<Self, StartError> {
         let keys = RunKeys::new(&config.run)?;
         let started_ms = clock();
+        let repo = repo.with_standing(config.standing());
         Ok(Self {
             inner: Arc::new(Inner {
                 config,

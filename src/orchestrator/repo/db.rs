@@ -7,12 +7,15 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::{Connection, Transaction};
 
 use super::schema::{ADDED_COLUMNS, MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
+use super::standing::Standing;
 use crate::orchestrator::repo_types::RepoError;
 
 /// The state store. Cheap to share behind an `Arc`; calls are serialised by an inner mutex.
 #[derive(Debug)]
 pub struct Repository {
     conn: Mutex<Connection>,
+    /// How penalties act on routing and when a silent miner loses its seat.
+    pub(super) standing: Standing,
 }
 
 pub(super) fn to_i64(v: u64) -> i64 {
@@ -57,7 +60,14 @@ impl Repository {
         }
         Ok(Self {
             conn: Mutex::new(conn),
+            standing: Standing::default(),
         })
+    }
+
+    /// The same store under the standing policy `standing` (default: [`Standing::default`]).
+    pub fn with_standing(mut self, standing: Standing) -> Self {
+        self.standing = standing;
+        self
     }
 
     pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {

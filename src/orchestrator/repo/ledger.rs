@@ -5,6 +5,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::{Repository, to_i64, to_u64, usize_of};
 use super::rows::{ASSIGNMENT_COLUMNS, get_assignment, read_assignment};
+use super::standing::{Standing, strike};
 use crate::orchestrator::repo_types::*;
 
 impl Repository {
@@ -91,6 +92,7 @@ impl Repository {
 /// Records a penalty against `hotkey`, for an assignment or (`None`) for its part in a merge.
 pub(super) fn penalise(
     tx: &Connection,
+    policy: &Standing,
     hotkey: &str,
     assignment: Option<u64>,
     reason: &str,
@@ -104,7 +106,7 @@ pub(super) fn penalise(
         "INSERT INTO penalties (miner, at, assignment, reason) VALUES (?1, ?2, ?3, ?4)",
         params![hotkey, to_i64(now_ms), assignment.map(to_i64), reason],
     )?;
-    Ok(())
+    strike(tx, policy, hotkey, assignment, reason, now_ms)
 }
 
 pub(super) fn drop_sample(

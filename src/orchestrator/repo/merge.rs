@@ -280,6 +280,7 @@ impl Repository {
             }
             penalise(
                 tx,
+                &self.standing,
                 hotkey,
                 None,
                 &format!("upload refused: {reason}"),
@@ -450,6 +451,7 @@ impl Repository {
                 )?;
                 penalise(
                     tx,
+                    &self.standing,
                     merger,
                     None,
                     &format!("merge of epoch {epoch} partition {partition}: {reason}"),

@@ -17,6 +17,7 @@
 //! - `db`: [`Repository`] (connection, transactions) and integer conversions; `schema`: tables.
 //! - `registry`: miners; `replay`: the replay cache; `phase`: phase, epoch, deadlines.
 //! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
+//! - `standing`: penalties acting on routing (back-off, exclusion) and expired miners.
 //! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics.
 //! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
 //! - `validation`: published weights, upload times, objects kept for validators, and the
@@ -31,6 +32,7 @@ mod replay;
 mod routing;
 mod rows;
 mod schema;
+mod standing;
 mod stats;
 #[cfg(test)]
 mod tests;
@@ -41,4 +43,5 @@ pub use merge::{
     CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
 };
 pub use routing::MAX_ATTEMPTS;
+pub use standing::{Standing, StandingDecision};
 pub use validation::{AcceptedDetail, KeptObjects, PublishedRow, WorkCounts};

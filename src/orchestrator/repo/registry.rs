@@ -5,14 +5,19 @@ use rusqlite::{OptionalExtension, params};
 
 use super::db::{Repository, to_i64, usize_of};
 use super::rows::{MINER_COLUMNS, read_miner};
+use super::standing::HOLDS_SEAT;
 use crate::orchestrator::repo_types::{MinerRow, RepoError};
 
 impl Repository {
-    /// Registers `hotkey` in the least-populated section (lowest index on ties), or returns its
-    /// existing section. Updates the device and `max_in_flight` it reports.
+    /// Registers `hotkey` in the section with the fewest seats taken (lowest index on ties), or
+    /// returns its existing section. A seat is held by a miner seen within the TTL and not
+    /// excluded ([`super::standing`]), so silent or excluded hotkeys do not fill a section for
+    /// good. A returning miner keeps its section unless it had lost its seat and the section
+    /// has filled up meanwhile; then it is placed like a new one. Updates the device and
+    /// `max_in_flight` it reports.
     ///
     /// # Errors
-    /// [`RepoError::SectionsFull`] when every section holds `max_per_section` miners.
+    /// [`RepoError::SectionsFull`] when every section holds `max_per_section` seated miners.
     pub fn register(
         &self,
         hotkey: &str,
@@ -22,41 +27,63 @@ impl Repository {
         max_per_section: usize,
         now_ms: u64,
     ) -> Result<usize, RepoError> {
+        let policy = self.standing;
         self.write(|tx| {
-            let existing: Option<i64> = tx
+            let existing: Option<(i64, bool)> = tx
                 .query_row(
-                    "SELECT section FROM miners WHERE hotkey = ?1",
-                    [hotkey],
-                    |r| r.get(0),
+                    &format!("SELECT section, {HOLDS_SEAT} FROM miners WHERE hotkey = ?4"),
+                    params![
+                        to_i64(now_ms),
+                        to_i64(policy.miner_ttl_ms),
+                        i64::from(policy.exclude_after),
+                        hotkey
+                    ],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
-            if let Some(section) = existing {
-                tx.execute(
-                    "UPDATE miners SET device = ?2, max_in_flight = ?3, last_seen = ?4 \
-                     WHERE hotkey = ?1",
-                    params![hotkey, device, to_i64(max_in_flight as u64), to_i64(now_ms)],
-                )?;
-                return Ok(usize_of(section));
-            }
-            let mut counts = vec![0usize; n_sections];
-            let mut stmt = tx.prepare("SELECT section, COUNT(*) FROM miners GROUP BY section")?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))?;
+            let mut seats = vec![0usize; n_sections];
+            let mut stmt = tx.prepare(&format!(
+                "SELECT section, COUNT(*) FROM miners WHERE {HOLDS_SEAT} AND hotkey != ?4 \
+                 GROUP BY section"
+            ))?;
+            let rows = stmt.query_map(
+                params![
+                    to_i64(now_ms),
+                    to_i64(policy.miner_ttl_ms),
+                    i64::from(policy.exclude_after),
+                    hotkey
+                ],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )?;
             for row in rows {
                 let (section, count) = row?;
-                if let Some(c) = counts.get_mut(usize_of(section)) {
+                if let Some(c) = seats.get_mut(usize_of(section)) {
                     *c = usize_of(count);
                 }
             }
             drop(stmt);
-            let section = counts
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| **c < max_per_section)
-                .min_by_key(|(i, c)| (**c, *i))
-                .map(|(i, _)| i)
-                .ok_or(RepoError::SectionsFull {
-                    max: max_per_section,
-                })?;
+            let has_room = |s: usize| seats.get(s).is_some_and(|c| *c < max_per_section);
+            if let Some((section, seated)) = existing {
+                let section = usize_of(section);
+                let section = if seated || has_room(section) {
+                    section
+                } else {
+                    least_taken(&seats, max_per_section)?
+                };
+                tx.execute(
+                    "UPDATE miners SET device = ?2, max_in_flight = ?3, last_seen = ?4, \
+                     section = ?5 WHERE hotkey = ?1",
+                    params![
+                        hotkey,
+                        device,
+                        to_i64(max_in_flight as u64),
+                        to_i64(now_ms),
+                        to_i64(section as u64)
+                    ],
+                )?;
+                return Ok(section);
+            }
+            let section = least_taken(&seats, max_per_section)?;
             tx.execute(
                 "INSERT INTO miners (hotkey, section, registered_at, last_seen, device, \
                  max_in_flight) VALUES (?1, ?2, ?3, ?3, ?4, ?5)",
@@ -137,4 +164,17 @@ impl Repository {
             Ok(())
         })
     }
+}
+
+/// The section with the fewest seats taken that still has room (lowest index on ties).
+fn least_taken(seats: &[usize], max_per_section: usize) -> Result<usize, RepoError> {
+    seats
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| **c < max_per_section)
+        .min_by_key(|(i, c)| (**c, *i))
+        .map(|(i, _)| i)
+        .ok_or(RepoError::SectionsFull {
+            max: max_per_section,
+        })
 }

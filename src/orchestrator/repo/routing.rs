@@ -6,6 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::db::{Repository, to_i64, to_u64, usize_of};
 use super::ledger::{drop_sample, penalise};
 use super::rows::{MINER_COLUMNS, check_held, get_assignment, read_miner, set_state};
+use super::standing::{benched_until, clear};
 use crate::api::WorkKind;
 use crate::orchestrator::repo_types::*;
 
@@ -53,10 +54,20 @@ impl Repository {
                 rows.collect::<Result<_, _>>()?
             };
             for id in ids {
-                tx.execute("UPDATE assignments SET delivered = 1 WHERE id = ?1", [id])?;
+                tx.execute(
+                    "UPDATE assignments SET delivered = 1, delivered_at = ?2 WHERE id = ?1",
+                    params![id, to_i64(now_ms)],
+                )?;
                 out.push(get_assignment(tx, to_u64(id), limits.tail)?);
             }
-            // 2. Forwards within the in-flight allowance.
+            // 2. Forwards within the in-flight allowance, unless the miner is backed off or
+            //    excluded ([`super::standing`]).
+            if benched_until(tx, hotkey)?.is_some_and(|until| until > now_ms) {
+                return Ok(WorkTaken {
+                    assignments: out,
+                    head_capacity: 0,
+                });
+            }
             let in_flight: i64 = tx.query_row(
                 "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
                  WHERE p.miner = ?1 AND p.section = ?2 AND p.backward_done = 0 \
@@ -80,8 +91,13 @@ impl Repository {
             for id in open {
                 tx.execute(
                     "UPDATE assignments SET state = 'assigned', miner = ?2, deadline = ?3, \
-                     delivered = 1 WHERE id = ?1",
-                    params![id, hotkey, to_i64(now_ms.saturating_add(limits.forward_ms))],
+                     delivered = 1, delivered_at = ?4 WHERE id = ?1",
+                    params![
+                        id,
+                        hotkey,
+                        to_i64(now_ms.saturating_add(limits.forward_ms)),
+                        to_i64(now_ms)
+                    ],
                 )?;
                 let row = get_assignment(tx, to_u64(id), limits.tail)?;
                 tx.execute(
@@ -149,8 +165,8 @@ impl Repository {
             )?;
             tx.execute(
                 "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
-                 delivered, input_hash, created_at) \
-                 VALUES (?1, ?2, 0, 'forward', ?3, ?4, 'assigned', 1, ?5, ?6)",
+                 delivered, input_hash, created_at, delivered_at) \
+                 VALUES (?1, ?2, 0, 'forward', ?3, ?4, 'assigned', 1, ?5, ?6, ?6)",
                 params![
                     to_i64(sample),
                     epoch,
@@ -213,6 +229,7 @@ impl Repository {
                     result.output_key
                 ],
             )?;
+            clear(tx, hotkey, now_ms)?;
             let sample = to_i64(row.sample);
             let section = row.section;
             let backward_done = |s: usize| -> Result<(), RepoError> {
@@ -315,7 +332,7 @@ impl Repository {
             check_held(&row, hotkey)?;
             let reason = format!("refused result from {hotkey}: {reason}");
             set_state(tx, id, AssignmentState::Failed, &reason, now_ms)?;
-            penalise(tx, hotkey, Some(id), &reason, now_ms)?;
+            penalise(tx, &self.standing, hotkey, Some(id), &reason, now_ms)?;
             reoffer(tx, &row, &reason, true, limits, now_ms)
         })
     }
@@ -381,7 +398,7 @@ impl Repository {
                     row.section
                 );
                 set_state(tx, row.id, AssignmentState::Expired, &reason, now_ms)?;
-                penalise(tx, &miner, Some(row.id), &reason, now_ms)?;
+                penalise(tx, &self.standing, &miner, Some(row.id), &reason, now_ms)?;
                 out.push(match row.kind {
                     WorkKind::Forward => reoffer(tx, &row, &reason, true, limits, now_ms)?,
                     WorkKind::Backward => {

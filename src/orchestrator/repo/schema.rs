@@ -37,13 +37,21 @@ CREATE INDEX IF NOT EXISTS assignments_miner ON assignments (miner, state);
 CREATE INDEX IF NOT EXISTS assignments_sample ON assignments (sample);
 CREATE INDEX IF NOT EXISTS samples_outcome ON samples (outcome, epoch);
 CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS standing (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, miner TEXT NOT NULL, at INTEGER NOT NULL,
+    decision TEXT NOT NULL, strikes INTEGER NOT NULL, until INTEGER, reason TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS standing_miner ON standing (miner);
 ";
 
 /// Columns added after the first release of the schema: `(table, column, declaration)`,
 /// added to older state files when they are opened.
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 6] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 10] = [
     ("assignments", "input_from", "INTEGER"),
     ("assignments", "output_key", "TEXT"),
+    ("assignments", "delivered_at", "INTEGER"),
+    ("miners", "strikes", "INTEGER NOT NULL DEFAULT 0"),
+    ("miners", "struck_at", "INTEGER"),
+    ("miners", "benched_until", "INTEGER"),
     ("uploads", "d_params", "REAL"),
     ("uploads", "d_exp_avg", "REAL"),
     ("uploads", "d_exp_avg_sq", "REAL"),

@@ -206,11 +206,17 @@ fn missed_forward_is_reoffered_and_missed_backward_drops_the_sample() {
             ..
         })
     ));
-    // The re-offered forward goes to the next head miner that asks.
-    let w = repo.take_work("a0", 4, LIMITS, T0 + 2_000).unwrap();
+    // The re-offered forward goes to the next head miner that asks (not a0: backed off).
+    assert!(
+        repo.take_work("a0", 4, LIMITS, T0 + 2_000)
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    let w = repo.take_work("a1", 4, LIMITS, T0 + 2_000).unwrap();
     let again = &w.assignments[0];
     assert_eq!((again.sample, again.section, again.attempts), (0, 0, 1));
-    repo.accept(again.id, "a0", &ok("h"), LIMITS, T0 + 2_010)
+    repo.accept(again.id, "a1", &ok("h"), LIMITS, T0 + 2_010)
         .unwrap();
     let w = repo.take_work("b0", 4, LIMITS, T0 + 2_020).unwrap();
     repo.accept(w.assignments[0].id, "b0", &ok("h1"), LIMITS, T0 + 2_030)
@@ -243,7 +249,12 @@ fn missed_forward_is_reoffered_and_missed_backward_drops_the_sample() {
 
 #[test]
 fn refused_forward_is_reoffered_and_repeated_failures_drop() {
-    let repo = network();
+    // Penalties that keep no one from work, to try one miner again and again.
+    let repo = network().with_standing(Standing {
+        backoff_ms: 0,
+        exclude_after: u32::MAX,
+        ..Standing::default()
+    });
     let mut id = start(&repo, 0);
     for attempt in 1..MAX_ATTEMPTS {
         let f = repo.refuse(id, "a0", "hash mismatch", LIMITS, T0).unwrap();
@@ -356,4 +367,132 @@ fn state_survives_reopening_the_file() {
         .expire(RoutingLimits { tail: 0, ..LIMITS }, T0 + 5_000)
         .unwrap();
     assert!(matches!(f.as_slice(), [Fallout::Reoffered { .. }]));
+}
+
+/// Starts sample `u` at `now` and has the head accept its forward at once: an open forward of
+/// section 1 follows.
+fn head_done(repo: &Repository, u: u64, now: u64) {
+    let id = repo
+        .start_sample(u, "tok", "tgt", "a0", None, LIMITS, now)
+        .unwrap()
+        .unwrap()
+        .id;
+    repo.accept(id, "a0", &ok(&format!("h{u}")), LIMITS, now)
+        .unwrap();
+}
+
+/// Issue 9, "sections that fill up": a hotkey that stopped heartbeating no longer holds a seat,
+/// so a section full of silent hotkeys (sybils, or churn) takes new miners again. A silent
+/// miner that returns keeps its section while there is room, and is refused when its seat
+/// was taken meanwhile.
+#[test]
+fn r9_silent_miners_free_their_seats() {
+    let repo = Repository::open_in_memory().unwrap();
+    let ttl = Standing::default().miner_ttl_ms;
+    assert_eq!(repo.register("x", "cpu", 1, 1, 2, T0).unwrap(), 0);
+    assert_eq!(repo.register("y", "cpu", 1, 1, 2, T0).unwrap(), 0);
+    assert!(matches!(
+        repo.register("z", "cpu", 1, 1, 2, T0 + 1),
+        Err(RepoError::SectionsFull { max: 2 })
+    ));
+    // x keeps heartbeating, y goes silent.
+    repo.touch("x", T0 + ttl).unwrap();
+    assert_eq!(repo.register("z", "cpu", 1, 1, 2, T0 + ttl + 1).unwrap(), 0);
+    assert!(matches!(
+        repo.register("y", "cpu", 1, 1, 2, T0 + ttl + 2),
+        Err(RepoError::SectionsFull { max: 2 })
+    ));
+    // A live miner re-registering keeps its seat however full the section is.
+    assert_eq!(repo.register("x", "cpu", 1, 1, 2, T0 + ttl + 3).unwrap(), 0);
+    assert_eq!(repo.miners().unwrap().len(), 3, "nobody's record is lost");
+}
+
+/// Issue 9, "penalties that count": a failure backs the miner off (no new forwards, others get
+/// the work), failures in a row exclude it (and free its seat), an accepted result clears it;
+/// several failures of work taken before one strike are one episode; every decision is in the
+/// ledger.
+#[test]
+fn r9_failures_back_off_then_exclude_and_a_result_clears() {
+    let repo = network();
+    let policy = Standing::default();
+    head_done(&repo, 0, T0);
+    head_done(&repo, 1, T0);
+    let t1 = T0 + 100;
+    assert_eq!(
+        repo.take_work("b0", 4, LIMITS, t1)
+            .unwrap()
+            .assignments
+            .len(),
+        2
+    );
+    // Both forwards expire: one strike, not two.
+    let fallout = repo.expire(LIMITS, t1 + 1_001).unwrap();
+    assert_eq!(fallout.len(), 2, "{fallout:?}");
+    let s = repo.standing_of("b0").unwrap();
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!((s[0].decision.as_str(), s[0].strikes), ("backoff", 1));
+    assert_eq!(s[0].until_ms, Some(t1 + 1_001 + policy.backoff_ms));
+    assert_eq!(repo.miner("b0").unwrap().unwrap().penalties, 2);
+    // Backed off: the re-offered forwards go to b1.
+    let later = t1 + 2_000;
+    assert!(
+        repo.take_work("b0", 4, LIMITS, later)
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    assert!(!repo.may_take_new_work("b0", later).unwrap());
+    assert_eq!(
+        repo.take_work("b1", 4, LIMITS, later)
+            .unwrap()
+            .assignments
+            .len(),
+        2
+    );
+    // Two more failures in a row, each on work taken after the previous strike.
+    let mut now = t1 + 1_001 + policy.backoff_ms;
+    for (u, strikes) in [(2u64, 2u32), (3, 3)] {
+        head_done(&repo, u, now);
+        let got = repo.take_work("b0", 1, LIMITS, now).unwrap().assignments;
+        assert_eq!(got.len(), 1, "strike {strikes}");
+        now += 1_001;
+        repo.expire(LIMITS, now).unwrap();
+        let last = repo.standing_of("b0").unwrap().pop().unwrap();
+        assert_eq!(last.strikes, strikes);
+        now = last.until_ms.unwrap();
+    }
+    let s = repo.standing_of("b0").unwrap();
+    let decisions: Vec<&str> = s.iter().map(|d| d.decision.as_str()).collect();
+    assert_eq!(decisions, ["backoff", "backoff", "excluded"]);
+    let excluded_at = s[2].at_ms;
+    assert_eq!(s[1].until_ms, Some(s[1].at_ms + 2 * policy.backoff_ms));
+    assert_eq!(s[2].until_ms, Some(excluded_at + policy.exclusion_ms));
+    // Excluded: no work, and no seat. Sections hold a0 a1 | b0 b1 | c0 with 2 seats each.
+    let during = excluded_at + policy.exclusion_ms / 2;
+    head_done(&repo, 4, during);
+    assert!(
+        repo.take_work("b0", 4, LIMITS, during)
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    for hk in ["a0", "a1", "b1", "c0"] {
+        repo.touch(hk, during).unwrap();
+    }
+    // b0's seat is free: section 1 (lowest index among the emptiest) takes n1.
+    assert_eq!(repo.register("n1", "cpu", 1, 3, 2, during).unwrap(), 1);
+    assert_eq!(repo.register("n2", "cpu", 1, 3, 2, during).unwrap(), 2);
+    assert!(matches!(
+        repo.register("n3", "cpu", 1, 3, 2, during),
+        Err(RepoError::SectionsFull { max: 2 })
+    ));
+    // After the exclusion it gets work again; an accepted result clears its strikes.
+    let after = excluded_at + policy.exclusion_ms;
+    let got = repo.take_work("b0", 1, LIMITS, after).unwrap().assignments;
+    assert_eq!(got.len(), 1);
+    repo.accept(got[0].id, "b0", &ok("x"), LIMITS, after + 10)
+        .unwrap();
+    let last = repo.standing_of("b0").unwrap().pop().unwrap();
+    assert_eq!((last.decision.as_str(), last.strikes), ("cleared", 0));
+    assert!(repo.may_take_new_work("b0", after + 10).unwrap());
 }

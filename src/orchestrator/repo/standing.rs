@@ -1,0 +1,216 @@
+//! A miner's standing: penalties that act on routing, and liveness that frees section seats.
+//!
+//! - A **strike** is a penalty for work handed to the miner after its previous strike (or any
+//!   penalty when it has none outstanding, and every merge-side penalty). Failures of work it
+//!   took before its last strike are recorded as penalties but belong to the same episode, so a
+//!   miner that died holding several assignments gets one strike, not one per assignment.
+//! - After a strike the miner is **backed off**: no new forwards and no new samples for
+//!   `backoff_s x 2^(strikes-1)` (backwards of samples it already holds are still delivered:
+//!   only it has their inputs). At `exclude_after` strikes it is **excluded** for `exclusion_s`
+//!   and does not hold a seat in its section meanwhile.
+//! - An accepted result clears the strikes (they count consecutive failures).
+//! - Every decision (`backoff`, `excluded`, `cleared`) is a row of the `standing` ledger table.
+//! - A miner not seen for `miner_ttl_s` is **expired**: it keeps its registration (and its
+//!   section, if there is room when it returns) but no longer holds a seat.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::db::{Repository, to_i64, to_u64};
+use crate::orchestrator::repo_types::RepoError;
+
+/// The standing policy (run config `penalties` and `miner_ttl_s`), in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// Back-off after the first strike; doubles with each further one.
+    pub backoff_ms: u64,
+    /// Strikes in a row that exclude a miner.
+    pub exclude_after: u32,
+    /// How long an exclusion lasts.
+    pub exclusion_ms: u64,
+    /// A miner not seen for this long no longer holds a seat in its section.
+    pub miner_ttl_ms: u64,
+}
+
+impl Default for Standing {
+    fn default() -> Self {
+        Self {
+            backoff_ms: 10_000,
+            exclude_after: 3,
+            exclusion_ms: 600_000,
+            miner_ttl_ms: 60_000,
+        }
+    }
+}
+
+/// One recorded standing decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StandingDecision {
+    /// The miner.
+    pub miner: String,
+    /// When, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// `backoff`, `excluded` or `cleared`.
+    pub decision: String,
+    /// Strikes in a row after the decision.
+    pub strikes: u32,
+    /// Until when it gets no new work (none for `cleared`).
+    pub until_ms: Option<u64>,
+    /// The failure that caused it.
+    pub reason: String,
+}
+
+/// SQL condition (on table `miners`, parameter `?now`) of a miner holding a seat: seen within
+/// the TTL and not excluded. Parameters: `?1` now, `?2` TTL, `?3` strikes that exclude.
+pub(super) const HOLDS_SEAT: &str = "last_seen >= ?1 - ?2 \
+     AND NOT (strikes >= ?3 AND COALESCE(benched_until, 0) > ?1)";
+
+impl Standing {
+    /// How long the miner is kept from new work after its `strikes`-th strike, and whether
+    /// that is an exclusion.
+    pub fn penalty_for(&self, strikes: u32) -> (u64, bool) {
+        if strikes >= self.exclude_after {
+            (self.exclusion_ms, true)
+        } else {
+            let doubling = 1u64 << strikes.saturating_sub(1).min(20);
+            (self.backoff_ms.saturating_mul(doubling), false)
+        }
+    }
+}
+
+/// Counts a strike against `hotkey` for a penalty on `assignment` (none: a merge-side
+/// penalty) if it is a new failure (see the module documentation), backing the miner off or
+/// excluding it, and records the decision.
+pub(super) fn strike(
+    tx: &Connection,
+    policy: &Standing,
+    hotkey: &str,
+    assignment: Option<u64>,
+    reason: &str,
+    now_ms: u64,
+) -> Result<(), RepoError> {
+    let Some((strikes, struck_at)) = tx
+        .query_row(
+            "SELECT strikes, struck_at FROM miners WHERE hotkey = ?1",
+            [hotkey],
+            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Option<i64>>(1)?)),
+        )
+        .optional()?
+    else {
+        return Ok(());
+    };
+    if let (Some(id), Some(struck_at)) = (assignment, struck_at) {
+        let delivered: Option<i64> = tx
+            .query_row(
+                "SELECT delivered_at FROM assignments WHERE id = ?1",
+                [to_i64(id)],
+                |r| r.get(0),
+            )
+            .optional()?
+            .flatten();
+        if delivered.is_none_or(|d| d < struck_at) {
+            return Ok(());
+        }
+    }
+    let strikes = u32::try_from(strikes).unwrap_or(u32::MAX).saturating_add(1);
+    let (span, excluded) = policy.penalty_for(strikes);
+    let until = now_ms.saturating_add(span);
+    tx.execute(
+        "UPDATE miners SET strikes = ?2, struck_at = ?3, benched_until = ?4 WHERE hotkey = ?1",
+        params![hotkey, i64::from(strikes), to_i64(now_ms), to_i64(until)],
+    )?;
+    let decision = if excluded { "excluded" } else { "backoff" };
+    record(tx, hotkey, now_ms, decision, strikes, Some(until), reason)
+}
+
+/// Clears `hotkey`'s strikes after an accepted result (recorded when there were any).
+pub(super) fn clear(tx: &Connection, hotkey: &str, now_ms: u64) -> Result<(), RepoError> {
+    let n = tx.execute(
+        "UPDATE miners SET strikes = 0, struck_at = NULL, benched_until = NULL \
+         WHERE hotkey = ?1 AND strikes > 0",
+        [hotkey],
+    )?;
+    if n > 0 {
+        record(
+            tx,
+            hotkey,
+            now_ms,
+            "cleared",
+            0,
+            None,
+            "a result was accepted",
+        )?;
+    }
+    Ok(())
+}
+
+fn record(
+    tx: &Connection,
+    hotkey: &str,
+    now_ms: u64,
+    decision: &str,
+    strikes: u32,
+    until: Option<u64>,
+    reason: &str,
+) -> Result<(), RepoError> {
+    tx.execute(
+        "INSERT INTO standing (miner, at, decision, strikes, until, reason) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        params![
+            hotkey,
+            to_i64(now_ms),
+            decision,
+            i64::from(strikes),
+            until.map(to_i64),
+            reason
+        ],
+    )?;
+    Ok(())
+}
+
+impl Repository {
+    /// The standing decisions recorded for `hotkey`, oldest first.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn standing_of(&self, hotkey: &str) -> Result<Vec<StandingDecision>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT miner, at, decision, strikes, until, reason FROM standing \
+             WHERE miner = ?1 ORDER BY id",
+        )?;
+        let rows = stmt.query_map([hotkey], |r| {
+            Ok(StandingDecision {
+                miner: r.get(0)?,
+                at_ms: to_u64(r.get(1)?),
+                decision: r.get(2)?,
+                strikes: u32::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+                until_ms: r.get::<_, Option<i64>>(4)?.map(to_u64),
+                reason: r.get(5)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Whether `hotkey` may be given new forwards or samples at `now_ms` (not backed off or
+    /// excluded).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn may_take_new_work(&self, hotkey: &str, now_ms: u64) -> Result<bool, RepoError> {
+        let conn = self.lock();
+        benched_until(&conn, hotkey).map(|until| until.is_none_or(|u| u <= now_ms))
+    }
+}
+
+/// Until when `hotkey` gets no new work, if it is kept from it.
+pub(super) fn benched_until(tx: &Connection, hotkey: &str) -> Result<Option<u64>, RepoError> {
+    Ok(tx
+        .query_row(
+            "SELECT benched_until FROM miners WHERE hotkey = ?1",
+            [hotkey],
+            |r| r.get::<_, Option<i64>>(0),
+        )
+        .optional()?
+        .flatten()
+        .map(to_u64))
+}

@@ -17,6 +17,16 @@ use iota::orchestrator::{AppState, Repository, enforce_deadlines, router};
 use iota::storage::{WireDtype, encode, payload_hash};
 use iota::wallet::Hotkey;
 
+/// A harness whose penalties keep nobody from work (back-off 0, no exclusion): for tests of
+/// how work is re-offered, where one miner per section retries at once. The back-off itself is
+/// tested in `orchestrator::repo::tests` and `r9_a_failing_miner_is_backed_off_over_http`.
+fn retrying_harness() -> Harness {
+    harness_with(
+        config("penalties: {backoff_s: 0, exclude_after: 1000}\n"),
+        Repository::open_in_memory().unwrap(),
+    )
+}
+
 #[tokio::test]
 async fn public_endpoints_answer() {
     let h = harness();
@@ -347,7 +357,7 @@ async fn a_sample_goes_round_trip_through_three_miners() {
 
 #[tokio::test]
 async fn bad_uploads_are_refused_and_reoffered() {
-    let h = harness();
+    let h = retrying_harness();
     let [a, _, _] = three(&h).await;
     let boundary = h.state.config.boundary_shape();
     let mut nan = activation(&boundary, 1.0);
@@ -408,7 +418,7 @@ async fn bad_uploads_are_refused_and_reoffered() {
 
 #[tokio::test]
 async fn the_tail_must_report_a_finite_loss() {
-    let h = harness();
+    let h = retrying_harness();
     let [a, b, c] = three(&h).await;
     let boundary = h.state.config.boundary_shape();
     let f0 = h.work(&a, 1).await.remove(0);
@@ -437,7 +447,7 @@ async fn the_tail_must_report_a_finite_loss() {
 
 #[tokio::test]
 async fn deadlines_reoffer_forwards_and_drop_backwards() {
-    let h = harness();
+    let h = retrying_harness();
     let [a, b, c] = three(&h).await;
     let boundary = h.state.config.boundary_shape();
     let f0 = h.work(&a, 1).await.remove(0);
@@ -617,7 +627,7 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
 
 #[tokio::test]
 async fn the_deadline_task_reoffers_a_missed_forward() {
-    let h = harness();
+    let h = retrying_harness();
     let [a, _, _] = three(&h).await;
     let f0 = h.work(&a, 1).await.remove(0);
     h.advance(10_000);
@@ -638,6 +648,27 @@ async fn the_deadline_task_reoffers_a_missed_forward() {
         .unwrap()
         .unwrap();
     assert_eq!(miner.penalties, 1);
+}
+
+/// Issue 9, "penalties that count", over HTTP: a miner that missed a deadline gets no new
+/// work during its back-off (the re-offered forward waits, and no sample is started for it),
+/// then gets work again; the decision is in the ledger.
+#[tokio::test]
+async fn r9_a_failing_miner_is_backed_off_over_http() {
+    let h = harness();
+    let [a, _, _] = three(&h).await;
+    let f0 = h.work(&a, 1).await.remove(0);
+    h.advance(10_001);
+    assert_eq!(enforce_deadlines(&h.state), 1);
+    assert!(h.work(&a, 2).await.is_empty(), "backed off");
+    let hotkey = a.address().to_string();
+    let standing = h.state.repo.standing_of(&hotkey).unwrap();
+    assert_eq!(standing.len(), 1);
+    assert_eq!(standing[0].decision, "backoff");
+    h.advance(h.state.config.penalties.backoff_s * 1000);
+    let again = h.work(&a, 1).await.remove(0);
+    assert_eq!((again.sample_id, again.section), (0, 0));
+    assert_ne!(again.id, f0.id);
 }
 
 /// The replay confirmed from outside (issue 9): a signed register replayed with its timestamp

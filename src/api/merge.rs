@@ -216,6 +216,10 @@ pub struct EpochSummary {
     pub first_loss: Option<f32>,
     /// Mean loss of the last quarter of its completed samples.
     pub last_loss: Option<f32>,
+    /// Held-out loss of the weights the epoch started with, evaluated through the network
+    /// (None until all its evaluation samples completed).
+    #[serde(default)]
+    pub eval_loss: Option<f32>,
 }
 
 /// `GET /api/merge/status`.

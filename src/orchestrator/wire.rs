@@ -7,6 +7,7 @@
 //! | forward, section k | `{sample}/{k-1}/forward` | – | `{sample}/{k}/forward` |
 //! | forward, tail | `{sample}/{t-1}/forward` | `.../{sample}/targets` | `{sample}/{t}/backward` |
 //! | backward, section k | `{sample}/{k+1}/backward` | – | `{sample}/{k}/backward` (none for the head) |
+//! | eval | as forward | as forward (tail) | as forward; none at the tail (it reports the loss) |
 
 use std::time::Duration;
 
@@ -26,11 +27,11 @@ pub const URL_GRACE_MS: u64 = 60_000;
 pub fn input_of(state: &AppState, row: &AssignmentRow) -> (ObjectKey, Vec<usize>) {
     let c = &state.config;
     match (row.kind, row.section) {
-        (WorkKind::Forward, 0) => (
+        (WorkKind::Forward | WorkKind::Eval, 0) => (
             state.token_key(row.epoch, row.sample, "tokens"),
             c.token_shape(),
         ),
-        (WorkKind::Forward, s) => (
+        (WorkKind::Forward | WorkKind::Eval, s) => (
             state.keys.activation(
                 row.epoch,
                 row.sample,
@@ -56,6 +57,8 @@ pub fn output_of(state: &AppState, row: &AssignmentRow) -> Option<(ObjectKey, Ve
     let tail = state.config.tail();
     let direction = match (row.kind, row.section) {
         (WorkKind::Backward, 0) => return None,
+        (WorkKind::Eval, s) if s == tail => return None,
+        (WorkKind::Eval, _) => Direction::Forward,
         (WorkKind::Forward, 0) if tail == 0 => return None,
         (WorkKind::Forward, s) if s == tail => Direction::Backward,
         (WorkKind::Forward, _) => Direction::Forward,

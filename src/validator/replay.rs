@@ -99,6 +99,7 @@ impl ReplayStats {
                 let kind = match check.kind {
                     WorkKind::Forward => "forward",
                     WorkKind::Backward => "backward",
+                    WorkKind::Eval => "eval",
                 };
                 self.failures
                     .push(format!("sample {} {kind}: {reason}", check.sample));
@@ -172,6 +173,11 @@ impl<B: AutodiffBackend> Replayer<B> {
             skipped: None,
         };
         match (item.kind, tail) {
+            (WorkKind::Eval, _) => {
+                check.skipped = Some("evaluation work changes no state".into());
+                self.stats.record(&check);
+                return Ok(check);
+            }
             (WorkKind::Forward, false) => {
                 let out = self.section.forward(self.to_input(&item.input))?;
                 self.kept.insert(item.sample, item.input);

@@ -41,7 +41,11 @@ impl<B: AutodiffBackend> Worker<B> {
             };
             let result = match resp.task {
                 MergeTask::Train => {
-                    // No newer merged state for this section: the weights held are current.
+                    // No newer merged state for this section: the weights held are current,
+                    // and the new epoch starts from them.
+                    if resp.epoch > self.held_epoch {
+                        self.engine.begin_epoch();
+                    }
                     self.held_epoch = self.held_epoch.max(resp.epoch);
                     self.set_weights_epoch();
                     return;

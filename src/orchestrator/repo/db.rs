@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, Transaction};
 
-use super::schema::{MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
+use super::schema::{MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA, migrate};
 use crate::orchestrator::repo_types::RepoError;
 
 /// The state store. Cheap to share behind an `Arc`; calls are serialised by an inner mutex.
@@ -52,6 +52,7 @@ impl Repository {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(MERGE_SCHEMA)?;
         conn.execute_batch(VALIDATION_SCHEMA)?;
+        migrate(&conn)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })

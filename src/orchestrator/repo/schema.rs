@@ -75,3 +75,20 @@ CREATE TABLE IF NOT EXISTS upload_times (
 CREATE TABLE IF NOT EXISTS kept_objects (
     prefix TEXT PRIMARY KEY, epoch INTEGER NOT NULL, eligible_at INTEGER NOT NULL);
 ";
+
+/// Brings a state file written by an older version up to the current schema (columns added
+/// since; `CREATE TABLE IF NOT EXISTS` leaves existing tables as they are).
+///
+/// - `samples.kind`: `train` (a training sample unit) or `eval` (an evaluation sample of the
+///   epoch's merged model, forward-only).
+pub(super) fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    let has_kind: bool = conn
+        .prepare("SELECT 1 FROM pragma_table_info('samples') WHERE name = 'kind'")?
+        .exists([])?;
+    if !has_kind {
+        conn.execute_batch(
+            "ALTER TABLE samples ADD COLUMN kind TEXT NOT NULL DEFAULT 'train';",
+        )?;
+    }
+    conn.execute_batch("CREATE INDEX IF NOT EXISTS samples_kind ON samples (kind, epoch);")
+}

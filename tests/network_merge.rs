@@ -96,7 +96,7 @@ fn three_merge_cycles_in_a_local_network() {
     let epochs: Vec<(i64, f64, i64)> = db
         .prepare(
             "SELECT epoch, AVG(loss), COUNT(*) FROM samples WHERE outcome = 'completed' \
-             GROUP BY epoch ORDER BY epoch",
+             AND kind = 'train' GROUP BY epoch ORDER BY epoch",
         )
         .unwrap()
         .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
@@ -106,8 +106,8 @@ fn three_merge_cycles_in_a_local_network() {
     assert!(epochs.len() >= 4, "{epochs:?}");
     let losses = |epoch: i64| -> Vec<f64> {
         db.prepare(
-            "SELECT loss FROM samples WHERE outcome = 'completed' AND epoch = ?1 \
-             ORDER BY finished_at, id",
+            "SELECT loss FROM samples WHERE outcome = 'completed' AND kind = 'train' \
+             AND epoch = ?1 ORDER BY finished_at, id",
         )
         .unwrap()
         .query_map([epoch], |r| r.get(0))

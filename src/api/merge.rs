@@ -126,6 +126,11 @@ pub struct SectionCheckpoint {
     pub layout: FlatLayout,
     /// GET URL, with the BLAKE3 hash of the whole object.
     pub blob: BlobRef,
+    /// AdamW step count that goes with the moments (their bias corrections): whoever adopts
+    /// the checkpoint (miners after a merge, late joiners, validators replaying the epoch)
+    /// continues from this step, not from its own count. 0 in state files from before it.
+    #[serde(default)]
+    pub optimizer_step: u64,
 }
 
 /// What a miner reports about its flat upload.

@@ -340,8 +340,7 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         Some(path) => RunConfig::load(path)?.max_samples.is_some(),
         None => args.samples.is_some(),
     };
-    let (final_status, tally) =
-        runtime.block_on(watch(&args, budgeted, &client, &mut children))?;
+    let (final_status, tally) = runtime.block_on(watch(&args, budgeted, &client, &mut children))?;
     let merge = runtime.block_on(client.merge_status()).ok();
     if let Some(path) = &args.summary_out {
         write_summary(path, &final_status, merge.as_ref(), &tally)?;

@@ -485,7 +485,10 @@ impl<B: AutodiffBackend> Worker<B> {
                 let targets = match &a.targets {
                     Some(blob) if spec.is_tail => {
                         let shape = payload::shape_of::<2>(blob)?;
-                        Some((payload::decode_tokens(&payload::fetch(blob).await?, shape)?, shape))
+                        Some((
+                            payload::decode_tokens(&payload::fetch(blob).await?, shape)?,
+                            shape,
+                        ))
                     }
                     _ => None,
                 };

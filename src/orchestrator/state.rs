@@ -91,6 +91,8 @@ pub struct Inner {
     pub start_lock: tokio::sync::Mutex<()>,
     /// Serialises the phase machine ([`super::cycle::advance`]).
     pub cycle_lock: tokio::sync::Mutex<()>,
+    /// Assignments whose submitted result is being checked (one check each at a time).
+    pub in_check: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Permits of the `/blob` uploads streaming at once ([`super::blob::MAX_CONCURRENT_PUTS`]).
     pub blob_puts: Arc<tokio::sync::Semaphore>,
     /// Server start, ms since the Unix epoch.
@@ -160,6 +162,7 @@ impl AppState {
                 metrics: Metrics::default(),
                 start_lock: tokio::sync::Mutex::new(()),
                 cycle_lock: tokio::sync::Mutex::new(()),
+                in_check: std::sync::Mutex::new(std::collections::HashSet::new()),
                 blob_puts: Arc::new(tokio::sync::Semaphore::new(
                     super::blob::MAX_CONCURRENT_PUTS,
                 )),
@@ -264,7 +267,9 @@ impl AppState {
     /// `unit * batch .. (unit + 1) * batch`), as [`Self::sample_tokens`].
     pub fn eval_tokens(&self, unit: u64) -> (Bytes, Bytes) {
         let batch = self.config.batch_size;
-        let first = usize::try_from(unit).unwrap_or(usize::MAX).saturating_mul(batch);
+        let first = usize::try_from(unit)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(batch);
         let last = self.dataset.num_eval_windows().saturating_sub(1);
         self.pack_windows((0..batch).map(|i| self.dataset.eval_sample((first + i).min(last))))
     }

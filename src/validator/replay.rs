@@ -358,6 +358,8 @@ mod tests {
             seed: 3,
             optimizer: OptimizerConfig::default(),
             schedule: crate::model::LrSchedule::default(),
+            weight_stashing: true,
+            lookahead: false,
             heartbeat_s: 1,
         };
         let new = || {

@@ -285,19 +285,20 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
 }
 
 fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSummary> {
-    let floor = Dataset::load(
-        &DataSpec::default(),
-        &Tokenizer::byte(),
-        args.seq_len,
-        0,
-    )?
-    .entropy_floor();
+    let floor =
+        Dataset::load(&DataSpec::default(), &Tokenizer::byte(), args.seq_len, 0)?.entropy_floor();
     let train = run_train(args, &dir.join("train"))?;
     let network = run_network(args, &dir.join("network"))?;
     // The last evaluation of each; the network's may have seen a few samples fewer (samples
     // dropped on the way), never more.
-    let last_train = train.evals.last().context("iota train made no evaluation")?;
-    let last_network = network.evals.last().context("the network made no evaluation")?;
+    let last_train = train
+        .evals
+        .last()
+        .context("iota train made no evaluation")?;
+    let last_network = network
+        .evals
+        .last()
+        .context("the network made no evaluation")?;
     let (final_samples, final_train, final_network) = (
         last_network.samples,
         last_train.eval_loss,

@@ -111,6 +111,8 @@ pub struct CheckpointRow {
     pub hash: String,
     /// Size.
     pub bytes: u64,
+    /// AdamW step count of its moments (see [`SectionOutcome::optimizer_step`]).
+    pub optimizer_step: u64,
 }
 
 /// What finalising one section's merge records.
@@ -122,6 +124,12 @@ pub struct SectionOutcome {
     pub flags: Vec<(usize, String, String)>,
     /// The new checkpoint `(hash, bytes)`, if one was written.
     pub checkpoint: Option<(String, u64)>,
+    /// The AdamW step count that goes with the new checkpoint's moments: the previous
+    /// checkpoint's plus the most optimizer steps an uploader of the merge took in the epoch
+    /// (its backwards in the ledger over `local_steps`). Miners adopting the checkpoint, late
+    /// joiners and validators replaying the next epoch all use it, so nobody's bias
+    /// corrections depend on its own history.
+    pub optimizer_step: u64,
 }
 
 impl Repository {
@@ -405,9 +413,16 @@ impl Repository {
             }
             if let Some((hash, bytes)) = &outcome.checkpoint {
                 tx.execute(
-                    "INSERT OR REPLACE INTO checkpoints (section, epoch, hash, bytes, at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![s, to_i64(epoch + 1), hash, to_i64(*bytes), to_i64(now_ms)],
+                    "INSERT OR REPLACE INTO checkpoints (section, epoch, hash, bytes, at, \
+                     optimizer_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![
+                        s,
+                        to_i64(epoch + 1),
+                        hash,
+                        to_i64(*bytes),
+                        to_i64(now_ms),
+                        to_i64(outcome.optimizer_step)
+                    ],
                 )?;
             }
             tx.execute(

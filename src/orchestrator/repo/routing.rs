@@ -204,14 +204,15 @@ impl Repository {
             let output_hash = result.output_hash.clone().unwrap_or_default();
             tx.execute(
                 "UPDATE assignments SET state = 'done', output_hash = ?2, finished_at = ?3, \
-                 download_ms = ?4, compute_ms = ?5, upload_ms = ?6 WHERE id = ?1",
+                 download_ms = ?4, compute_ms = ?5, upload_ms = ?6, output_key = ?7 WHERE id = ?1",
                 params![
                     to_i64(id),
                     result.output_hash,
                     to_i64(now_ms),
                     to_i64(result.timings.download_ms),
                     to_i64(result.timings.compute_ms),
-                    to_i64(result.timings.upload_ms)
+                    to_i64(result.timings.upload_ms),
+                    result.output_key
                 ],
             )?;
             let sample = to_i64(row.sample);
@@ -225,7 +226,15 @@ impl Repository {
             };
             let next_step = match row.kind {
                 WorkKind::Eval if section < limits.tail => {
-                    insert_open(tx, &row, section + 1, WorkKind::Eval, &output_hash, 0, now_ms)?;
+                    insert_open(
+                        tx,
+                        &row,
+                        section + 1,
+                        WorkKind::Eval,
+                        (&output_hash, Some(id)),
+                        0,
+                        now_ms,
+                    )?;
                     None
                 }
                 WorkKind::Eval => {
@@ -246,7 +255,7 @@ impl Repository {
                         &row,
                         section + 1,
                         WorkKind::Forward,
-                        &output_hash,
+                        (&output_hash, Some(id)),
                         0,
                         now_ms,
                     )?;
@@ -291,7 +300,8 @@ impl Repository {
                     .optional()?;
                 match owner {
                     Some(owner) => {
-                        insert_backward(tx, &row, prev, &owner, &output_hash, 0, limits, now_ms)?;
+                        let input = (output_hash.as_str(), id);
+                        insert_backward(tx, &row, prev, &owner, input, 0, limits, now_ms)?;
                     }
                     None => drop_sample(
                         tx,
@@ -432,25 +442,27 @@ fn hand_out(
     Ok(row)
 }
 
-/// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it.
+/// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it;
+/// `input` is the hash of its input and the assignment whose accepted result that is.
 fn insert_open(
     tx: &Connection,
     row: &AssignmentRow,
     section: usize,
     kind: WorkKind,
-    input_hash: &str,
+    input: (&str, Option<u64>),
     attempts: u32,
     now_ms: u64,
 ) -> Result<u64, RepoError> {
     tx.execute(
-        "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, attempts, \
-         created_at) VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6, ?7)",
+        "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, input_from, \
+         attempts, created_at) VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6, ?7, ?8)",
         params![
             to_i64(row.sample),
             to_i64(row.epoch),
             to_i64(section as u64),
             kind_str(kind),
-            input_hash,
+            input.0,
+            input.1.map(to_i64),
             i64::from(attempts),
             to_i64(now_ms)
         ],
@@ -464,15 +476,15 @@ fn insert_backward(
     row: &AssignmentRow,
     section: usize,
     owner: &str,
-    input_hash: &str,
+    (input_hash, input_from): (&str, u64),
     attempts: u32,
     limits: RoutingLimits,
     now_ms: u64,
 ) -> Result<u64, RepoError> {
     tx.execute(
         "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
-         delivered, input_hash, attempts, created_at) \
-         VALUES (?1, ?2, ?3, 'backward', ?4, ?5, 'assigned', 0, ?6, ?7, ?8)",
+         delivered, input_hash, input_from, attempts, created_at) \
+         VALUES (?1, ?2, ?3, 'backward', ?4, ?5, 'assigned', 0, ?6, ?7, ?8, ?9)",
         params![
             to_i64(row.sample),
             to_i64(row.epoch),
@@ -480,6 +492,7 @@ fn insert_backward(
             owner,
             to_i64(now_ms.saturating_add(limits.backward_ms)),
             input_hash,
+            to_i64(input_from),
             i64::from(attempts),
             to_i64(now_ms)
         ],
@@ -521,7 +534,7 @@ fn reoffer(
                 row,
                 row.section,
                 row.kind,
-                &row.input_hash,
+                (&row.input_hash, row.input_from),
                 attempts,
                 now_ms,
             )?;
@@ -534,7 +547,7 @@ fn reoffer(
                 row,
                 row.section,
                 &owner,
-                &row.input_hash,
+                (&row.input_hash, row.input_from.unwrap_or(0)),
                 attempts,
                 limits,
                 now_ms,

@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS penalties (
 CREATE TABLE IF NOT EXISTS samples (
     id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, outcome TEXT NOT NULL, reason TEXT,
     loss REAL, tokens_hash TEXT NOT NULL, targets_hash TEXT NOT NULL,
-    started_at INTEGER NOT NULL, finished_at INTEGER);
+    started_at INTEGER NOT NULL, finished_at INTEGER, kind TEXT NOT NULL DEFAULT 'train');
 CREATE TABLE IF NOT EXISTS pathway (
     sample INTEGER NOT NULL, section INTEGER NOT NULL, miner TEXT NOT NULL,
     backward_done INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (sample, section));
@@ -30,13 +30,37 @@ CREATE TABLE IF NOT EXISTS assignments (
     state TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0, input_hash TEXT NOT NULL,
     output_hash TEXT, attempts INTEGER NOT NULL DEFAULT 0, reason TEXT,
     created_at INTEGER NOT NULL, finished_at INTEGER,
-    download_ms INTEGER, compute_ms INTEGER, upload_ms INTEGER);
+    download_ms INTEGER, compute_ms INTEGER, upload_ms INTEGER,
+    input_from INTEGER, output_key TEXT);
 CREATE INDEX IF NOT EXISTS assignments_state ON assignments (state, section, kind);
 CREATE INDEX IF NOT EXISTS assignments_miner ON assignments (miner, state);
 CREATE INDEX IF NOT EXISTS assignments_sample ON assignments (sample);
 CREATE INDEX IF NOT EXISTS samples_outcome ON samples (outcome, epoch);
 CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
 ";
+
+/// Columns added after the first release of the schema: `(table, column, declaration)`,
+/// added to older state files when they are opened.
+///
+/// `samples.kind`: `train` (a training sample unit) or `eval` (an evaluation sample of the
+/// weights an epoch started with, forward-only; see `repo::eval`).
+///
+/// `checkpoints.optimizer_step`: the AdamW step count that goes with the merged moments (see
+/// `SectionOutcome::optimizer_step`).
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
+    ("assignments", "input_from", "INTEGER"),
+    ("assignments", "output_key", "TEXT"),
+    ("samples", "kind", "TEXT NOT NULL DEFAULT 'train'"),
+    (
+        "checkpoints",
+        "optimizer_step",
+        "INTEGER NOT NULL DEFAULT 0",
+    ),
+];
+
+/// Indexes over added columns (created once the columns exist).
+pub(super) const ADDED_INDEXES: &str =
+    "CREATE INDEX IF NOT EXISTS samples_kind ON samples (kind, epoch);";
 
 /// Tables of the merge cycle (created next to the routing tables).
 pub(super) const MERGE_SCHEMA: &str = "
@@ -60,7 +84,7 @@ CREATE TABLE IF NOT EXISTS merge_flags (
     merger TEXT NOT NULL, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS checkpoints (
     section INTEGER NOT NULL, epoch INTEGER NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL,
-    at INTEGER NOT NULL, PRIMARY KEY (section, epoch));
+    at INTEGER NOT NULL, optimizer_step INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (section, epoch));
 ";
 
 /// Tables of validation (published weights, upload times, objects kept for validators).
@@ -75,20 +99,3 @@ CREATE TABLE IF NOT EXISTS upload_times (
 CREATE TABLE IF NOT EXISTS kept_objects (
     prefix TEXT PRIMARY KEY, epoch INTEGER NOT NULL, eligible_at INTEGER NOT NULL);
 ";
-
-/// Brings a state file written by an older version up to the current schema (columns added
-/// since; `CREATE TABLE IF NOT EXISTS` leaves existing tables as they are).
-///
-/// - `samples.kind`: `train` (a training sample unit) or `eval` (an evaluation sample of the
-///   epoch's merged model, forward-only).
-pub(super) fn migrate(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    let has_kind: bool = conn
-        .prepare("SELECT 1 FROM pragma_table_info('samples') WHERE name = 'kind'")?
-        .exists([])?;
-    if !has_kind {
-        conn.execute_batch(
-            "ALTER TABLE samples ADD COLUMN kind TEXT NOT NULL DEFAULT 'train';",
-        )?;
-    }
-    conn.execute_batch("CREATE INDEX IF NOT EXISTS samples_kind ON samples (kind, epoch);")
-}

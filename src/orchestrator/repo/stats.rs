@@ -11,7 +11,9 @@ impl Repository {
     pub fn counts(&self) -> Result<LedgerCounts, RepoError> {
         let conn = self.lock();
         let mut counts = LedgerCounts::default();
-        let mut stmt = conn.prepare("SELECT outcome, COUNT(*) FROM samples WHERE kind = 'train' GROUP BY outcome")?;
+        let mut stmt = conn.prepare(
+            "SELECT outcome, COUNT(*) FROM samples WHERE kind = 'train' GROUP BY outcome",
+        )?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
         for row in rows {
             let (outcome, n) = row?;

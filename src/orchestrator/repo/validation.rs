@@ -203,7 +203,8 @@ impl Repository {
         let conn = self.lock();
         Ok(conn
             .query_row(
-                "SELECT section, epoch, hash, bytes FROM checkpoints WHERE section = ?1 \
+                "SELECT section, epoch, hash, bytes, optimizer_step FROM checkpoints \
+                 WHERE section = ?1 \
                  AND epoch <= ?2 ORDER BY epoch DESC LIMIT 1",
                 params![to_i64(section as u64), to_i64(epoch)],
                 |r| {
@@ -212,6 +213,7 @@ impl Repository {
                         epoch: to_u64(r.get(1)?),
                         hash: r.get(2)?,
                         bytes: to_u64(r.get(3)?),
+                        optimizer_step: to_u64(r.get(4)?),
                     })
                 },
             )

@@ -248,6 +248,8 @@ struct Tally {
     first_loss: Option<f32>,
     last_loss: Option<f32>,
     tokens_per_s: Vec<f64>,
+    /// Ctrl-C ended the watch.
+    interrupted: bool,
 }
 
 /// Runs a local network.
@@ -345,7 +347,7 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.summary_out {
         write_summary(path, &final_status, merge.as_ref(), &tally)?;
     }
-    if args.keep_running && args.samples.is_some() {
+    if args.keep_running && args.samples.is_some() && !tally.interrupted {
         children.stop_miners();
         print_summary(&final_status, merge.as_ref(), &tally);
         eprintln!(
@@ -449,6 +451,7 @@ async fn watch(
             _ = &mut ctrl_c => {
                 bar.finish_and_clear();
                 eprintln!("iota local: stopping");
+                tally.interrupted = true;
                 return Ok((status, tally));
             }
             _ = tokio::time::sleep(Duration::from_millis(args.poll_ms.max(50))) => {}

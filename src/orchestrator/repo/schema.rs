@@ -47,9 +47,13 @@ CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTE
 ///
 /// `checkpoints.optimizer_step`: the AdamW step count that goes with the merged moments (see
 /// `SectionOutcome::optimizer_step`).
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 8] = [
     ("assignments", "input_from", "INTEGER"),
     ("assignments", "output_key", "TEXT"),
+    ("uploads", "d_params", "REAL"),
+    ("uploads", "d_exp_avg", "REAL"),
+    ("uploads", "d_exp_avg_sq", "REAL"),
+    ("uploads", "reference_norm", "REAL"),
     ("samples", "kind", "TEXT NOT NULL DEFAULT 'train'"),
     (
         "checkpoints",

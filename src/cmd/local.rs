@@ -19,11 +19,12 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::api::client::ApiClient;
-use crate::api::{MergeStatus, StatusResponse};
+use crate::api::{MergeStatus, MetagraphView, StatusResponse};
 use crate::merge::MergeOp;
 use crate::model::backend::DeviceKind;
 use crate::model::config::even_sections;
 use crate::model::{LrSchedule, ModelConfig};
+use crate::orchestrator::RunConfig;
 use crate::storage::RetryPolicy;
 use crate::wallet::WalletDir;
 
@@ -61,9 +62,16 @@ pub struct LocalArgs {
     /// metrics) serving until Ctrl-C, so the run can be inspected.
     #[arg(long)]
     pub keep_running: bool,
-    /// Append one JSON line per status poll (loss, samples, tokens/s) to this file.
+    /// Write one JSON line per status poll to this file, with `iota train`'s keys where the
+    /// meaning is the same: `loss` (recent training loss), `eval_loss` (the latest merged
+    /// model's, evaluated through the network), `tokens`, `tokens_per_s`; plus `t_s`,
+    /// `completed`, `dropped`, `in_flight`, `epoch`.
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
+    /// Also write the final summary (per-epoch training and evaluation loss, counts,
+    /// throughput) as JSON to this file.
+    #[arg(long, value_name = "FILE.json")]
+    pub summary_out: Option<PathBuf>,
     /// Tokens per sample window (ignored with --config).
     #[arg(long, default_value_t = 64)]
     pub seq_len: usize,
@@ -88,6 +96,14 @@ pub struct LocalArgs {
     /// Merge operator: mean, geometric, median, trimmed[:F] (ignored with --config).
     #[arg(long, default_value = "mean")]
     pub merge_op: MergeOp,
+    /// Validators to start (hotkeys `validator0..`, listed in the generated run config; with
+    /// --config, the config must list them).
+    #[arg(long, default_value_t = 1)]
+    pub validators: usize,
+    /// After the --samples budget, seconds to wait for every validator to publish weights for
+    /// the last finished epoch.
+    #[arg(long, default_value_t = 180)]
+    pub validator_wait_s: u64,
 }
 
 /// Child processes, killed and reaped on drop.
@@ -102,6 +118,15 @@ impl Children {
             let _ = child.wait();
         }
         self.0.truncate(1);
+    }
+
+    /// Kills and reaps the children whose name starts with `prefix`.
+    pub fn stop_named(&mut self, prefix: &str) {
+        for (_, child) in self.0.iter_mut().filter(|(n, _)| n.starts_with(prefix)) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.0.retain(|(n, _)| !n.starts_with(prefix));
     }
 
     /// Adds a child under `name`.
@@ -170,6 +195,14 @@ pub fn generated_config(
     listen: SocketAddr,
 ) -> anyhow::Result<serde_json::Value> {
     let path = dir.join("run.yaml");
+    let wallets = WalletDir::new(dir.join("wallets"));
+    let mut validators = Vec::new();
+    for i in 0..args.validators {
+        let name = validator_name(i);
+        ensure_hotkey(&wallets, &name)?;
+        let hotkey = wallets.load_hotkey(WALLET, &name)?;
+        validators.push(json!({ "hotkey": hotkey.address(), "stake": 1.0 }));
+    }
     let mut model = json!({ "preset": args.preset });
     if let Some(n) = args.sections {
         let preset = ModelConfig::preset(&args.preset)?;
@@ -189,7 +222,9 @@ pub fn generated_config(
         "deadlines": { "forward_s": 20, "backward_s": 40 },
         "heartbeat_s": 2,
         "batches_before_merging": args.merge_every,
+        "max_samples": args.samples,
         "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
+        "validators": validators,
     });
     Ok(config)
 }
@@ -207,6 +242,11 @@ fn schedule_for(args: &LocalArgs) -> LrSchedule {
         total_steps: args.samples.unwrap_or(u64::MAX),
         min_ratio: defaults.min_lr_ratio,
     }
+}
+
+/// Hotkey name of the `i`-th local validator.
+fn validator_name(i: usize) -> String {
+    format!("validator{i}")
 }
 
 /// Spawns `iota <args>` with stdout and stderr going to `log`.
@@ -239,6 +279,8 @@ struct Tally {
     first_loss: Option<f32>,
     last_loss: Option<f32>,
     tokens_per_s: Vec<f64>,
+    /// Ctrl-C ended the watch.
+    interrupted: bool,
 }
 
 /// Runs a local network.
@@ -325,11 +367,56 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         let log = dir.join(format!("logs/{name}.log"));
         children.push(name, spawn_self(&mine, &log)?);
     }
-    let (final_status, tally) = runtime.block_on(watch(&args, &client, &mut children))?;
+    for i in 0..args.validators {
+        let name = validator_name(i);
+        ensure_hotkey(&wallets, &name)?;
+        let validate = vec![
+            "validate".to_string(),
+            "--wallet".into(),
+            WALLET.into(),
+            "--hotkey".into(),
+            name.clone(),
+            "--orchestrator".into(),
+            url.clone(),
+            "--wallets-dir".into(),
+            wallets.root().display().to_string(),
+            "--threads".into(),
+            args.threads.max(1).to_string(),
+            "--device".into(),
+            args.device.to_string(),
+            "--state-dir".into(),
+            dir.join("validators").join(&name).display().to_string(),
+        ];
+        let log = dir.join(format!("logs/{name}.log"));
+        children.push(name, spawn_self(&validate, &log)?);
+    }
+    if args.validators > 0 {
+        eprintln!(
+            "iota local: {} validator(s); weights at {url}/api/weights",
+            args.validators
+        );
+    }
+    // With a budget in the run config the orchestrator ends the run itself (last merge and
+    // its evaluation included); otherwise --samples completed or dropped ends it here.
+    let budgeted = match &args.config {
+        Some(path) => RunConfig::load(path)?.max_samples.is_some(),
+        None => args.samples.is_some(),
+    };
+    let (final_status, tally) = runtime.block_on(watch(&args, budgeted, &client, &mut children))?;
     let merge = runtime.block_on(client.merge_status()).ok();
-    if args.keep_running && args.samples.is_some() {
+    if let Some(path) = &args.summary_out {
+        write_summary(path, &final_status, merge.as_ref(), &tally)?;
+    }
+    let weights = if args.validators > 0 && args.samples.is_some() {
+        children.stop_named("miner");
+        runtime.block_on(wait_for_weights(&args, &client, &mut children))
+    } else {
+        runtime.block_on(client.metagraph()).ok()
+    };
+    if args.keep_running && args.samples.is_some() && !tally.interrupted {
         children.stop_miners();
         print_summary(&final_status, merge.as_ref(), &tally);
+        print_weights(weights.as_ref());
         eprintln!(
             "iota local: miners stopped; the orchestrator keeps serving {url} (/api/status, /metrics) until Ctrl-C"
         );
@@ -341,12 +428,99 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     }
     drop(children);
     print_summary(&final_status, merge.as_ref(), &tally);
+    print_weights(weights.as_ref());
     Ok(())
 }
 
-/// Polls the status until the sample budget is spent or Ctrl-C; returns the last status.
+/// Waits until every configured validator has published weights for the last finished epoch
+/// (or `--validator-wait-s` passes, or every validator exited); returns the metagraph then.
+async fn wait_for_weights(
+    args: &LocalArgs,
+    client: &ApiClient,
+    children: &mut Children,
+) -> Option<MetagraphView> {
+    let epoch = client.run_info().await.ok()?.epoch;
+    let Some(last) = epoch.checked_sub(1) else {
+        eprintln!("iota local: no epoch finished, so validators had nothing to weigh");
+        return client.metagraph().await.ok();
+    };
+    eprintln!(
+        "iota local: miners stopped; waiting up to {} s for the validators' weights of epoch {last}",
+        args.validator_wait_s
+    );
+    let deadline = Instant::now() + Duration::from_secs(args.validator_wait_s);
+    loop {
+        let view = client.metagraph().await.ok();
+        let published = view.as_ref().map_or(0, |v| {
+            v.validators.iter().filter(|w| w.epoch >= last).count()
+        });
+        let running = children
+            .0
+            .iter_mut()
+            .filter(|(n, _)| n.starts_with("validator"))
+            .filter_map(|(_, c)| c.try_wait().ok())
+            .filter(Option::is_none)
+            .count();
+        if published >= args.validators || running == 0 || Instant::now() >= deadline {
+            if published < args.validators {
+                eprintln!(
+                    "iota local: {published} of {} validators published weights for epoch {last} (see logs/validator*.log)",
+                    args.validators
+                );
+            }
+            return view;
+        }
+        tokio::time::sleep(Duration::from_millis(args.poll_ms.max(50))).await;
+    }
+}
+
+/// Prints the metagraph: the combined weights, then each validator's vector with its parts.
+fn print_weights(view: Option<&MetagraphView>) {
+    let Some(view) = view.filter(|v| !v.validators.is_empty()) else {
+        return;
+    };
+    println!(
+        "weights (GET /api/weights, combined by {:?}; burn {:.3})",
+        view.combine, view.combined_burn
+    );
+    for v in &view.validators {
+        println!(
+            "validator {} (stake {}) epoch {}{}",
+            v.hotkey,
+            v.stake,
+            v.epoch,
+            if v.dissent { " DISSENTS" } else { "" }
+        );
+        println!(
+            "  miner                                              weight  combined  throughput  quality  penalty  flags"
+        );
+        let mut rows: Vec<_> = v.weights.iter().collect();
+        rows.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        for w in rows {
+            let combined = view
+                .combined
+                .iter()
+                .find(|(h, _)| *h == w.hotkey)
+                .map_or(0.0, |(_, x)| *x);
+            println!(
+                "  {:<48} {:>8.4} {:>9.4} {:>11.0} {:>8.3} {:>8.1}  {}",
+                w.hotkey,
+                w.weight,
+                combined,
+                w.parts.throughput,
+                w.parts.quality,
+                w.parts.penalty,
+                w.parts.flags.join("; ")
+            );
+        }
+    }
+}
+
+/// Polls the status until the run is over (`budgeted`: the orchestrator says so; else
+/// `--samples` completed or dropped) or Ctrl-C; returns the last status.
 async fn watch(
     args: &LocalArgs,
+    budgeted: bool,
     client: &ApiClient,
     children: &mut Children,
 ) -> anyhow::Result<(StatusResponse, Tally)> {
@@ -386,24 +560,25 @@ async fn watch(
                 "completed": status.samples.completed,
                 "dropped": status.samples.dropped,
                 "in_flight": status.samples.in_flight,
-                "recent_loss": status.recent_loss,
+                "loss": status.recent_loss,
+                "eval_loss": status.eval_loss,
+                "tokens": status.tokens,
                 "tokens_per_s": status.tokens_per_s,
                 "epoch": status.epoch,
             });
             writeln!(file, "{line}").context("writing the metrics file")?;
         }
         bar.set_position(done);
+        let fmt = |l: Option<f32>| l.map_or_else(|| "-".into(), |l| format!("{l:.3}"));
         bar.set_message(format!(
-            "| epoch {} {:?} | done {} dropped {} in flight {} | loss {} | {:.0} tok/s",
+            "| epoch {} {:?} | done {} dropped {} in flight {} | loss {} eval {} | {:.0} tok/s",
             status.epoch,
             status.phase,
             status.samples.completed,
             status.samples.dropped,
             status.samples.in_flight,
-            status
-                .recent_loss
-                .map(|l| format!("{l:.3}"))
-                .unwrap_or_else(|| "-".into()),
+            fmt(status.recent_loss),
+            fmt(status.eval_loss),
             status.tokens_per_s
         ));
         let exits = children.exited();
@@ -415,7 +590,12 @@ async fn watch(
             bar.println(format!("children exited: {}", exits.join(", ")));
             reported_exits = exits.len();
         }
-        if args.samples.is_some_and(|n| done >= n) {
+        let over = if budgeted {
+            status.finished
+        } else {
+            args.samples.is_some_and(|n| done >= n)
+        };
+        if over {
             bar.finish_and_clear();
             return Ok((status, tally));
         }
@@ -423,11 +603,42 @@ async fn watch(
             _ = &mut ctrl_c => {
                 bar.finish_and_clear();
                 eprintln!("iota local: stopping");
+                tally.interrupted = true;
                 return Ok((status, tally));
             }
             _ = tokio::time::sleep(Duration::from_millis(args.poll_ms.max(50))) => {}
         }
     }
+}
+
+/// The run's summary as JSON (`--summary-out`).
+fn write_summary(
+    path: &Path,
+    status: &StatusResponse,
+    merge: Option<&MergeStatus>,
+    tally: &Tally,
+) -> anyhow::Result<()> {
+    let mean_tps = if tally.tokens_per_s.is_empty() {
+        0.0
+    } else {
+        tally.tokens_per_s.iter().sum::<f64>() / tally.tokens_per_s.len() as f64
+    };
+    let summary = json!({
+        "run": status.run,
+        "epoch": status.epoch,
+        "finished": status.finished,
+        "completed": status.samples.completed,
+        "dropped": status.samples.dropped,
+        "tokens": status.tokens,
+        "tokens_per_s": mean_tps,
+        "first_loss": tally.first_loss,
+        "last_loss": tally.last_loss,
+        "eval_loss": status.eval_loss,
+        "evals": status.evals,
+        "epochs": merge.map(|m| m.epochs.clone()).unwrap_or_default(),
+    });
+    fs::write(path, serde_json::to_vec_pretty(&summary)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn print_summary(status: &StatusResponse, merge: Option<&MergeStatus>, tally: &Tally) {
@@ -448,16 +659,29 @@ fn print_summary(status: &StatusResponse, merge: Option<&MergeStatus>, tally: &T
         status.samples.completed, status.samples.dropped, status.samples.in_flight
     );
     println!("tokens/s: {mean_tps:.0} (mean of polls)");
+    let evals: Vec<_> = status.evals.iter().filter_map(|e| e.eval_loss).collect();
+    if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
+        println!(
+            "eval loss (held out, through the network): {first:.4} -> {last:.4} after {} samples",
+            status
+                .evals
+                .iter()
+                .rev()
+                .find(|e| e.eval_loss.is_some())
+                .map_or(0, |e| e.trained_samples)
+        );
+    }
     if let Some(merge) = merge.filter(|m| !m.epochs.is_empty()) {
-        println!("epoch  samples  mean loss  first quarter  last quarter");
+        println!("epoch  samples  mean loss  first quarter  last quarter  eval (start)");
         for e in &merge.epochs {
             println!(
-                "{:>5}  {:>7}  {:>9}  {:>13}  {:>12}",
+                "{:>5}  {:>7}  {:>9}  {:>13}  {:>12}  {:>12}",
                 e.epoch,
                 e.completed,
                 fmt_loss(e.mean_loss),
                 fmt_loss(e.first_loss),
-                fmt_loss(e.last_loss)
+                fmt_loss(e.last_loss),
+                fmt_loss(e.eval_loss)
             );
         }
     }

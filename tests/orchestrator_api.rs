@@ -880,8 +880,9 @@ async fn r9_an_accepted_output_cannot_be_swapped_afterwards() {
 
 #[tokio::test]
 async fn evaluation_work_runs_forward_only_and_its_loss_reaches_the_status() {
+    // No back-off: the refused evaluations are offered again to the same tail miner at once.
     let h = harness_with(
-        config("eval_samples: 4\n"),
+        config("eval_samples: 4\npenalties: {backoff_s: 0, exclude_after: 1000}\n"),
         Repository::open_in_memory().unwrap(),
     );
     let [a, b, c] = three(&h).await;

@@ -8,10 +8,12 @@
 //!
 //! - [`cache`]: the bounded forward-input cache.
 //! - [`payload`]: blob decoding (token ids and wire tensors) and download checks.
+//! - [`utilization`]: where the miner's wall time goes (compute against I/O and waiting).
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
 pub mod cache;
 pub mod payload;
+pub mod utilization;
 pub mod worker;
 
 pub use cache::{CachedInput, InputCache};

@@ -18,6 +18,7 @@ use url::Url;
 
 use super::cache::{CachedInput, InputCache};
 use super::payload::{self, PayloadError};
+use super::utilization::{Activity, Utilization};
 
 mod merging;
 use crate::api::client::{ApiClient, ClientError, patient_policy};
@@ -86,6 +87,9 @@ pub struct MinerOptions {
     pub progress: bool,
     /// Set to stop the miner cleanly; Ctrl-C sets it too.
     pub stop: Arc<AtomicBool>,
+    /// Where to write the utilization and traffic report (JSON, rewritten about once a
+    /// second and when the miner stops).
+    pub stats_out: Option<std::path::PathBuf>,
 }
 
 /// What a miner did before it stopped.
@@ -185,6 +189,10 @@ struct Worker<B: AutodiffBackend> {
     held_epoch: u64,
     /// Merge epoch whose upload was already submitted.
     uploaded_epoch: Option<u64>,
+    /// Where the wall time went.
+    util: Utilization,
+    /// Where to write it, and when it was last written.
+    stats_out: Option<(std::path::PathBuf, Instant)>,
 }
 
 async fn mine<B: AutodiffBackend>(
@@ -249,12 +257,15 @@ async fn mine<B: AutodiffBackend>(
         section,
         held_epoch: 0,
         uploaded_epoch: None,
+        util: Utilization::for_section(reg.section),
+        stats_out: options.stats_out.clone().map(|p| (p, Instant::now())),
     };
     if let Some(checkpoint) = &reg.checkpoint {
         // A late joiner starts from the section's merged state.
         worker.adopt(checkpoint).await?;
     }
     let result = worker.serve(&stop).await;
+    worker.write_stats(true);
     heartbeat.abort();
     worker.bar.finish_and_clear();
     worker.report.penalties = worker.counters.penalties.load(Ordering::Relaxed);
@@ -289,12 +300,16 @@ impl<B: AutodiffBackend> Worker<B> {
     /// Asks for work and does it until `stop` is set.
     async fn serve(&mut self, stop: &AtomicBool) -> Result<(), MinerError> {
         while !stop.load(Ordering::SeqCst) {
+            self.write_stats(false);
             let max = if self.section.spec().is_tail {
                 self.settings.max_in_flight.max(1)
             } else {
                 self.cache.free().max(1)
             };
-            let work = match self.client.work(&WorkRequest { max }).await {
+            let asked = Instant::now();
+            let answer = self.client.work(&WorkRequest { max }).await;
+            self.util.add(Activity::Orchestrator, asked.elapsed());
+            let work = match answer {
                 Ok(work) => work,
                 Err(ClientError::Unreachable { reason, .. }) => {
                     tracing::warn!("orchestrator unreachable ({reason}); still trying");
@@ -327,12 +342,17 @@ impl<B: AutodiffBackend> Worker<B> {
             };
             if work.phase != Phase::Training || work.epoch > self.held_epoch {
                 // The run is merging, or merged since: take part, adopt, then go on.
+                let t = Instant::now();
                 self.merge_round(stop).await;
+                self.util.add(Activity::Merge, t.elapsed());
             }
             if work.assignments.is_empty() || work.phase != Phase::Training {
+                let t = Instant::now();
                 tokio::time::sleep(IDLE_WAIT).await;
+                self.util.add(Activity::Idle, t.elapsed());
                 continue;
             }
+            self.util.start();
             let mut pending = work.assignments.into_iter();
             while let Some(assignment) = pending.next() {
                 self.handle(&assignment).await;
@@ -348,7 +368,13 @@ impl<B: AutodiffBackend> Worker<B> {
     /// Does one assignment and submits it; a failure is logged and the work handed back.
     async fn handle(&mut self, assignment: &Assignment) {
         let submit = match self.process(assignment).await {
-            Ok(submit) => submit,
+            Ok(submit) => {
+                let t = &submit.timings;
+                self.util.add_ms(Activity::Download, t.download_ms);
+                self.util.add_ms(Activity::Compute, t.compute_ms);
+                self.util.add_ms(Activity::Upload, t.upload_ms);
+                submit
+            }
             Err(e) => {
                 tracing::warn!(
                     id = assignment.id,
@@ -359,7 +385,10 @@ impl<B: AutodiffBackend> Worker<B> {
                 return;
             }
         };
-        match self.client.submit(&submit).await {
+        let t = Instant::now();
+        let answer = self.client.submit(&submit).await;
+        self.util.add(Activity::Orchestrator, t.elapsed());
+        match answer {
             Ok(resp) if resp.accepted => match assignment.kind {
                 WorkKind::Forward if !self.section.spec().is_tail => {
                     self.report.forwards += 1;
@@ -395,15 +424,32 @@ impl<B: AutodiffBackend> Worker<B> {
             return;
         }
         let n = ids.len() as u64;
-        match self
+        let t = Instant::now();
+        let answer = self
             .client
             .release(&ReleaseRequest {
                 assignment_ids: ids,
             })
-            .await
-        {
+            .await;
+        self.util.add(Activity::Orchestrator, t.elapsed());
+        match answer {
             Ok(_) => self.report.released += n,
             Err(e) => tracing::warn!("release failed: {e}"),
+        }
+    }
+
+    /// Writes the utilization report when asked for one: at most once a second, or now when
+    /// `force` (a failure to write is logged, never fatal).
+    fn write_stats(&mut self, force: bool) {
+        let Some((path, last)) = &mut self.stats_out else {
+            return;
+        };
+        if !force && last.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        *last = Instant::now();
+        if let Err(e) = self.util.write(path) {
+            tracing::warn!(path = %path.display(), "could not write the stats file: {e}");
         }
     }
 

@@ -366,7 +366,10 @@ impl<B: AutodiffBackend> Section<B> {
         Ok(dims)
     }
 
-    fn accumulate(&mut self, grads: &B::Gradients) {
+    /// Adds this section's parameter gradients from a backward pass over a graph that
+    /// contains its module (the section's own backward, or a whole-model graph) to the
+    /// accumulation window, and counts one backward.
+    pub(crate) fn accumulate(&mut self, grads: &B::Gradients) {
         for (name, g) in params::collect_grads(&self.model, &self.spec, grads) {
             let sum = match self.grads.remove(&name) {
                 Some(acc) => acc + g,

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::http_error::HttpError;
 use super::state::AppState;
 use crate::storage::ObjectKey;
+use crate::storage::traffic::{self, TrafficDir};
 
 /// The token in the query string.
 #[derive(Debug, Deserialize)]
@@ -79,6 +80,7 @@ pub async fn get_blob(
         let range = parse_range(range, size)?;
         let content_range = format!("bytes {}-{}/{size}", range.start, range.end - 1);
         let bytes = state.storage.get_range(&key, range).await?;
+        traffic::served().record_key(key.as_str(), TrafficDir::Down, bytes.len() as u64);
         return Ok((
             StatusCode::PARTIAL_CONTENT,
             [
@@ -90,6 +92,7 @@ pub async fn get_blob(
             .into_response());
     }
     let bytes = state.storage.get(&key).await?;
+    traffic::served().record_key(key.as_str(), TrafficDir::Down, bytes.len() as u64);
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
@@ -101,7 +104,9 @@ pub async fn put_blob(
     body: Bytes,
 ) -> Result<Response, HttpError> {
     let key = authorise(&state, "PUT", &key, &token)?;
+    let len = body.len() as u64;
     let hash = state.storage.put(&key, body).await?;
+    traffic::served().record_key(key.as_str(), TrafficDir::Up, len);
     Ok((StatusCode::OK, [(header::ETAG, format!("\"{hash}\""))]).into_response())
 }
 

@@ -107,6 +107,16 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", counter.load(Ordering::Relaxed));
         }
+        out.push_str(
+            "# HELP iota_store_bytes_total Bytes this orchestrator's store read (down) and wrote (up), by object kind; includes what /blob served.\n\
+             # TYPE iota_store_bytes_total counter\n",
+        );
+        crate::storage::traffic::global().render("iota_store", "", out);
+        out.push_str(
+            "# HELP iota_blob_bytes_total Bytes clients uploaded (up) and downloaded (down) through /blob, by object kind.\n\
+             # TYPE iota_blob_bytes_total counter\n",
+        );
+        crate::storage::traffic::served().render("iota_blob", "", out);
     }
 }
 

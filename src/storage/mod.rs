@@ -21,6 +21,7 @@ pub mod retry;
 pub mod store;
 pub mod store_config;
 pub mod store_error;
+pub mod traffic;
 pub mod transfer;
 
 pub use codec::{CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len};

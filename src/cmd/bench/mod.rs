@@ -5,6 +5,7 @@ use clap::{Args, Subcommand};
 pub mod merge;
 pub mod model;
 pub mod network;
+pub mod step;
 
 /// Arguments of `iota bench`.
 #[derive(Debug, Args)]
@@ -23,6 +24,9 @@ pub enum BenchCommand {
     Merge(merge::BenchMergeArgs),
     /// Single-process chain against a local network: tokens/s, wire bytes, request latency.
     Network(network::BenchNetworkArgs),
+    /// One training step of a preset: whole graph vs section chain, per-op times, and an
+    /// optional PyTorch twin run interleaved.
+    Step(step::BenchStepArgs),
 }
 
 /// Runs `iota bench`.
@@ -34,6 +38,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Model(a) => model::run(a),
         BenchCommand::Merge(a) => merge::run(a),
         BenchCommand::Network(a) => network::run(a),
+        BenchCommand::Step(a) => step::run(a),
     }
 }
 

@@ -7,11 +7,14 @@
 //! - [`model`]: the burn Llama-style model, split into sections joined by learned bottlenecks;
 //!   the section training API, optimizer, schedules and checkpoints.
 //! - [`data`]: tokenizers, text sources, the synthetic corpus and deterministic sample windows.
-//! - [`storage`]: the wire codec for tensors crossing the network, and payload hashes.
+//! - [`codec`]: byte formats shared by everyone: the tensor wire codec, payload hashes, the flat
+//!   state layout. Depends on nothing else in the crate.
+//! - [`storage`]: object storage (local directory or S3), keys, presigned-URL transfers.
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
 //! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
+//! - [`validator`]: replay checks, CLASP, copy detection, scores and weights (`iota validate`).
 //!
 //! Dependencies point one way: `cmd` uses everything; `model` knows nothing of networks;
 //! `merge`, `storage` and `wallet` know nothing of burn.
@@ -19,10 +22,12 @@
 
 pub mod api;
 pub mod cmd;
+pub mod codec;
 pub mod data;
 pub mod merge;
 pub mod miner;
 pub mod model;
 pub mod orchestrator;
 pub mod storage;
+pub mod validator;
 pub mod wallet;

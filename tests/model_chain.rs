@@ -1,9 +1,9 @@
 //! The section chain (forward without a graph, backward by recomputation, boundary tensors
 //! through the wire codec) must compute what the whole model computes in one autodiff graph.
 
+use iota::codec::WireDtype;
 use iota::model::pipeline::Pipeline;
 use iota::model::{ModelConfig, OptimizerConfig};
-use iota::storage::codec::WireDtype;
 
 type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
 

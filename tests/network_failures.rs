@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 use iota::wallet::WalletDir;
 
+mod common;
+
+use common::net::{completed, free_port, status, wait_for};
+
 /// The tests of this file run one at a time (each starts seven processes on a small machine).
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -37,70 +41,9 @@ fn spawn(args: &[&str], log: &Path) -> Child {
         .unwrap()
 }
 
-fn status(url: &str) -> Option<serde_json::Value> {
-    let body = reqwest::blocking_get(&format!("{url}/api/status"))?;
-    serde_json::from_str(&body).ok()
-}
-
-mod reqwest {
-    /// A tiny blocking GET over a raw TCP socket (the crate's reqwest is async only).
-    pub fn blocking_get(url: &str) -> Option<String> {
-        use std::io::{Read, Write};
-        let rest = url.strip_prefix("http://")?;
-        let (host, path) = rest.split_once('/')?;
-        let mut stream = std::net::TcpStream::connect(host).ok()?;
-        write!(
-            stream,
-            "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        let (head, body) = text.split_once("\r\n\r\n")?;
-        if !head.starts_with("HTTP/1.1 200") {
-            return None;
-        }
-        if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            // Dechunk.
-            let mut out = String::new();
-            let mut rest = body;
-            loop {
-                let (size, after) = rest.split_once("\r\n")?;
-                let n = usize::from_str_radix(size.trim(), 16).ok()?;
-                if n == 0 {
-                    break;
-                }
-                out.push_str(after.get(..n)?);
-                rest = after.get(n + 2..)?;
-            }
-            return Some(out);
-        }
-        Some(body.to_string())
-    }
-}
-
-fn completed(s: &serde_json::Value) -> u64 {
-    s["samples"]["completed"].as_u64().unwrap_or(0)
-}
-
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Writes a run config with short deadlines on a free port; returns the URL and the path.
 fn write_config(dir: &Path, run: &str) -> (String, std::path::PathBuf) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let config = dir.join("run.yaml");
     std::fs::write(
         &config,

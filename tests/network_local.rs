@@ -4,6 +4,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
 
+mod common;
+
+use common::net::http_get;
+
 #[test]
 fn local_network_trains_and_mixes_pathways() {
     let dir = tempfile::tempdir().unwrap();
@@ -168,21 +172,7 @@ fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
     );
 }
 
-/// `GET /api/status` over a plain socket; the JSON body, or None when nothing answers.
+/// `GET /api/status` of the orchestrator on `port`; the JSON body, or None when nothing answers.
 fn get_status(port: u16) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .set_read_timeout(Some(std::time::Duration::from_secs(5)))
-        .ok()?;
-    write!(
-        stream,
-        "GET /api/status HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n"
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let ok = head.lines().next().is_some_and(|l| l.contains(" 200 "));
-    ok.then(|| body.to_string())
+    http_get(&format!("http://127.0.0.1:{port}/api/status"))
 }

@@ -10,6 +10,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 
 use common::api_harness::*;
+use common::net::now_ms;
 use http_body_util::BodyExt;
 use iota::api::*;
 use iota::orchestrator::{AppState, Repository, enforce_deadlines, router};
@@ -581,11 +582,11 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
             now: Arc::new(AtomicU64::new(0)),
         };
         // This harness uses the system clock (AppState::open); sign with it.
-        h.now.store(iota_now(), Ordering::SeqCst);
+        h.now.store(now_ms(), Ordering::SeqCst);
         for k in &keys {
             h.register(k).await;
         }
-        h.now.store(iota_now(), Ordering::SeqCst);
+        h.now.store(now_ms(), Ordering::SeqCst);
         let f0 = h.work(&a, 1).await.remove(0);
         let bytes = activation(&h.state.config.boundary_shape(), 0.5);
         assert!(h.submit(&a, &f0, Some(bytes), None).await.accepted);
@@ -608,17 +609,10 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
     let h = Harness {
         app: router(state.clone()),
         state,
-        now: Arc::new(AtomicU64::new(iota_now())),
+        now: Arc::new(AtomicU64::new(now_ms())),
     };
     let f1 = h.work(&keys[1], 1).await.remove(0);
     assert_eq!((f1.sample_id, f1.section), (0, 1));
-}
-
-fn iota_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
 }
 
 #[tokio::test]

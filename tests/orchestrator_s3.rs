@@ -4,30 +4,20 @@
 //!
 //! s3s-fs must be installed: `cargo install s3s-fs@0.14.1 --features binary --locked`.
 
-use axum::body::Body;
-use axum::http::{Request, StatusCode};
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tower::ServiceExt;
 use url::Url;
 
 use iota::api::*;
 use iota::orchestrator::{AppState, RunConfig, router};
 use iota::storage::{WireDtype, download_from_url, encode, payload_hash, upload_to_url};
-use iota::wallet::{Hotkey, sign_request};
+use iota::wallet::Hotkey;
 
 mod common;
 
+use common::signed::post_oneshot;
 use common::{ACCESS_KEY, BUCKET, S3Server, SECRET_KEY};
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 async fn post<T: DeserializeOwned>(
     state: &AppState,
@@ -35,24 +25,7 @@ async fn post<T: DeserializeOwned>(
     body: &impl Serialize,
     key: &Hotkey,
 ) -> T {
-    let body = serde_json::to_vec(body).unwrap();
-    let mut req = Request::post(path);
-    for (name, value) in sign_request(key, &body, now_ms(), "s3-run").to_pairs() {
-        req = req.header(name, value);
-    }
-    let resp = router(state.clone())
-        .oneshot(req.body(Body::from(body)).unwrap())
-        .await
-        .unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    assert_eq!(
-        status,
-        StatusCode::OK,
-        "{}",
-        String::from_utf8_lossy(&bytes)
-    );
-    serde_json::from_slice(&bytes).unwrap()
+    post_oneshot(router(state.clone()), path, body, key, "s3-run").await
 }
 
 #[tokio::test]

@@ -12,14 +12,11 @@ use url::Url;
 use iota::api::*;
 use iota::orchestrator::{AppState, RunConfig, serve};
 use iota::storage::{WireDtype, download_from_url, encode, payload_hash, upload_to_url};
-use iota::wallet::{Hotkey, sign_request};
+use iota::wallet::Hotkey;
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
+mod common;
+
+use common::signed::post_http;
 
 struct Server {
     client: Client,
@@ -59,23 +56,7 @@ impl Client {
         body: &impl Serialize,
         key: &Hotkey,
     ) -> T {
-        let body = serde_json::to_vec(body).unwrap();
-        let headers = sign_request(key, &body, now_ms(), "srv");
-        let mut req = reqwest::Client::new()
-            .post(format!("http://{}{path}", self.addr))
-            .header("content-type", "application/json");
-        for (name, value) in headers.to_pairs() {
-            req = req.header(name, value);
-        }
-        let resp = req.body(body).send().await.unwrap();
-        let status = resp.status();
-        let bytes = resp.bytes().await.unwrap();
-        assert!(
-            status.is_success(),
-            "{path}: {status} {}",
-            String::from_utf8_lossy(&bytes)
-        );
-        serde_json::from_slice(&bytes).unwrap()
+        post_http(&format!("http://{}", self.addr), path, body, key, "srv").await
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> T {

@@ -11,7 +11,7 @@
 //! 1. `training`: `/api/work` as usual. Once `batches_before_merging` samples of the epoch
 //!    completed, the phase becomes `uploading` (work answers say so).
 //! 2. The miner asks `/api/merge/task`: [`MergeTask::Upload`] gives a PUT URL and a lease. It
-//!    uploads its flat state ([`crate::merge::FlatLayout`], little-endian `f32`) and submits
+//!    uploads its flat state ([`crate::codec::FlatLayout`], little-endian `f32`) and submits
 //!    [`MergeSubmitRequest::Upload`] with the manifest. An upload started under a lease is
 //!    accepted until `lease_until_unix_ms`, even after the phase moved on.
 //! 3. `merging`: [`MergeTask::Merge`] lists the miner's partitions of the seeded plan, with a
@@ -23,8 +23,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::types::{BlobRef, Phase};
-use crate::merge::{FlatLayout, MergeOp};
+use super::blob_ref::BlobRef;
+use super::phase::Phase;
+use crate::codec::FlatLayout;
+use crate::merge::MergeOp;
 
 /// `POST /api/merge/task`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -12,9 +12,13 @@
 //!   object storage (S3 presigned URLs, or the orchestrator's own `/blob` endpoint with a signed
 //!   expiring token when the run stores objects in a local directory).
 
+pub mod blob_ref;
 pub mod merge;
+pub mod phase;
 pub mod types;
 
+pub use blob_ref::BlobRef;
 pub use merge::*;
+pub use phase::Phase;
 pub use types::*;
 pub mod client;

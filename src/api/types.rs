@@ -17,8 +17,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::blob_ref::BlobRef;
+use super::merge::SectionCheckpoint;
+use super::phase::Phase;
+use crate::codec::WireDtype;
 use crate::model::ModelConfig;
-use crate::storage::codec::WireDtype;
 
 /// `GET /health`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -48,18 +51,6 @@ pub struct RunInfo {
     pub phase: Phase,
     /// Current epoch (merges completed).
     pub epoch: u64,
-}
-
-/// Phase of the run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Miners process forward and backward work.
-    Training,
-    /// Miners upload weights for the merge.
-    Uploading,
-    /// Miners merge their partitions.
-    Merging,
 }
 
 /// `POST /api/register`.
@@ -110,20 +101,7 @@ pub struct RegisterResponse {
     /// Settings to follow.
     pub settings: MinerSettings,
     /// Latest merged state of the section to start from; `None` means initialise from the seed.
-    pub checkpoint: Option<super::merge::SectionCheckpoint>,
-}
-
-/// A short-lived URL for one object, with what the consumer must check.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct BlobRef {
-    /// GET (download) or PUT (upload) URL, valid until `expires_unix_ms`.
-    pub url: String,
-    /// BLAKE3 hex of the content (downloads only; the producer reported it).
-    pub hash: Option<String>,
-    /// Shape of the tensor inside, when the object is a wire-codec tensor.
-    pub shape: Option<Vec<usize>>,
-    /// Expiry of the URL.
-    pub expires_unix_ms: u64,
+    pub checkpoint: Option<SectionCheckpoint>,
 }
 
 /// Direction of an assignment.

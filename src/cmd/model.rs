@@ -3,9 +3,9 @@
 
 use clap::{Args, Subcommand};
 
+use crate::codec::{WireDtype, encoded_len};
 use crate::model::ModelConfig;
 use crate::model::config::PRESETS;
-use crate::storage::codec::{WireDtype, encoded_len};
 
 /// Arguments of `iota model`.
 #[derive(Debug, Args)]

@@ -13,13 +13,13 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
+use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::checkpoint::{self, CheckpointMeta, SectionMeta};
 use crate::model::pipeline::Pipeline;
 use crate::model::section::OptimizerState;
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, StepOutcome};
-use crate::storage::codec::WireDtype;
 
 /// Arguments of `iota train`.
 #[derive(Debug, Args)]

@@ -11,10 +11,10 @@
 //! - `mean`, `geometric`, `median`, `trimmed`: the merge operators, one per file.
 //! - `outer`: the optional DiLoCo-style Nesterov outer step ([`nesterov_outer_step`]).
 //! - `op`: [`MergeOp`], the operator selected by config or command line.
-//! - `layout`: [`FlatLayout`], the flat vector a section's state travels as.
+//! - [`FlatLayout`] (re-exported from [`crate::codec::flat`]): the flat vector a section's state
+//!   travels as.
 //! - `driver`: [`merge_partition`] and [`merge_with_plan`].
 //! - `plan` (with `shuffle`): the seeded butterfly partition plan and traffic estimate.
-//! - [`participant`]: a miner's share of the merge (download ranges, merge, upload).
 //! - `verify`: comparing redundant copies and flagging mergers.
 //!
 //! # Example
@@ -31,23 +31,21 @@ mod driver;
 mod error;
 mod geometric;
 mod inputs;
-mod layout;
 mod mean;
 mod median;
 mod op;
 mod outer;
-pub mod participant;
 mod plan;
 mod shuffle;
 mod trimmed;
 mod verify;
 
+pub use crate::codec::flat::{
+    FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,
+};
 pub use driver::{merge_partition, merge_with_plan};
 pub use error::{MergeError, PlanError};
 pub use geometric::sign_aware_geometric_mean;
-pub use layout::{
-    FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,
-};
 pub use mean::weighted_mean;
 pub use median::coordinate_median;
 pub use op::{DEFAULT_TRIM_FRACTION, MergeOp};

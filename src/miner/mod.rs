@@ -7,11 +7,13 @@
 //! ([`cache::InputCache`]); the optimizer steps every `local_steps` backwards.
 //!
 //! - [`cache`]: the bounded forward-input cache.
+//! - [`participant`]: the miner's share of a butterfly merge (read ranges, merge, upload).
 //! - [`payload`]: blob decoding (token ids and wire tensors) and download checks.
 //! - [`utilization`]: where the miner's wall time goes (compute against I/O and waiting).
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
 pub mod cache;
+pub mod participant;
 pub mod payload;
 pub mod utilization;
 pub mod worker;

@@ -3,7 +3,7 @@
 //! # Format
 //! Token blobs (head input, tail targets) are raw little-endian `u32` ids, row-major
 //! `[batch, seq]`, no header. Activations and gradients are wire-codec tensors
-//! ([`crate::storage::codec`]).
+//! ([`crate::codec`]).
 
 use bytes::Bytes;
 use thiserror::Error;

@@ -13,7 +13,7 @@ use super::ModelError;
 use super::config::ModelConfig;
 use super::params::NamedTensor;
 use super::section::{OptimizerState, Section};
-use crate::merge::FlatLayout;
+use crate::codec::FlatLayout;
 
 /// `(global name, shape)` of every parameter of section `index`, in no particular order.
 ///

@@ -62,7 +62,7 @@ pub enum ModelError {
     NonFiniteLoss(f32),
     /// A boundary tensor could not be encoded or decoded.
     #[error("wire codec: {0}")]
-    Codec(#[from] crate::storage::codec::CodecError),
+    Codec(#[from] crate::codec::CodecError),
     /// A checkpoint could not be written or read.
     #[error("checkpoint {path}: {message}")]
     Checkpoint {

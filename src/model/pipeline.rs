@@ -13,7 +13,7 @@ use super::optimizer::OptimizerConfig;
 use super::params;
 use super::section::{Inner, Section, StepOutcome};
 use super::section_model::{SectionInput, cross_entropy};
-use crate::storage::codec::{self, WireDtype};
+use crate::codec::{self, WireDtype};
 
 /// What one training micro-batch did.
 #[derive(Debug, Clone, PartialEq)]

@@ -9,47 +9,12 @@
 //! - **merging -> training** when every section's merge is finalised: all partitions have
 //!   their `r` results, or the merge deadline passed ([`super::finalize`]).
 
-use thiserror::Error;
-
+pub use super::cycle_error::CycleError;
 use super::finalize::finalize_section;
-use super::merge_repo::{PlanRow, SectionOutcome, UploadState};
-use super::repo_types::RepoError;
+use super::repo::{PlanRow, SectionOutcome, UploadState};
 use super::state::AppState;
 use crate::api::Phase;
-use crate::merge::{MergeError, MergePlan, PlanError, PlanSpec, partition_count};
-use crate::model::ModelError;
-use crate::storage::{KeyError, StorageError};
-
-/// Why a step of the phase machine failed (it is retried at the next tick).
-#[derive(Debug, Error)]
-pub enum CycleError {
-    /// The state store.
-    #[error(transparent)]
-    Repo(#[from] RepoError),
-    /// Object storage.
-    #[error(transparent)]
-    Storage(#[from] StorageError),
-    /// A key could not be built.
-    #[error(transparent)]
-    Key(#[from] KeyError),
-    /// The plan could not be built.
-    #[error("merge plan: {0}")]
-    Plan(#[from] PlanError),
-    /// Merging (recomputation or the outer step) failed.
-    #[error("merge: {0}")]
-    Merge(#[from] MergeError),
-    /// The section layout.
-    #[error(transparent)]
-    Model(#[from] ModelError),
-    /// A stored object does not hold what the state store says.
-    #[error("stored object {key}: {reason}")]
-    BadObject {
-        /// The object.
-        key: String,
-        /// What is wrong.
-        reason: String,
-    },
-}
+use crate::merge::{MergePlan, PlanSpec, partition_count};
 
 /// Seconds without a request after which a miner no longer counts as live (at least).
 const MIN_ALIVE_MS: u64 = 10_000;

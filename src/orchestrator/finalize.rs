@@ -9,8 +9,8 @@
 //! | no majority | recomputed here from the uploads; copies that differ flagged |
 //! | none | the previous global values (recomputed when there is no previous merge) |
 
-use super::cycle::CycleError;
-use super::merge_repo::{PlanRow, ResultRow, SectionOutcome};
+use super::cycle_error::CycleError;
+use super::repo::{PlanRow, ResultRow, SectionOutcome};
 use super::state::AppState;
 use crate::merge::{
     FlagReason, MergePlan, MergedCopy, Partition, Tolerance, Verdict, f32_from_le_bytes,

@@ -7,7 +7,7 @@ use super::auth::Signed;
 use super::cycle::{self, build_plan};
 use super::finalize::merge_sources;
 use super::http_error::HttpError;
-use super::merge_repo::{PhaseInfo, UploadRow, UploadState};
+use super::repo::{PhaseInfo, UploadRow, UploadState};
 use super::state::AppState;
 use super::wire::url_for;
 use crate::api::*;

@@ -3,8 +3,8 @@
 //! - [`config`]: the run config (YAML).
 //! - [`repo`] / [`repo_types`]: durable state in SQLite and the routing rules.
 //! - [`auth`]: the signed-request extractors; [`http_error`]: every refusal.
-//! - [`cycle`] / [`finalize`] / [`merge_handlers`] / [`merge_repo`]: the merge cycle (phase
-//!   machine, verification and checkpoints, its endpoints, its durable state).
+//! - [`cycle`] / [`finalize`] / [`merge_handlers`]: the merge cycle (phase machine,
+//!   verification and checkpoints, its endpoints); its durable state is in [`repo`] too.
 //! - [`handlers`]: the JSON endpoints; [`wire`]: assignments on the wire and their URLs.
 //! - [`blob`] / [`blob_token`]: the local-storage blob endpoint and its tokens.
 //! - [`metrics`]: Prometheus counters; [`state`]: the shared [`AppState`];
@@ -15,11 +15,11 @@ pub mod blob;
 pub mod blob_token;
 pub mod config;
 pub mod cycle;
+pub mod cycle_error;
 pub mod finalize;
 pub mod handlers;
 pub mod http_error;
 pub mod merge_handlers;
-pub mod merge_repo;
 pub mod metrics;
 pub mod repo;
 pub mod repo_types;

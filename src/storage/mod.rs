@@ -1,8 +1,7 @@
 //! Storage: how bytes leave one machine and arrive at another intact.
 //!
-//! - [`codec`]: the wire format of boundary tensors (activations and gradients passed between
-//!   pipeline sections) in f32, bf16 or per-row int8, validated strictly on decode.
-//! - [`hash`]: BLAKE3 payload hashes that producers report and consumers check.
+//! The byte formats themselves (tensor codec, payload hashes, flat layout) live in
+//! [`crate::codec`]; their main items are re-exported here for the code that stores them.
 //!
 //! - [`key`] builds the key layout (`runs/{run}/...`) from validated components.
 //! - [`store`] defines [`Storage`], the store itself (put/get/range/head/list/delete/presign)
@@ -14,8 +13,6 @@
 //!
 //! This module knows nothing of models.
 
-pub mod codec;
-pub mod hash;
 pub mod key;
 pub mod retry;
 pub mod store;
@@ -24,8 +21,10 @@ pub mod store_error;
 pub mod traffic;
 pub mod transfer;
 
-pub use codec::{CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len};
-pub use hash::{payload_hash, verify_hash};
+pub use crate::codec::{
+    CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len, payload_hash,
+    verify_hash,
+};
 pub use key::{Direction, Hotkey, KeyError, KeyPart, ObjectKey, RunKeys, StatePart};
 pub use retry::RetryPolicy;
 pub use store::{ObjectInfo, ObjectWriter, PresignMethod, Storage};

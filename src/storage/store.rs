@@ -16,11 +16,11 @@ use object_store::signer::Signer;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use url::Url;
 
-use super::hash::payload_hash;
 use super::key::ObjectKey;
 use super::store_config::{self, BackendKind, StorageConfig};
 use super::store_error::{StorageError, StorageResult};
 use super::traffic::{self, TrafficDir};
+use crate::codec::payload_hash;
 
 /// Payloads larger than this are uploaded in parts by default (8 MiB).
 pub const DEFAULT_MULTIPART_THRESHOLD: usize = 8 * 1024 * 1024;

@@ -17,7 +17,9 @@ use iota::data::{DataSpec, Dataset, Tokenizer};
 use iota::orchestrator::blob_token::BlobSecret;
 use iota::orchestrator::{AppState, Repository, RunConfig, router};
 use iota::storage::{Storage, WireDtype, encode, payload_hash};
-use iota::wallet::{Hotkey, sign_request};
+use iota::wallet::Hotkey;
+
+pub use super::signed::signed_raw;
 
 pub const T0: u64 = 1_767_225_600_000;
 
@@ -76,15 +78,6 @@ pub fn harness() -> Harness {
 
 pub fn key(uri: &str) -> Hotkey {
     Hotkey::from_uri(uri).unwrap()
-}
-
-pub fn signed_raw(path: &str, body: Vec<u8>, hotkey: &Hotkey, ts: u64, run: &str) -> Request<Body> {
-    let headers = sign_request(hotkey, &body, ts, run);
-    let mut req = Request::post(path).header("content-type", "application/json");
-    for (name, value) in headers.to_pairs() {
-        req = req.header(name, value);
-    }
-    req.body(Body::from(body)).unwrap()
 }
 
 impl Harness {

@@ -10,11 +10,11 @@ use clap::Args;
 
 use super::peak_rss_bytes;
 use crate::cmd::model::{boundary_bytes, human_bytes, human_count};
+use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::pipeline::Pipeline;
 use crate::model::{ModelConfig, OptimizerConfig};
-use crate::storage::codec::WireDtype;
 
 /// Arguments of `iota bench model`.
 #[derive(Debug, Args)]

@@ -36,12 +36,12 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
 use crate::cmd::model::human_bytes;
+use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::miner::utilization::UtilizationReport;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::pipeline::Pipeline;
 use crate::model::{ModelConfig, OptimizerConfig};
-use crate::storage::codec::WireDtype;
 use crate::storage::traffic::{TrafficDir, TrafficKind};
 
 /// Arguments of `iota bench network`.

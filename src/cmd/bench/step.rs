@@ -33,7 +33,7 @@ use crate::model::pipeline::Pipeline;
 use crate::model::rope::Rope;
 use crate::model::section_model::cross_entropy;
 use crate::model::{ModelConfig, OptimizerConfig};
-use crate::storage::codec::WireDtype;
+use crate::codec::WireDtype;
 
 /// Arguments of `iota bench step`.
 #[derive(Debug, Args)]

@@ -14,8 +14,8 @@ use crate::api::{
     BlobRef, MergeSubmitRequest, MergeTask, MergeTaskRequest, PartitionTask, SectionCheckpoint,
     UploadManifest,
 };
-use crate::merge::participant::merge_partition_task;
 use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes, f32_to_le_bytes};
+use crate::miner::participant::merge_partition_task;
 use crate::miner::payload::{self, PayloadError};
 use crate::storage::{payload_hash, upload_to_url};
 

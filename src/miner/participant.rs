@@ -10,11 +10,9 @@ use bytes::Bytes;
 use thiserror::Error;
 use url::Url;
 
-use super::driver::merge_partition;
-use super::error::MergeError;
-use super::layout::{f32_from_le_bytes, f32_to_le_bytes};
-use super::op::MergeOp;
 use crate::api::{MergeSubmitRequest, PartitionTask};
+use crate::codec::{f32_from_le_bytes, f32_to_le_bytes};
+use crate::merge::{MergeError, MergeOp, merge_partition};
 use crate::storage::{download_from_url, payload_hash, upload_to_url};
 
 /// Why a partition could not be merged.

@@ -4,34 +4,10 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::repo::{Repository, drop_sample, penalise, to_i64, to_u64, usize_of};
-use super::repo_types::RepoError;
+use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::ledger::penalise;
 use crate::api::{EpochSummary, Phase};
-
-/// Tables of the merge cycle (created next to the routing tables).
-pub const MERGE_SCHEMA: &str = "
-CREATE TABLE IF NOT EXISTS uploads (
-    epoch INTEGER NOT NULL, section INTEGER NOT NULL, miner TEXT NOT NULL, state TEXT NOT NULL,
-    lease_until INTEGER NOT NULL, hash TEXT, bytes INTEGER, weight REAL, reason TEXT,
-    PRIMARY KEY (epoch, miner));
-CREATE TABLE IF NOT EXISTS merge_plans (
-    epoch INTEGER NOT NULL, section INTEGER NOT NULL, uploaders TEXT NOT NULL,
-    weights TEXT NOT NULL, len INTEGER NOT NULL, partitions INTEGER NOT NULL,
-    replication INTEGER NOT NULL, finalized_at INTEGER, PRIMARY KEY (epoch, section));
-CREATE TABLE IF NOT EXISTS partition_results (
-    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
-    merger TEXT NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL, at INTEGER NOT NULL,
-    PRIMARY KEY (epoch, section, partition, merger));
-CREATE TABLE IF NOT EXISTS partition_outcomes (
-    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
-    verdict TEXT NOT NULL, PRIMARY KEY (epoch, section, partition));
-CREATE TABLE IF NOT EXISTS merge_flags (
-    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
-    merger TEXT NOT NULL, reason TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    section INTEGER NOT NULL, epoch INTEGER NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL,
-    at INTEGER NOT NULL, PRIMARY KEY (section, epoch));
-";
+use crate::orchestrator::repo_types::RepoError;
 
 /// The phase and its deadlines.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,113 +124,7 @@ pub struct SectionOutcome {
     pub checkpoint: Option<(String, u64)>,
 }
 
-fn phase_str(p: Phase) -> &'static str {
-    match p {
-        Phase::Training => "training",
-        Phase::Uploading => "uploading",
-        Phase::Merging => "merging",
-    }
-}
-
 impl Repository {
-    /// Phase, epoch and deadlines.
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
-    pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
-        let (phase, epoch, _) = self.run_state()?;
-        let conn = self.lock();
-        let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row(
-            "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok(PhaseInfo {
-            phase,
-            epoch,
-            deadline_ms: deadline.map(to_u64),
-            upload_closed_ms: closed.map(to_u64),
-        })
-    }
-
-    /// Samples of `epoch` completed, and samples still active (any epoch).
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`].
-    pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
-        let conn = self.lock();
-        // Both counts are ranges of the `samples_outcome` index (this runs on every work
-        // request), not scans of the whole ledger.
-        let (done, active): (i64, i64) = conn.query_row(
-            "SELECT (SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND epoch = ?1), \
-             (SELECT COUNT(*) FROM samples WHERE outcome = 'active')",
-            [to_i64(epoch)],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok((to_u64(done), to_u64(active)))
-    }
-
-    /// Ends training of `epoch`: every sample still under way is dropped with a recorded
-    /// reason (its assignments cancelled), and the phase becomes `uploading` until
-    /// `deadline_ms`. Returns the samples cancelled.
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`].
-    pub fn begin_uploading(
-        &self,
-        epoch: u64,
-        deadline_ms: u64,
-        now_ms: u64,
-    ) -> Result<u64, RepoError> {
-        self.write(|tx| {
-            let active: Vec<i64> = {
-                let mut stmt = tx.prepare("SELECT id FROM samples WHERE outcome = 'active'")?;
-                let rows = stmt.query_map([], |r| r.get(0))?;
-                rows.collect::<Result<_, _>>()?
-            };
-            let reason = format!("cancelled: training of epoch {epoch} ended for the merge");
-            for id in &active {
-                drop_sample(tx, to_u64(*id), &reason, now_ms)?;
-            }
-            tx.execute(
-                "UPDATE run_state SET phase = 'uploading', phase_deadline = ?1, \
-                 upload_closed = NULL WHERE id = 0",
-                [to_i64(deadline_ms)],
-            )?;
-            Ok(active.len() as u64)
-        })
-    }
-
-    /// Closes uploading: the phase becomes `merging` until `deadline_ms`.
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`].
-    pub fn begin_merging(&self, deadline_ms: u64, now_ms: u64) -> Result<(), RepoError> {
-        self.write(|tx| {
-            tx.execute(
-                "UPDATE run_state SET phase = 'merging', phase_deadline = ?1, upload_closed = ?2 \
-                 WHERE id = 0",
-                params![to_i64(deadline_ms), to_i64(now_ms)],
-            )?;
-            Ok(())
-        })
-    }
-
-    /// Ends the merge of `epoch`: training resumes in epoch `epoch + 1`.
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`].
-    pub fn finish_merge(&self, epoch: u64) -> Result<(), RepoError> {
-        self.write(|tx| {
-            tx.execute(
-                "UPDATE run_state SET phase = ?1, epoch = ?2, phase_deadline = NULL, \
-                 upload_closed = NULL WHERE id = 0 AND epoch = ?3",
-                params![phase_str(Phase::Training), to_i64(epoch + 1), to_i64(epoch)],
-            )?;
-            Ok(())
-        })
-    }
-
     /// The upload of `hotkey` for the merge of `epoch`.
     ///
     /// # Errors
@@ -610,25 +480,6 @@ impl Repository {
                 },
             )
             .optional()?)
-    }
-
-    /// Records the weights a miner reports holding (heartbeat).
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`].
-    pub fn set_weights(
-        &self,
-        hotkey: &str,
-        epoch: u64,
-        hash: Option<&str>,
-    ) -> Result<(), RepoError> {
-        self.write(|tx| {
-            tx.execute(
-                "UPDATE miners SET weights_epoch = ?2, weights_hash = ?3 WHERE hotkey = ?1",
-                params![hotkey, to_i64(epoch), hash],
-            )?;
-            Ok(())
-        })
     }
 
     /// Loss summary of every epoch that completed samples, oldest first.

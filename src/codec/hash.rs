@@ -1,7 +1,7 @@
 //! Content hashes for payloads: the producer of a blob reports its BLAKE3 hash to the
 //! orchestrator, and every consumer checks the bytes it downloaded against that report.
 
-use super::codec::CodecError;
+use super::tensor::CodecError;
 
 /// BLAKE3 hash of `bytes` as 64 lowercase hex digits.
 pub fn payload_hash(bytes: &[u8]) -> String {

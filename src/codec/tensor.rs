@@ -1,9 +1,9 @@
 //! Wire codec for the boundary tensors (activations and gradients) that cross the network
 //! between pipeline sections.
 //!
-//! A producer encodes a tensor once with [`encode`], reports the BLAKE3 [`payload_hash`] of
+//! A producer encodes a tensor once with [`encode`], reports the BLAKE3 [`payload_hash`](super::payload_hash) of
 //! the bytes to the orchestrator, and uploads them; a consumer checks the hash with
-//! [`verify_hash`] and decodes with [`decode_expecting`], which also checks the shape it was
+//! [`verify_hash`](super::verify_hash) and decodes with [`decode_expecting`], which also checks the shape it was
 //! told to expect. Decoding validates everything before it allocates and never panics, since
 //! the bytes come from an untrusted peer.
 //!
@@ -39,8 +39,6 @@ use std::str::FromStr;
 use half::bf16;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-
-pub use super::hash::{payload_hash, verify_hash};
 
 /// The four magic bytes that open every encoded tensor.
 pub const MAGIC: [u8; 4] = *b"IOTW";
@@ -259,7 +257,7 @@ pub enum CodecError {
         /// Flat element index.
         index: usize,
     },
-    /// The expected hash given to [`verify_hash`] is not 64 hex digits.
+    /// The expected hash given to [`verify_hash`](super::verify_hash) is not 64 hex digits.
     #[error("malformed BLAKE3 hash {got:?}: expected 64 hex digits")]
     MalformedHash {
         /// The string given.

@@ -1,0 +1,23 @@
+//! The byte formats shared by every part of the network: how a boundary tensor, a payload hash
+//! and a section's flat state look on the wire.
+//!
+//! - [`tensor`]: the wire codec of boundary tensors (activations and gradients passed between
+//!   pipeline sections) in f32, bf16 or per-row int8, validated strictly on decode.
+//! - [`hash`]: BLAKE3 payload hashes that producers report and consumers check.
+//! - [`flat`]: [`FlatLayout`], the flat `f32` vector a section's parameters and optimizer
+//!   moments travel as (uploads, merge partitions, checkpoints).
+//!
+//! It depends on nothing else in the crate, so the model core, the merge, storage and the API
+//! can all use it without depending on each other.
+
+pub mod flat;
+pub mod hash;
+pub mod tensor;
+
+pub use flat::{
+    FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,
+};
+pub use hash::{payload_hash, verify_hash};
+pub use tensor::{
+    CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len,
+};

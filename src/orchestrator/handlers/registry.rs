@@ -1,0 +1,73 @@
+//! Joining and staying: `/api/register` and `/api/heartbeat`.
+
+use axum::Json;
+use axum::extract::State;
+
+use crate::api::*;
+use crate::orchestrator::auth::{Signed, SignedAny};
+use crate::orchestrator::http_error::HttpError;
+use crate::orchestrator::merge_handlers::section_checkpoint;
+use crate::orchestrator::state::AppState;
+
+/// `POST /api/register`.
+pub async fn register(
+    State(state): State<AppState>,
+    req: SignedAny<RegisterRequest>,
+) -> Result<Json<RegisterResponse>, HttpError> {
+    let c = &state.config;
+    let section = state.repo.register(
+        &req.hotkey,
+        &req.body.device,
+        req.body.max_in_flight,
+        c.model.n_sections(),
+        c.max_miners_per_section,
+        state.now_ms(),
+    )?;
+    let (_, epoch, _) = state.repo.run_state()?;
+    let checkpoint = section_checkpoint(&state, section).await?;
+    tracing::info!(hotkey = %req.hotkey, section, "miner registered");
+    Ok(Json(RegisterResponse {
+        hotkey: req.hotkey,
+        section,
+        run: c.run.clone(),
+        epoch,
+        model: c.model.clone(),
+        settings: MinerSettings {
+            local_steps: c.local_steps,
+            max_in_flight: c.max_in_flight.min(req.body.max_in_flight.max(1)),
+            wire: c.wire,
+            seq_len: c.seq_len,
+            batch_size: c.batch_size,
+            seed: c.seed,
+            optimizer: c.optimizer,
+            schedule: c.schedule,
+            heartbeat_s: c.heartbeat_s,
+        },
+        checkpoint,
+    }))
+}
+
+/// `POST /api/heartbeat`.
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    req: Signed<HeartbeatRequest>,
+) -> Result<Json<HeartbeatResponse>, HttpError> {
+    state.repo.touch(&req.hotkey, state.now_ms())?;
+    state.repo.set_weights(
+        &req.hotkey,
+        req.body.weights_epoch,
+        req.body.weights_hash.as_deref(),
+    )?;
+    let info = state.repo.phase_info()?;
+    let penalties = state
+        .repo
+        .miner(&req.hotkey)?
+        .map(|m| m.penalties)
+        .unwrap_or(0);
+    Ok(Json(HeartbeatResponse {
+        phase: info.phase,
+        epoch: info.epoch,
+        phase_deadline_unix_ms: info.deadline_ms,
+        penalties,
+    }))
+}

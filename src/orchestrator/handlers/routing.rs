@@ -1,0 +1,163 @@
+//! The work loop: `/api/work` (backwards first, then forwards, then new samples at the head),
+//! `/api/submit` and `/api/release`.
+
+use axum::Json;
+use axum::extract::State;
+
+use super::payload::check_result;
+use crate::api::*;
+use crate::orchestrator::auth::Signed;
+use crate::orchestrator::http_error::HttpError;
+use crate::orchestrator::metrics::Metrics;
+use crate::orchestrator::repo_types::{Accepted, AssignmentRow, Fallout};
+use crate::orchestrator::state::AppState;
+use crate::orchestrator::wire::to_wire;
+
+/// `POST /api/work`: backwards first, then open forwards, then (head miners) new samples.
+pub async fn work(
+    State(state): State<AppState>,
+    req: Signed<WorkRequest>,
+) -> Result<Json<WorkResponse>, HttpError> {
+    let limits = state.limits();
+    let (phase, epoch, _) = state.repo.run_state()?;
+    if phase != Phase::Training {
+        return Ok(Json(WorkResponse {
+            assignments: Vec::new(),
+            phase,
+            epoch,
+        }));
+    }
+    let taken = state
+        .repo
+        .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
+    let mut rows = taken.assignments;
+    // Start no more samples than the epoch still needs before its merge.
+    let (done, active) = state.repo.epoch_progress(epoch)?;
+    let room = state
+        .config
+        .batches_before_merging
+        .saturating_sub(done + active);
+    let head_capacity = taken
+        .head_capacity
+        .min(usize::try_from(room).unwrap_or(usize::MAX));
+    if head_capacity > 0 {
+        let _guard = state.start_lock.lock().await;
+        for _ in 0..head_capacity {
+            match start_sample(&state, &req.hotkey).await? {
+                Some(row) => rows.push(row),
+                None => break,
+            }
+        }
+    }
+    let mut assignments = Vec::with_capacity(rows.len());
+    for row in &rows {
+        assignments.push(to_wire(&state, row).await?);
+    }
+    Ok(Json(WorkResponse {
+        assignments,
+        phase,
+        epoch,
+    }))
+}
+
+/// Stores the tokens and targets of the next sample and starts it (caller holds the start
+/// lock). `None` when the sample budget is spent.
+async fn start_sample(state: &AppState, hotkey: &str) -> Result<Option<AssignmentRow>, HttpError> {
+    let (_, epoch, next) = state.repo.run_state()?;
+    if state.config.max_samples.is_some_and(|b| next >= b) {
+        return Ok(None);
+    }
+    let (tokens, targets) = state.sample_tokens(next);
+    let tokens_hash = state
+        .storage
+        .put(&state.token_key(epoch, next, "tokens"), tokens)
+        .await?;
+    let targets_hash = state
+        .storage
+        .put(&state.token_key(epoch, next, "targets"), targets)
+        .await?;
+    Ok(state.repo.start_sample(
+        next,
+        &tokens_hash,
+        &targets_hash,
+        hotkey,
+        state.config.max_samples,
+        state.limits(),
+        state.now_ms(),
+    )?)
+}
+
+/// `POST /api/submit`: checks the upload (hash, size, shape, dtype, finite) and routes the
+/// next piece of work; a refused result is penalised and re-offered.
+pub async fn submit(
+    State(state): State<AppState>,
+    req: Signed<SubmitRequest>,
+) -> Result<Json<SubmitResponse>, HttpError> {
+    let limits = state.limits();
+    let id = req.body.assignment_id;
+    let row = state.repo.held(id, &req.hotkey, limits.tail)?;
+    if row.deadline_ms.is_some_and(|d| state.now_ms() > d) {
+        let fallout = state.repo.expire(limits, state.now_ms())?;
+        for _ in &fallout {
+            Metrics::bump(&state.metrics.expired);
+        }
+        Metrics::bump(&state.metrics.refused);
+        return Ok(Json(SubmitResponse {
+            accepted: false,
+            reason: Some("the deadline passed before the result arrived".into()),
+        }));
+    }
+    if let Some(reason) = check_result(&state, &row, &req.body).await? {
+        let fallout = state
+            .repo
+            .refuse(id, &req.hotkey, &reason, limits, state.now_ms())?;
+        tracing::warn!(hotkey = %req.hotkey, id, %reason, ?fallout, "result refused");
+        Metrics::bump(&state.metrics.refused);
+        return Ok(Json(SubmitResponse {
+            accepted: false,
+            reason: Some(reason),
+        }));
+    }
+    let accepted = Accepted {
+        output_hash: req
+            .body
+            .output_hash
+            .as_ref()
+            .map(|h| h.to_ascii_lowercase()),
+        loss: req.body.loss,
+        timings: req.body.timings,
+    };
+    state
+        .repo
+        .accept(id, &req.hotkey, &accepted, limits, state.now_ms())?;
+    Metrics::bump(&state.metrics.accepted);
+    Ok(Json(SubmitResponse {
+        accepted: true,
+        reason: None,
+    }))
+}
+
+/// `POST /api/release`: hands assignments back (forwards re-offered, backwards dropped).
+pub async fn release(
+    State(state): State<AppState>,
+    req: Signed<ReleaseRequest>,
+) -> Result<Json<SubmitResponse>, HttpError> {
+    let fallout = state.repo.release(
+        &req.hotkey,
+        &req.body.assignment_ids,
+        state.limits(),
+        state.now_ms(),
+    )?;
+    let dropped = fallout
+        .iter()
+        .filter(|f| matches!(f, Fallout::Dropped { .. }))
+        .count();
+    Ok(Json(SubmitResponse {
+        accepted: true,
+        reason: Some(format!(
+            "{} released ({} samples dropped)",
+            fallout.len(),
+            dropped
+        )),
+    }))
+}

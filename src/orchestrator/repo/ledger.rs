@@ -1,0 +1,131 @@
+//! The ledger: samples, their pathways and assignments, penalties, and the two writes every
+//! failure goes through ([`penalise`], [`drop_sample`]).
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::rows::{ASSIGNMENT_COLUMNS, get_assignment, read_assignment};
+use crate::orchestrator::repo_types::*;
+
+impl Repository {
+    /// One assignment by id.
+    ///
+    /// # Errors
+    /// [`RepoError::UnknownAssignment`].
+    pub fn assignment(&self, id: u64, tail: usize) -> Result<AssignmentRow, RepoError> {
+        let conn = self.lock();
+        get_assignment(&conn, id, tail)
+    }
+
+    /// Every assignment of `sample`, oldest first.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn assignments_of(
+        &self,
+        sample: u64,
+        tail: usize,
+    ) -> Result<Vec<AssignmentRow>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT {ASSIGNMENT_COLUMNS} FROM assignments a JOIN samples s ON s.id = a.sample \
+             WHERE a.sample = ?1 ORDER BY a.id"
+        ))?;
+        let rows = stmt.query_map([to_i64(sample)], read_assignment)?;
+        rows.map(|r| r?.finish(Some(tail))).collect()
+    }
+
+    /// One sample of the ledger.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn sample(&self, id: u64) -> Result<Option<SampleRow>, RepoError> {
+        let conn = self.lock();
+        let raw = conn
+            .query_row(
+                "SELECT id, epoch, outcome, reason, loss, started_at, finished_at FROM samples \
+                 WHERE id = ?1",
+                [to_i64(id)],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, i64>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, Option<String>>(3)?,
+                        r.get::<_, Option<f64>>(4)?,
+                        r.get::<_, i64>(5)?,
+                        r.get::<_, Option<i64>>(6)?,
+                    ))
+                },
+            )
+            .optional()?;
+        raw.map(|(id, epoch, outcome, reason, loss, started, finished)| {
+            Ok(SampleRow {
+                id: to_u64(id),
+                epoch: to_u64(epoch),
+                outcome: SampleOutcome::parse(&outcome)?,
+                reason,
+                loss: loss.map(|l| l as f32),
+                started_ms: to_u64(started),
+                finished_ms: finished.map(to_u64),
+            })
+        })
+        .transpose()
+    }
+
+    /// The miners that ran each section's forward of `sample`, by section.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn pathway(&self, sample: u64) -> Result<Vec<(usize, String)>, RepoError> {
+        let conn = self.lock();
+        let mut stmt =
+            conn.prepare("SELECT section, miner FROM pathway WHERE sample = ?1 ORDER BY section")?;
+        let rows = stmt.query_map([to_i64(sample)], |r| {
+            Ok((usize_of(r.get(0)?), r.get::<_, String>(1)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}
+
+/// Records a penalty against `hotkey`, for an assignment or (`None`) for its part in a merge.
+pub(super) fn penalise(
+    tx: &Connection,
+    hotkey: &str,
+    assignment: Option<u64>,
+    reason: &str,
+    now_ms: u64,
+) -> Result<(), RepoError> {
+    tx.execute(
+        "UPDATE miners SET penalties = penalties + 1 WHERE hotkey = ?1",
+        [hotkey],
+    )?;
+    tx.execute(
+        "INSERT INTO penalties (miner, at, assignment, reason) VALUES (?1, ?2, ?3, ?4)",
+        params![hotkey, to_i64(now_ms), assignment.map(to_i64), reason],
+    )?;
+    Ok(())
+}
+
+pub(super) fn drop_sample(
+    tx: &Connection,
+    sample: u64,
+    reason: &str,
+    now_ms: u64,
+) -> Result<(), RepoError> {
+    tx.execute(
+        "UPDATE samples SET outcome = 'dropped', reason = ?2, finished_at = ?3 \
+         WHERE id = ?1 AND outcome = 'active'",
+        params![to_i64(sample), reason, to_i64(now_ms)],
+    )?;
+    tx.execute(
+        "UPDATE assignments SET state = 'cancelled', reason = ?2, finished_at = ?3 \
+         WHERE sample = ?1 AND state IN ('open', 'assigned')",
+        params![
+            to_i64(sample),
+            format!("sample dropped: {reason}"),
+            to_i64(now_ms)
+        ],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! The orchestrator's durable state: one SQLite file (WAL) behind a small interface.
+//!
+//! Every state change runs inside one transaction, so a `kill -9` at any point leaves either
+//! the state before or the state after the change. On restart, registrations and the ledger
+//! are intact, and assignments that were in flight expire at their deadline and are re-offered
+//! (forwards) or recorded as dropped (backwards).
+//!
+//! The routing rules live here, next to the data they read:
+//! - backward work is handed out first, and only to the miner that ran that sample's forward
+//!   in the same section (it caches the input);
+//! - a miner holds at most `max_in_flight` forwards whose backward it has not done;
+//! - a missed or refused forward is re-offered to any miner of the section; a missed backward
+//!   drops the sample with a recorded reason; a refused backward is retried by the same miner;
+//!   work tried [`MAX_ATTEMPTS`] times drops the sample. Nothing is dropped silently.
+//!
+//! # Layout
+//! - `db`: [`Repository`] (connection, transactions) and integer conversions; `schema`: tables.
+//! - `registry`: miners; `replay`: the replay cache; `phase`: phase, epoch, deadlines.
+//! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
+//! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics.
+//! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
+
+mod db;
+mod ledger;
+mod merge;
+mod phase;
+mod registry;
+mod replay;
+mod routing;
+mod rows;
+mod schema;
+mod stats;
+#[cfg(test)]
+mod tests;
+
+pub use db::Repository;
+pub use merge::{
+    CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
+};
+pub use routing::MAX_ATTEMPTS;

@@ -1,0 +1,137 @@
+//! The run's phase machine state: phase, epoch, next sample id and deadlines.
+
+use rusqlite::params;
+
+use super::db::{Repository, to_i64, to_u64};
+use super::ledger::drop_sample;
+use super::merge::PhaseInfo;
+use crate::api::Phase;
+use crate::orchestrator::repo_types::RepoError;
+
+fn phase_str(p: Phase) -> &'static str {
+    match p {
+        Phase::Training => "training",
+        Phase::Uploading => "uploading",
+        Phase::Merging => "merging",
+    }
+}
+
+impl Repository {
+    /// Phase, epoch and next sample id.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn run_state(&self) -> Result<(Phase, u64, u64), RepoError> {
+        let conn = self.lock();
+        let (phase, epoch, next): (String, i64, i64) = conn.query_row(
+            "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )?;
+        let phase = match phase.as_str() {
+            "training" => Phase::Training,
+            "uploading" => Phase::Uploading,
+            "merging" => Phase::Merging,
+            other => return Err(RepoError::Corrupt(format!("phase {other:?}"))),
+        };
+        Ok((phase, to_u64(epoch), to_u64(next)))
+    }
+
+    /// Phase, epoch and deadlines.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
+    pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
+        let (phase, epoch, _) = self.run_state()?;
+        let conn = self.lock();
+        let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row(
+            "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok(PhaseInfo {
+            phase,
+            epoch,
+            deadline_ms: deadline.map(to_u64),
+            upload_closed_ms: closed.map(to_u64),
+        })
+    }
+
+    /// Samples of `epoch` completed, and samples still active (any epoch).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
+        let conn = self.lock();
+        // Both counts are ranges of the `samples_outcome` index (this runs on every work
+        // request), not scans of the whole ledger.
+        let (done, active): (i64, i64) = conn.query_row(
+            "SELECT (SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND epoch = ?1), \
+             (SELECT COUNT(*) FROM samples WHERE outcome = 'active')",
+            [to_i64(epoch)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )?;
+        Ok((to_u64(done), to_u64(active)))
+    }
+
+    /// Ends training of `epoch`: every sample still under way is dropped with a recorded
+    /// reason (its assignments cancelled), and the phase becomes `uploading` until
+    /// `deadline_ms`. Returns the samples cancelled.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn begin_uploading(
+        &self,
+        epoch: u64,
+        deadline_ms: u64,
+        now_ms: u64,
+    ) -> Result<u64, RepoError> {
+        self.write(|tx| {
+            let active: Vec<i64> = {
+                let mut stmt = tx.prepare("SELECT id FROM samples WHERE outcome = 'active'")?;
+                let rows = stmt.query_map([], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let reason = format!("cancelled: training of epoch {epoch} ended for the merge");
+            for id in &active {
+                drop_sample(tx, to_u64(*id), &reason, now_ms)?;
+            }
+            tx.execute(
+                "UPDATE run_state SET phase = 'uploading', phase_deadline = ?1, \
+                 upload_closed = NULL WHERE id = 0",
+                [to_i64(deadline_ms)],
+            )?;
+            Ok(active.len() as u64)
+        })
+    }
+
+    /// Closes uploading: the phase becomes `merging` until `deadline_ms`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn begin_merging(&self, deadline_ms: u64, now_ms: u64) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE run_state SET phase = 'merging', phase_deadline = ?1, upload_closed = ?2 \
+                 WHERE id = 0",
+                params![to_i64(deadline_ms), to_i64(now_ms)],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// Ends the merge of `epoch`: training resumes in epoch `epoch + 1`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn finish_merge(&self, epoch: u64) -> Result<(), RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "UPDATE run_state SET phase = ?1, epoch = ?2, phase_deadline = NULL, \
+                 upload_closed = NULL WHERE id = 0 AND epoch = ?3",
+                params![phase_str(Phase::Training), to_i64(epoch + 1), to_i64(epoch)],
+            )?;
+            Ok(())
+        })
+    }
+}

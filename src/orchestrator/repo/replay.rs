@@ -1,0 +1,42 @@
+//! The replay cache: ids of signed requests already seen, until their timestamps expire.
+
+use rusqlite::params;
+
+use super::db::{Repository, to_i64, to_u64};
+use crate::orchestrator::repo_types::RepoError;
+
+impl Repository {
+    /// Records a signature id until `expires_ms`; `false` when it was already recorded (a
+    /// replay). Also forgets ids that expired before `now_ms`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn record_signature(
+        &self,
+        id: &str,
+        expires_ms: u64,
+        now_ms: u64,
+    ) -> Result<bool, RepoError> {
+        self.write(|tx| {
+            tx.execute(
+                "DELETE FROM seen_signatures WHERE expires_at < ?1",
+                [to_i64(now_ms)],
+            )?;
+            let n = tx.execute(
+                "INSERT OR IGNORE INTO seen_signatures (id, expires_at) VALUES (?1, ?2)",
+                params![id, to_i64(expires_ms)],
+            )?;
+            Ok(n == 1)
+        })
+    }
+
+    /// Number of remembered signature ids (tests and metrics).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn signature_count(&self) -> Result<u64, RepoError> {
+        let conn = self.lock();
+        let n: i64 = conn.query_row("SELECT COUNT(*) FROM seen_signatures", [], |r| r.get(0))?;
+        Ok(to_u64(n))
+    }
+}

@@ -1,0 +1,493 @@
+//! Routing: who gets which work, and what follows a result, a refusal, a release or a missed
+//! deadline (see the rules in [`super`]).
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::ledger::{drop_sample, penalise};
+use super::rows::{MINER_COLUMNS, check_held, get_assignment, read_miner, set_state};
+use crate::api::WorkKind;
+use crate::orchestrator::repo_types::*;
+
+/// Attempts at one piece of work before its sample is dropped.
+pub const MAX_ATTEMPTS: u32 = 5;
+
+impl Repository {
+    /// Hands `hotkey` up to `max` assignments: its pending backwards first, then open forwards
+    /// of its section within its in-flight allowance. For a head miner it also says how many
+    /// new samples it may start ([`Repository::start_sample`]).
+    ///
+    /// # Errors
+    /// [`RepoError::NotRegistered`], [`RepoError::Sqlite`].
+    pub fn take_work(
+        &self,
+        hotkey: &str,
+        max: usize,
+        limits: RoutingLimits,
+        now_ms: u64,
+    ) -> Result<WorkTaken, RepoError> {
+        self.write(|tx| {
+            let miner = tx
+                .query_row(
+                    &format!("SELECT {MINER_COLUMNS} FROM miners WHERE hotkey = ?1"),
+                    [hotkey],
+                    read_miner,
+                )
+                .optional()?
+                .ok_or_else(|| RepoError::NotRegistered {
+                    hotkey: hotkey.to_string(),
+                })?;
+            tx.execute(
+                "UPDATE miners SET last_seen = ?2 WHERE hotkey = ?1",
+                params![hotkey, to_i64(now_ms)],
+            )?;
+            let section = to_i64(miner.section as u64);
+            let mut out = Vec::new();
+            // 1. Backwards waiting for this miner.
+            let ids: Vec<i64> = {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM assignments WHERE miner = ?1 AND kind = 'backward' \
+                     AND state = 'assigned' AND delivered = 0 ORDER BY id LIMIT ?2",
+                )?;
+                let rows = stmt.query_map(params![hotkey, to_i64(max as u64)], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            for id in ids {
+                tx.execute("UPDATE assignments SET delivered = 1 WHERE id = ?1", [id])?;
+                out.push(get_assignment(tx, to_u64(id), limits.tail)?);
+            }
+            // 2. Forwards within the in-flight allowance.
+            let in_flight: i64 = tx.query_row(
+                "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
+                 WHERE p.miner = ?1 AND p.section = ?2 AND p.backward_done = 0 \
+                 AND s.outcome = 'active'",
+                params![hotkey, section],
+                |r| r.get(0),
+            )?;
+            let allowance = limits
+                .max_in_flight
+                .min(miner.max_in_flight.max(1))
+                .saturating_sub(usize_of(in_flight));
+            let mut wanted = allowance.min(max.saturating_sub(out.len()));
+            let open: Vec<i64> = {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM assignments WHERE state = 'open' AND section = ?1 \
+                     AND kind = 'forward' ORDER BY id LIMIT ?2",
+                )?;
+                let rows = stmt.query_map(params![section, to_i64(wanted as u64)], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            for id in open {
+                tx.execute(
+                    "UPDATE assignments SET state = 'assigned', miner = ?2, deadline = ?3, \
+                     delivered = 1 WHERE id = ?1",
+                    params![id, hotkey, to_i64(now_ms.saturating_add(limits.forward_ms))],
+                )?;
+                let row = get_assignment(tx, to_u64(id), limits.tail)?;
+                tx.execute(
+                    "INSERT OR REPLACE INTO pathway (sample, section, miner, backward_done) \
+                     VALUES (?1, ?2, ?3, 0)",
+                    params![to_i64(row.sample), section, hotkey],
+                )?;
+                out.push(row);
+                wanted = wanted.saturating_sub(1);
+            }
+            let head_capacity = if miner.section == 0 { wanted } else { 0 };
+            Ok(WorkTaken {
+                assignments: out,
+                head_capacity,
+            })
+        })
+    }
+
+    /// Starts sample unit `sample` (which must be the run's next one, below `budget`), with
+    /// its head forward assigned to `hotkey`. The caller has stored its token ids and targets
+    /// (hashes given) beforehand. Returns `None` when the budget is spent.
+    ///
+    /// # Errors
+    /// [`RepoError::SampleOrder`] when another sample took the id first.
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_sample(
+        &self,
+        sample: u64,
+        tokens_hash: &str,
+        targets_hash: &str,
+        hotkey: &str,
+        budget: Option<u64>,
+        limits: RoutingLimits,
+        now_ms: u64,
+    ) -> Result<Option<AssignmentRow>, RepoError> {
+        self.write(|tx| {
+            let (epoch, next): (i64, i64) = tx.query_row(
+                "SELECT epoch, next_sample FROM run_state WHERE id = 0",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            if to_u64(next) != sample {
+                return Err(RepoError::SampleOrder {
+                    expected: to_u64(next),
+                    got: sample,
+                });
+            }
+            if budget.is_some_and(|b| sample >= b) {
+                return Ok(None);
+            }
+            tx.execute(
+                "INSERT INTO samples (id, epoch, outcome, tokens_hash, targets_hash, started_at) \
+                 VALUES (?1, ?2, 'active', ?3, ?4, ?5)",
+                params![
+                    to_i64(sample),
+                    epoch,
+                    tokens_hash,
+                    targets_hash,
+                    to_i64(now_ms)
+                ],
+            )?;
+            tx.execute(
+                "UPDATE run_state SET next_sample = ?1 WHERE id = 0",
+                [to_i64(sample + 1)],
+            )?;
+            tx.execute(
+                "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
+                 delivered, input_hash, created_at) \
+                 VALUES (?1, ?2, 0, 'forward', ?3, ?4, 'assigned', 1, ?5, ?6)",
+                params![
+                    to_i64(sample),
+                    epoch,
+                    hotkey,
+                    to_i64(now_ms.saturating_add(limits.forward_ms)),
+                    tokens_hash,
+                    to_i64(now_ms)
+                ],
+            )?;
+            let id = to_u64(tx.last_insert_rowid());
+            tx.execute(
+                "INSERT OR REPLACE INTO pathway (sample, section, miner, backward_done) \
+                 VALUES (?1, 0, ?2, 0)",
+                params![to_i64(sample), hotkey],
+            )?;
+            Ok(Some(get_assignment(tx, id, limits.tail)?))
+        })
+    }
+
+    /// Checks that `hotkey` holds assignment `id` and that it is waiting for a result.
+    ///
+    /// # Errors
+    /// [`RepoError::UnknownAssignment`], [`RepoError::NotHolder`], [`RepoError::NotAssigned`].
+    pub fn held(&self, id: u64, hotkey: &str, tail: usize) -> Result<AssignmentRow, RepoError> {
+        let conn = self.lock();
+        let row = get_assignment(&conn, id, tail)?;
+        check_held(&row, hotkey)?;
+        Ok(row)
+    }
+
+    /// Accepts the result of assignment `id` from `hotkey` and routes the next piece of work:
+    /// a forward output becomes an open forward of the next section; the tail's input gradient
+    /// or a backward's becomes a backward of the previous section for the miner that ran its
+    /// forward; the head's backward completes the sample.
+    ///
+    /// # Errors
+    /// As [`Repository::held`].
+    pub fn accept(
+        &self,
+        id: u64,
+        hotkey: &str,
+        result: &Accepted,
+        limits: RoutingLimits,
+        now_ms: u64,
+    ) -> Result<(), RepoError> {
+        self.write(|tx| {
+            let row = get_assignment(tx, id, limits.tail)?;
+            check_held(&row, hotkey)?;
+            let output_hash = result.output_hash.clone().unwrap_or_default();
+            tx.execute(
+                "UPDATE assignments SET state = 'done', output_hash = ?2, finished_at = ?3, \
+                 download_ms = ?4, compute_ms = ?5, upload_ms = ?6 WHERE id = ?1",
+                params![
+                    to_i64(id),
+                    result.output_hash,
+                    to_i64(now_ms),
+                    to_i64(result.timings.download_ms),
+                    to_i64(result.timings.compute_ms),
+                    to_i64(result.timings.upload_ms)
+                ],
+            )?;
+            let sample = to_i64(row.sample);
+            let section = row.section;
+            let backward_done = |s: usize| -> Result<(), RepoError> {
+                tx.execute(
+                    "UPDATE pathway SET backward_done = 1 WHERE sample = ?1 AND section = ?2",
+                    params![sample, to_i64(s as u64)],
+                )?;
+                Ok(())
+            };
+            let next_step = match row.kind {
+                WorkKind::Forward if section < limits.tail => {
+                    tx.execute(
+                        "UPDATE miners SET forwards = forwards + 1 WHERE hotkey = ?1",
+                        [hotkey],
+                    )?;
+                    tx.execute(
+                        "INSERT INTO assignments (sample, epoch, section, kind, state, \
+                         input_hash, created_at) VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5)",
+                        params![
+                            sample,
+                            to_i64(row.epoch),
+                            to_i64(section as u64 + 1),
+                            output_hash,
+                            to_i64(now_ms)
+                        ],
+                    )?;
+                    None
+                }
+                WorkKind::Forward => {
+                    tx.execute(
+                        "UPDATE miners SET forwards = forwards + 1, backwards = backwards + 1 \
+                         WHERE hotkey = ?1",
+                        [hotkey],
+                    )?;
+                    tx.execute(
+                        "UPDATE samples SET loss = ?2 WHERE id = ?1",
+                        params![sample, result.loss.map(f64::from)],
+                    )?;
+                    backward_done(section)?;
+                    section.checked_sub(1)
+                }
+                WorkKind::Backward => {
+                    tx.execute(
+                        "UPDATE miners SET backwards = backwards + 1 WHERE hotkey = ?1",
+                        [hotkey],
+                    )?;
+                    backward_done(section)?;
+                    section.checked_sub(1)
+                }
+            };
+            let done_at_head = row.kind == WorkKind::Backward && section == 0
+                || row.kind == WorkKind::Forward && section == limits.tail && section == 0;
+            if done_at_head {
+                tx.execute(
+                    "UPDATE samples SET outcome = 'completed', finished_at = ?2 WHERE id = ?1",
+                    params![sample, to_i64(now_ms)],
+                )?;
+            } else if let Some(prev) = next_step {
+                let owner: Option<String> = tx
+                    .query_row(
+                        "SELECT miner FROM pathway WHERE sample = ?1 AND section = ?2",
+                        params![sample, to_i64(prev as u64)],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                match owner {
+                    Some(owner) => {
+                        insert_backward(tx, &row, prev, &owner, &output_hash, 0, limits, now_ms)?;
+                    }
+                    None => drop_sample(
+                        tx,
+                        row.sample,
+                        &format!("no miner on record for the forward of section {prev}"),
+                        now_ms,
+                    )?,
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Refuses the result of assignment `id` (bad payload): records `reason`, penalises the
+    /// miner and re-offers the work (see the module documentation).
+    ///
+    /// # Errors
+    /// As [`Repository::held`].
+    pub fn refuse(
+        &self,
+        id: u64,
+        hotkey: &str,
+        reason: &str,
+        limits: RoutingLimits,
+        now_ms: u64,
+    ) -> Result<Fallout, RepoError> {
+        self.write(|tx| {
+            let row = get_assignment(tx, id, limits.tail)?;
+            check_held(&row, hotkey)?;
+            let reason = format!("refused result from {hotkey}: {reason}");
+            set_state(tx, id, AssignmentState::Failed, &reason, now_ms)?;
+            penalise(tx, hotkey, Some(id), &reason, now_ms)?;
+            reoffer(tx, &row, &reason, true, limits, now_ms)
+        })
+    }
+
+    /// Hands assignments back (miner shutdown): forwards are re-offered without penalty;
+    /// a released backward drops its sample (only this miner held the forward's input).
+    /// Ids that `hotkey` does not hold are ignored. Returns what happened to each released one.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn release(
+        &self,
+        hotkey: &str,
+        ids: &[u64],
+        limits: RoutingLimits,
+        now_ms: u64,
+    ) -> Result<Vec<Fallout>, RepoError> {
+        self.write(|tx| {
+            let mut out = Vec::new();
+            for &id in ids {
+                let row = match get_assignment(tx, id, limits.tail) {
+                    Ok(row) => row,
+                    Err(RepoError::UnknownAssignment { .. }) => continue,
+                    Err(e) => return Err(e),
+                };
+                if check_held(&row, hotkey).is_err() {
+                    continue;
+                }
+                let reason = format!("released by {hotkey}");
+                set_state(tx, id, AssignmentState::Released, &reason, now_ms)?;
+                out.push(reoffer(tx, &row, &reason, false, limits, now_ms)?);
+            }
+            Ok(out)
+        })
+    }
+
+    /// Expires every held assignment whose deadline is before `now_ms`: penalises its miner,
+    /// re-offers a forward, drops the sample of a backward. Returns what happened.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn expire(&self, limits: RoutingLimits, now_ms: u64) -> Result<Vec<Fallout>, RepoError> {
+        self.write(|tx| {
+            let ids: Vec<i64> = {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM assignments WHERE state = 'assigned' AND deadline < ?1 \
+                     ORDER BY id",
+                )?;
+                let rows = stmt.query_map([to_i64(now_ms)], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            let mut out = Vec::new();
+            for id in ids {
+                let row = get_assignment(tx, to_u64(id), limits.tail)?;
+                // An earlier expiry in this loop may have cancelled it (same sample).
+                if row.state != AssignmentState::Assigned {
+                    continue;
+                }
+                let miner = row.miner.clone().unwrap_or_default();
+                let kind = kind_str(row.kind);
+                let reason = format!(
+                    "{kind} of section {} missed its deadline (miner {miner})",
+                    row.section
+                );
+                set_state(tx, row.id, AssignmentState::Expired, &reason, now_ms)?;
+                penalise(tx, &miner, Some(row.id), &reason, now_ms)?;
+                out.push(match row.kind {
+                    WorkKind::Forward => reoffer(tx, &row, &reason, true, limits, now_ms)?,
+                    WorkKind::Backward => {
+                        drop_sample(tx, row.sample, &reason, now_ms)?;
+                        Fallout::Dropped {
+                            sample: row.sample,
+                            reason,
+                        }
+                    }
+                });
+            }
+            Ok(out)
+        })
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn insert_backward(
+    tx: &Connection,
+    row: &AssignmentRow,
+    section: usize,
+    owner: &str,
+    input_hash: &str,
+    attempts: u32,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<u64, RepoError> {
+    tx.execute(
+        "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
+         delivered, input_hash, attempts, created_at) \
+         VALUES (?1, ?2, ?3, 'backward', ?4, ?5, 'assigned', 0, ?6, ?7, ?8)",
+        params![
+            to_i64(row.sample),
+            to_i64(row.epoch),
+            to_i64(section as u64),
+            owner,
+            to_i64(now_ms.saturating_add(limits.backward_ms)),
+            input_hash,
+            i64::from(attempts),
+            to_i64(now_ms)
+        ],
+    )?;
+    Ok(to_u64(tx.last_insert_rowid()))
+}
+
+/// Re-offers the work of `row` after it failed (`counts` says whether the failure counts
+/// towards [`MAX_ATTEMPTS`]).
+fn reoffer(
+    tx: &Connection,
+    row: &AssignmentRow,
+    reason: &str,
+    counts: bool,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<Fallout, RepoError> {
+    let attempts = if counts {
+        row.attempts + 1
+    } else {
+        row.attempts
+    };
+    if attempts >= MAX_ATTEMPTS {
+        let reason = format!("{reason}; gave up after {attempts} attempts");
+        drop_sample(tx, row.sample, &reason, now_ms)?;
+        return Ok(Fallout::Dropped {
+            sample: row.sample,
+            reason,
+        });
+    }
+    match row.kind {
+        WorkKind::Forward => {
+            tx.execute(
+                "DELETE FROM pathway WHERE sample = ?1 AND section = ?2",
+                params![to_i64(row.sample), to_i64(row.section as u64)],
+            )?;
+            tx.execute(
+                "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, \
+                 attempts, created_at) VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5, ?6)",
+                params![
+                    to_i64(row.sample),
+                    to_i64(row.epoch),
+                    to_i64(row.section as u64),
+                    row.input_hash,
+                    i64::from(attempts),
+                    to_i64(now_ms)
+                ],
+            )?;
+            Ok(Fallout::Reoffered {
+                assignment: to_u64(tx.last_insert_rowid()),
+            })
+        }
+        WorkKind::Backward if counts => {
+            let owner = row.miner.clone().unwrap_or_default();
+            let id = insert_backward(
+                tx,
+                row,
+                row.section,
+                &owner,
+                &row.input_hash,
+                attempts,
+                limits,
+                now_ms,
+            )?;
+            Ok(Fallout::RetriedBackward { assignment: id })
+        }
+        WorkKind::Backward => {
+            drop_sample(tx, row.sample, reason, now_ms)?;
+            Ok(Fallout::Dropped {
+                sample: row.sample,
+                reason: reason.to_string(),
+            })
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The SQLite schema: routing and ledger tables, then the merge cycle's tables.
+
+/// Registry, ledger, assignments, penalties and the replay cache.
+pub(super) const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS run_state (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    phase TEXT NOT NULL, epoch INTEGER NOT NULL, next_sample INTEGER NOT NULL,
+    phase_deadline INTEGER, upload_closed INTEGER);
+INSERT OR IGNORE INTO run_state (id, phase, epoch, next_sample) VALUES (0, 'training', 0, 0);
+CREATE TABLE IF NOT EXISTS miners (
+    hotkey TEXT PRIMARY KEY, section INTEGER NOT NULL, registered_at INTEGER NOT NULL,
+    last_seen INTEGER NOT NULL, device TEXT NOT NULL, max_in_flight INTEGER NOT NULL,
+    forwards INTEGER NOT NULL DEFAULT 0, backwards INTEGER NOT NULL DEFAULT 0,
+    penalties INTEGER NOT NULL DEFAULT 0, weights_epoch INTEGER NOT NULL DEFAULT 0,
+    weights_hash TEXT);
+CREATE TABLE IF NOT EXISTS penalties (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, miner TEXT NOT NULL, at INTEGER NOT NULL,
+    assignment INTEGER, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS samples (
+    id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, outcome TEXT NOT NULL, reason TEXT,
+    loss REAL, tokens_hash TEXT NOT NULL, targets_hash TEXT NOT NULL,
+    started_at INTEGER NOT NULL, finished_at INTEGER);
+CREATE TABLE IF NOT EXISTS pathway (
+    sample INTEGER NOT NULL, section INTEGER NOT NULL, miner TEXT NOT NULL,
+    backward_done INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (sample, section));
+CREATE INDEX IF NOT EXISTS pathway_miner ON pathway (miner, backward_done);
+CREATE TABLE IF NOT EXISTS assignments (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, sample INTEGER NOT NULL, epoch INTEGER NOT NULL,
+    section INTEGER NOT NULL, kind TEXT NOT NULL, miner TEXT, deadline INTEGER,
+    state TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0, input_hash TEXT NOT NULL,
+    output_hash TEXT, attempts INTEGER NOT NULL DEFAULT 0, reason TEXT,
+    created_at INTEGER NOT NULL, finished_at INTEGER,
+    download_ms INTEGER, compute_ms INTEGER, upload_ms INTEGER);
+CREATE INDEX IF NOT EXISTS assignments_state ON assignments (state, section, kind);
+CREATE INDEX IF NOT EXISTS assignments_miner ON assignments (miner, state);
+CREATE INDEX IF NOT EXISTS assignments_sample ON assignments (sample);
+CREATE INDEX IF NOT EXISTS samples_outcome ON samples (outcome, epoch);
+CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+";
+
+/// Tables of the merge cycle (created next to the routing tables).
+pub(super) const MERGE_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS uploads (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, miner TEXT NOT NULL, state TEXT NOT NULL,
+    lease_until INTEGER NOT NULL, hash TEXT, bytes INTEGER, weight REAL, reason TEXT,
+    PRIMARY KEY (epoch, miner));
+CREATE TABLE IF NOT EXISTS merge_plans (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, uploaders TEXT NOT NULL,
+    weights TEXT NOT NULL, len INTEGER NOT NULL, partitions INTEGER NOT NULL,
+    replication INTEGER NOT NULL, finalized_at INTEGER, PRIMARY KEY (epoch, section));
+CREATE TABLE IF NOT EXISTS partition_results (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
+    merger TEXT NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL, at INTEGER NOT NULL,
+    PRIMARY KEY (epoch, section, partition, merger));
+CREATE TABLE IF NOT EXISTS partition_outcomes (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
+    verdict TEXT NOT NULL, PRIMARY KEY (epoch, section, partition));
+CREATE TABLE IF NOT EXISTS merge_flags (
+    epoch INTEGER NOT NULL, section INTEGER NOT NULL, partition INTEGER NOT NULL,
+    merger TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    section INTEGER NOT NULL, epoch INTEGER NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL,
+    at INTEGER NOT NULL, PRIMARY KEY (section, epoch));
+";

@@ -1,0 +1,47 @@
+//! Aggregates for the status page and metrics.
+
+use super::db::{Repository, to_i64, to_u64};
+use crate::orchestrator::repo_types::{LedgerCounts, RepoError, SampleOutcome};
+
+impl Repository {
+    /// Completed, dropped and active sample counts.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn counts(&self) -> Result<LedgerCounts, RepoError> {
+        let conn = self.lock();
+        let mut counts = LedgerCounts::default();
+        let mut stmt = conn.prepare("SELECT outcome, COUNT(*) FROM samples GROUP BY outcome")?;
+        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+        for row in rows {
+            let (outcome, n) = row?;
+            match SampleOutcome::parse(&outcome)? {
+                SampleOutcome::Active => counts.active = to_u64(n),
+                SampleOutcome::Completed => counts.completed = to_u64(n),
+                SampleOutcome::Dropped => counts.dropped = to_u64(n),
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Mean loss of the last `n` completed samples, and how many completed at or after
+    /// `since_ms`.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn recent(&self, n: usize, since_ms: u64) -> Result<(Option<f32>, u64), RepoError> {
+        let conn = self.lock();
+        let mean: Option<f64> = conn.query_row(
+            "SELECT AVG(loss) FROM (SELECT loss FROM samples WHERE outcome = 'completed' \
+             AND loss IS NOT NULL ORDER BY finished_at DESC, id DESC LIMIT ?1)",
+            [to_i64(n as u64)],
+            |r| r.get(0),
+        )?;
+        let done: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND finished_at >= ?1",
+            [to_i64(since_ms)],
+            |r| r.get(0),
+        )?;
+        Ok((mean.map(|m| m as f32), to_u64(done)))
+    }
+}

@@ -1,0 +1,357 @@
+//! Tests of the state store as a whole: registration, routing, deadlines, replay cache,
+//! reopening the file.
+
+use super::*;
+use crate::api::WorkKind;
+use crate::orchestrator::repo_types::*;
+
+const LIMITS: RoutingLimits = RoutingLimits {
+    forward_ms: 1_000,
+    backward_ms: 2_000,
+    max_in_flight: 2,
+    tail: 2,
+};
+const T0: u64 = 1_000_000;
+
+/// Three sections, miners a0/a1 (head), b0/b1 (middle), c0 (tail).
+fn network() -> Repository {
+    let repo = Repository::open_in_memory().unwrap();
+    for (i, hk) in ["a0", "b0", "c0", "a1", "b1"].iter().enumerate() {
+        let section = repo.register(hk, "cpu", 8, 3, 50, T0 + i as u64).unwrap();
+        assert_eq!(section, [0, 1, 2, 0, 1][i], "{hk}");
+    }
+    repo
+}
+
+fn ok(hash: &str) -> Accepted {
+    Accepted {
+        output_hash: Some(hash.into()),
+        loss: Some(2.5),
+        timings: Default::default(),
+    }
+}
+
+/// Starts sample `u` at the head and returns its assignment id.
+fn start(repo: &Repository, u: u64) -> u64 {
+    repo.start_sample(u, "tok", "tgt", "a0", None, LIMITS, T0)
+        .unwrap()
+        .unwrap()
+        .id
+}
+
+#[test]
+fn registration_balances_and_remembers() {
+    let repo = Repository::open_in_memory().unwrap();
+    let sections: Vec<usize> = (0..7)
+        .map(|i| repo.register(&format!("m{i}"), "cpu", 1, 3, 3, 0).unwrap())
+        .collect();
+    assert_eq!(sections, vec![0, 1, 2, 0, 1, 2, 0]);
+    // Re-registering keeps the section, even when another section is emptier.
+    assert_eq!(repo.register("m6", "gpu", 2, 3, 3, 5).unwrap(), 0);
+    assert_eq!(repo.miner("m6").unwrap().unwrap().device, "gpu");
+    assert_eq!(repo.miners().unwrap().len(), 7);
+    repo.register("m7", "cpu", 1, 3, 3, 0).unwrap();
+    repo.register("m8", "cpu", 1, 3, 3, 0).unwrap();
+    assert!(matches!(
+        repo.register("m9", "cpu", 1, 3, 3, 0),
+        Err(RepoError::SectionsFull { max: 3 })
+    ));
+}
+
+#[test]
+fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
+    let repo = network();
+    let f0 = start(&repo, 0);
+    repo.accept(f0, "a0", &ok("h0"), LIMITS, T0 + 10).unwrap();
+    // The head's output is an open forward of section 1, taken by whoever asks.
+    let w = repo.take_work("b1", 4, LIMITS, T0 + 20).unwrap();
+    assert_eq!(w.assignments.len(), 1);
+    let f1 = &w.assignments[0];
+    assert_eq!(
+        (f1.section, f1.kind, f1.input_hash.as_str()),
+        (1, WorkKind::Forward, "h0")
+    );
+    assert_eq!(f1.deadline_ms, Some(T0 + 20 + 1_000));
+    assert!(
+        repo.take_work("b0", 4, LIMITS, T0 + 20)
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    repo.accept(f1.id, "b1", &ok("h1"), LIMITS, T0 + 30)
+        .unwrap();
+    let w = repo.take_work("c0", 4, LIMITS, T0 + 40).unwrap();
+    let f2 = &w.assignments[0];
+    assert_eq!(f2.targets_hash.as_deref(), Some("tgt"));
+    repo.accept(f2.id, "c0", &ok("g2"), LIMITS, T0 + 50)
+        .unwrap();
+    // The backward of section 1 goes to b1 (it ran the forward), not to b0.
+    assert!(
+        repo.take_work("b0", 4, LIMITS, T0 + 60)
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    let w = repo.take_work("b1", 4, LIMITS, T0 + 60).unwrap();
+    let b1 = &w.assignments[0];
+    assert_eq!(
+        (b1.kind, b1.section, b1.input_hash.as_str()),
+        (WorkKind::Backward, 1, "g2")
+    );
+    repo.accept(b1.id, "b1", &ok("g1"), LIMITS, T0 + 70)
+        .unwrap();
+    let w = repo.take_work("a0", 1, LIMITS, T0 + 80).unwrap();
+    let b0 = &w.assignments[0];
+    assert_eq!((b0.kind, b0.section), (WorkKind::Backward, 0));
+    let none = Accepted {
+        output_hash: None,
+        loss: None,
+        timings: Default::default(),
+    };
+    repo.accept(b0.id, "a0", &none, LIMITS, T0 + 90).unwrap();
+    let s = repo.sample(0).unwrap().unwrap();
+    assert_eq!(s.outcome, SampleOutcome::Completed);
+    assert_eq!(s.loss, Some(2.5));
+    assert_eq!(
+        repo.pathway(0).unwrap(),
+        vec![(0, "a0".into()), (1, "b1".into()), (2, "c0".into())]
+    );
+    let c0 = repo.miner("c0").unwrap().unwrap();
+    assert_eq!((c0.forwards, c0.backwards), (1, 1));
+    let b1m = repo.miner("b1").unwrap().unwrap();
+    assert_eq!((b1m.forwards, b1m.backwards), (1, 1));
+}
+
+#[test]
+fn backward_work_is_served_first_and_in_flight_is_capped() {
+    let repo = network();
+    // Two samples through the head: a0 reaches its in-flight cap of 2.
+    let f0 = start(&repo, 0);
+    let f1 = start(&repo, 1);
+    assert_eq!(
+        repo.take_work("a0", 4, LIMITS, T0).unwrap().head_capacity,
+        0
+    );
+    repo.accept(f0, "a0", &ok("x0"), LIMITS, T0).unwrap();
+    repo.accept(f1, "a0", &ok("x1"), LIMITS, T0).unwrap();
+    // b0 takes both forwards (cap 2); b1 then gets nothing.
+    let w = repo.take_work("b0", 4, LIMITS, T0).unwrap();
+    assert_eq!(w.assignments.len(), 2);
+    for a in &w.assignments {
+        repo.accept(a.id, "b0", &ok("y"), LIMITS, T0).unwrap();
+    }
+    let w = repo.take_work("c0", 1, LIMITS, T0).unwrap();
+    repo.accept(w.assignments[0].id, "c0", &ok("g"), LIMITS, T0)
+        .unwrap();
+    // Sample 2's forward is open in section 1, and b0 has a backward: b0 asks for one
+    // piece of work and gets the backward, even though the forward is older.
+    let f2 = repo
+        .start_sample(
+            2,
+            "tok",
+            "tgt",
+            "a0",
+            None,
+            RoutingLimits {
+                max_in_flight: 3,
+                ..LIMITS
+            },
+            T0,
+        )
+        .unwrap()
+        .unwrap();
+    repo.accept(f2.id, "a0", &ok("x2"), LIMITS, T0).unwrap();
+    let w = repo
+        .take_work(
+            "b0",
+            1,
+            RoutingLimits {
+                max_in_flight: 3,
+                ..LIMITS
+            },
+            T0,
+        )
+        .unwrap();
+    assert_eq!(w.assignments.len(), 1);
+    assert_eq!(w.assignments[0].kind, WorkKind::Backward);
+    // b0 is at its cap (two samples awaiting backward), so the open forward goes to b1.
+    assert!(
+        repo.take_work("b0", 4, LIMITS, T0)
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    let w = repo.take_work("b1", 4, LIMITS, T0).unwrap();
+    assert_eq!(
+        (w.assignments[0].sample, w.assignments[0].kind),
+        (2, WorkKind::Forward)
+    );
+}
+
+#[test]
+fn missed_forward_is_reoffered_and_missed_backward_drops_the_sample() {
+    let repo = network();
+    let f0 = start(&repo, 0);
+    // Nothing expires before the deadline.
+    assert!(repo.expire(LIMITS, T0 + 1_000).unwrap().is_empty());
+    let fallout = repo.expire(LIMITS, T0 + 1_001).unwrap();
+    assert!(matches!(fallout.as_slice(), [Fallout::Reoffered { .. }]));
+    assert_eq!(repo.miner("a0").unwrap().unwrap().penalties, 1);
+    assert!(matches!(
+        repo.accept(f0, "a0", &ok("late"), LIMITS, T0 + 1_002),
+        Err(RepoError::NotAssigned {
+            state: AssignmentState::Expired,
+            ..
+        })
+    ));
+    // The re-offered forward goes to the next head miner that asks.
+    let w = repo.take_work("a0", 4, LIMITS, T0 + 2_000).unwrap();
+    let again = &w.assignments[0];
+    assert_eq!((again.sample, again.section, again.attempts), (0, 0, 1));
+    repo.accept(again.id, "a0", &ok("h"), LIMITS, T0 + 2_010)
+        .unwrap();
+    let w = repo.take_work("b0", 4, LIMITS, T0 + 2_020).unwrap();
+    repo.accept(w.assignments[0].id, "b0", &ok("h1"), LIMITS, T0 + 2_030)
+        .unwrap();
+    let w = repo.take_work("c0", 4, LIMITS, T0 + 2_040).unwrap();
+    repo.accept(w.assignments[0].id, "c0", &ok("g"), LIMITS, T0 + 2_050)
+        .unwrap();
+    // b0 never collects its backward: it expires 2 s later and the sample is dropped.
+    let fallout = repo.expire(LIMITS, T0 + 4_051).unwrap();
+    match fallout.as_slice() {
+        [Fallout::Dropped { sample: 0, reason }] => {
+            assert!(reason.contains("backward of section 1"), "{reason}");
+            assert!(reason.contains("b0"), "{reason}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let s = repo.sample(0).unwrap().unwrap();
+    assert_eq!(s.outcome, SampleOutcome::Dropped);
+    assert!(s.reason.unwrap().contains("deadline"));
+    assert_eq!(repo.miner("b0").unwrap().unwrap().penalties, 1);
+    assert_eq!(
+        repo.counts().unwrap(),
+        LedgerCounts {
+            completed: 0,
+            dropped: 1,
+            active: 0
+        }
+    );
+}
+
+#[test]
+fn refused_forward_is_reoffered_and_repeated_failures_drop() {
+    let repo = network();
+    let mut id = start(&repo, 0);
+    for attempt in 1..MAX_ATTEMPTS {
+        let f = repo.refuse(id, "a0", "hash mismatch", LIMITS, T0).unwrap();
+        let Fallout::Reoffered { assignment } = f else {
+            panic!("attempt {attempt}: {f:?}");
+        };
+        let w = repo.take_work("a0", 1, LIMITS, T0).unwrap();
+        assert_eq!(w.assignments[0].id, assignment);
+        assert_eq!(w.assignments[0].attempts, attempt);
+        id = assignment;
+    }
+    let f = repo.refuse(id, "a0", "hash mismatch", LIMITS, T0).unwrap();
+    assert!(matches!(f, Fallout::Dropped { sample: 0, .. }), "{f:?}");
+    assert_eq!(
+        repo.miner("a0").unwrap().unwrap().penalties,
+        u64::from(MAX_ATTEMPTS)
+    );
+    assert!(
+        repo.sample(0)
+            .unwrap()
+            .unwrap()
+            .reason
+            .unwrap()
+            .contains("hash mismatch")
+    );
+}
+
+#[test]
+fn only_the_holder_may_submit_or_release() {
+    let repo = network();
+    let f0 = start(&repo, 0);
+    assert!(matches!(
+        repo.accept(f0, "b0", &ok("h"), LIMITS, T0),
+        Err(RepoError::NotHolder { .. })
+    ));
+    assert!(matches!(
+        repo.held(999, "a0", 2),
+        Err(RepoError::UnknownAssignment { id: 999 })
+    ));
+    assert!(
+        repo.release("b0", &[f0, 999], LIMITS, T0)
+            .unwrap()
+            .is_empty()
+    );
+    let f = repo.release("a0", &[f0], LIMITS, T0).unwrap();
+    assert!(matches!(f.as_slice(), [Fallout::Reoffered { .. }]));
+    assert_eq!(
+        repo.miner("a0").unwrap().unwrap().penalties,
+        0,
+        "release is no fault"
+    );
+}
+
+#[test]
+fn signatures_are_remembered_until_expiry() {
+    let repo = Repository::open_in_memory().unwrap();
+    assert!(repo.record_signature("s1", 100, 0).unwrap());
+    assert!(!repo.record_signature("s1", 100, 50).unwrap());
+    assert!(repo.record_signature("s2", 300, 101).unwrap());
+    assert_eq!(
+        repo.signature_count().unwrap(),
+        1,
+        "s1 expired and was forgotten"
+    );
+}
+
+#[test]
+fn samples_start_in_order_within_the_budget() {
+    let repo = network();
+    assert!(matches!(
+        repo.start_sample(1, "t", "t", "a0", None, LIMITS, T0),
+        Err(RepoError::SampleOrder {
+            expected: 0,
+            got: 1
+        })
+    ));
+    start(&repo, 0);
+    assert_eq!(
+        repo.start_sample(1, "t", "t", "a0", Some(1), LIMITS, T0)
+            .unwrap(),
+        None
+    );
+    assert_eq!(repo.run_state().unwrap().2, 1);
+}
+
+#[test]
+fn state_survives_reopening_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    {
+        let repo = Repository::open(&path).unwrap();
+        repo.register("a0", "cpu", 4, 1, 50, T0).unwrap();
+        let one = RoutingLimits { tail: 0, ..LIMITS };
+        let f = repo
+            .start_sample(0, "t", "g", "a0", None, one, T0)
+            .unwrap()
+            .unwrap();
+        repo.accept(f.id, "a0", &ok("g0"), one, T0).unwrap();
+        repo.start_sample(1, "t", "g", "a0", None, one, T0).unwrap();
+    }
+    let repo = Repository::open(&path).unwrap();
+    assert_eq!(repo.miner("a0").unwrap().unwrap().forwards, 1);
+    assert_eq!(
+        repo.sample(0).unwrap().unwrap().outcome,
+        SampleOutcome::Completed
+    );
+    assert_eq!(repo.run_state().unwrap().2, 2);
+    // The in-flight forward of sample 1 is re-offered after its deadline.
+    let f = repo
+        .expire(RoutingLimits { tail: 0, ..LIMITS }, T0 + 5_000)
+        .unwrap();
+    assert!(matches!(f.as_slice(), [Fallout::Reoffered { .. }]));
+}

@@ -1,0 +1,476 @@
+//! CLASP (Contribution Loss Assessment via Sampling of Pathways): each miner's effect on the
+//! loss of the samples that passed through it, from the ledger alone. See `docs/clasp.md` for
+//! the derivation and the sample sizes it needs.
+//!
+//! # Model
+//! Every completed sample `b` has a pathway (one miner per section) and a loss `l_b`. The
+//! estimator fits the additive ("main effects") model
+//!
+//! ```text
+//! l_b = beta[w(b)] + sum_s e[s][pi_b(s)] + eps_b,      sum_m n[s][m] * e[s][m] = 0 per section
+//! ```
+//!
+//! where `w(b)` is the baseline window of the sample (consecutive samples in time order, so
+//! the downward drift of the loss is absorbed by `beta`), and `e[s][m]` is miner `m`'s effect
+//! in section `s` relative to the other miners of its section. The fit is by backfitting
+//! (Gauss-Seidel over the factors), which is exact least squares for this model and stays
+//! correct when routing is unbalanced (a naive per-miner mean is not: it also picks up the
+//! effects of the miners it happened to be paired with).
+//!
+//! A miner is flagged when it has at least `min_samples` samples, its effect is at least
+//! `min_effect` nats, and its z-score `e / se` is at least `z_threshold`, with
+//! `se = sigma * sqrt(1/n_m - 1/N_s)` (the standard error of a group mean minus the section
+//! mean) and `sigma` the residual standard deviation. Only harmful effects (a higher loss)
+//! are flagged. The quality factor `exp(-max(0, e - 2 se) / temperature)` lowers credit by the
+//! part of the effect that is statistically solid.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// One completed sample of the ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LedgerEntry {
+    /// Sample id.
+    pub sample: u64,
+    /// When its loss was measured (ms since the Unix epoch, or any increasing step count).
+    pub time: u64,
+    /// Its loss (nats per token).
+    pub loss: f64,
+    /// The miner of each section, by section index.
+    pub pathway: Vec<String>,
+}
+
+/// Settings of the estimator (run config `validation.clasp`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaspConfig {
+    /// Samples per baseline window (consecutive in time).
+    #[serde(default = "default_window")]
+    pub window: usize,
+    /// Fewest samples through a miner before it can be flagged.
+    #[serde(default = "default_min_samples")]
+    pub min_samples: usize,
+    /// Smallest z-score that flags.
+    #[serde(default = "default_z")]
+    pub z_threshold: f64,
+    /// Smallest effect (nats) that flags.
+    #[serde(default = "default_min_effect")]
+    pub min_effect: f64,
+    /// Scale (nats) of the quality factor's decay.
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+}
+
+fn default_window() -> usize {
+    8
+}
+fn default_min_samples() -> usize {
+    6
+}
+fn default_z() -> f64 {
+    4.0
+}
+fn default_min_effect() -> f64 {
+    0.1
+}
+fn default_temperature() -> f64 {
+    0.2
+}
+
+impl Default for ClaspConfig {
+    fn default() -> Self {
+        Self {
+            window: default_window(),
+            min_samples: default_min_samples(),
+            z_threshold: default_z(),
+            min_effect: default_min_effect(),
+            temperature: default_temperature(),
+        }
+    }
+}
+
+impl ClaspConfig {
+    /// Checks the values.
+    ///
+    /// # Errors
+    /// A message naming the bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.window == 0 {
+            return Err("window must be at least 1".into());
+        }
+        for (name, v) in [
+            ("z_threshold", self.z_threshold),
+            ("min_effect", self.min_effect),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{name} must be finite and >= 0, got {v}"));
+            }
+        }
+        if !(self.temperature.is_finite() && self.temperature > 0.0) {
+            return Err(format!(
+                "temperature must be finite and > 0, got {}",
+                self.temperature
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The estimate for one miner of one section.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MinerEffect {
+    /// Section.
+    pub section: usize,
+    /// Miner hotkey.
+    pub miner: String,
+    /// Samples through it.
+    pub samples: usize,
+    /// Its effect on the loss (nats; positive = worse than its section).
+    pub effect: f64,
+    /// Standard error of `effect` (0 when it cannot be estimated).
+    pub std_error: f64,
+    /// `effect / std_error` (0 when the error is unknown, infinite when it is exactly 0).
+    pub z: f64,
+    /// Whether it is an outlier (see the module docs).
+    pub flagged: bool,
+    /// Credit factor in `(0, 1]`.
+    pub quality: f64,
+}
+
+/// The estimator's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaspReport {
+    /// One entry per (section, miner), by section then hotkey.
+    pub effects: Vec<MinerEffect>,
+    /// Residual standard deviation of the per-sample loss (nats), `sigma`.
+    pub residual_std: f64,
+    /// Samples used (finite losses).
+    pub samples: usize,
+    /// Baseline windows.
+    pub windows: usize,
+    /// Residual degrees of freedom (no flags when it is 0).
+    pub dof: usize,
+}
+
+impl ClaspReport {
+    /// The estimate of `miner` in `section`.
+    pub fn effect(&self, section: usize, miner: &str) -> Option<&MinerEffect> {
+        self.effects
+            .iter()
+            .find(|e| e.section == section && e.miner == miner)
+    }
+}
+
+/// Levels of one section: miner names and each sample's level.
+struct Factor {
+    names: Vec<String>,
+    /// Level of each sample, `None` when the sample has no miner for this section.
+    of: Vec<Option<usize>>,
+    effect: Vec<f64>,
+    count: Vec<usize>,
+}
+
+/// Backfitting sweeps at most.
+const MAX_SWEEPS: usize = 500;
+/// Stop when no estimate moves more than this (nats).
+const CONVERGED: f64 = 1e-12;
+
+/// Fits the model of the module docs to `entries` (non-finite losses are ignored).
+pub fn estimate(entries: &[LedgerEntry], config: &ClaspConfig) -> ClaspReport {
+    let mut rows: Vec<&LedgerEntry> = entries.iter().filter(|e| e.loss.is_finite()).collect();
+    rows.sort_by_key(|e| (e.time, e.sample));
+    let n = rows.len();
+    let window = config.window.max(1);
+    let n_windows = n.div_ceil(window);
+    let win_of: Vec<usize> = (0..n).map(|i| i / window).collect();
+    let loss: Vec<f64> = rows.iter().map(|e| e.loss).collect();
+    let n_sections = rows.iter().map(|e| e.pathway.len()).max().unwrap_or(0);
+    let mut factors: Vec<Factor> = (0..n_sections)
+        .map(|s| {
+            let mut names: Vec<String> = rows
+                .iter()
+                .filter_map(|e| e.pathway.get(s).cloned())
+                .collect();
+            names.sort();
+            names.dedup();
+            let index: BTreeMap<&str, usize> = names
+                .iter()
+                .enumerate()
+                .map(|(i, m)| (m.as_str(), i))
+                .collect();
+            let of: Vec<Option<usize>> = rows
+                .iter()
+                .map(|e| {
+                    e.pathway
+                        .get(s)
+                        .and_then(|m| index.get(m.as_str()).copied())
+                })
+                .collect();
+            let mut count = vec![0; names.len()];
+            for l in of.iter().flatten() {
+                count[*l] += 1;
+            }
+            Factor {
+                effect: vec![0.0; names.len()],
+                names,
+                of,
+                count,
+            }
+        })
+        .collect();
+    let mut beta = vec![0.0; n_windows];
+    let effects_of = |factors: &[Factor], i: usize, skip: Option<usize>| -> f64 {
+        factors
+            .iter()
+            .enumerate()
+            .filter(|(s, _)| Some(*s) != skip)
+            .filter_map(|(_, f)| f.of[i].map(|l| f.effect[l]))
+            .sum()
+    };
+    for _ in 0..MAX_SWEEPS {
+        let mut moved = 0.0f64;
+        // Baselines: the mean of what the miners' effects leave of each window's losses.
+        let mut sum = vec![0.0; n_windows];
+        let mut cnt = vec![0usize; n_windows];
+        for i in 0..n {
+            sum[win_of[i]] += loss[i] - effects_of(&factors, i, None);
+            cnt[win_of[i]] += 1;
+        }
+        for w in 0..n_windows {
+            let new = sum[w] / cnt[w].max(1) as f64;
+            moved = moved.max((new - beta[w]).abs());
+            beta[w] = new;
+        }
+        // Each section's effects in turn, centred (weighted by samples) within the section.
+        for s in 0..factors.len() {
+            let levels = factors[s].names.len();
+            let mut sum = vec![0.0; levels];
+            for i in 0..n {
+                if let Some(l) = factors[s].of[i] {
+                    sum[l] += loss[i] - beta[win_of[i]] - effects_of(&factors, i, Some(s));
+                }
+            }
+            let f = &mut factors[s];
+            let mut new: Vec<f64> = (0..levels)
+                .map(|l| sum[l] / f.count[l].max(1) as f64)
+                .collect();
+            let total: usize = f.count.iter().sum();
+            let mean = new
+                .iter()
+                .zip(&f.count)
+                .map(|(e, c)| e * *c as f64)
+                .sum::<f64>()
+                / total.max(1) as f64;
+            for (l, e) in new.iter_mut().enumerate() {
+                *e -= mean;
+                moved = moved.max((*e - f.effect[l]).abs());
+            }
+            f.effect = new;
+        }
+        if moved < CONVERGED {
+            break;
+        }
+    }
+    let rss: f64 = (0..n)
+        .map(|i| {
+            let r = loss[i] - beta[win_of[i]] - effects_of(&factors, i, None);
+            r * r
+        })
+        .sum();
+    let params = n_windows
+        + factors
+            .iter()
+            .map(|f| f.names.len().saturating_sub(1))
+            .sum::<usize>();
+    let dof = n.saturating_sub(params);
+    let sigma = if dof > 0 {
+        (rss / dof as f64).sqrt()
+    } else {
+        0.0
+    };
+    let mut effects = Vec::new();
+    for (s, f) in factors.iter().enumerate() {
+        let total: usize = f.count.iter().sum();
+        for (l, name) in f.names.iter().enumerate() {
+            let (e, n_m) = (f.effect[l], f.count[l]);
+            let var = 1.0 / n_m.max(1) as f64 - 1.0 / total.max(1) as f64;
+            let std_error = if dof > 0 && var > 0.0 {
+                sigma * var.sqrt()
+            } else {
+                0.0
+            };
+            let estimable = dof > 0 && var > 0.0;
+            let z = match (estimable, std_error > 0.0) {
+                (false, _) => 0.0,
+                (true, true) => e / std_error,
+                (true, false) if e > 0.0 => f64::INFINITY,
+                (true, false) if e < 0.0 => f64::NEG_INFINITY,
+                (true, false) => 0.0,
+            };
+            let enough = estimable && n_m >= config.min_samples;
+            let flagged = enough && z >= config.z_threshold && e >= config.min_effect;
+            let quality = if enough {
+                (-(e - 2.0 * std_error).max(0.0) / config.temperature).exp()
+            } else {
+                1.0
+            };
+            effects.push(MinerEffect {
+                section: s,
+                miner: name.clone(),
+                samples: n_m,
+                effect: e,
+                std_error,
+                z,
+                flagged,
+                quality,
+            });
+        }
+    }
+    ClaspReport {
+        effects,
+        residual_std: sigma,
+        samples: n,
+        windows: n_windows,
+        dof,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(sample: u64, loss: f64, path: &[&str]) -> LedgerEntry {
+        LedgerEntry {
+            sample,
+            time: sample,
+            loss,
+            pathway: path.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    fn whole(window: usize) -> ClaspConfig {
+        ClaspConfig {
+            window,
+            min_samples: 3,
+            z_threshold: 3.0,
+            min_effect: 0.1,
+            temperature: 0.2,
+        }
+    }
+
+    #[test]
+    fn hand_computed_z_score_for_one_section() {
+        // a: 1, 2, 3; b: 4, 5, 6; one window. Mean 3.5, effects -1.5 / +1.5, residuals
+        // -1, 0, 1 twice: rss 4 over dof 6 - 1 window - 1 free effect = 4, sigma 1;
+        // se = sqrt(1/3 - 1/6) = 0.408248; z_b = 1.5 / 0.408248 = 3.674235.
+        let entries: Vec<_> = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+            .iter()
+            .enumerate()
+            .map(|(i, l)| entry(i as u64, *l, &[if i < 3 { "a" } else { "b" }]))
+            .collect();
+        let r = estimate(&entries, &whole(100));
+        assert_eq!((r.samples, r.windows, r.dof), (6, 1, 4));
+        assert!(close(r.residual_std, 1.0), "{r:?}");
+        let b = r.effect(0, "b").unwrap();
+        assert!(close(b.effect, 1.5) && close(b.std_error, (1.0f64 / 6.0).sqrt()));
+        assert!((b.z - 3.674235).abs() < 1e-6, "{b:?}");
+        assert!(b.flagged);
+        // quality = exp(-(1.5 - 2 * 0.408248) / 0.2) = exp(-3.417517) = 0.032794
+        assert!((b.quality - 0.032794).abs() < 1e-6, "{b:?}");
+        let a = r.effect(0, "a").unwrap();
+        assert!(close(a.effect, -1.5) && !a.flagged && a.quality == 1.0);
+    }
+
+    #[test]
+    fn unbalanced_routing_does_not_confound_sections() {
+        // Exact additive losses: base 3, a +0.5 / b -0.5 (section 0), c +0.1 / d -0.1.
+        // a meets c three times and d once; b the opposite. Naive means would give a - b =
+        // 1.1; the fit recovers 1.0 and 0.2 exactly.
+        let loss = |p: &str, q: &str| {
+            3.0 + if p == "a" { 0.5 } else { -0.5 } + if q == "c" { 0.1 } else { -0.1 }
+        };
+        let pairs = [
+            ("a", "c"),
+            ("a", "c"),
+            ("a", "c"),
+            ("a", "d"),
+            ("b", "c"),
+            ("b", "d"),
+            ("b", "d"),
+            ("b", "d"),
+        ];
+        let entries: Vec<_> = pairs
+            .iter()
+            .enumerate()
+            .map(|(i, (p, q))| entry(i as u64, loss(p, q), &[p, q]))
+            .collect();
+        let r = estimate(&entries, &whole(100));
+        assert!(close(r.effect(0, "a").unwrap().effect, 0.5), "{r:?}");
+        assert!(close(r.effect(0, "b").unwrap().effect, -0.5));
+        assert!(close(r.effect(1, "c").unwrap().effect, 0.1));
+        assert!(close(r.effect(1, "d").unwrap().effect, -0.1));
+        assert!(r.residual_std < 1e-9);
+    }
+
+    #[test]
+    fn window_baseline_removes_the_downward_drift() {
+        // The loss falls by 0.1 per sample. Miner "bad" adds +0.3 but only works in the
+        // second half, when the loss is already lower; "x" and "y" work throughout.
+        let mut entries = Vec::new();
+        for i in 0..32u64 {
+            let miner = match (i >= 16, i % 3) {
+                (true, 0) => "bad",
+                (_, 1) => "y",
+                _ => "x",
+            };
+            let drift = 5.0 - 0.1 * i as f64;
+            let effect = if miner == "bad" { 0.3 } else { 0.0 };
+            // A little deterministic noise so sigma > 0.
+            let noise = if i % 2 == 0 { 0.01 } else { -0.01 };
+            entries.push(entry(i, drift + effect + noise, &[miner]));
+        }
+        // One window: the drift makes "bad" look better than the others.
+        let one = estimate(&entries, &whole(1000));
+        assert!(one.effect(0, "bad").unwrap().effect < 0.0, "{one:?}");
+        // Windows of 4 samples: the effect comes back (the drift within a window is small).
+        let windowed = estimate(&entries, &whole(4));
+        let bad = windowed.effect(0, "bad").unwrap();
+        assert!((bad.effect - 0.3).abs() < 0.12, "{bad:?}");
+        assert!(bad.flagged, "{bad:?}");
+        assert!(
+            windowed
+                .effects
+                .iter()
+                .filter(|e| e.miner != "bad")
+                .all(|e| !e.flagged)
+        );
+    }
+
+    #[test]
+    fn too_few_samples_flag_nobody() {
+        let entries = vec![
+            entry(0, 2.0, &["a"]),
+            entry(1, 9.0, &["b"]),
+            entry(2, 2.1, &["a"]),
+        ];
+        let r = estimate(&entries, &whole(100));
+        assert!(r.effects.iter().all(|e| !e.flagged && e.quality == 1.0));
+        // Non-finite losses are ignored, an empty ledger is an empty report.
+        let r = estimate(&[entry(0, f64::NAN, &["a"])], &whole(4));
+        assert_eq!((r.samples, r.effects.len()), (0, 0));
+        assert!(ClaspConfig::default().validate().is_ok());
+        assert!(
+            ClaspConfig {
+                window: 0,
+                ..ClaspConfig::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,224 @@
+//! Comparing a replayed tensor with the one a miner uploaded: the magnitude ratio and the
+//! cosine similarity (the two tests of the reference validator, DESIGN.md section 8).
+//!
+//! Both are accumulated in `f64` over chunks ([`Comparison::add`]), so a large tensor or a
+//! whole section state can be compared piece by piece without holding either side whole.
+
+use serde::{Deserialize, Serialize};
+
+/// Running sums for comparing a vector `a` (the validator's) with `b` (the miner's).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Comparison {
+    dot: f64,
+    norm_a_sq: f64,
+    norm_b_sq: f64,
+    len: u64,
+    /// Non-finite values met in `b` (a miner's upload may hold any bytes).
+    nonfinite: u64,
+}
+
+/// The two figures of a finished [`Comparison`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Similarity {
+    /// `a . b / (|a| |b|)`; 1 when both are zero, 0 when exactly one is (or `b` is not finite).
+    pub cosine: f64,
+    /// `min(|a|, |b|) / max(|a|, |b|)`; 1 when both are zero, 0 when `b` is not finite.
+    pub magnitude_ratio: f64,
+    /// Values compared.
+    pub len: u64,
+}
+
+impl Comparison {
+    /// An empty comparison.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one chunk of both vectors (same positions in each).
+    ///
+    /// # Panics
+    /// Never; a length mismatch counts the extra values of the longer side as compared with
+    /// zeros, so a short upload lowers the similarity instead of being silently cut.
+    pub fn add(&mut self, a: &[f32], b: &[f32]) {
+        let n = a.len().max(b.len());
+        for i in 0..n {
+            let x = f64::from(a.get(i).copied().unwrap_or(0.0));
+            let y = f64::from(b.get(i).copied().unwrap_or(0.0));
+            if !y.is_finite() {
+                self.nonfinite += 1;
+                continue;
+            }
+            self.dot += x * y;
+            self.norm_a_sq += x * x;
+            self.norm_b_sq += y * y;
+        }
+        self.len += n as u64;
+    }
+
+    /// The figures so far.
+    pub fn similarity(&self) -> Similarity {
+        if self.nonfinite > 0 {
+            return Similarity {
+                cosine: 0.0,
+                magnitude_ratio: 0.0,
+                len: self.len,
+            };
+        }
+        let (na, nb) = (self.norm_a_sq.sqrt(), self.norm_b_sq.sqrt());
+        let (cosine, magnitude_ratio) = match (na > 0.0, nb > 0.0) {
+            (false, false) => (1.0, 1.0),
+            (true, true) => (
+                (self.dot / (na * nb)).clamp(-1.0, 1.0),
+                na.min(nb) / na.max(nb),
+            ),
+            _ => (0.0, 0.0),
+        };
+        Similarity {
+            cosine,
+            magnitude_ratio,
+            len: self.len,
+        }
+    }
+}
+
+/// Compares two whole vectors.
+pub fn similarity(a: &[f32], b: &[f32]) -> Similarity {
+    let mut c = Comparison::new();
+    c.add(a, b);
+    c.similarity()
+}
+
+/// Acceptance thresholds of a replay comparison (run config `validation.replay`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    /// Smallest cosine similarity that passes.
+    #[serde(default = "default_min_cosine")]
+    pub min_cosine: f64,
+    /// Smallest magnitude ratio that passes.
+    #[serde(default = "default_min_magnitude")]
+    pub min_magnitude_ratio: f64,
+}
+
+fn default_min_cosine() -> f64 {
+    0.99
+}
+fn default_min_magnitude() -> f64 {
+    0.95
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Self {
+            min_cosine: default_min_cosine(),
+            min_magnitude_ratio: default_min_magnitude(),
+        }
+    }
+}
+
+impl Thresholds {
+    /// Why `s` fails these thresholds, or `None` when it passes.
+    pub fn failure(&self, s: &Similarity) -> Option<String> {
+        if s.magnitude_ratio < self.min_magnitude_ratio {
+            return Some(format!(
+                "magnitude ratio {:.4} < {}",
+                s.magnitude_ratio, self.min_magnitude_ratio
+            ));
+        }
+        if s.cosine < self.min_cosine {
+            return Some(format!("cosine {:.4} < {}", s.cosine, self.min_cosine));
+        }
+        None
+    }
+
+    /// Checks that both thresholds lie in `[0, 1]`.
+    ///
+    /// # Errors
+    /// A message naming the bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("min_cosine", self.min_cosine),
+            ("min_magnitude_ratio", self.min_magnitude_ratio),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                return Err(format!("{name} must lie in [0, 1], got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-12
+    }
+
+    #[test]
+    fn hand_computed_figures() {
+        // a = (3, 4), |a| = 5; b = (6, 8), |b| = 10: parallel, half the length.
+        let s = similarity(&[3.0, 4.0], &[6.0, 8.0]);
+        assert!(
+            close(s.cosine, 1.0) && close(s.magnitude_ratio, 0.5),
+            "{s:?}"
+        );
+        // a = (1, 0), b = (1, 1): cos = 1 / sqrt 2, ratio = 1 / sqrt 2.
+        let s = similarity(&[1.0, 0.0], &[1.0, 1.0]);
+        let r = 1.0 / 2f64.sqrt();
+        assert!(close(s.cosine, r) && close(s.magnitude_ratio, r), "{s:?}");
+        // Opposite directions.
+        assert!(close(similarity(&[1.0, 2.0], &[-1.0, -2.0]).cosine, -1.0));
+    }
+
+    #[test]
+    fn chunks_add_up_to_the_whole() {
+        let a: Vec<f32> = (0..100).map(|i| (i as f32 * 0.3).sin()).collect();
+        let b: Vec<f32> = (0..100).map(|i| (i as f32 * 0.31).sin()).collect();
+        let whole = similarity(&a, &b);
+        let mut c = Comparison::new();
+        for (x, y) in a.chunks(7).zip(b.chunks(7)) {
+            c.add(x, y);
+        }
+        let parts = c.similarity();
+        assert!(close(whole.cosine, parts.cosine));
+        assert!(close(whole.magnitude_ratio, parts.magnitude_ratio));
+        assert_eq!(parts.len, 100);
+    }
+
+    #[test]
+    fn zeros_short_uploads_and_nan() {
+        assert_eq!(similarity(&[0.0, 0.0], &[0.0, 0.0]).cosine, 1.0);
+        let lazy = similarity(&[1.0, 2.0], &[0.0, 0.0]);
+        assert_eq!((lazy.cosine, lazy.magnitude_ratio), (0.0, 0.0));
+        // A short upload is compared against zeros: (1,1) vs (1,0).
+        let short = similarity(&[1.0, 1.0], &[1.0]);
+        assert!(close(short.cosine, 1.0 / 2f64.sqrt()));
+        let nan = similarity(&[1.0, 1.0], &[1.0, f32::NAN]);
+        assert_eq!((nan.cosine, nan.magnitude_ratio), (0.0, 0.0));
+    }
+
+    #[test]
+    fn thresholds_name_what_failed() {
+        let t = Thresholds {
+            min_cosine: 0.9,
+            min_magnitude_ratio: 0.8,
+        };
+        assert!(t.failure(&similarity(&[3.0, 4.0], &[3.0, 4.1])).is_none());
+        let scaled = t.failure(&similarity(&[3.0, 4.0], &[6.0, 8.0])).unwrap();
+        assert!(scaled.contains("magnitude ratio 0.5000"), "{scaled}");
+        // (1, 0) vs (0.6, 0.8): same length, cosine 0.6.
+        let turned = t.failure(&similarity(&[1.0, 0.0], &[0.6, 0.8])).unwrap();
+        assert!(turned.contains("cosine 0.6000"), "{turned}");
+        assert!(Thresholds::default().validate().is_ok());
+        assert!(
+            Thresholds {
+                min_cosine: 1.5,
+                ..t
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

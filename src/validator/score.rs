@@ -1,0 +1,256 @@
+//! The score of one miner for one window (a training epoch and its merge):
+//!
+//! ```text
+//! score = max(0, throughput * quality - penalty)      (0 when flagged)
+//! quality = replay * upload * clasp                    (each in [0, 1]; 1 when not checked)
+//! penalty = sum_k weight_k * count_k                   (in samples)
+//! ```
+//!
+//! `throughput` is the miner's valid work in the window: samples whose work passed (its
+//! accepted results on completed samples; a failed replay zeroes the whole window anyway).
+//! A flag (failed replay, copy, CLASP outlier, lying merger, free-riding, an upload that did
+//! not train) sets the score to 0 for the window, with every reason kept.
+
+use serde::{Deserialize, Serialize};
+
+/// Kinds of penalty, each costing a configurable number of samples per occurrence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PenaltyKind {
+    /// An assignment's deadline passed before its result arrived.
+    MissedDeadline,
+    /// A result the orchestrator refused (bad hash, shape, values).
+    RefusedResult,
+    /// A merge upload the orchestrator refused.
+    RefusedUpload,
+    /// A merge partition the miner was assigned and never delivered.
+    MissingMerge,
+}
+
+/// Samples each penalty costs (run config `validation.penalties`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PenaltyWeights {
+    /// Per missed deadline.
+    #[serde(default = "two")]
+    pub missed_deadline: f64,
+    /// Per refused result.
+    #[serde(default = "two")]
+    pub refused_result: f64,
+    /// Per refused upload.
+    #[serde(default = "ten")]
+    pub refused_upload: f64,
+    /// Per merge partition not delivered.
+    #[serde(default = "ten")]
+    pub missing_merge: f64,
+}
+
+fn two() -> f64 {
+    2.0
+}
+fn ten() -> f64 {
+    10.0
+}
+
+impl Default for PenaltyWeights {
+    fn default() -> Self {
+        Self {
+            missed_deadline: two(),
+            refused_result: two(),
+            refused_upload: ten(),
+            missing_merge: ten(),
+        }
+    }
+}
+
+impl PenaltyWeights {
+    /// Samples one penalty of `kind` costs.
+    pub fn of(&self, kind: PenaltyKind) -> f64 {
+        match kind {
+            PenaltyKind::MissedDeadline => self.missed_deadline,
+            PenaltyKind::RefusedResult => self.refused_result,
+            PenaltyKind::RefusedUpload => self.refused_upload,
+            PenaltyKind::MissingMerge => self.missing_merge,
+        }
+    }
+
+    /// Checks that every weight is finite and non-negative.
+    ///
+    /// # Errors
+    /// A message naming the bad value.
+    pub fn validate(&self) -> Result<(), String> {
+        for (name, v) in [
+            ("missed_deadline", self.missed_deadline),
+            ("refused_result", self.refused_result),
+            ("refused_upload", self.refused_upload),
+            ("missing_merge", self.missing_merge),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{name} must be finite and >= 0, got {v}"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one window of checks found about one miner.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ScoreInput {
+    /// Valid throughput (samples).
+    pub throughput: f64,
+    /// Quality factor from replay (`None`: not replayed this window).
+    pub replay: Option<f64>,
+    /// Quality factor from the upload-quality check.
+    pub upload: Option<f64>,
+    /// Quality factor from CLASP.
+    pub clasp: Option<f64>,
+    /// Penalty counts.
+    pub penalties: Vec<(PenaltyKind, u64)>,
+    /// Reasons the miner is flagged this window (empty: not flagged).
+    pub flags: Vec<String>,
+}
+
+/// A miner's score and where it came from (published with the weights).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScoreParts {
+    /// Valid throughput (samples).
+    pub throughput: f64,
+    /// Replay factor (1 when not checked).
+    pub replay: f64,
+    /// Upload-quality factor (1 when not checked).
+    pub upload: f64,
+    /// CLASP factor (1 when not checked).
+    pub clasp: f64,
+    /// `replay * upload * clasp`.
+    pub quality: f64,
+    /// Penalty counts by kind.
+    pub penalties: Vec<(PenaltyKind, u64)>,
+    /// Total penalty (samples).
+    pub penalty: f64,
+    /// Why the miner is flagged (empty when it is not).
+    pub flags: Vec<String>,
+    /// The score.
+    pub score: f64,
+}
+
+/// Applies the formula of the module docs.
+pub fn score(input: &ScoreInput, weights: &PenaltyWeights) -> ScoreParts {
+    let factor = |f: Option<f64>| {
+        f.map_or(1.0, |v| {
+            if v.is_finite() {
+                v.clamp(0.0, 1.0)
+            } else {
+                0.0
+            }
+        })
+    };
+    let (replay, upload, clasp) = (
+        factor(input.replay),
+        factor(input.upload),
+        factor(input.clasp),
+    );
+    let quality = replay * upload * clasp;
+    let mut penalties = input.penalties.clone();
+    penalties.sort();
+    let penalty: f64 = penalties
+        .iter()
+        .map(|(k, n)| weights.of(*k) * *n as f64)
+        .sum();
+    let throughput = if input.throughput.is_finite() {
+        input.throughput.max(0.0)
+    } else {
+        0.0
+    };
+    let score = if input.flags.is_empty() {
+        (throughput * quality - penalty).max(0.0)
+    } else {
+        0.0
+    };
+    ScoreParts {
+        throughput,
+        replay,
+        upload,
+        clasp,
+        quality,
+        penalties,
+        penalty,
+        flags: input.flags.clone(),
+        score,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hand_computed_scores() {
+        let w = PenaltyWeights::default();
+        // 40 samples x (0.9 x 1 x 0.5) - 2 missed deadlines x 2 = 18 - 4 = 14.
+        let parts = score(
+            &ScoreInput {
+                throughput: 40.0,
+                replay: Some(0.9),
+                upload: None,
+                clasp: Some(0.5),
+                penalties: vec![(PenaltyKind::MissedDeadline, 2)],
+                flags: vec![],
+            },
+            &w,
+        );
+        assert!((parts.quality - 0.45).abs() < 1e-12);
+        assert!((parts.score - 14.0).abs() < 1e-12, "{parts:?}");
+        assert_eq!(parts.upload, 1.0);
+        // Penalties larger than the work floor at 0.
+        let parts = score(
+            &ScoreInput {
+                throughput: 3.0,
+                penalties: vec![(PenaltyKind::RefusedUpload, 1)],
+                ..ScoreInput::default()
+            },
+            &w,
+        );
+        assert_eq!((parts.penalty, parts.score), (10.0, 0.0));
+    }
+
+    #[test]
+    fn a_flag_zeroes_the_window_and_keeps_its_reason() {
+        let parts = score(
+            &ScoreInput {
+                throughput: 100.0,
+                flags: vec!["copy of 5Abc (cosine 1.0000)".into()],
+                ..ScoreInput::default()
+            },
+            &PenaltyWeights::default(),
+        );
+        assert_eq!(parts.score, 0.0);
+        assert_eq!(parts.flags.len(), 1);
+        assert_eq!(parts.quality, 1.0, "the parts still show what was measured");
+    }
+
+    #[test]
+    fn bad_numbers_cannot_raise_a_score() {
+        let parts = score(
+            &ScoreInput {
+                throughput: f64::INFINITY,
+                replay: Some(f64::NAN),
+                upload: Some(7.0),
+                ..ScoreInput::default()
+            },
+            &PenaltyWeights::default(),
+        );
+        assert_eq!(
+            (parts.throughput, parts.replay, parts.upload),
+            (0.0, 0.0, 1.0)
+        );
+        assert_eq!(parts.score, 0.0);
+        assert!(
+            PenaltyWeights {
+                missed_deadline: -1.0,
+                ..PenaltyWeights::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

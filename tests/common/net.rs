@@ -1,0 +1,77 @@
+//! Clock, ports, plain-socket GETs and pollers shared by the tests that run real servers.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// Wall-clock time in Unix milliseconds (what signed requests carry).
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_millis() as u64
+}
+
+/// A free loopback port (asked of the OS, then released for the caller to bind).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free loopback port")
+        .port()
+}
+
+/// A blocking `GET` over a raw TCP socket (the crate's reqwest is async only): the body of a
+/// 200 answer (chunked bodies decoded), or `None` when nothing answers or the status is not 200.
+pub fn http_get(url: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let rest = url.strip_prefix("http://")?;
+    let (host, path) = rest.split_once('/')?;
+    let mut stream = std::net::TcpStream::connect(host).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET /{path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    if !head.lines().next().is_some_and(|l| l.contains(" 200 ")) {
+        return None;
+    }
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        let mut out = String::new();
+        let mut rest = body;
+        loop {
+            let (size, after) = rest.split_once("\r\n")?;
+            let n = usize::from_str_radix(size.trim(), 16).ok()?;
+            if n == 0 {
+                break;
+            }
+            out.push_str(after.get(..n)?);
+            rest = after.get(n + 2..)?;
+        }
+        return Some(out);
+    }
+    Some(body.to_string())
+}
+
+/// `GET {url}/api/status` as JSON, or `None` when nothing answers.
+pub fn status(url: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(&http_get(&format!("{url}/api/status"))?).ok()
+}
+
+/// Completed samples in a status document.
+pub fn completed(s: &serde_json::Value) -> u64 {
+    s["samples"]["completed"].as_u64().unwrap_or(0)
+}
+
+/// Polls `ok` every 200 ms; panics naming `what` after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -2,9 +2,9 @@
 """PyTorch twin of iota's `small` (or `tiny`) preset: the same Llama-style decoder with the
 same section bottlenecks, trained with the same AdamW, timed per step on the CPU.
 
-It is the yardstick for iota's CPU speed: run it and `iota bench step` on the same machine,
-interleaved, and compare the median step times (forward + backward + AdamW of the whole
-model in one graph).
+It is the yardstick for iota's CPU speed: `iota bench step --torch benches/torch_twin.py` runs it
+interleaved with its own steps and compares the median step times, wall clock and CPU time
+(forward + backward + AdamW of the whole model in one graph).
 
     pip install torch
     python3 benches/torch_twin.py --preset small --batch-size 8 --seq-len 128 --steps 20
@@ -171,9 +171,11 @@ def main():
     vocab = PRESETS[args.preset][0]
     gen = torch.Generator().manual_seed(1)
     times = []
+    cpu_times = []
     for step in range(args.steps + 3):
         tokens = torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), generator=gen)
         t0 = time.perf_counter()
+        c0 = time.process_time()
         logits = model(tokens[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, vocab), tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
@@ -181,8 +183,10 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         dt = time.perf_counter() - t0
+        dc = time.process_time() - c0
         if step >= 3:
             times.append(dt)
+            cpu_times.append(dc)
     params = sum(p.numel() for p in model.parameters())
     med = statistics.median(times)
     tokens = args.batch_size * args.seq_len
@@ -195,8 +199,9 @@ def main():
         "threads": torch.get_num_threads(),
         "steps": len(times),
         "median_step_ms": med * 1e3,
+        "median_step_cpu_ms": statistics.median(cpu_times) * 1e3,
         "tokens_per_s": tokens / med,
-        "final_loss": float(loss),
+        "final_loss": float(loss.detach()),
     }
     if args.json:
         print(json.dumps(out))
@@ -204,10 +209,11 @@ def main():
         print(
             f"pytorch {torch.__version__} twin of `{args.preset}` ({params / 1e6:.2f}M params), "
             f"batch {args.batch_size} x {args.seq_len}, {torch.get_num_threads()} threads: "
-            f"median step {med * 1e3:.1f} ms over {len(times)} steps "
-            f"({tokens / med:.0f} tokens/s), loss {float(loss):.3f}"
+            f"median step {med * 1e3:.1f} ms wall, "
+            f"{statistics.median(cpu_times) * 1e3:.1f} ms CPU over {len(times)} steps "
+            f"({tokens / med:.0f} tokens/s), loss {float(loss.detach()):.3f}"
         )
-    assert math.isfinite(float(loss))
+    assert math.isfinite(float(loss.detach()))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,7 @@ async fn refused_requests_change_nothing() {
     let first = signed_raw(
         "/api/heartbeat",
         serde_json::to_vec(&HeartbeatRequest {
+            usage: None,
             forwards: 0,
             backwards: 0,
             steps: 0,
@@ -518,6 +519,13 @@ async fn deadlines_reoffer_forwards_and_drop_backwards() {
         .call(h.signed(
             "/api/heartbeat",
             &HeartbeatRequest {
+                usage: Some(MinerUsage {
+                    wall_s: 10.0,
+                    compute_s: 5.0,
+                    idle_s: 4.0,
+                    bytes_up: 1234,
+                    ..MinerUsage::default()
+                }),
                 forwards: 1,
                 backwards: 0,
                 steps: 0,
@@ -528,6 +536,20 @@ async fn deadlines_reoffer_forwards_and_drop_backwards() {
         ))
         .await;
     assert_eq!(hb.penalties, 1);
+    // The usage the heartbeat carried shows in /metrics, under the miner's section.
+    let (_, body) = h
+        .send(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await;
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.contains(&format!(
+            "iota_miner_utilization{{miner=\"{}\",section=\"1\"}} 0.5",
+            bob.hotkey
+        )),
+        "{text}"
+    );
+    assert!(text.contains("activity=\"idle\"} 4"), "{text}");
+    assert!(text.contains("dir=\"up\"} 1234"), "{text}");
 }
 
 #[tokio::test]

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::MinerUsage;
 use crate::storage::traffic::{self, TrafficCount, TrafficDir, TrafficKind};
 
 /// What the miner was doing.
@@ -53,20 +54,9 @@ pub struct Utilization {
 pub struct UtilizationReport {
     /// The section served.
     pub section: Option<usize>,
-    /// Wall seconds since the first assignment.
-    pub wall_s: f64,
-    /// Computing.
-    pub compute_s: f64,
-    /// Getting inputs.
-    pub download_s: f64,
-    /// Putting results.
-    pub upload_s: f64,
-    /// Orchestrator requests on the work path.
-    pub orchestrator_s: f64,
-    /// Waiting for work.
-    pub idle_s: f64,
-    /// Merge rounds.
-    pub merge_s: f64,
+    /// Seconds by activity and total bytes (what heartbeats carry).
+    #[serde(flatten)]
+    pub usage: MinerUsage,
     /// Compute over wall time (0 before the first assignment).
     pub utilization: f64,
     /// Bytes moved through storage by this process, by kind and direction.
@@ -115,14 +105,28 @@ impl Utilization {
 
     /// The totals so far.
     pub fn report(&self) -> UtilizationReport {
-        let wall = self.started.map(|t| t.elapsed()).unwrap_or_default();
+        let wall_s = self
+            .started
+            .map(|t| t.elapsed())
+            .unwrap_or_default()
+            .as_secs_f64();
         let s = |a: Activity| {
             let i = ACTIVITIES.iter().position(|x| *x == a).unwrap_or(0);
             self.totals[i].as_secs_f64()
         };
-        let wall_s = wall.as_secs_f64();
-        UtilizationReport {
-            section: self.section,
+        let traffic: Vec<TrafficLine> = traffic::global()
+            .snapshot()
+            .into_iter()
+            .map(|(kind, dir, count)| TrafficLine { kind, dir, count })
+            .collect();
+        let bytes = |dir: TrafficDir| {
+            traffic
+                .iter()
+                .filter(|t| t.dir == dir)
+                .map(|t| t.count.bytes)
+                .sum()
+        };
+        let usage = MinerUsage {
             wall_s,
             compute_s: s(Activity::Compute),
             download_s: s(Activity::Download),
@@ -130,16 +134,18 @@ impl Utilization {
             orchestrator_s: s(Activity::Orchestrator),
             idle_s: s(Activity::Idle),
             merge_s: s(Activity::Merge),
+            bytes_up: bytes(TrafficDir::Up),
+            bytes_down: bytes(TrafficDir::Down),
+        };
+        UtilizationReport {
+            section: self.section,
             utilization: if wall_s > 0.0 {
-                s(Activity::Compute) / wall_s
+                usage.compute_s / wall_s
             } else {
                 0.0
             },
-            traffic: traffic::global()
-                .snapshot()
-                .into_iter()
-                .map(|(kind, dir, count)| TrafficLine { kind, dir, count })
-                .collect(),
+            usage,
+            traffic,
         }
     }
 
@@ -164,16 +170,16 @@ mod tests {
     fn nothing_counts_before_the_first_assignment() {
         let mut u = Utilization::default();
         u.add(Activity::Compute, Duration::from_secs(5));
-        assert_eq!(u.report().compute_s, 0.0);
+        assert_eq!(u.report().usage.compute_s, 0.0);
         assert_eq!(u.report().utilization, 0.0);
         u.start();
         u.add(Activity::Compute, Duration::from_millis(30));
         u.add_ms(Activity::Idle, 20);
         std::thread::sleep(Duration::from_millis(60));
         let r = u.report();
-        assert!((r.compute_s - 0.03).abs() < 1e-9);
-        assert!((r.idle_s - 0.02).abs() < 1e-9);
-        assert!(r.wall_s >= 0.06, "{r:?}");
+        assert!((r.usage.compute_s - 0.03).abs() < 1e-9);
+        assert!((r.usage.idle_s - 0.02).abs() < 1e-9);
+        assert!(r.usage.wall_s >= 0.06, "{r:?}");
         assert!(r.utilization > 0.0 && r.utilization <= 0.5, "{r:?}");
     }
 
@@ -187,6 +193,6 @@ mod tests {
         u.write(&path).unwrap();
         let back: UtilizationReport =
             serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        assert!((back.upload_s - 0.007).abs() < 1e-9);
+        assert!((back.usage.upload_s - 0.007).abs() < 1e-9);
     }
 }

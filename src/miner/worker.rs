@@ -23,8 +23,8 @@ use super::utilization::{Activity, Utilization};
 mod merging;
 use crate::api::client::{ApiClient, ClientError, patient_policy};
 use crate::api::{
-    Assignment, BlobRef, HeartbeatRequest, MinerSettings, Phase, RegisterRequest, ReleaseRequest,
-    SubmitRequest, Timings, WorkKind, WorkRequest,
+    Assignment, BlobRef, HeartbeatRequest, MinerSettings, MinerUsage, Phase, RegisterRequest,
+    ReleaseRequest, SubmitRequest, Timings, WorkKind, WorkRequest,
 };
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::section::Inner;
@@ -32,8 +32,12 @@ use crate::model::{ModelError, Section, SectionInput, StepOutcome};
 use crate::storage::{StorageError, encode, payload_hash, upload_to_url};
 use crate::wallet::Hotkey;
 
-/// Wait between two empty answers to `/api/work`.
+/// Longest wait between two empty answers to `/api/work`.
 const IDLE_WAIT: Duration = Duration::from_millis(150);
+/// First wait after an empty answer; it doubles with each further empty answer up to
+/// [`IDLE_WAIT`] and starts over when work arrives, so a miner whose upstream is about to
+/// deliver picks the work up within milliseconds, and an idle one polls slowly.
+const IDLE_WAIT_MIN: Duration = Duration::from_millis(10);
 
 /// Why the miner stopped with an error.
 #[derive(Debug, Error)]
@@ -130,6 +134,8 @@ struct Counters {
     penalties: AtomicU64,
     /// Epoch of the weights held, and the hash of the flat state right after adopting them.
     weights: std::sync::Mutex<(u64, Option<String>)>,
+    /// The latest account of where the time went, sent with heartbeats.
+    usage: std::sync::Mutex<Option<MinerUsage>>,
 }
 
 impl Counters {
@@ -139,7 +145,13 @@ impl Counters {
             .lock()
             .map(|w| w.clone())
             .unwrap_or_else(|e| e.into_inner().clone());
+        let usage = self
+            .usage
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_else(|e| e.into_inner().clone());
         HeartbeatRequest {
+            usage,
             forwards: self.forwards.load(Ordering::Relaxed),
             backwards: self.backwards.load(Ordering::Relaxed),
             steps: self.steps.load(Ordering::Relaxed),
@@ -191,8 +203,10 @@ struct Worker<B: AutodiffBackend> {
     uploaded_epoch: Option<u64>,
     /// Where the wall time went.
     util: Utilization,
-    /// Where to write it, and when it was last written.
-    stats_out: Option<(std::path::PathBuf, Instant)>,
+    /// Where to write it (`--stats-out`).
+    stats_out: Option<std::path::PathBuf>,
+    /// When it was last written and sent to the heartbeat task.
+    stats_written: Instant,
 }
 
 async fn mine<B: AutodiffBackend>(
@@ -258,7 +272,8 @@ async fn mine<B: AutodiffBackend>(
         held_epoch: 0,
         uploaded_epoch: None,
         util: Utilization::for_section(reg.section),
-        stats_out: options.stats_out.clone().map(|p| (p, Instant::now())),
+        stats_out: options.stats_out.clone(),
+        stats_written: Instant::now(),
     };
     if let Some(checkpoint) = &reg.checkpoint {
         // A late joiner starts from the section's merged state.
@@ -299,6 +314,7 @@ async fn heartbeats(client: ApiClient, counters: Arc<Counters>, every: Duration)
 impl<B: AutodiffBackend> Worker<B> {
     /// Asks for work and does it until `stop` is set.
     async fn serve(&mut self, stop: &AtomicBool) -> Result<(), MinerError> {
+        let mut idle_wait = IDLE_WAIT_MIN;
         while !stop.load(Ordering::SeqCst) {
             self.write_stats(false);
             let max = if self.section.spec().is_tail {
@@ -308,7 +324,7 @@ impl<B: AutodiffBackend> Worker<B> {
             };
             let asked = Instant::now();
             let answer = self.client.work(&WorkRequest { max }).await;
-            self.util.add(Activity::Orchestrator, asked.elapsed());
+            let polled = asked.elapsed();
             let work = match answer {
                 Ok(work) => work,
                 Err(ClientError::Unreachable { reason, .. }) => {
@@ -347,12 +363,16 @@ impl<B: AutodiffBackend> Worker<B> {
                 self.util.add(Activity::Merge, t.elapsed());
             }
             if work.assignments.is_empty() || work.phase != Phase::Training {
+                // A poll that found nothing is part of waiting for work.
                 let t = Instant::now();
-                tokio::time::sleep(IDLE_WAIT).await;
-                self.util.add(Activity::Idle, t.elapsed());
+                tokio::time::sleep(idle_wait).await;
+                self.util.add(Activity::Idle, polled + t.elapsed());
+                idle_wait = (idle_wait * 2).min(IDLE_WAIT);
                 continue;
             }
+            idle_wait = IDLE_WAIT_MIN;
             self.util.start();
+            self.util.add(Activity::Orchestrator, polled);
             let mut pending = work.assignments.into_iter();
             while let Some(assignment) = pending.next() {
                 self.handle(&assignment).await;
@@ -438,17 +458,22 @@ impl<B: AutodiffBackend> Worker<B> {
         }
     }
 
-    /// Writes the utilization report when asked for one: at most once a second, or now when
-    /// `force` (a failure to write is logged, never fatal).
+    /// Refreshes the usage sent with heartbeats and writes the stats file when asked for
+    /// one: at most once a second, or now when `force` (a failure to write is logged, never
+    /// fatal).
     fn write_stats(&mut self, force: bool) {
-        let Some((path, last)) = &mut self.stats_out else {
-            return;
-        };
-        if !force && last.elapsed() < Duration::from_secs(1) {
+        if !force && self.stats_written.elapsed() < Duration::from_secs(1) {
             return;
         }
-        *last = Instant::now();
-        if let Err(e) = self.util.write(path) {
+        self.stats_written = Instant::now();
+        let usage = self.util.report().usage;
+        match self.counters.usage.lock() {
+            Ok(mut u) => *u = Some(usage),
+            Err(e) => *e.into_inner() = Some(usage),
+        }
+        if let Some(path) = &self.stats_out
+            && let Err(e) = self.util.write(path)
+        {
             tracing::warn!(path = %path.display(), "could not write the stats file: {e}");
         }
     }

@@ -466,20 +466,21 @@ fn print_utilization(net: &Network) {
         "\nminer  section  utilization  compute s  download s  upload s  orchestrator s  idle s  merge s  other s  wall s"
     );
     for (i, m) in net.miners.iter().enumerate() {
-        let other = m.wall_s
-            - (m.compute_s + m.download_s + m.upload_s + m.orchestrator_s + m.idle_s + m.merge_s);
+        let u = &m.usage;
+        let other = u.wall_s
+            - (u.compute_s + u.download_s + u.upload_s + u.orchestrator_s + u.idle_s + u.merge_s);
         println!(
             "{i:<5}  {:<7}  {:>10.1}%  {:>9.2}  {:>10.2}  {:>8.2}  {:>14.2}  {:>6.2}  {:>7.2}  {:>7.2}  {:>6.2}",
             m.section.map_or("-".into(), |s| s.to_string()),
             100.0 * m.utilization,
-            m.compute_s,
-            m.download_s,
-            m.upload_s,
-            m.orchestrator_s,
-            m.idle_s,
-            m.merge_s,
+            u.compute_s,
+            u.download_s,
+            u.upload_s,
+            u.orchestrator_s,
+            u.idle_s,
+            u.merge_s,
             other.max(0.0),
-            m.wall_s
+            u.wall_s
         );
     }
 }

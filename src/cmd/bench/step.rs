@@ -12,6 +12,10 @@
 //!   repetitions) at the shapes it has in the preset; "x per step" is how often it occurs in
 //!   one step, and the share column is the op time x occurrences over the whole-graph step
 //!   (computed, so the shares need not add up to 100%).
+//! - every time is taken twice: wall clock, and CPU time of the whole process (the sum over
+//!   its threads of `/proc/self/task/*/schedstat`), which a busy machine hardly changes.
+//!   With one compute thread (`--threads 1`, the twin's `--threads 1`) the CPU-time ratio is
+//!   the cost ratio of the two implementations.
 //! - `--torch SCRIPT`: runs the PyTorch twin as a child process between rounds of iota steps
 //!   (interleaved, same machine, same threads), so the ratio is taken within one run even
 //!   when the machine's load changes.
@@ -24,6 +28,7 @@ use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Distribution, Int, Tensor};
 use clap::Args;
 
+use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::model::attention::Attention;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
@@ -33,7 +38,6 @@ use crate::model::pipeline::Pipeline;
 use crate::model::rope::Rope;
 use crate::model::section_model::cross_entropy;
 use crate::model::{ModelConfig, OptimizerConfig};
-use crate::codec::WireDtype;
 
 /// Arguments of `iota bench step`.
 #[derive(Debug, Args)]
@@ -82,20 +86,67 @@ pub fn median(mut xs: Vec<Duration>) -> Duration {
     }
 }
 
+/// CPU time used so far by every live thread of this process (Linux; `None` elsewhere).
+pub fn process_cpu_time() -> Option<Duration> {
+    let mut ns: u64 = 0;
+    for entry in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = entry.ok()?.path().join("schedstat");
+        // A thread that ended between the listing and the read is skipped.
+        let Ok(text) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        ns += text.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(ns))
+}
+
+/// Wall and CPU time of one measured stretch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Cost {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// Starts a [`Cost`] measurement; `stop` ends it.
+struct Meter(Instant, Option<Duration>);
+
+impl Meter {
+    fn start() -> Self {
+        Self(Instant::now(), process_cpu_time())
+    }
+
+    fn stop(&self) -> Cost {
+        let wall = self.0.elapsed();
+        let cpu = match (self.1, process_cpu_time()) {
+            (Some(a), Some(b)) => b.saturating_sub(a),
+            _ => Duration::ZERO,
+        };
+        Cost { wall, cpu }
+    }
+}
+
+/// Medians of wall and CPU times, taken separately.
+fn median_cost(xs: &[Cost]) -> Cost {
+    Cost {
+        wall: median(xs.iter().map(|c| c.wall).collect()),
+        cpu: median(xs.iter().map(|c| c.cpu).collect()),
+    }
+}
+
 /// One row of the per-op table.
 struct OpTime {
     name: String,
     shape: String,
     per_step: usize,
-    time: Duration,
+    time: Cost,
 }
 
 /// Step times of one round.
 #[derive(Default)]
 struct Round {
-    whole: Vec<Duration>,
-    step: Vec<Duration>,
-    chain: Vec<Duration>,
+    whole: Vec<Cost>,
+    step: Vec<Cost>,
+    chain: Vec<Cost>,
 }
 
 struct StepTask {
@@ -110,11 +161,11 @@ struct StepTask {
 }
 
 struct Measured {
-    whole: Duration,
-    optimizer: Duration,
-    chain: Duration,
+    whole: Cost,
+    optimizer: Cost,
+    chain: Cost,
     ops: Vec<OpTime>,
-    torch: Vec<Duration>,
+    torch: Vec<Cost>,
     torch_label: Option<String>,
 }
 
@@ -153,30 +204,36 @@ impl BackendTask for StepTask {
             for it in 0..=self.steps {
                 let windows = batch();
                 let refs: Vec<&[u32]> = windows.iter().map(|w| w.as_slice()).collect();
-                let t0 = Instant::now();
+                let m = Meter::start();
                 whole.train_whole(&refs)?;
-                let t1 = Instant::now();
+                let s = Meter::start();
                 whole.step(1e-3);
-                let t2 = Instant::now();
+                let (step, total) = (s.stop(), m.stop());
+                let c = Meter::start();
                 chain.train_batch(&refs)?;
                 chain.step(1e-3);
-                let t3 = Instant::now();
+                let chained = c.stop();
                 if it > 0 {
-                    r.whole.push(t2 - t0);
-                    r.step.push(t2 - t1);
-                    r.chain.push(t3 - t2);
+                    r.whole.push(total);
+                    r.step.push(step);
+                    r.chain.push(chained);
                 }
             }
             rounds.push(r);
             if let Some(script) = &self.torch {
-                let (ms, label) = run_torch(script, &self)
+                let (cost, label) = run_torch(script, &self)
                     .with_context(|| format!("running the PyTorch twin (round {round})"))?;
-                torch.push(Duration::from_secs_f64(ms / 1e3));
+                torch.push(cost);
                 torch_label = Some(label);
             }
         }
-        let pick = |f: fn(&Round) -> &Vec<Duration>| {
-            median(rounds.iter().flat_map(|r| f(r).iter().copied()).collect())
+        let pick = |f: fn(&Round) -> &Vec<Cost>| {
+            median_cost(
+                &rounds
+                    .iter()
+                    .flat_map(|r| f(r).iter().copied())
+                    .collect::<Vec<_>>(),
+            )
         };
         let ops = if self.op_reps > 0 {
             op_times::<B>(&self.cfg, self.batch, self.seq, self.op_reps, &device)
@@ -194,8 +251,8 @@ impl BackendTask for StepTask {
     }
 }
 
-/// Runs the twin once; its median step in ms and its one-line description.
-fn run_torch(script: &str, task: &StepTask) -> anyhow::Result<(f64, String)> {
+/// Runs the twin once; its median step (wall and CPU) and its one-line description.
+fn run_torch(script: &str, task: &StepTask) -> anyhow::Result<(Cost, String)> {
     let out = Command::new("python3")
         .arg(script)
         .args(["--preset", &task.cfg.name])
@@ -223,33 +280,36 @@ fn run_torch(script: &str, task: &StepTask) -> anyhow::Result<(f64, String)> {
         .find(|l| l.starts_with('{'))
         .context("the twin printed no JSON line")?;
     let v: serde_json::Value = serde_json::from_str(line).context("parsing the twin's JSON")?;
-    let ms = v["median_step_ms"]
-        .as_f64()
-        .context("the twin's JSON lacks median_step_ms")?;
+    let ms = |field: &str| {
+        v[field]
+            .as_f64()
+            .map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1e3))
+            .with_context(|| format!("the twin's JSON lacks {field}"))
+    };
+    let cost = Cost {
+        wall: ms("median_step_ms")?,
+        cpu: ms("median_step_cpu_ms")?,
+    };
     let label = format!(
         "{} ({} threads)",
         v["framework"].as_str().unwrap_or("pytorch"),
         v["threads"]
     );
-    Ok((ms, label))
+    Ok((cost, label))
 }
 
-/// Median time of `reps` runs of `f` (forward) plus the backward of the sum of its output.
-fn time_op<B: AutodiffBackend, const D: usize>(
-    reps: usize,
-    f: impl Fn() -> Tensor<B, D>,
-) -> Duration {
+/// Median cost of `reps` runs of `f` (forward) plus the backward of the sum of its output.
+fn time_op<B: AutodiffBackend, const D: usize>(reps: usize, f: impl Fn() -> Tensor<B, D>) -> Cost {
     // One untimed run warms allocations up.
     let _ = f().sum().backward();
-    median(
-        (0..reps)
-            .map(|_| {
-                let t = Instant::now();
-                let _ = f().sum().backward();
-                t.elapsed()
-            })
-            .collect(),
-    )
+    let costs: Vec<Cost> = (0..reps)
+        .map(|_| {
+            let m = Meter::start();
+            let _ = f().sum().backward();
+            m.stop()
+        })
+        .collect();
+    median_cost(&costs)
 }
 
 /// Each kind of op of `cfg`'s blocks alone, forward + backward, at the preset's shapes.
@@ -376,51 +436,48 @@ pub fn run(args: BenchStepArgs) -> anyhow::Result<()> {
         .context("running the benchmark")?;
     let tokens = (args.batch_size * args.seq_len) as f64;
     let tps = |d: Duration| tokens / d.as_secs_f64().max(1e-9);
-    println!("\nstep (median)                          ms/step   tokens/s");
-    println!(
-        "whole graph fwd+bwd + AdamW            {:>7.1}  {:>9.0}",
-        ms(m.whole),
-        tps(m.whole)
-    );
-    println!(
-        "  of which AdamW (all sections)        {:>7.1}",
-        ms(m.optimizer)
-    );
-    println!(
-        "section chain (iota train) + AdamW     {:>7.1}  {:>9.0}",
-        ms(m.chain),
-        tps(m.chain)
-    );
+    println!("\nstep (median)                            wall ms    CPU ms  tokens/s (wall)");
+    let row = |name: &str, c: Cost| {
+        println!(
+            "{name:<38} {:>9.1} {:>9.1} {:>9.0}",
+            ms(c.wall),
+            ms(c.cpu),
+            tps(c.wall)
+        );
+    };
+    row("whole graph fwd+bwd + AdamW", m.whole);
+    row("  of which AdamW (all sections)", m.optimizer);
+    row("section chain (iota train) + AdamW", m.chain);
     if let Some(label) = &m.torch_label {
-        let t = median(m.torch.clone());
+        let t = median_cost(&m.torch);
+        row(&format!("PyTorch twin, {label}"), t);
+        println!("(twin: median of {} interleaved runs)", m.torch.len());
+        let ratio = |a: Duration, b: Duration| ms(a) / ms(b).max(1e-9);
+        println!("\nratio to PyTorch                          wall       CPU");
         println!(
-            "{:<38} {:>7.1}  {:>9.0}   (median of {} interleaved runs)",
-            format!("PyTorch twin: {label}"),
-            ms(t),
-            tps(t),
-            m.torch.len()
+            "iota whole-graph step / PyTorch step   {:>9.2} {:>9.2}",
+            ratio(m.whole.wall, t.wall),
+            ratio(m.whole.cpu, t.cpu)
         );
         println!(
-            "iota whole-graph step / PyTorch step   {:>7.2}",
-            ms(m.whole) / ms(t).max(1e-9)
-        );
-        println!(
-            "iota chain step / PyTorch step         {:>7.2}",
-            ms(m.chain) / ms(t).max(1e-9)
+            "iota chain step / PyTorch step         {:>9.2} {:>9.2}",
+            ratio(m.chain.wall, t.wall),
+            ratio(m.chain.cpu, t.cpu)
         );
     }
     if !m.ops.is_empty() {
         println!(
-            "\nop (forward + backward, alone)      shape                                  ms/op  x per step  share of whole step (computed)"
+            "\nop (forward + backward, alone)      shape                                  wall ms   CPU ms  x per step  CPU share of whole step (computed)"
         );
         for op in &m.ops {
             println!(
-                "{:<35} {:<38} {:>6.2}  {:>10}  {:>5.1}%",
+                "{:<35} {:<38} {:>7.2}  {:>7.2}  {:>10}  {:>5.1}%",
                 op.name,
                 op.shape,
-                ms(op.time),
+                ms(op.time.wall),
+                ms(op.time.cpu),
                 op.per_step,
-                100.0 * ms(op.time) * op.per_step as f64 / ms(m.whole).max(1e-9)
+                100.0 * ms(op.time.cpu) * op.per_step as f64 / ms(m.whole.cpu).max(1e-9)
             );
         }
     }
@@ -430,6 +487,19 @@ pub fn run(args: BenchStepArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_time_grows_with_work() {
+        let before = process_cpu_time().expect("Linux /proc");
+        let mut x = 0u64;
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_millis(30) {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let after = process_cpu_time().unwrap();
+        assert!(after > before, "{before:?} -> {after:?}");
+    }
 
     #[test]
     fn median_of_odd_even_and_empty() {

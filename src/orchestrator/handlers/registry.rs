@@ -59,11 +59,11 @@ pub async fn heartbeat(
         req.body.weights_hash.as_deref(),
     )?;
     let info = state.repo.phase_info()?;
-    let penalties = state
-        .repo
-        .miner(&req.hotkey)?
-        .map(|m| m.penalties)
-        .unwrap_or(0);
+    let miner = state.repo.miner(&req.hotkey)?;
+    if let (Some(usage), Some(m)) = (&req.body.usage, &miner) {
+        state.metrics.record_usage(&req.hotkey, m.section, usage);
+    }
+    let penalties = miner.map(|m| m.penalties).unwrap_or(0);
     Ok(Json(HeartbeatResponse {
         phase: info.phase,
         epoch: info.epoch,

@@ -12,6 +12,22 @@ if ! command -v s3s-fs >/dev/null 2>&1; then
     cargo install s3s-fs@0.14.1 --features binary --locked
 fi
 
+# System tools the tests drive: tmux (a real terminal for `iota setup`), shellcheck (install.sh),
+# chromium (the dashboard in a real headless browser). Installed from Debian when missing.
+missing=()
+for tool in tmux shellcheck chromium; do
+  command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+  if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "== installing ${missing[*]} (Debian packages the tests use)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    echo "== cannot install ${missing[*]} (needs root and apt-get); tests that need them say so"
+  fi
+fi
+
 echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"

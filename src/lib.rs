@@ -11,6 +11,8 @@
 //!   state layout. Depends on nothing else in the crate.
 //! - [`storage`]: object storage (local directory or S3), keys, presigned-URL transfers.
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
+//! - [`chain`]: the chain hotkeys register on, behind a trait (local registry; Bittensor
+//!   networks refused with what to run instead).
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
 //! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod chain;
 pub mod cmd;
 pub mod codec;
 pub mod data;

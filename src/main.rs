@@ -6,7 +6,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = iota::cmd::Cli::parse();
-    iota::cmd::init_tracing(cli.verbose);
+    iota::cmd::init_tracing(cli.verbose, cli.log_format);
     match iota::cmd::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

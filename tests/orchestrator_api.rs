@@ -361,7 +361,8 @@ async fn bad_uploads_are_refused_and_reoffered() {
             Some(payload_hash(b"other")),
         ),
         ("non-finite", nan, None),
-        ("wrong shape", activation(&[2, 8, 3], 1.0), None),
+        // Smaller than the boundary (a larger one is refused at the upload itself).
+        ("wrong shape", activation(&[2, 8, 1], 1.0), None),
         (
             "wrong dtype",
             encode(
@@ -660,4 +661,174 @@ async fn the_deadline_task_reoffers_a_missed_forward() {
         .unwrap()
         .unwrap();
     assert_eq!(miner.penalties, 1);
+}
+
+/// The replay confirmed from outside (issue 9): a signed register replayed with its timestamp
+/// spelled `0<ts>`, `+<ts>` or `00<ts>` was accepted three more times. Each re-spelling is now
+/// refused before it can touch the state, and the plain replay still gets 409.
+#[tokio::test]
+async fn r9_a_replay_with_a_respelled_timestamp_is_refused() {
+    let h = harness();
+    let alice = key("//Alice");
+    let body = serde_json::to_vec(&RegisterRequest {
+        device: "cpu".into(),
+        max_in_flight: 4,
+    })
+    .unwrap();
+    let ts = h.now();
+    let original = signed_raw("/api/register", body.clone(), &alice, ts, "test-run");
+    let (parts, _) = original.into_parts();
+    let (code, _) = h
+        .send(Request::from_parts(parts.clone(), Body::from(body.clone())))
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    let after_first = h.snapshot();
+    for spelled in [format!("0{ts}"), format!("+{ts}"), format!("00{ts}")] {
+        let mut replay = Request::from_parts(parts.clone(), Body::from(body.clone()));
+        replay
+            .headers_mut()
+            .insert("X-Iota-Timestamp", spelled.parse().unwrap());
+        let (code, answer) = h.send(replay).await;
+        assert_eq!(
+            (code, error_code(&answer).as_str()),
+            (StatusCode::UNAUTHORIZED, "unauthorized"),
+            "timestamp {spelled:?} was accepted: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        assert_eq!(h.snapshot(), after_first, "timestamp {spelled:?}");
+    }
+    let (code, answer) = h.send(Request::from_parts(parts, Body::from(body))).await;
+    assert_eq!(
+        (code, error_code(&answer).as_str()),
+        (StatusCode::CONFLICT, "replayed")
+    );
+}
+
+/// A heartbeat's `weights_hash` is a report shown on the status page and in `iota local`'s
+/// summary: anything but 64 hex digits is refused (a multi-byte one used to panic the summary's
+/// byte slicing) and nothing is recorded.
+#[tokio::test]
+async fn a_weights_hash_that_is_not_hex_is_refused() {
+    let h = harness();
+    let alice = key("//Alice");
+    h.register(&alice).await;
+    let before = h.state.repo.miners().unwrap();
+    for bad in ["é".repeat(32), "zz".repeat(32), "ab".into()] {
+        let body = HeartbeatRequest {
+            usage: None,
+            forwards: 0,
+            backwards: 0,
+            steps: 0,
+            weights_epoch: 1,
+            weights_hash: Some(bad.clone()),
+        };
+        let (code, answer) = h.send(h.signed("/api/heartbeat", &body, &alice)).await;
+        assert_eq!(
+            (code, error_code(&answer).as_str()),
+            (StatusCode::BAD_REQUEST, "bad_request"),
+            "{bad:?}"
+        );
+        assert_eq!(h.state.repo.miners().unwrap(), before, "{bad:?}");
+    }
+    let nan = HeartbeatRequest {
+        usage: Some(MinerUsage {
+            idle_s: f64::NAN,
+            ..MinerUsage::default()
+        }),
+        forwards: 0,
+        backwards: 0,
+        steps: 0,
+        weights_epoch: 0,
+        weights_hash: None,
+    };
+    // serde_json writes NaN as null, which does not parse as a number: refused either way.
+    let (code, _) = h.send(h.signed("/api/heartbeat", &nan, &alice)).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    let negative = HeartbeatRequest {
+        usage: Some(MinerUsage {
+            compute_s: -1.0,
+            ..MinerUsage::default()
+        }),
+        ..nan
+    };
+    let (code, answer) = h.send(h.signed("/api/heartbeat", &negative, &alice)).await;
+    assert_eq!(
+        (code, error_code(&answer).as_str()),
+        (StatusCode::BAD_REQUEST, "bad_request")
+    );
+    assert_eq!(h.state.repo.miners().unwrap(), before);
+    let good = HeartbeatRequest {
+        usage: None,
+        forwards: 0,
+        backwards: 0,
+        steps: 0,
+        weights_epoch: 1,
+        weights_hash: Some("AB".repeat(32)),
+    };
+    let (code, _) = h.send(h.signed("/api/heartbeat", &good, &alice)).await;
+    assert_eq!(code, StatusCode::OK);
+    let miner = h
+        .state
+        .repo
+        .miner(&alice.address().to_string())
+        .unwrap()
+        .unwrap();
+    assert_eq!(miner.weights_hash, Some("ab".repeat(32)));
+}
+
+/// A `/blob` upload streams into storage and is cut off the moment it passes the limit its
+/// token carries (here the body declares no length, so only the streaming check can stop
+/// it): 413, nothing stored; a token without a limit is refused (403).
+#[tokio::test]
+async fn r9_blob_uploads_are_cut_off_at_their_limit() {
+    let h = harness();
+    let [a, _, _] = three(&h).await;
+    let f0 = h.work(&a, 1).await.remove(0);
+    let output = f0.output.unwrap();
+    let path = output
+        .url
+        .strip_prefix("http://orch.test")
+        .unwrap()
+        .to_string();
+    let max: usize = path
+        .split("max=")
+        .nth(1)
+        .and_then(|v| v.split('&').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let key = iota::storage::ObjectKey::parse(
+        path.trim_start_matches("/blob/").split('?').next().unwrap(),
+    )
+    .unwrap();
+    let chunks = futures::stream::iter(
+        (0..3).map(move |_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![0u8; max]))),
+    );
+    let req = Request::put(path.as_str())
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    let (code, body) = h.send(req).await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+    );
+    assert!(!h.state.storage.exists(&key).await.unwrap());
+    let no_limit = path.replace(&format!("&max={max}"), "");
+    let (code, _) = h
+        .send(
+            Request::put(no_limit.as_str())
+                .body(Body::from(vec![0u8; 4]))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    assert!(!h.state.storage.exists(&key).await.unwrap());
+    let (code, _) = h
+        .send(
+            Request::put(path.as_str())
+                .body(Body::from(vec![0u8; max]))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(h.state.storage.exists(&key).await.unwrap());
 }

@@ -212,7 +212,9 @@ pub struct HeartbeatRequest {
     /// Epoch of the weights the miner holds.
     #[serde(default)]
     pub weights_epoch: u64,
-    /// BLAKE3 hex of the miner's flat state right after it adopted a merge (None before).
+    /// BLAKE3 hex (64 digits) of the miner's flat state right after it adopted a merge (None
+    /// before). Reported by the miner and shown in the status; the orchestrator cannot check
+    /// what a miner holds in memory, so this is a report, not a proof.
     #[serde(default)]
     pub weights_hash: Option<String>,
     /// Where the miner's time went and what it moved (self-reported, for monitoring only:

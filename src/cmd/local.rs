@@ -137,15 +137,29 @@ fn free_addr() -> anyhow::Result<SocketAddr> {
     listener.local_addr().context("reading the free port")
 }
 
+/// The run name of a local network: the one already in `dir`'s generated config (so a
+/// network restarted on the same `--dir` resumes its run), else a fresh `local-` name. Every
+/// network gets its own name because requests are signed for the run name: a request made for
+/// one local orchestrator must not verify at another.
+fn local_run_name(config_path: &Path) -> String {
+    let existing = fs::read_to_string(config_path)
+        .ok()
+        .and_then(|text| serde_norway::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|v| v.get("run").and_then(|r| r.as_str()).map(str::to_string))
+        .filter(|name| name.starts_with("local-"));
+    existing.unwrap_or_else(|| format!("local-{:016x}", rand::random::<u64>()))
+}
+
 /// Writes the generated run config and returns its path.
 fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Result<PathBuf> {
+    let path = dir.join("run.yaml");
     let mut model = json!({ "preset": args.preset });
     if let Some(n) = args.sections {
         let preset = ModelConfig::preset(&args.preset)?;
         model["sections"] = json!(even_sections(preset.n_layers, n));
     }
     let config = json!({
-        "run": "local",
+        "run": local_run_name(&path),
         "model": model,
         "data": { "source": args.data },
         "listen": listen.to_string(),
@@ -160,7 +174,6 @@ fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Res
         "batches_before_merging": args.merge_every,
         "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
     });
-    let path = dir.join("run.yaml");
     let text = serde_norway::to_string(&config).context("writing the run config")?;
     fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
@@ -278,6 +291,9 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
             args.threads.max(1).to_string(),
             "--device".into(),
             args.device.to_string(),
+            // Explicit, so an operator's ~/.config/iota/miner.yaml changes nothing here.
+            "--max-in-flight".into(),
+            "4".into(),
             "--quiet".into(),
             "--stats-out".into(),
             stats_dir.join(format!("{name}.json")).display().to_string(),
@@ -427,7 +443,11 @@ fn print_summary(status: &StatusResponse, merge: Option<&MergeStatus>, tally: &T
     for section in &status.sections {
         for m in &section.miners {
             let weights = match &m.weights_hash {
-                Some(h) => format!("epoch {} {}", m.weights_epoch, &h[..h.len().min(12)]),
+                Some(h) => format!(
+                    "epoch {} {}",
+                    m.weights_epoch,
+                    h.chars().take(12).collect::<String>()
+                ),
                 None => "seed".into(),
             };
             println!(
@@ -447,6 +467,26 @@ mod tests {
     struct Wrap {
         #[command(flatten)]
         args: LocalArgs,
+    }
+
+    #[test]
+    fn every_local_network_signs_for_its_own_run_name_and_keeps_it_on_restart() {
+        let a = tempfile::tempdir().unwrap();
+        let b = tempfile::tempdir().unwrap();
+        let wrap = Wrap::parse_from(["x"]);
+        let listen: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let run_of = |dir: &Path| {
+            let path = write_config(&wrap.args, dir, listen).unwrap();
+            crate::orchestrator::RunConfig::load(&path).unwrap().run
+        };
+        let first = run_of(a.path());
+        assert!(first.starts_with("local-"), "{first}");
+        assert_ne!(first, run_of(b.path()), "two networks share a run name");
+        assert_eq!(
+            first,
+            run_of(a.path()),
+            "a restart on the same --dir changed it"
+        );
     }
 
     #[test]

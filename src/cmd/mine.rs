@@ -7,35 +7,23 @@ use std::sync::atomic::AtomicBool;
 use anyhow::Context;
 use clap::Args;
 
+use super::profile::{NodeArgs, Role};
 use crate::miner::{MinerOptions, run_miner};
-use crate::model::backend::DeviceKind;
-use crate::wallet::WalletDir;
 
-/// Arguments of `iota mine`.
+/// Arguments of `iota mine`. Unset flags come from `IOTA_*` variables, then the settings
+/// file of `iota setup`, then a reference-format `.env` (see [`super::profile`]).
 #[derive(Debug, Args)]
 pub struct MineArgs {
-    /// Wallet name (a directory under the wallets directory).
-    #[arg(long)]
-    pub wallet: String,
-    /// Hotkey name inside the wallet.
-    #[arg(long)]
-    pub hotkey: String,
-    /// Base URL of the orchestrator, e.g. http://127.0.0.1:8700.
-    #[arg(long, env = "IOTA_ORCHESTRATOR")]
-    pub orchestrator: String,
-    /// Wallets directory (default ~/.bittensor/wallets).
-    #[arg(long)]
-    pub wallets_dir: Option<PathBuf>,
-    /// Backend: cpu, cuda, wgpu or flex.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceKind,
+    /// Wallet, orchestrator, device and settings sources.
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Compute threads (size of the rayon pool; default: all cores). Set it when several
     /// miners share one machine.
-    #[arg(long)]
+    #[arg(long, env = "IOTA_THREADS")]
     pub threads: Option<usize>,
-    /// Forwards in flight to ask for (the orchestrator caps it).
-    #[arg(long, default_value_t = 4)]
-    pub max_in_flight: usize,
+    /// Forwards in flight to ask for (the orchestrator caps it; default 4).
+    #[arg(long, env = "IOTA_MAX_IN_FLIGHT")]
+    pub max_in_flight: Option<usize>,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -78,24 +66,29 @@ pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
 /// # Errors
 /// A missing hotkey, an unknown backend, an orchestrator that refuses the miner.
 pub fn run(args: MineArgs) -> anyhow::Result<()> {
-    set_threads(args.threads)?;
-    let wallets = match &args.wallets_dir {
-        Some(dir) => WalletDir::new(dir),
-        None => WalletDir::default_location()?,
-    };
-    let hotkey = wallets
-        .load_hotkey(&args.wallet, &args.hotkey)
-        .with_context(|| format!("loading hotkey {}/{}", args.wallet, args.hotkey))?;
+    let layered = args.node.layered(Role::Miner)?;
+    for source in &layered.sources {
+        eprintln!("iota mine: {source}");
+    }
+    set_threads(args.threads.or(layered.profile.threads))?;
+    let wallet = layered.wallet()?;
+    let hotkey = wallet.load()?;
+    let orchestrator = layered.orchestrator()?;
+    let device = layered.profile.device.unwrap_or_default();
     eprintln!(
-        "iota mine: hotkey {} -> {}",
+        "iota mine: hotkey {} ({}/{}) on {device} -> {orchestrator}",
         hotkey.address(),
-        args.orchestrator
+        wallet.wallet,
+        wallet.hotkey
     );
     let report = run_miner(MinerOptions {
-        orchestrator: args.orchestrator,
+        orchestrator,
         hotkey,
-        device: args.device,
-        max_in_flight: args.max_in_flight,
+        device,
+        max_in_flight: args
+            .max_in_flight
+            .or(layered.profile.max_in_flight)
+            .unwrap_or(4),
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
         stats_out: args.stats_out,

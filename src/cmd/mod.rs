@@ -4,14 +4,19 @@
 use clap::{Parser, Subcommand};
 
 pub mod bench;
+pub mod dotenv;
 pub mod local;
 pub mod merge;
 pub mod merge_status;
 pub mod mine;
 pub mod model;
 pub mod orchestrate;
+pub mod profile;
+pub mod register;
+pub mod setup;
 pub mod tokenizer;
 pub mod train;
+pub mod wallet;
 
 /// Command-line interface of the `iota` binary.
 #[derive(Debug, Parser)]
@@ -24,6 +29,9 @@ pub struct Cli {
     /// More log output (repeat for more: -v info, -vv debug). `RUST_LOG` overrides.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
+    /// Log lines as `pretty` text or `json` objects (one per line, for log collectors).
+    #[arg(long, global = true, env = "IOTA_LOG_FORMAT", default_value = "pretty")]
+    pub log_format: LogFormat,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -50,6 +58,12 @@ pub enum Command {
     Local(local::LocalArgs),
     /// Offline tokenizer tools (train a byte-level BPE).
     Tokenizer(tokenizer::TokenizerArgs),
+    /// Hotkeys in the Bittensor wallet layout: new, import, list, show.
+    Wallet(wallet::WalletCmdArgs),
+    /// Register a hotkey with an orchestrator (prints the assigned section).
+    Register(register::RegisterArgs),
+    /// Set this machine up as a miner, validator or orchestrator (asks, or takes flags).
+    Setup(setup::SetupArgs),
 }
 
 /// Runs one parsed command line.
@@ -66,11 +80,24 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Orchestrate(args) => orchestrate::run(args),
         Command::Mine(args) => mine::run(args),
         Command::Local(args) => local::run(args),
+        Command::Wallet(args) => wallet::run(args),
+        Command::Register(args) => register::run(args),
+        Command::Setup(args) => setup::run(args),
     }
 }
 
-/// Sets up `tracing` logging to stderr; `RUST_LOG` wins over `-v`.
-pub fn init_tracing(verbose: u8) {
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable text.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Sets up `tracing` logging to stderr in `format`; `RUST_LOG` wins over `-v`.
+pub fn init_tracing(verbose: u8, format: LogFormat) {
     let default = match verbose {
         0 => "warn",
         1 => "info",
@@ -78,10 +105,13 @@ pub fn init_tracing(verbose: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Pretty => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
 }
 
 #[cfg(test)]

@@ -484,6 +484,50 @@ impl WalletDir {
         Ok(path)
     }
 
+    /// Every `(wallet, hotkey)` pair with a secret hotkey file under the root, sorted by
+    /// name. Public files (`*pub.txt`), hidden and temporary files are skipped; a missing
+    /// root is an empty list.
+    ///
+    /// # Errors
+    /// [`WalletFileError::Io`] if the root or a wallet directory exists but cannot be read.
+    pub fn list(&self) -> Result<Vec<(String, String)>, WalletFileError> {
+        let io_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| WalletFileError::Io { path, source }
+        };
+        let names = |dir: &Path| -> Result<Vec<(String, bool)>, WalletFileError> {
+            let mut out = Vec::new();
+            for entry in fs::read_dir(dir).map_err(io_err(dir))? {
+                let entry = entry.map_err(io_err(dir))?;
+                let Ok(name) = entry.file_name().into_string() else {
+                    continue;
+                };
+                let is_dir = entry.file_type().map_err(io_err(&entry.path()))?.is_dir();
+                if !name.starts_with('.') {
+                    out.push((name, is_dir));
+                }
+            }
+            out.sort();
+            Ok(out)
+        };
+        if !self.root.is_dir() {
+            return Ok(Vec::new());
+        }
+        let mut pairs = Vec::new();
+        for (wallet, is_dir) in names(&self.root)? {
+            let hotkeys = self.root.join(&wallet).join("hotkeys");
+            if !is_dir || !hotkeys.is_dir() {
+                continue;
+            }
+            for (hotkey, is_dir) in names(&hotkeys)? {
+                if !is_dir && !hotkey.ends_with("pub.txt") {
+                    pairs.push((wallet.clone(), hotkey));
+                }
+            }
+        }
+        Ok(pairs)
+    }
+
     /// Generates a new hotkey from a fresh 12-word mnemonic and saves it (see
     /// [`WalletDir::save_hotkey`]). The phrase is in the secret file; show it to the user once.
     ///
@@ -551,6 +595,30 @@ mod tests {
     use crate::wallet::keys::DEV_PHRASE;
 
     const DEV_ADDRESS: &str = "5DfhGyQdFobKM8NsWvEeAKk5EQQgYe9AydgJ7rMB6E1EqRzV";
+
+    #[test]
+    fn list_finds_hotkeys_and_skips_public_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let wallets = WalletDir::new(dir.path().join("wallets"));
+        assert!(
+            wallets.list().unwrap().is_empty(),
+            "a missing root is empty"
+        );
+        let key = Hotkey::from_phrase(DEV_PHRASE).unwrap();
+        wallets.save_hotkey("b", "h2", &key, false).unwrap();
+        wallets.save_hotkey("b", "h1", &key, false).unwrap();
+        wallets.save_hotkey("a", "x", &key, false).unwrap();
+        fs::create_dir_all(dir.path().join("wallets/empty")).unwrap();
+        fs::write(dir.path().join("wallets/a/coldkeypub.txt"), "{}").unwrap();
+        assert_eq!(
+            wallets.list().unwrap(),
+            vec![
+                ("a".to_string(), "x".to_string()),
+                ("b".to_string(), "h1".to_string()),
+                ("b".to_string(), "h2".to_string())
+            ]
+        );
+    }
 
     #[test]
     fn write_then_read_round_trip() {

@@ -8,7 +8,8 @@
 //! ```text
 //! message   = hex(sha256(body)) "." timestamp_ms "." signed_for
 //!             e.g. "e3b0c442...b855.1767225600000.5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
-//!             (lowercase hex, 64 digits; timestamp in decimal milliseconds since the Unix epoch;
+//!             (lowercase hex, 64 digits; timestamp in decimal milliseconds since the Unix epoch,
+//!             canonical: ASCII digits only, no sign, no leading zero, no whitespace;
 //!             signed_for is the orchestrator's SS58 address or the run name)
 //! signature = sr25519(hotkey, context b"substrate", message)
 //!
@@ -175,18 +176,15 @@ pub fn verify_request(
                 header: HEADER_HOTKEY,
                 reason: e.to_string(),
             })?;
-    let timestamp_ms: u64 =
-        headers
-            .timestamp_ms
-            .trim()
-            .parse()
-            .map_err(|_| SignatureError::Malformed {
-                header: HEADER_TIMESTAMP,
-                reason: format!(
-                    "{:?} is not a whole number of milliseconds",
-                    headers.timestamp_ms
-                ),
-            })?;
+    let timestamp_ms =
+        canonical_timestamp(&headers.timestamp_ms).ok_or_else(|| SignatureError::Malformed {
+            header: HEADER_TIMESTAMP,
+            reason: format!(
+                "{:?} is not a whole number of milliseconds in canonical form (decimal digits, \
+                 no sign, no leading zero, no spaces)",
+                headers.timestamp_ms
+            ),
+        })?;
     let signature = Sr25519Signature::from_hex(&headers.signature).ok_or_else(|| {
         SignatureError::Malformed {
             header: HEADER_SIGNATURE,
@@ -214,6 +212,19 @@ pub fn verify_request(
     }
 }
 
+/// The timestamp `text` spells, if it is spelled the one canonical way: `0`, or ASCII digits
+/// without a leading zero, fitting a `u64`. Every other spelling (`+1`, `01`, ` 1`) is refused,
+/// so one signature cannot be presented as several different requests.
+pub fn canonical_timestamp(text: &str) -> Option<u64> {
+    let canonical = !text.is_empty()
+        && text.bytes().all(|b| b.is_ascii_digit())
+        && (text == "0" || !text.starts_with('0'));
+    if !canonical {
+        return None;
+    }
+    text.parse().ok()
+}
+
 /// A stable key for a replay cache: the same for a byte-identical replay however its headers
 /// are spelled (case of hex, `0x`, whitespace), different for every fresh signature, since
 /// sr25519 signatures are randomised.
@@ -223,7 +234,11 @@ pub fn signature_id(headers: &SignedHeaders) -> String {
     let normalized = format!(
         "{}\n{}\n{}",
         headers.hotkey.trim(),
-        headers.timestamp_ms.trim(),
+        // The number, not its spelling (`u64::from_str` also reads `+5` and `005` as 5).
+        headers.timestamp_ms.trim().parse::<u64>().map_or_else(
+            |_| headers.timestamp_ms.trim().to_string(),
+            |t| t.to_string()
+        ),
         strip_0x(headers.signature.trim()).to_ascii_lowercase()
     );
     hex::encode(Sha256::digest(normalized.as_bytes()))
@@ -404,5 +419,46 @@ mod tests {
         assert_eq!(signature_id(&respelled), signature_id(&a));
         assert!(verify_request(&respelled, b"x", NOW, MAX_AGE, ORCH).is_ok());
         assert_eq!(signature_id(&a).len(), 64);
+    }
+
+    /// The replay bypass found from outside: the same signature with its timestamp spelled
+    /// `0<ts>`, `+<ts>` or `00<ts>` used to verify as a new request. Only the canonical
+    /// spelling verifies now, and every spelling maps to one replay id.
+    #[test]
+    fn respelled_timestamps_are_refused_and_share_the_replay_id() {
+        let key = alice();
+        let a = sign_request(&key, b"x", NOW, ORCH);
+        assert!(verify_request(&a, b"x", NOW, MAX_AGE, ORCH).is_ok());
+        for spelled in [
+            format!("0{NOW}"),
+            format!("+{NOW}"),
+            format!("00{NOW}"),
+            format!(" {NOW}"),
+            format!("{NOW} "),
+            format!("{NOW}.0"),
+            String::new(),
+        ] {
+            let mut h = a.clone();
+            h.timestamp_ms = spelled.clone();
+            assert!(
+                matches!(
+                    verify_request(&h, b"x", NOW, MAX_AGE, ORCH),
+                    Err(SignatureError::Malformed {
+                        header: HEADER_TIMESTAMP,
+                        ..
+                    })
+                ),
+                "{spelled:?} was not refused"
+            );
+        }
+        for spelled in [format!("0{NOW}"), format!(" {NOW} ")] {
+            let mut h = a.clone();
+            h.timestamp_ms = spelled;
+            assert_eq!(signature_id(&h), signature_id(&a));
+        }
+        assert_eq!(canonical_timestamp("0"), Some(0));
+        assert_eq!(canonical_timestamp("10"), Some(10));
+        assert_eq!(canonical_timestamp("010"), None);
+        assert_eq!(canonical_timestamp("99999999999999999999999"), None);
     }
 }

@@ -52,11 +52,37 @@ pub async fn heartbeat(
     State(state): State<AppState>,
     req: Signed<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, HttpError> {
+    if let Some(hash) = &req.body.weights_hash
+        && !(hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Err(HttpError::bad_request(
+            "weights_hash must be 64 hex digits (the BLAKE3 hash of the adopted state)",
+        ));
+    }
+    if let Some(u) = &req.body.usage {
+        let seconds = [
+            u.wall_s,
+            u.compute_s,
+            u.download_s,
+            u.upload_s,
+            u.orchestrator_s,
+            u.idle_s,
+            u.merge_s,
+        ];
+        if seconds.iter().any(|s| !s.is_finite() || *s < 0.0) {
+            return Err(HttpError::bad_request(
+                "usage seconds must be finite and non-negative",
+            ));
+        }
+    }
     state.repo.touch(&req.hotkey, state.now_ms())?;
     state.repo.set_weights(
         &req.hotkey,
         req.body.weights_epoch,
-        req.body.weights_hash.as_deref(),
+        req.body
+            .weights_hash
+            .map(|h| h.to_ascii_lowercase())
+            .as_deref(),
     )?;
     let info = state.repo.phase_info()?;
     let miner = state.repo.miner(&req.hotkey)?;

@@ -1,0 +1,430 @@
+//! `iota setup`: one command instead of the reference's setup.sh and hand-edited `.env`.
+//!
+//! Asks (on a terminal, with dialoguer) or takes from flags (`--yes`): the role, the hotkey
+//! (existing, new, or imported from its mnemonic), the orchestrator and the device for a
+//! miner or validator; the run name, model preset, data directory, address and storage
+//! (local directory, or S3 with a live write/read/delete check) for an orchestrator. Then it
+//! writes the settings (`~/.config/iota/<role>.yaml`, mode 0600) and prints the exact command
+//! to start. Without a terminal and without `--yes` it refuses, naming the flags to pass.
+//!
+//! - [`checks`]: the live checks (orchestrator, storage) and device detection.
+//! - [`prompts`]: the interactive questions.
+
+pub mod checks;
+pub mod prompts;
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::json;
+
+use super::profile::{NodeProfile, Role, default_path, normalize_url, write_private};
+use super::wallet::{WalletArgs, WalletRef, key_from_secret};
+use crate::model::backend::DeviceKind;
+use crate::orchestrator::RunConfig;
+use crate::storage::StorageConfig;
+
+/// Arguments of `iota setup`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct SetupArgs {
+    /// Role of this machine.
+    #[arg(long, value_enum)]
+    pub role: Option<Role>,
+    /// The hotkey (created when it does not exist, unless --mnemonic-file imports it).
+    #[command(flatten)]
+    pub wallet: WalletArgs,
+    /// Import the hotkey from the mnemonic in this file (`-`: standard input).
+    #[arg(long, value_name = "FILE")]
+    pub mnemonic_file: Option<PathBuf>,
+    /// Orchestrator URL (miner, validator).
+    #[arg(long, env = "IOTA_ORCHESTRATOR", value_name = "URL")]
+    pub orchestrator: Option<String>,
+    /// Compute device (miner, validator): cpu, cuda, wgpu (default: the best detected).
+    #[arg(long)]
+    pub device: Option<DeviceKind>,
+    /// Compute threads (miner; default all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Forwards in flight to ask for (miner; default 4).
+    #[arg(long)]
+    pub max_in_flight: Option<usize>,
+    /// Run name (orchestrator).
+    #[arg(long, value_name = "NAME")]
+    pub run: Option<String>,
+    /// Model preset (orchestrator): tiny, small, 1b, 8b, 15b.
+    #[arg(long)]
+    pub preset: Option<String>,
+    /// Directory for the run's state and local objects (orchestrator).
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Address the orchestrator listens on (default 127.0.0.1:8700).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Base URL miners use to reach the orchestrator (default http://LISTEN).
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<String>,
+    /// Object storage (orchestrator): `s3://bucket/prefix`, or a directory (default:
+    /// DATA_DIR/objects).
+    #[arg(long, value_name = "URL")]
+    pub storage_url: Option<String>,
+    /// S3 endpoint, e.g. https://ACCOUNT.r2.cloudflarestorage.com (default: AWS).
+    #[arg(long, value_name = "URL")]
+    pub s3_endpoint: Option<String>,
+    /// S3 region (default us-east-1).
+    #[arg(long)]
+    pub s3_region: Option<String>,
+    /// S3 access key id.
+    #[arg(long, env = "IOTA_S3_ACCESS_KEY_ID", value_name = "ID")]
+    pub s3_access_key_id: Option<String>,
+    /// S3 secret access key (prefer the variable: arguments are visible to other users).
+    #[arg(
+        long,
+        env = "IOTA_S3_SECRET_ACCESS_KEY",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub s3_secret_access_key: Option<String>,
+    /// Skip the live orchestrator and storage checks.
+    #[arg(long)]
+    pub skip_check: bool,
+    /// Where to write the settings (default ~/.config/iota/<role>.yaml).
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+    /// Do not ask: take every answer from the flags and defaults (for scripts).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+}
+
+/// How the hotkey is obtained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HotkeySource {
+    /// It exists already.
+    Existing,
+    /// Create it from a fresh mnemonic.
+    Create,
+    /// Import it from this mnemonic (or `0x` seed).
+    Import(zeroize::Zeroizing<String>),
+}
+
+/// Everything setup decided, before anything is written.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// A miner or validator.
+    Node {
+        /// The hotkey.
+        wallet: WalletRef,
+        /// How to get it.
+        source: HotkeySource,
+        /// The settings to write.
+        profile: NodeProfile,
+    },
+    /// An orchestrator.
+    Orchestrator {
+        /// The run config (validated).
+        config: Box<RunConfig>,
+        /// Its YAML text.
+        yaml: String,
+    },
+}
+
+/// The flags to pass when there is no terminal to ask on.
+const SCRIPT_FLAGS: &str = "--yes with --role miner|validator --wallet NAME --hotkey NAME [--wallets-dir DIR] [--mnemonic-file FILE] --orchestrator URL [--device D] [--out FILE], or --role orchestrator --run NAME --preset P --data-dir DIR [--listen ADDR] [--public-url URL] [--storage-url s3://BUCKET/PREFIX --s3-endpoint URL --s3-region R, keys in IOTA_S3_ACCESS_KEY_ID / IOTA_S3_SECRET_ACCESS_KEY]";
+
+/// Runs `iota setup`.
+///
+/// # Errors
+/// No terminal and no `--yes`; bad answers; a failed live check; files that cannot be written.
+pub fn run(args: SetupArgs) -> anyhow::Result<()> {
+    let interactive = !args.yes;
+    if interactive && !(std::io::stdin().is_terminal() && std::io::stderr().is_terminal()) {
+        bail!("iota setup asks questions and needs a terminal; from a script, pass {SCRIPT_FLAGS}");
+    }
+    let (plan, out) = if interactive {
+        prompts::ask(&args)?
+    } else {
+        let plan = plan_from_flags(&args)?;
+        let out = out_path(&args, &plan)?;
+        (plan, out)
+    };
+    // Interactive answers were checked as they were given; a failed storage check writes
+    // nothing.
+    if !interactive && !args.skip_check {
+        check_plan(&plan)?;
+    }
+    apply(&plan, &out)?;
+    print_next_steps(&plan, &out, args.out.is_none())
+}
+
+/// The settings path: `--out`, else the role's default.
+fn out_path(args: &SetupArgs, plan: &Plan) -> anyhow::Result<PathBuf> {
+    match &args.out {
+        Some(path) => Ok(path.clone()),
+        None => default_path(plan.role()),
+    }
+}
+
+impl Plan {
+    /// A miner's or validator's plan; threads and in-flight limit come from the flags.
+    pub fn node(
+        role: Role,
+        wallet: WalletRef,
+        source: HotkeySource,
+        orchestrator: String,
+        device: DeviceKind,
+        args: &SetupArgs,
+    ) -> Plan {
+        Plan::Node {
+            profile: NodeProfile {
+                role,
+                wallet: Some(wallet.wallet.clone()),
+                hotkey: Some(wallet.hotkey.clone()),
+                wallets_dir: Some(wallet.dir.root().to_path_buf()),
+                orchestrator: Some(orchestrator),
+                device: Some(device),
+                threads: args.threads,
+                max_in_flight: args.max_in_flight,
+            },
+            wallet,
+            source,
+        }
+    }
+
+    /// The role planned.
+    pub fn role(&self) -> Role {
+        match self {
+            Plan::Node { profile, .. } => profile.role,
+            Plan::Orchestrator { .. } => Role::Orchestrator,
+        }
+    }
+}
+
+/// The plan from flags and defaults alone (`--yes`).
+///
+/// # Errors
+/// A missing required flag (named), or an invalid value.
+pub fn plan_from_flags(args: &SetupArgs) -> anyhow::Result<Plan> {
+    let role = args.role.unwrap_or_default();
+    if role == Role::Orchestrator {
+        let data_dir = match &args.data_dir {
+            Some(dir) => dir.clone(),
+            None => bail!("--role orchestrator --yes needs --data-dir DIR (state and objects)"),
+        };
+        let storage = storage_from_flags(args, &data_dir);
+        return orchestrator_plan(
+            args.run.as_deref().unwrap_or("my-run"),
+            args.preset.as_deref().unwrap_or("tiny"),
+            &data_dir,
+            args.listen,
+            args.public_url.as_deref(),
+            storage,
+        );
+    }
+    let wallet = args.wallet.resolve()?;
+    let exists = wallet
+        .dir
+        .hotkey_path(&wallet.wallet, &wallet.hotkey)?
+        .exists();
+    let source = match (&args.mnemonic_file, exists) {
+        (Some(_), true) => bail!(
+            "hotkey {}/{} exists already; drop --mnemonic-file to use it, or pick another --hotkey",
+            wallet.wallet,
+            wallet.hotkey
+        ),
+        (Some(file), false) => HotkeySource::Import(read_mnemonic_file(file)?),
+        (None, true) => HotkeySource::Existing,
+        (None, false) => HotkeySource::Create,
+    };
+    let Some(orchestrator) = &args.orchestrator else {
+        bail!("--yes needs --orchestrator URL for a {}", role.name());
+    };
+    let device = match args.device {
+        Some(d) => d,
+        None => checks::device_choices().0[0].kind,
+    };
+    Ok(Plan::node(
+        role,
+        wallet,
+        source,
+        normalize_url(orchestrator),
+        device,
+        args,
+    ))
+}
+
+fn read_mnemonic_file(file: &PathBuf) -> anyhow::Result<zeroize::Zeroizing<String>> {
+    let text = if file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .context("reading the mnemonic from standard input")?;
+        text
+    } else {
+        std::fs::read_to_string(file)
+            .with_context(|| format!("reading the mnemonic from {}", file.display()))?
+    };
+    let text = zeroize::Zeroizing::new(text);
+    // Fail now, before anything is written.
+    key_from_secret(&text)?;
+    Ok(text)
+}
+
+/// The storage the flags describe (a local directory under `data_dir` by default).
+fn storage_from_flags(args: &SetupArgs, data_dir: &std::path::Path) -> StorageConfig {
+    match &args.storage_url {
+        Some(url) if url.starts_with("s3://") => StorageConfig {
+            url: url.clone(),
+            endpoint: args.s3_endpoint.clone(),
+            region: Some(args.s3_region.clone().unwrap_or_else(|| "us-east-1".into())),
+            access_key_id: args.s3_access_key_id.clone(),
+            secret_access_key: args.s3_secret_access_key.clone(),
+        },
+        Some(dir) => StorageConfig::local(dir.clone()),
+        None => StorageConfig::local(data_dir.join("objects").display().to_string()),
+    }
+}
+
+/// An orchestrator plan: a run config built from the answers and validated.
+///
+/// # Errors
+/// An invalid run name, preset or address (the run config's own message).
+pub fn orchestrator_plan(
+    run: &str,
+    preset: &str,
+    data_dir: &std::path::Path,
+    listen: Option<SocketAddr>,
+    public_url: Option<&str>,
+    storage: StorageConfig,
+) -> anyhow::Result<Plan> {
+    let listen = listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8700)));
+    let public_url = public_url
+        .map(normalize_url)
+        .unwrap_or_else(|| format!("http://{listen}"));
+    let storage_value = serde_json::to_value(&storage).context("encoding the storage")?;
+    let value = json!({
+        "run": run,
+        "model": { "preset": preset },
+        "data": { "source": "synthetic" },
+        "storage": storage_value,
+        "listen": listen.to_string(),
+        "public_url": public_url,
+        "data_dir": data_dir,
+    });
+    let yaml = format!(
+        "# iota orchestrator run config, written by `iota setup` (mode 0600: it may hold storage keys).\n# Every key is described in the README's configuration reference.\n{}",
+        serde_norway::to_string(&value).context("writing the run config")?
+    );
+    let config = RunConfig::from_yaml(&yaml).context("the answers do not make a valid run")?;
+    Ok(Plan::Orchestrator {
+        config: Box::new(config),
+        yaml,
+    })
+}
+
+/// Creates or imports the hotkey, then writes the settings file.
+fn apply(plan: &Plan, out: &std::path::Path) -> anyhow::Result<()> {
+    match plan {
+        Plan::Node {
+            wallet,
+            source,
+            profile,
+        } => {
+            match source {
+                HotkeySource::Existing => {
+                    wallet.load()?;
+                }
+                HotkeySource::Create => {
+                    let key = wallet
+                        .dir
+                        .create_hotkey(&wallet.wallet, &wallet.hotkey, false)
+                        .with_context(|| {
+                            format!("creating hotkey {}/{}", wallet.wallet, wallet.hotkey)
+                        })?;
+                    println!(
+                        "created hotkey {}/{}: {}",
+                        wallet.wallet,
+                        wallet.hotkey,
+                        key.address()
+                    );
+                    if let Some(phrase) = key.phrase() {
+                        println!(
+                            "mnemonic (shown only this once; write it down and keep it secret, it is the key):"
+                        );
+                        println!("    {phrase}");
+                    }
+                }
+                HotkeySource::Import(secret) => {
+                    let key = key_from_secret(secret)?;
+                    wallet
+                        .dir
+                        .save_hotkey(&wallet.wallet, &wallet.hotkey, &key, false)
+                        .with_context(|| {
+                            format!("saving hotkey {}/{}", wallet.wallet, wallet.hotkey)
+                        })?;
+                    println!(
+                        "imported hotkey {}/{}: {}",
+                        wallet.wallet,
+                        wallet.hotkey,
+                        key.address()
+                    );
+                }
+            }
+            profile.save(out)
+        }
+        Plan::Orchestrator { yaml, .. } => write_private(out, yaml.as_bytes()),
+    }
+}
+
+/// The live checks of a `--yes` run: a storage that fails is an error; an orchestrator that
+/// does not answer only a warning (miners may be set up before it starts).
+fn check_plan(plan: &Plan) -> anyhow::Result<()> {
+    match plan {
+        Plan::Node { profile, .. } => {
+            if let Some(url) = &profile.orchestrator {
+                match checks::check_orchestrator(url) {
+                    Ok(line) => println!("orchestrator {url}: {line}"),
+                    // A miner may be set up before the orchestrator starts.
+                    Err(e) => eprintln!("iota setup: warning: {e:#} (writing the settings anyway)"),
+                }
+            }
+            Ok(())
+        }
+        Plan::Orchestrator { config, .. } => {
+            checks::check_storage(&config.storage).context(
+                "the storage check failed (fix the storage flags and run setup again, or pass --skip-check)",
+            )?;
+            println!(
+                "storage {}: write, read and delete work",
+                config.storage.url
+            );
+            Ok(())
+        }
+    }
+}
+
+fn print_next_steps(plan: &Plan, out: &std::path::Path, default_out: bool) -> anyhow::Result<()> {
+    println!("wrote {} (mode 0600)", out.display());
+    let config_flag = if default_out {
+        String::new()
+    } else {
+        format!(" --config {}", out.display())
+    };
+    match plan {
+        Plan::Node { profile, .. } => match profile.role {
+            Role::Validator => println!("start validating with: iota validate{config_flag}"),
+            _ => println!("start mining with: iota mine{config_flag}"),
+        },
+        Plan::Orchestrator { config, .. } => {
+            println!(
+                "start the orchestrator with: iota orchestrate --config {}",
+                out.display()
+            );
+            println!(
+                "miners join with: iota setup --role miner --orchestrator {}; dashboard at {}/",
+                config.public_url, config.public_url
+            );
+        }
+    }
+    Ok(())
+}

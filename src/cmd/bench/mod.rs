@@ -2,6 +2,7 @@
 
 use clap::{Args, Subcommand};
 
+pub mod learning;
 pub mod merge;
 pub mod model;
 pub mod network;
@@ -27,6 +28,9 @@ pub enum BenchCommand {
     /// One training step of a preset: whole graph vs section chain, per-op times, and an
     /// optional PyTorch twin run interleaved.
     Step(step::BenchStepArgs),
+    /// `iota train` against a local network at equal tokens: eval loss at every merge, the
+    /// final gap, throughput.
+    Learning(learning::BenchLearningArgs),
 }
 
 /// Runs `iota bench`.
@@ -39,6 +43,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Merge(a) => merge::run(a),
         BenchCommand::Network(a) => network::run(a),
         BenchCommand::Step(a) => step::run(a),
+        BenchCommand::Learning(a) => learning::run(a),
     }
 }
 

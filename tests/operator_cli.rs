@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::net::{free_port, http_get, status, wait_for};
+use common::net::{free_port, http_get, serve_in_thread, status, wait_for};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -39,11 +39,11 @@ fn run(cmd: &mut Command) -> (bool, String, String) {
     )
 }
 
-/// A real `iota orchestrate` process on a free port; killed on drop.
+/// A real `iota orchestrate` process on a free port (logging JSON lines); killed on drop.
 struct Orchestrator {
     child: Child,
     addr: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Orchestrator {
@@ -63,21 +63,21 @@ impl Orchestrator {
         .unwrap();
         let log = std::fs::File::create(dir.path().join("orchestrator.log")).unwrap();
         let child = Command::new(BIN)
-            .args(["orchestrate", "--config"])
+            .args(["-v", "--log-format", "json", "orchestrate", "--config"])
             .arg(&config)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
-        let orchestrator = Orchestrator {
-            child,
-            addr,
-            _dir: dir,
-        };
+        let orchestrator = Orchestrator { child, addr, dir };
         wait_for("the orchestrator to start", Duration::from_secs(30), || {
             http_get(&format!("{}/health", orchestrator.url())).is_some()
         });
         orchestrator
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("orchestrator.log")).unwrap_or_default()
     }
 
     fn url(&self) -> String {
@@ -301,7 +301,94 @@ fn register_prints_the_section_or_the_refusal() {
     ]));
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("unreachable"), "{err}");
+    assert!(
+        err.contains("unreachable") && err.contains("What to do:"),
+        "{err}"
+    );
+
+    // The orchestrator logged through tracing as JSON lines (--log-format json).
+    let log = orch.log();
+    let registered: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v["fields"]["message"] == "miner registered")
+        .collect();
+    assert_eq!(registered.len(), 3, "{log}");
+
+    // iota status: a table for people, JSON for scripts.
+    let (ok, table, err) = run(iota(h).args(["status", "--orchestrator"]).arg(orch.url()));
+    assert!(ok, "{err}");
+    assert!(table.starts_with("run \"ops\" at"), "{table}");
+    assert!(table.contains("training, merge in 100 samples"), "{table}");
+    assert_eq!(table.lines().count(), 3 + 3, "{table}");
+    let (ok, json, _) = run(iota(h)
+        .env("IOTA_ORCHESTRATOR", orch.url())
+        .args(["status", "--json"]));
+    assert!(ok);
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["status"]["run"], "ops");
+    assert_eq!(doc["merge"]["batches_before_merging"], 100);
+}
+
+#[test]
+fn an_orchestrator_of_another_api_version_is_refused_with_advice() {
+    // A server that answers /api/run like an orchestrator of a future API version.
+    let info = serde_json::json!({
+        "api_version": 999, "version": "9.9.9", "run": "future",
+        "model": iota::model::ModelConfig::preset("tiny").unwrap(),
+        "phase": "training", "epoch": 0,
+    });
+    let app = axum::Router::new().route(
+        "/api/run",
+        axum::routing::get(move || async move { axum::Json(info) }),
+    );
+    let addr = serve_in_thread(app);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    run(iota(h).args(["wallet", "new"]));
+    let (ok, _, err) = run(iota(h).args(["register", "--orchestrator", &addr.to_string()]));
+    assert!(!ok);
+    assert!(err.contains("speaks API v999 (iota 9.9.9)"), "{err}");
+    assert!(
+        err.contains("What to do: install the orchestrator's release"),
+        "{err}"
+    );
+    assert!(err.contains("IOTA_VERSION=9.9.9"), "{err}");
+}
+
+#[test]
+fn service_unit_runs_the_setup_settings() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let (ok, _, err) = run(iota(h).args(["service", "install", "--print"]));
+    assert!(!ok && err.contains("iota setup --role miner"), "{err}");
+    let (ok, _, err) = run(iota(h).args([
+        "setup",
+        "--yes",
+        "--skip-check",
+        "--orchestrator",
+        "http://127.0.0.1:9",
+    ]));
+    assert!(ok, "{err}");
+    let settings = h.join(".config/iota/miner.yaml");
+    let (ok, unit, err) = run(iota(h).args(["service", "install", "--print"]));
+    assert!(ok, "{err}");
+    assert!(
+        unit.contains(&format!(
+            "ExecStart={BIN} mine --config {} --quiet --log-format json",
+            settings.canonicalize().unwrap().display()
+        )),
+        "{unit}"
+    );
+    assert!(unit.contains("Restart=on-failure"), "{unit}");
+    let (ok, out, err) = run(iota(h).args(["service", "install"]));
+    assert!(ok, "{err}");
+    let written = h.join(".config/systemd/user/iota-miner.service");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), unit);
+    assert!(
+        out.contains("systemctl --user enable --now iota-miner"),
+        "{out}"
+    );
 }
 
 #[test]

@@ -84,12 +84,16 @@ pub fn run(args: RegisterArgs) -> anyhow::Result<()> {
                 max_in_flight: layered.profile.max_in_flight.unwrap_or(4),
             })
             .await
-            .map_err(|e| match e {
-                ClientError::Api { code, message, .. } => anyhow::anyhow!(
-                    "the orchestrator at {url} refused to register {}: {message} ({code})",
-                    who.address
-                ),
-                other => anyhow::Error::new(other).context(format!("registering at {url}")),
+            .map_err(|e| {
+                let what = if matches!(e, ClientError::Api { .. }) {
+                    format!(
+                        "the orchestrator at {url} refused to register {}",
+                        who.address
+                    )
+                } else {
+                    format!("registering {} at {url}", who.address)
+                };
+                anyhow::Error::new(e).context(what)
             })
     })?;
     let blocks = reg

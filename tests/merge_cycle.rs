@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::Request;
 
 use common::api_harness::*;
 use iota::api::*;
@@ -56,15 +56,6 @@ impl Harness {
     async fn merge_submit(&self, p: &Player, req: &MergeSubmitRequest) -> SubmitResponse {
         self.call(self.signed("/api/merge/submit", req, &p.key))
             .await
-    }
-
-    async fn get_blob(&self, blob: &BlobRef) -> Vec<u8> {
-        let path = blob.url.strip_prefix("http://orch.test").unwrap();
-        let (status, body) = self
-            .send(Request::get(path).body(Body::empty()).unwrap())
-            .await;
-        assert_eq!(status, StatusCode::OK);
-        body
     }
 
     async fn merge_status(&self) -> MergeStatus {

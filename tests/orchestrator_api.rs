@@ -360,7 +360,8 @@ async fn bad_uploads_are_refused_and_reoffered() {
             Some(payload_hash(b"other")),
         ),
         ("non-finite", nan, None),
-        ("wrong shape", activation(&[2, 8, 3], 1.0), None),
+        // Smaller than the boundary (a larger one is refused at the upload itself).
+        ("wrong shape", activation(&[2, 8, 1], 1.0), None),
         (
             "wrong dtype",
             encode(
@@ -722,4 +723,61 @@ async fn a_weights_hash_that_is_not_hex_is_refused() {
         .unwrap()
         .unwrap();
     assert_eq!(miner.weights_hash, Some("ab".repeat(32)));
+}
+
+/// A `/blob` upload streams into storage and is cut off the moment it passes the limit its
+/// token carries (here the body declares no length, so only the streaming check can stop
+/// it): 413, nothing stored; a token without a limit is refused (403).
+#[tokio::test]
+async fn r9_blob_uploads_are_cut_off_at_their_limit() {
+    let h = harness();
+    let [a, _, _] = three(&h).await;
+    let f0 = h.work(&a, 1).await.remove(0);
+    let output = f0.output.unwrap();
+    let path = output
+        .url
+        .strip_prefix("http://orch.test")
+        .unwrap()
+        .to_string();
+    let max: usize = path
+        .split("max=")
+        .nth(1)
+        .and_then(|v| v.split('&').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    let key = iota::storage::ObjectKey::parse(
+        path.trim_start_matches("/blob/").split('?').next().unwrap(),
+    )
+    .unwrap();
+    let chunks = futures::stream::iter(
+        (0..3).map(move |_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![0u8; max]))),
+    );
+    let req = Request::put(path.as_str())
+        .body(Body::from_stream(chunks))
+        .unwrap();
+    let (code, body) = h.send(req).await;
+    assert_eq!(
+        (code, error_code(&body).as_str()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "too_large")
+    );
+    assert!(!h.state.storage.exists(&key).await.unwrap());
+    let no_limit = path.replace(&format!("&max={max}"), "");
+    let (code, _) = h
+        .send(
+            Request::put(no_limit.as_str())
+                .body(Body::from(vec![0u8; 4]))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN);
+    assert!(!h.state.storage.exists(&key).await.unwrap());
+    let (code, _) = h
+        .send(
+            Request::put(path.as_str())
+                .body(Body::from(vec![0u8; max]))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    assert!(h.state.storage.exists(&key).await.unwrap());
 }

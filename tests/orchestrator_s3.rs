@@ -28,32 +28,42 @@ async fn post<T: DeserializeOwned>(
     post_oneshot(router(state.clone()), path, body, key, "s3-run").await
 }
 
-#[tokio::test]
-async fn assignments_carry_presigned_urls_that_work() {
-    let s3 = S3Server::start();
-    let data_dir = tempfile::tempdir().unwrap();
+/// An orchestrator whose objects live in `s3`'s bucket.
+fn s3_state(s3: &S3Server, data_dir: &std::path::Path) -> AppState {
     let yaml = format!(
         "run: s3-run\nbatch_size: 2\nseq_len: 8\nwire: f32\n\
          data: {{source: \"synthetic:2:20000\"}}\ndata_dir: {}\n\
          storage: {{url: \"s3://{BUCKET}/runs\", endpoint: \"{}\", region: us-east-1, \
          access_key_id: {ACCESS_KEY}, secret_access_key: {SECRET_KEY}}}\n",
-        data_dir.path().display(),
+        data_dir.display(),
         s3.endpoint
     );
-    let state = AppState::open(RunConfig::from_yaml(&yaml).unwrap()).unwrap();
-    let alice = Hotkey::from_uri("//Alice").unwrap();
+    AppState::open(RunConfig::from_yaml(&yaml).unwrap()).unwrap()
+}
+
+/// Registers `key` (the head: the first miner) and asks for one piece of work.
+async fn head_work(state: &AppState, key: &Hotkey) -> WorkResponse {
     let reg: RegisterResponse = post(
-        &state,
+        state,
         "/api/register",
         &RegisterRequest {
             device: "cpu".into(),
             max_in_flight: 1,
         },
-        &alice,
+        key,
     )
     .await;
     assert_eq!(reg.section, 0);
-    let work: WorkResponse = post(&state, "/api/work", &WorkRequest { max: 1 }, &alice).await;
+    post(state, "/api/work", &WorkRequest { max: 1 }, key).await
+}
+
+#[tokio::test]
+async fn assignments_carry_presigned_urls_that_work() {
+    let s3 = S3Server::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let state = s3_state(&s3, data_dir.path());
+    let alice = Hotkey::from_uri("//Alice").unwrap();
+    let work = head_work(&state, &alice).await;
     let a = &work.assignments[0];
     assert!(a.input.url.starts_with(&s3.endpoint), "{}", a.input.url);
     let tokens = download_from_url(&Url::parse(&a.input.url).unwrap(), None)
@@ -80,4 +90,41 @@ async fn assignments_carry_presigned_urls_that_work() {
     let r: SubmitResponse = post(&state, "/api/submit", &submit, &alice).await;
     assert!(r.accepted, "{r:?}");
     assert_eq!(state.repo.miners().unwrap()[0].forwards, 1);
+}
+
+/// An S3 presigned PUT carries no size limit, so a miner can put any amount of data behind
+/// its output URL. The orchestrator sizes the object (HEAD) before reading it and refuses the
+/// result on the size alone; the work is re-offered.
+#[tokio::test]
+async fn r9_an_oversized_upload_is_refused_by_its_size() {
+    let s3 = S3Server::start();
+    let data_dir = tempfile::tempdir().unwrap();
+    let state = s3_state(&s3, data_dir.path());
+    let alice = Hotkey::from_uri("//Alice").unwrap();
+    let work = head_work(&state, &alice).await;
+    let a = &work.assignments[0];
+    let out = a.output.as_ref().unwrap();
+    let junk = Bytes::from(vec![7u8; 8 << 20]);
+    upload_to_url(&Url::parse(&out.url).unwrap(), junk.clone())
+        .await
+        .unwrap();
+    let submit = SubmitRequest {
+        assignment_id: a.id,
+        output_hash: Some(payload_hash(&junk)),
+        output_bytes: Some(junk.len() as u64),
+        loss: None,
+        timings: Timings::default(),
+    };
+    let r: SubmitResponse = post(&state, "/api/submit", &submit, &alice).await;
+    assert!(!r.accepted);
+    let reason = r.reason.unwrap();
+    assert!(
+        reason.contains("size mismatch") && reason.contains(&(8u64 << 20).to_string()),
+        "{reason}"
+    );
+    let again: WorkResponse = post(&state, "/api/work", &WorkRequest { max: 1 }, &alice).await;
+    assert_eq!(
+        again.assignments[0].sample_id, a.sample_id,
+        "the work was not re-offered"
+    );
 }

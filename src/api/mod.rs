@@ -16,9 +16,11 @@ pub mod blob_ref;
 pub mod merge;
 pub mod phase;
 pub mod types;
+pub mod validator;
 
 pub use blob_ref::BlobRef;
 pub use merge::*;
 pub use phase::Phase;
 pub use types::*;
+pub use validator::*;
 pub mod client;

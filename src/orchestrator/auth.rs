@@ -6,7 +6,8 @@
 //! 2. the request is for this run and the signature covers the raw body (401 `unauthorized`),
 //!    signed within [`MAX_AGE_MS`] of the server clock (401 `stale`);
 //! 3. the body is valid JSON for `T` (400 `bad_request`);
-//! 4. the hotkey is registered (403 `not_registered`; skipped by [`SignedAny`]);
+//! 4. the hotkey is registered (403 `not_registered`; skipped by [`SignedAny`]), or for
+//!    [`SignedValidator`] listed under `validators` in the run config (403 `not_a_validator`);
 //! 5. the signature was not seen before (409 `replayed`; ids are kept for `2 * MAX_AGE_MS`,
 //!    longer than a signature stays fresh). Only this last step writes, and only on success.
 
@@ -39,11 +40,39 @@ pub struct SignedAny<T> {
     pub body: T,
 }
 
+/// A verified request from a hotkey the run config lists as a validator.
+#[derive(Debug, Clone)]
+pub struct SignedValidator<T> {
+    /// The caller's SS58 hotkey.
+    pub hotkey: String,
+    /// The parsed body.
+    pub body: T,
+    /// The exact body bytes (what the signature covers).
+    pub raw: Bytes,
+    /// The signature (`0x`-hex) and its timestamp (ms).
+    pub signature: (String, u64),
+}
+
+/// Who may make a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    Anyone,
+    Miner,
+    Validator,
+}
+
+struct Verified<T> {
+    hotkey: String,
+    body: T,
+    raw: Bytes,
+    signature: (String, u64),
+}
+
 async fn verify<T: DeserializeOwned>(
     req: Request,
     state: &AppState,
-    must_be_registered: bool,
-) -> Result<(String, T), HttpError> {
+    caller: Caller,
+) -> Result<Verified<T>, HttpError> {
     let headers =
         SignedHeaders::from_lookup(|name| req.headers().get(name).and_then(|v| v.to_str().ok()))?;
     let bytes = Bytes::from_request(req, state)
@@ -54,7 +83,14 @@ async fn verify<T: DeserializeOwned>(
     let hotkey = address.to_string();
     let body: T = serde_json::from_slice(&bytes)
         .map_err(|e| HttpError::bad_request(format!("malformed body: {e}")))?;
-    if must_be_registered && state.repo.miner(&hotkey)?.is_none() {
+    if caller == Caller::Validator && state.config.validator(&hotkey).is_none() {
+        return Err(HttpError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "not_a_validator",
+            format!("hotkey {hotkey} is not one of the run's validators"),
+        ));
+    }
+    if caller == Caller::Miner && state.repo.miner(&hotkey)?.is_none() {
         return Err(HttpError::new(
             axum::http::StatusCode::FORBIDDEN,
             "not_registered",
@@ -73,15 +109,26 @@ async fn verify<T: DeserializeOwned>(
             "this signature was already used: sign every request afresh",
         ));
     }
-    Ok((hotkey, body))
+    Ok(Verified {
+        hotkey,
+        body,
+        raw: bytes,
+        signature: (
+            headers.signature.clone(),
+            headers.timestamp_ms.parse().unwrap_or(0),
+        ),
+    })
 }
 
 impl<T: DeserializeOwned + Send> FromRequest<AppState> for Signed<T> {
     type Rejection = HttpError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let (hotkey, body) = verify(req, state, true).await?;
-        Ok(Self { hotkey, body })
+        let v = verify(req, state, Caller::Miner).await?;
+        Ok(Self {
+            hotkey: v.hotkey,
+            body: v.body,
+        })
     }
 }
 
@@ -89,7 +136,24 @@ impl<T: DeserializeOwned + Send> FromRequest<AppState> for SignedAny<T> {
     type Rejection = HttpError;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        let (hotkey, body) = verify(req, state, false).await?;
-        Ok(Self { hotkey, body })
+        let v = verify(req, state, Caller::Anyone).await?;
+        Ok(Self {
+            hotkey: v.hotkey,
+            body: v.body,
+        })
+    }
+}
+
+impl<T: DeserializeOwned + Send> FromRequest<AppState> for SignedValidator<T> {
+    type Rejection = HttpError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let v = verify(req, state, Caller::Validator).await?;
+        Ok(Self {
+            hotkey: v.hotkey,
+            body: v.body,
+            raw: v.raw,
+            signature: v.signature,
+        })
     }
 }

@@ -1,11 +1,19 @@
-//! `GET/PUT /blob/{key}?exp=..&sig=..`: the orchestrator serves a local-directory store itself,
-//! to holders of a signed, expiring token ([`super::blob_token`]). `GET` honours a single
-//! `Range: bytes=a-b` (or `bytes=a-`) header with `206 Partial Content`.
+//! `GET/PUT /blob/{key}?exp=..[&max=..]&sig=..`: the orchestrator serves a local-directory
+//! store itself, to holders of a signed, expiring token ([`super::blob_token`]). `GET` honours a
+//! single `Range: bytes=a-b` (or `bytes=a-`) header with `206 Partial Content`.
+//!
+//! A `PUT` is checked before a byte of its body is read: a bad or expired token is refused
+//! (403), a `Content-Length` above the token's `max` too (413), and when
+//! [`MAX_CONCURRENT_PUTS`] uploads are already streaming the request is turned away (503,
+//! `Retry-After`). The body then streams into storage and the upload is cut off (413, nothing
+//! stored) the moment it passes `max`. So an unauthenticated flood costs no memory, and
+//! authenticated uploads at most their limit and a bounded number at once.
 
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use futures::StreamExt;
 use serde::Deserialize;
 
 use super::http_error::HttpError;
@@ -17,6 +25,8 @@ use crate::storage::ObjectKey;
 pub struct BlobToken {
     /// Expiry, ms since the Unix epoch.
     pub exp: u64,
+    /// Largest body an upload may carry (uploads only).
+    pub max: Option<u64>,
     /// Signature (64 hex digits).
     pub sig: String,
 }
@@ -28,9 +38,15 @@ fn authorise(
     token: &BlobToken,
 ) -> Result<ObjectKey, HttpError> {
     let key = ObjectKey::parse(key).map_err(|e| HttpError::bad_request(format!("bad key: {e}")))?;
-    if !state
-        .secret
-        .verify(method, key.as_str(), token.exp, &token.sig, state.now_ms())
+    if (method == "PUT") != token.max.is_some()
+        || !state.secret.verify(
+            method,
+            key.as_str(),
+            token.exp,
+            token.max,
+            &token.sig,
+            state.now_ms(),
+        )
     {
         return Err(HttpError::forbidden("blob token is invalid or expired"));
     }
@@ -93,15 +109,63 @@ pub async fn get_blob(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
-/// `PUT /blob/{key}`.
+/// Uploads streaming into storage at once, at most.
+pub const MAX_CONCURRENT_PUTS: usize = 8;
+
+fn too_large(max: u64) -> HttpError {
+    HttpError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "too_large",
+        format!("this upload may carry at most {max} bytes"),
+    )
+}
+
+/// `PUT /blob/{key}`: token, declared length and concurrency are checked before the body is
+/// read; the body streams to storage and is cut off past the token's limit.
 pub async fn put_blob(
     State(state): State<AppState>,
     Path(key): Path<String>,
     Query(token): Query<BlobToken>,
-    body: Bytes,
+    headers: HeaderMap,
+    body: Body,
 ) -> Result<Response, HttpError> {
     let key = authorise(&state, "PUT", &key, &token)?;
-    let hash = state.storage.put(&key, body).await?;
+    let max = token.max.unwrap_or(0);
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max) {
+        return Err(too_large(max));
+    }
+    let Ok(_permit) = state.blob_puts.clone().try_acquire_owned() else {
+        return Ok((
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            "too many uploads in progress; retry shortly",
+        )
+            .into_response());
+    };
+    let mut writer = state.storage.writer(&key);
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                writer.abort().await;
+                return Err(HttpError::bad_request(format!("upload interrupted: {e}")));
+            }
+        };
+        if writer.len().saturating_add(chunk.len() as u64) > max {
+            writer.abort().await;
+            return Err(too_large(max));
+        }
+        if let Err(e) = writer.write(&chunk).await {
+            writer.abort().await;
+            return Err(e.into());
+        }
+    }
+    let (hash, _) = writer.finish().await?;
     Ok((StatusCode::OK, [(header::ETAG, format!("\"{hash}\""))]).into_response())
 }
 

@@ -1,6 +1,8 @@
 //! Signed, expiring tokens for the orchestrator's own `/blob/{key}` endpoint (local-directory
-//! storage): `sig = hex(BLAKE3-keyed(secret, "METHOD\nkey\nexp"))`, so a token names one method,
-//! one object and one expiry, and cannot be forged without the secret kept in `data_dir`.
+//! storage): `sig = hex(BLAKE3-keyed(secret, "GET\nkey\nexp"))` for a download and
+//! `hex(BLAKE3-keyed(secret, "PUT\nkey\nexp\nmax"))` for an upload of at most `max` bytes, so a
+//! token names one method, one object, one expiry (and one size limit), and cannot be forged
+//! without the secret kept in `data_dir`.
 
 use std::path::Path;
 
@@ -57,25 +59,40 @@ impl BlobSecret {
         Ok(Self(bytes))
     }
 
-    /// The token for `method` (`GET`/`PUT`) on `key` until `exp_ms`.
-    pub fn sign(&self, method: &str, key: &str, exp_ms: u64) -> String {
-        let message = format!("{method}\n{key}\n{exp_ms}");
+    fn mac(&self, method: &str, key: &str, exp_ms: u64, max_bytes: Option<u64>) -> blake3::Hash {
+        let message = match max_bytes {
+            Some(max) => format!("{method}\n{key}\n{exp_ms}\n{max}"),
+            None => format!("{method}\n{key}\n{exp_ms}"),
+        };
         blake3::keyed_hash(&self.0, message.as_bytes())
+    }
+
+    /// The token for `method` (`GET`/`PUT`) on `key` until `exp_ms`; `max_bytes` is the largest
+    /// body an upload may carry (uploads must have one, downloads have none).
+    pub fn sign(&self, method: &str, key: &str, exp_ms: u64, max_bytes: Option<u64>) -> String {
+        self.mac(method, key, exp_ms, max_bytes)
             .to_hex()
             .to_string()
     }
 
-    /// Whether `sig` is the token for `method` on `key` until `exp_ms`, and `exp_ms` has not
-    /// passed at `now_ms`. The comparison is constant-time.
-    pub fn verify(&self, method: &str, key: &str, exp_ms: u64, sig: &str, now_ms: u64) -> bool {
+    /// Whether `sig` is the token for `method` on `key` until `exp_ms` with the size limit
+    /// `max_bytes`, and `exp_ms` has not passed at `now_ms`. The comparison is constant-time.
+    pub fn verify(
+        &self,
+        method: &str,
+        key: &str,
+        exp_ms: u64,
+        max_bytes: Option<u64>,
+        sig: &str,
+        now_ms: u64,
+    ) -> bool {
         if now_ms > exp_ms {
             return false;
         }
         let Ok(given) = blake3::Hash::from_hex(sig) else {
             return false;
         };
-        let message = format!("{method}\n{key}\n{exp_ms}");
-        blake3::keyed_hash(&self.0, message.as_bytes()) == given
+        self.mac(method, key, exp_ms, max_bytes) == given
     }
 }
 
@@ -86,19 +103,43 @@ mod tests {
     #[test]
     fn tokens_bind_method_key_and_expiry() {
         let s = BlobSecret::from_bytes([7; SECRET_LEN]);
-        let t = s.sign("GET", "runs/r/a", 1000);
+        let t = s.sign("GET", "runs/r/a", 1000, None);
         assert_eq!(t.len(), 64);
-        assert!(s.verify("GET", "runs/r/a", 1000, &t, 999));
-        assert!(s.verify("GET", "runs/r/a", 1000, &t, 1000));
-        assert!(!s.verify("GET", "runs/r/a", 1000, &t, 1001), "expired");
-        assert!(!s.verify("PUT", "runs/r/a", 1000, &t, 0), "other method");
-        assert!(!s.verify("GET", "runs/r/b", 1000, &t, 0), "other key");
-        assert!(!s.verify("GET", "runs/r/a", 2000, &t, 0), "other expiry");
-        assert!(!s.verify("GET", "runs/r/a", 1000, "zz", 0), "not hex");
+        assert!(s.verify("GET", "runs/r/a", 1000, None, &t, 999));
+        assert!(s.verify("GET", "runs/r/a", 1000, None, &t, 1000));
+        assert!(
+            !s.verify("GET", "runs/r/a", 1000, None, &t, 1001),
+            "expired"
+        );
+        assert!(
+            !s.verify("PUT", "runs/r/a", 1000, None, &t, 0),
+            "other method"
+        );
+        assert!(!s.verify("GET", "runs/r/b", 1000, None, &t, 0), "other key");
+        assert!(
+            !s.verify("GET", "runs/r/a", 2000, None, &t, 0),
+            "other expiry"
+        );
+        assert!(!s.verify("GET", "runs/r/a", 1000, None, "zz", 0), "not hex");
         let other = BlobSecret::from_bytes([8; SECRET_LEN]);
         assert!(
-            !other.verify("GET", "runs/r/a", 1000, &t, 0),
+            !other.verify("GET", "runs/r/a", 1000, None, &t, 0),
             "other secret"
+        );
+    }
+
+    #[test]
+    fn an_upload_token_binds_its_size_limit() {
+        let s = BlobSecret::from_bytes([7; SECRET_LEN]);
+        let t = s.sign("PUT", "runs/r/a", 1000, Some(64));
+        assert!(s.verify("PUT", "runs/r/a", 1000, Some(64), &t, 0));
+        assert!(
+            !s.verify("PUT", "runs/r/a", 1000, Some(65), &t, 0),
+            "raised limit"
+        );
+        assert!(
+            !s.verify("PUT", "runs/r/a", 1000, None, &t, 0),
+            "limit dropped"
         );
     }
 
@@ -108,7 +149,7 @@ mod tests {
         let path = dir.path().join("blob_secret");
         let a = BlobSecret::load_or_create(&path).unwrap();
         let b = BlobSecret::load_or_create(&path).unwrap();
-        assert_eq!(a.sign("GET", "k", 1), b.sign("GET", "k", 1));
+        assert_eq!(a.sign("GET", "k", 1, None), b.sign("GET", "k", 1, None));
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -135,6 +176,9 @@ mod tests {
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600, "mode {mode:o}");
         let again = BlobSecret::load_or_create(&path).unwrap();
-        assert_eq!(secret.sign("GET", "k", 1), again.sign("GET", "k", 1));
+        assert_eq!(
+            secret.sign("GET", "k", 1, None),
+            again.sign("GET", "k", 1, None)
+        );
     }
 }

@@ -33,6 +33,9 @@
 //!   outer: null              # e.g. {lr: 0.7, momentum: 0.9}: Nesterov outer step
 //! max_samples: null          # optional sample budget (sample units)
 //! heartbeat_s: 10
+//! validators:                # hotkeys allowed to validate, with their stake (default 1)
+//!   - { hotkey: 5F..., stake: 1.0 }
+//! validation: {}             # crate::api::ValidationSettings overrides (replay, clasp, ...)
 //! ```
 
 use std::net::SocketAddr;
@@ -41,10 +44,12 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::api::ValidationSettings;
 use crate::data::DataSpec;
 use crate::merge::{MergeOp, OuterStep};
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig};
 use crate::storage::{KeyPart, StorageConfig, WireDtype};
+use crate::wallet::Ss58Address;
 
 /// Why a run config was refused.
 #[derive(Debug, Error)]
@@ -174,6 +179,21 @@ impl Default for MergeConfig {
     }
 }
 
+/// A hotkey allowed to validate the run.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidatorEntry {
+    /// SS58 hotkey.
+    pub hotkey: String,
+    /// Stake, for combining validators' weights (`validation.combine: stake`).
+    #[serde(default = "default_stake")]
+    pub stake: f64,
+}
+
+fn default_stake() -> f64 {
+    1.0
+}
+
 /// The YAML as written (before the model is resolved).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -219,6 +239,10 @@ struct RawRunConfig {
     max_samples: Option<u64>,
     #[serde(default = "default_heartbeat_s")]
     heartbeat_s: u64,
+    #[serde(default)]
+    validators: Vec<ValidatorEntry>,
+    #[serde(default)]
+    validation: ValidationSettings,
 }
 
 fn default_listen() -> SocketAddr {
@@ -294,6 +318,10 @@ pub struct RunConfig {
     pub max_samples: Option<u64>,
     /// Seconds between miner heartbeats.
     pub heartbeat_s: u64,
+    /// Hotkeys allowed to validate, with their stake.
+    pub validators: Vec<ValidatorEntry>,
+    /// How validators check miners and publish weights.
+    pub validation: ValidationSettings,
 }
 
 impl RunConfig {
@@ -385,6 +413,29 @@ impl RunConfig {
         raw.schedule
             .validate()
             .map_err(|reason| invalid("schedule", reason))?;
+        raw.validation
+            .validate()
+            .map_err(|(key, reason)| invalid(key, reason))?;
+        for (i, v) in raw.validators.iter().enumerate() {
+            if v.hotkey.parse::<Ss58Address>().is_err() {
+                return Err(invalid(
+                    "validators",
+                    format!("entry {i}: {:?} is not an SS58 address", v.hotkey),
+                ));
+            }
+            if !(v.stake.is_finite() && v.stake >= 0.0) {
+                return Err(invalid(
+                    "validators",
+                    format!("entry {i}: stake must be finite and >= 0"),
+                ));
+            }
+            if raw.validators[..i].iter().any(|o| o.hotkey == v.hotkey) {
+                return Err(invalid(
+                    "validators",
+                    format!("entry {i}: {} is listed twice", v.hotkey),
+                ));
+            }
+        }
         let storage = raw.storage.unwrap_or_else(|| {
             StorageConfig::local(raw.data_dir.join("objects").to_string_lossy().into_owned())
         });
@@ -421,6 +472,8 @@ impl RunConfig {
             merge: raw.merge,
             max_samples: raw.max_samples,
             heartbeat_s: raw.heartbeat_s,
+            validators: raw.validators,
+            validation: raw.validation,
         })
     }
 
@@ -437,6 +490,11 @@ impl RunConfig {
     /// Index of the last (tail) section.
     pub fn tail(&self) -> usize {
         self.model.n_sections().saturating_sub(1)
+    }
+
+    /// The validator entry of `hotkey`, if it may validate.
+    pub fn validator(&self, hotkey: &str) -> Option<&ValidatorEntry> {
+        self.validators.iter().find(|v| v.hotkey == hotkey)
     }
 }
 
@@ -511,5 +569,21 @@ mod tests {
         assert_eq!(cfg.merge.merge_s, 5);
         let err = RunConfig::from_yaml("run: r\nmodel: {preset: nope}\n").unwrap_err();
         assert!(err.to_string().contains("`model`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\nvalidators: [{hotkey: nope}]\n").unwrap_err();
+        assert!(err.to_string().contains("`validators`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\nvalidation: {burn: 2}\n").unwrap_err();
+        assert!(err.to_string().contains("`validation.burn`"), "{err}");
+        let err =
+            RunConfig::from_yaml("run: r\nvalidation: {replay: {fractoin: 1}}\n").unwrap_err();
+        assert!(err.to_string().contains("fractoin"), "{err}");
+        let alice = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY";
+        let cfg = RunConfig::from_yaml(&format!(
+            "run: r\nvalidators: [{{hotkey: {alice}, stake: 3}}]\nvalidation: {{burn: 0.5}}\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.validator(alice).map(|v| v.stake), Some(3.0));
+        assert_eq!(cfg.validation.burn, 0.5);
+        let twice = format!("run: r\nvalidators: [{{hotkey: {alice}}}, {{hotkey: {alice}}}]\n");
+        assert!(RunConfig::from_yaml(&twice).is_err());
     }
 }

@@ -190,21 +190,21 @@ pub fn build_plan(
     .build()?)
 }
 
-/// Deletes what the finished merge of `epoch` no longer needs: the epoch's activations, and
-/// the uploads and partition copies of the merge before it (the latest ones stay for audit).
+/// Disposes of what the finished merge of `epoch` no longer needs: the epoch's activations,
+/// and the uploads and partition copies of the merge before it (the latest ones stay for
+/// audit). With validators they are kept until the validators are done
+/// ([`super::retention`]).
 async fn collect_garbage(state: &AppState, epoch: u64) {
-    let mut prefixes = vec![state.keys.activations_epoch(epoch)];
+    super::retention::dispose(state, &state.keys.activations_epoch(epoch), epoch).await;
     if epoch > 0 {
         for section in 0..state.config.model.n_sections() {
             let s = u32::try_from(section).unwrap_or(u32::MAX);
-            prefixes.push(state.keys.weights_epoch(s, epoch - 1));
-            prefixes.push(state.keys.merged_epoch(s, epoch - 1));
-        }
-    }
-    for prefix in prefixes {
-        match state.storage.delete_prefix(&prefix).await {
-            Ok(n) => tracing::debug!(prefix = prefix.as_str(), n, "deleted old objects"),
-            Err(e) => tracing::warn!(prefix = prefix.as_str(), "garbage collection: {e}"),
+            for prefix in [
+                state.keys.weights_epoch(s, epoch - 1),
+                state.keys.merged_epoch(s, epoch - 1),
+            ] {
+                super::retention::dispose(state, &prefix, epoch - 1).await;
+            }
         }
     }
 }

@@ -197,7 +197,13 @@ async fn load_copies(
     let mut out = Vec::new();
     for r in results.iter().filter(|r| r.partition == part.index()) {
         let values = match state.partition_key(section, epoch, part.index(), &r.merger) {
-            Ok(key) => match state.storage.get(&key).await {
+            // Exactly the partition's size, and the hash it was accepted with: a copy replaced
+            // after it was submitted is neither read whole nor used.
+            Ok(key) => match state
+                .storage
+                .get_exact(&key, part.range().len() as u64 * 4)
+                .await
+            {
                 Ok(bytes) if payload_hash(&bytes).eq_ignore_ascii_case(&r.hash) => {
                     f32_from_le_bytes(&bytes).unwrap_or_default()
                 }

@@ -9,11 +9,11 @@ use super::finalize::merge_sources;
 use super::http_error::HttpError;
 use super::repo::{PhaseInfo, UploadRow, UploadState};
 use super::state::AppState;
-use super::wire::url_for;
+use super::wire::{get_url, put_url};
 use crate::api::*;
 use crate::merge::f32_from_le_bytes;
 use crate::model::layout::section_layout;
-use crate::storage::{PresignMethod, StatePart, StorageError, payload_hash};
+use crate::storage::{StatePart, StorageError, payload_hash};
 
 /// How long a miner waits before asking again when there is nothing to do.
 const RETRY_MS: u64 = 500;
@@ -58,7 +58,7 @@ pub async fn section_checkpoint(
         epoch: cp.epoch,
         layout: section_layout(&state.config.model, section).map_err(HttpError::internal)?,
         blob: BlobRef {
-            url: url_for(state, PresignMethod::Get, &key, exp).await?,
+            url: get_url(state, &key, exp).await?,
             hash: Some(cp.hash),
             shape: None,
             expires_unix_ms: exp,
@@ -159,7 +159,7 @@ async fn next_task(
                 hotkey: uploader,
                 weight,
                 blob: BlobRef {
-                    url: url_for(state, PresignMethod::Get, &key, read_until).await?,
+                    url: get_url(state, &key, read_until).await?,
                     hash: None,
                     shape: None,
                     expires_unix_ms: read_until,
@@ -175,7 +175,7 @@ async fn next_task(
             end: range.end as u64,
             sources,
             output: BlobRef {
-                url: url_for(state, PresignMethod::Put, &out, deadline).await?,
+                url: put_url(state, &out, deadline, range.len() as u64 * 4).await?,
                 hash: None,
                 shape: Some(vec![range.len()]),
                 expires_unix_ms: deadline,
@@ -206,7 +206,7 @@ async fn upload_task(
     Ok(MergeTask::Upload {
         epoch,
         target: BlobRef {
-            url: url_for(state, PresignMethod::Put, &key, lease_until).await?,
+            url: put_url(state, &key, lease_until, layout.total_bytes()).await?,
             hash: None,
             shape: Some(vec![layout.total_len()]),
             expires_unix_ms: lease_until,
@@ -266,6 +266,7 @@ pub async fn submit(
                         manifest.bytes,
                         weight,
                     )?;
+                    state.repo.record_upload_time(*epoch, &req.hotkey, now)?;
                     tracing::info!(hotkey = %req.hotkey, epoch, section, weight, "upload accepted");
                     Json(SubmitResponse {
                         accepted: true,
@@ -302,10 +303,12 @@ pub async fn submit(
             let key = state
                 .partition_key(section, *epoch, *index, &req.hotkey)
                 .map_err(HttpError::internal)?;
-            let reason = match state.storage.get(&key).await {
-                Ok(data) if data.len() as u64 != expected || *bytes != expected => Some(format!(
-                    "partition {index} must be {expected} bytes, got {} (reported {bytes})",
-                    data.len()
+            let reason = match state.storage.get_exact(&key, expected).await {
+                Err(StorageError::LengthMismatch { got, .. }) => Some(format!(
+                    "partition {index} must be {expected} bytes, the object is {got}"
+                )),
+                Ok(_) if *bytes != expected => Some(format!(
+                    "partition {index} must be {expected} bytes, reported {bytes}"
                 )),
                 Ok(data) if !payload_hash(&data).eq_ignore_ascii_case(hash) => Some(format!(
                     "hash mismatch: reported {hash}, the object hashes to {}",

@@ -7,6 +7,9 @@
 //!   verification and checkpoints, its endpoints); its durable state is in [`repo`] too.
 //! - [`handlers`]: the JSON endpoints; [`wire`]: assignments on the wire and their URLs.
 //! - [`blob`] / [`blob_token`]: the local-storage blob endpoint and its tokens.
+//! - [`validation_handlers`] / [`metagraph`] / [`retention`]: what validators read and
+//!   publish, the local metagraph (`/api/weights`), and how long an epoch's objects are kept
+//!   for them; their durable state is in [`repo`] too.
 //! - [`metrics`]: Prometheus counters; [`state`]: the shared [`AppState`];
 //!   [`server`]: the router, the deadline task, graceful shutdown.
 
@@ -20,11 +23,14 @@ pub mod finalize;
 pub mod handlers;
 pub mod http_error;
 pub mod merge_handlers;
+pub mod metagraph;
 pub mod metrics;
 pub mod repo;
 pub mod repo_types;
+pub mod retention;
 pub mod server;
 pub mod state;
+pub mod validation_handlers;
 pub mod wire;
 
 pub use config::{ConfigError, RunConfig};

@@ -14,6 +14,7 @@ use super::handlers;
 use super::merge_handlers;
 use super::metrics::Metrics;
 use super::state::AppState;
+use super::validation_handlers;
 
 /// Body limit of the JSON API routes.
 pub const API_BODY_LIMIT: usize = 64 * 1024;
@@ -47,6 +48,18 @@ pub fn router(state: AppState) -> Router {
         .route("/api/release", post(handlers::release))
         .route("/api/merge/task", post(merge_handlers::task))
         .route("/api/merge/submit", post(merge_handlers::submit))
+        .route(
+            "/api/validator/register",
+            post(validation_handlers::register),
+        )
+        .route("/api/validator/ledger", post(validation_handlers::ledger))
+        .route("/api/validator/work", post(validation_handlers::work))
+        .route(
+            "/api/validator/merge",
+            post(validation_handlers::merge_record),
+        )
+        .route("/api/validator/samples", post(validation_handlers::samples))
+        .route("/api/weights", post(validation_handlers::publish))
         .layer(DefaultBodyLimit::max(API_BODY_LIMIT));
     let blob = Router::new()
         .route("/blob/{*key}", get(get_blob).put(put_blob))
@@ -57,6 +70,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/status", get(handlers::status))
         .route("/api/run", get(handlers::run_info))
         .route("/api/merge/status", get(merge_handlers::status))
+        .route("/api/weights", get(validation_handlers::weights))
         .merge(api)
         .merge(blob)
         .layer(middleware::from_fn_with_state(state.clone(), observe))
@@ -99,6 +113,7 @@ pub async fn serve(
             if let Err(e) = super::cycle::advance(&ticker_state).await {
                 tracing::error!("merge cycle: {e}");
             }
+            super::retention::release_done(&ticker_state).await;
         }
     });
     let result = axum::serve(listener, router(state))

@@ -91,6 +91,8 @@ pub struct Inner {
     pub start_lock: tokio::sync::Mutex<()>,
     /// Serialises the phase machine ([`super::cycle::advance`]).
     pub cycle_lock: tokio::sync::Mutex<()>,
+    /// Permits of the `/blob` uploads streaming at once ([`super::blob::MAX_CONCURRENT_PUTS`]).
+    pub blob_puts: Arc<tokio::sync::Semaphore>,
     /// Server start, ms since the Unix epoch.
     pub started_ms: u64,
 }
@@ -158,6 +160,9 @@ impl AppState {
                 metrics: Metrics::default(),
                 start_lock: tokio::sync::Mutex::new(()),
                 cycle_lock: tokio::sync::Mutex::new(()),
+                blob_puts: Arc::new(tokio::sync::Semaphore::new(
+                    super::blob::MAX_CONCURRENT_PUTS,
+                )),
                 started_ms,
             }),
         })

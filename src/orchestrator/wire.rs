@@ -14,6 +14,7 @@ use super::http_error::HttpError;
 use super::repo_types::AssignmentRow;
 use super::state::AppState;
 use crate::api::{Assignment, BlobRef, WorkKind};
+use crate::codec::encoded_len;
 use crate::storage::{Direction, ObjectKey, PresignMethod};
 
 /// Extra validity of download URLs beyond the assignment's deadline. Upload URLs expire at the
@@ -72,36 +73,61 @@ fn section_u32(s: usize) -> u32 {
     u32::try_from(s).unwrap_or(u32::MAX)
 }
 
-/// A URL for `method` on `key` valid until `exp_ms`: presigned by S3, or this server's own
+/// A download URL for `key` valid until `exp_ms`: presigned by S3, or this server's own
 /// `/blob` endpoint with a signed token.
 ///
 /// # Errors
 /// A storage error when presigning fails.
-pub async fn url_for(
-    state: &AppState,
-    method: PresignMethod,
-    key: &ObjectKey,
-    exp_ms: u64,
-) -> Result<String, HttpError> {
-    let now = state.now_ms();
-    let secs = exp_ms.saturating_sub(now).div_ceil(1000).max(1);
-    if let Some(url) = state
-        .storage
-        .presign(method, key, Duration::from_secs(secs))
-        .await?
-    {
-        return Ok(url.to_string());
+pub async fn get_url(state: &AppState, key: &ObjectKey, exp_ms: u64) -> Result<String, HttpError> {
+    if let Some(url) = presigned(state, PresignMethod::Get, key, exp_ms).await? {
+        return Ok(url);
     }
-    let name = match method {
-        PresignMethod::Get => "GET",
-        PresignMethod::Put => "PUT",
-    };
-    let sig = state.secret.sign(name, key.as_str(), exp_ms);
+    let sig = state.secret.sign("GET", key.as_str(), exp_ms, None);
     Ok(format!(
         "{}/blob/{}?exp={exp_ms}&sig={sig}",
         state.config.public_url,
         key.as_str()
     ))
+}
+
+/// An upload URL for `key` valid until `exp_ms`, for a body of at most `max_bytes` bytes.
+/// The `/blob` endpoint enforces the limit (it is part of the token); an S3 presigned PUT
+/// cannot carry it (the signer leaves `content-length` out of the signature), so every object
+/// is also sized with a HEAD before the orchestrator reads it.
+///
+/// # Errors
+/// A storage error when presigning fails.
+pub async fn put_url(
+    state: &AppState,
+    key: &ObjectKey,
+    exp_ms: u64,
+    max_bytes: u64,
+) -> Result<String, HttpError> {
+    if let Some(url) = presigned(state, PresignMethod::Put, key, exp_ms).await? {
+        return Ok(url);
+    }
+    let sig = state
+        .secret
+        .sign("PUT", key.as_str(), exp_ms, Some(max_bytes));
+    Ok(format!(
+        "{}/blob/{}?exp={exp_ms}&max={max_bytes}&sig={sig}",
+        state.config.public_url,
+        key.as_str()
+    ))
+}
+
+async fn presigned(
+    state: &AppState,
+    method: PresignMethod,
+    key: &ObjectKey,
+    exp_ms: u64,
+) -> Result<Option<String>, HttpError> {
+    let secs = exp_ms.saturating_sub(state.now_ms()).div_ceil(1000).max(1);
+    Ok(state
+        .storage
+        .presign(method, key, Duration::from_secs(secs))
+        .await?
+        .map(|url| url.to_string()))
 }
 
 /// The wire form of `row`, with URLs for its input, targets and output.
@@ -113,7 +139,7 @@ pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment
     let exp = deadline.saturating_add(URL_GRACE_MS);
     let (input_key, input_shape) = input_of(state, row);
     let input = BlobRef {
-        url: url_for(state, PresignMethod::Get, &input_key, exp).await?,
+        url: get_url(state, &input_key, exp).await?,
         hash: Some(row.input_hash.clone()),
         shape: Some(input_shape),
         expires_unix_ms: exp,
@@ -122,7 +148,7 @@ pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment
         Some(hash) => {
             let key = state.token_key(row.epoch, row.sample, "targets");
             Some(BlobRef {
-                url: url_for(state, PresignMethod::Get, &key, exp).await?,
+                url: get_url(state, &key, exp).await?,
                 hash: Some(hash.clone()),
                 shape: Some(state.config.token_shape()),
                 expires_unix_ms: exp,
@@ -132,7 +158,13 @@ pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment
     };
     let output = match output_of(state, row) {
         Some((key, shape)) => Some(BlobRef {
-            url: url_for(state, PresignMethod::Put, &key, deadline).await?,
+            url: put_url(
+                state,
+                &key,
+                deadline,
+                encoded_len(&shape, state.config.wire) as u64,
+            )
+            .await?,
             hash: None,
             shape: Some(shape),
             expires_unix_ms: deadline,

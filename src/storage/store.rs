@@ -264,6 +264,26 @@ impl Storage {
         Ok(bytes)
     }
 
+    /// The whole object under `key`, which must be exactly `len` bytes: its size is asked first
+    /// (HEAD), so an object of any other size is refused without reading a byte of it, and the
+    /// read itself asks for `len` bytes only (an object replaced in between cannot make it
+    /// read more).
+    ///
+    /// # Errors
+    /// [`StorageError::LengthMismatch`] when the object is not `len` bytes; otherwise as
+    /// [`Storage::get_range`].
+    pub async fn get_exact(&self, key: &ObjectKey, len: u64) -> StorageResult<Bytes> {
+        let size = self.head(key).await?;
+        if size != len {
+            return Err(StorageError::LengthMismatch {
+                key: key.to_string(),
+                expected: len,
+                got: size,
+            });
+        }
+        self.get_range(key, 0..len).await
+    }
+
     /// Bytes `range.start..range.end` of the object under `key`. An empty range returns no
     /// bytes without asking the backend.
     ///
@@ -480,6 +500,16 @@ impl ObjectWriter {
             writer.put(Bytes::from(std::mem::take(&mut self.buffer)));
         }
         Ok(())
+    }
+
+    /// Gives the object up: nothing appears under the key, and a multipart upload already
+    /// begun is aborted (best effort: its error is only logged).
+    pub async fn abort(self) {
+        if let Some(writer) = self.multipart
+            && let Err(e) = writer.abort().await
+        {
+            tracing::warn!(key = %self.key, "aborting an upload: {e}");
+        }
     }
 
     /// Bytes written so far.

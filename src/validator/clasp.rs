@@ -28,6 +28,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use crate::api::ClaspConfig;
+
 /// One completed sample of the ledger.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LedgerEntry {
@@ -39,82 +41,6 @@ pub struct LedgerEntry {
     pub loss: f64,
     /// The miner of each section, by section index.
     pub pathway: Vec<String>,
-}
-
-/// Settings of the estimator (run config `validation.clasp`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClaspConfig {
-    /// Samples per baseline window (consecutive in time).
-    #[serde(default = "default_window")]
-    pub window: usize,
-    /// Fewest samples through a miner before it can be flagged.
-    #[serde(default = "default_min_samples")]
-    pub min_samples: usize,
-    /// Smallest z-score that flags.
-    #[serde(default = "default_z")]
-    pub z_threshold: f64,
-    /// Smallest effect (nats) that flags.
-    #[serde(default = "default_min_effect")]
-    pub min_effect: f64,
-    /// Scale (nats) of the quality factor's decay.
-    #[serde(default = "default_temperature")]
-    pub temperature: f64,
-}
-
-fn default_window() -> usize {
-    8
-}
-fn default_min_samples() -> usize {
-    6
-}
-fn default_z() -> f64 {
-    4.0
-}
-fn default_min_effect() -> f64 {
-    0.1
-}
-fn default_temperature() -> f64 {
-    0.2
-}
-
-impl Default for ClaspConfig {
-    fn default() -> Self {
-        Self {
-            window: default_window(),
-            min_samples: default_min_samples(),
-            z_threshold: default_z(),
-            min_effect: default_min_effect(),
-            temperature: default_temperature(),
-        }
-    }
-}
-
-impl ClaspConfig {
-    /// Checks the values.
-    ///
-    /// # Errors
-    /// A message naming the bad value.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.window == 0 {
-            return Err("window must be at least 1".into());
-        }
-        for (name, v) in [
-            ("z_threshold", self.z_threshold),
-            ("min_effect", self.min_effect),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{name} must be finite and >= 0, got {v}"));
-            }
-        }
-        if !(self.temperature.is_finite() && self.temperature > 0.0) {
-            return Err(format!(
-                "temperature must be finite and > 0, got {}",
-                self.temperature
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// The estimate for one miner of one section.
@@ -463,14 +389,5 @@ mod tests {
         // Non-finite losses are ignored, an empty ledger is an empty report.
         let r = estimate(&[entry(0, f64::NAN, &["a"])], &whole(4));
         assert_eq!((r.samples, r.effects.len()), (0, 0));
-        assert!(ClaspConfig::default().validate().is_ok());
-        assert!(
-            ClaspConfig {
-                window: 0,
-                ..ClaspConfig::default()
-            }
-            .validate()
-            .is_err()
-        );
     }
 }

@@ -6,6 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::api::Thresholds;
+
 /// Running sums for comparing a vector `a` (the validator's) with `b` (the miner's).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Comparison {
@@ -88,64 +90,19 @@ pub fn similarity(a: &[f32], b: &[f32]) -> Similarity {
     c.similarity()
 }
 
-/// Acceptance thresholds of a replay comparison (run config `validation.replay`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Thresholds {
-    /// Smallest cosine similarity that passes.
-    #[serde(default = "default_min_cosine")]
-    pub min_cosine: f64,
-    /// Smallest magnitude ratio that passes.
-    #[serde(default = "default_min_magnitude")]
-    pub min_magnitude_ratio: f64,
-}
-
-fn default_min_cosine() -> f64 {
-    0.99
-}
-fn default_min_magnitude() -> f64 {
-    0.95
-}
-
-impl Default for Thresholds {
-    fn default() -> Self {
-        Self {
-            min_cosine: default_min_cosine(),
-            min_magnitude_ratio: default_min_magnitude(),
-        }
+/// Why `s` fails `t`, or `None` when it passes (the magnitude test first, as in the
+/// reference validator).
+pub fn failure(t: &Thresholds, s: &Similarity) -> Option<String> {
+    if s.magnitude_ratio < t.min_magnitude_ratio {
+        return Some(format!(
+            "magnitude ratio {:.4} < {}",
+            s.magnitude_ratio, t.min_magnitude_ratio
+        ));
     }
-}
-
-impl Thresholds {
-    /// Why `s` fails these thresholds, or `None` when it passes.
-    pub fn failure(&self, s: &Similarity) -> Option<String> {
-        if s.magnitude_ratio < self.min_magnitude_ratio {
-            return Some(format!(
-                "magnitude ratio {:.4} < {}",
-                s.magnitude_ratio, self.min_magnitude_ratio
-            ));
-        }
-        if s.cosine < self.min_cosine {
-            return Some(format!("cosine {:.4} < {}", s.cosine, self.min_cosine));
-        }
-        None
+    if s.cosine < t.min_cosine {
+        return Some(format!("cosine {:.4} < {}", s.cosine, t.min_cosine));
     }
-
-    /// Checks that both thresholds lie in `[0, 1]`.
-    ///
-    /// # Errors
-    /// A message naming the bad value.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("min_cosine", self.min_cosine),
-            ("min_magnitude_ratio", self.min_magnitude_ratio),
-        ] {
-            if !(0.0..=1.0).contains(&v) {
-                return Err(format!("{name} must lie in [0, 1], got {v}"));
-            }
-        }
-        Ok(())
-    }
+    None
 }
 
 #[cfg(test)]
@@ -205,20 +162,11 @@ mod tests {
             min_cosine: 0.9,
             min_magnitude_ratio: 0.8,
         };
-        assert!(t.failure(&similarity(&[3.0, 4.0], &[3.0, 4.1])).is_none());
-        let scaled = t.failure(&similarity(&[3.0, 4.0], &[6.0, 8.0])).unwrap();
+        assert!(failure(&t, &similarity(&[3.0, 4.0], &[3.0, 4.1])).is_none());
+        let scaled = failure(&t, &similarity(&[3.0, 4.0], &[6.0, 8.0])).unwrap();
         assert!(scaled.contains("magnitude ratio 0.5000"), "{scaled}");
         // (1, 0) vs (0.6, 0.8): same length, cosine 0.6.
-        let turned = t.failure(&similarity(&[1.0, 0.0], &[0.6, 0.8])).unwrap();
+        let turned = failure(&t, &similarity(&[1.0, 0.0], &[0.6, 0.8])).unwrap();
         assert!(turned.contains("cosine 0.6000"), "{turned}");
-        assert!(Thresholds::default().validate().is_ok());
-        assert!(
-            Thresholds {
-                min_cosine: 1.5,
-                ..t
-            }
-            .validate()
-            .is_err()
-        );
     }
 }

@@ -11,87 +11,7 @@
 //! A flag (failed replay, copy, CLASP outlier, lying merger, free-riding, an upload that did
 //! not train) sets the score to 0 for the window, with every reason kept.
 
-use serde::{Deserialize, Serialize};
-
-/// Kinds of penalty, each costing a configurable number of samples per occurrence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PenaltyKind {
-    /// An assignment's deadline passed before its result arrived.
-    MissedDeadline,
-    /// A result the orchestrator refused (bad hash, shape, values).
-    RefusedResult,
-    /// A merge upload the orchestrator refused.
-    RefusedUpload,
-    /// A merge partition the miner was assigned and never delivered.
-    MissingMerge,
-}
-
-/// Samples each penalty costs (run config `validation.penalties`).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PenaltyWeights {
-    /// Per missed deadline.
-    #[serde(default = "two")]
-    pub missed_deadline: f64,
-    /// Per refused result.
-    #[serde(default = "two")]
-    pub refused_result: f64,
-    /// Per refused upload.
-    #[serde(default = "ten")]
-    pub refused_upload: f64,
-    /// Per merge partition not delivered.
-    #[serde(default = "ten")]
-    pub missing_merge: f64,
-}
-
-fn two() -> f64 {
-    2.0
-}
-fn ten() -> f64 {
-    10.0
-}
-
-impl Default for PenaltyWeights {
-    fn default() -> Self {
-        Self {
-            missed_deadline: two(),
-            refused_result: two(),
-            refused_upload: ten(),
-            missing_merge: ten(),
-        }
-    }
-}
-
-impl PenaltyWeights {
-    /// Samples one penalty of `kind` costs.
-    pub fn of(&self, kind: PenaltyKind) -> f64 {
-        match kind {
-            PenaltyKind::MissedDeadline => self.missed_deadline,
-            PenaltyKind::RefusedResult => self.refused_result,
-            PenaltyKind::RefusedUpload => self.refused_upload,
-            PenaltyKind::MissingMerge => self.missing_merge,
-        }
-    }
-
-    /// Checks that every weight is finite and non-negative.
-    ///
-    /// # Errors
-    /// A message naming the bad value.
-    pub fn validate(&self) -> Result<(), String> {
-        for (name, v) in [
-            ("missed_deadline", self.missed_deadline),
-            ("refused_result", self.refused_result),
-            ("refused_upload", self.refused_upload),
-            ("missing_merge", self.missing_merge),
-        ] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{name} must be finite and >= 0, got {v}"));
-            }
-        }
-        Ok(())
-    }
-}
+pub use crate::api::{PenaltyKind, PenaltyWeights, ScoreParts};
 
 /// What one window of checks found about one miner.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -108,29 +28,6 @@ pub struct ScoreInput {
     pub penalties: Vec<(PenaltyKind, u64)>,
     /// Reasons the miner is flagged this window (empty: not flagged).
     pub flags: Vec<String>,
-}
-
-/// A miner's score and where it came from (published with the weights).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ScoreParts {
-    /// Valid throughput (samples).
-    pub throughput: f64,
-    /// Replay factor (1 when not checked).
-    pub replay: f64,
-    /// Upload-quality factor (1 when not checked).
-    pub upload: f64,
-    /// CLASP factor (1 when not checked).
-    pub clasp: f64,
-    /// `replay * upload * clasp`.
-    pub quality: f64,
-    /// Penalty counts by kind.
-    pub penalties: Vec<(PenaltyKind, u64)>,
-    /// Total penalty (samples).
-    pub penalty: f64,
-    /// Why the miner is flagged (empty when it is not).
-    pub flags: Vec<String>,
-    /// The score.
-    pub score: f64,
 }
 
 /// Applies the formula of the module docs.

@@ -146,6 +146,16 @@ impl Harness {
         assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     }
 
+    /// Downloads the object behind a GET URL of the `/blob` endpoint.
+    pub async fn get_blob(&self, blob: &BlobRef) -> Vec<u8> {
+        let path = blob.url.strip_prefix("http://orch.test").unwrap();
+        let (status, body) = self
+            .send(Request::get(path).body(Body::empty()).unwrap())
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        body
+    }
+
     pub async fn submit(
         &self,
         hotkey: &Hotkey,

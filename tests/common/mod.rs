@@ -8,6 +8,7 @@
 
 pub mod api_harness;
 pub mod net;
+pub mod procs;
 pub mod signed;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -2,6 +2,7 @@
 //! uploaded object's hash, size, shape, dtype and finiteness.
 
 use crate::api::*;
+use crate::codec::encoded_len;
 use crate::orchestrator::http_error::HttpError;
 use crate::orchestrator::repo_types::AssignmentRow;
 use crate::orchestrator::state::AppState;
@@ -28,10 +29,19 @@ pub(super) async fn check_result(
     let Some(claimed) = &req.output_hash else {
         return Ok(Some("output_hash is missing".into()));
     };
-    let bytes = match state.storage.get(&key).await {
+    // Sized before it is read: an upload of any other size (an S3 presigned PUT carries no
+    // size limit) is refused without reading it.
+    let expected = encoded_len(&shape, state.config.wire) as u64;
+    let bytes = match state.storage.get_exact(&key, expected).await {
         Ok(bytes) => bytes,
         Err(StorageError::NotFound { .. }) => {
             return Ok(Some(format!("no object was uploaded to {key}")));
+        }
+        Err(StorageError::LengthMismatch { got, .. }) => {
+            return Ok(Some(format!(
+                "size mismatch: the object is {got} bytes, a {shape:?} {} tensor is {expected}",
+                state.config.wire
+            )));
         }
         Err(e) => return Err(HttpError::internal(e)),
     };

@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, Transaction};
 
-use super::schema::{MERGE_SCHEMA, SCHEMA};
+use super::schema::{MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
 use crate::orchestrator::repo_types::RepoError;
 
 /// The state store. Cheap to share behind an `Arc`; calls are serialised by an inner mutex.
@@ -51,6 +51,7 @@ impl Repository {
     fn init(conn: Connection) -> Result<Self, RepoError> {
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(MERGE_SCHEMA)?;
+        conn.execute_batch(VALIDATION_SCHEMA)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })

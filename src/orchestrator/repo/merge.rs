@@ -464,22 +464,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn latest_checkpoint(&self, section: usize) -> Result<Option<CheckpointRow>, RepoError> {
-        let conn = self.lock();
-        Ok(conn
-            .query_row(
-                "SELECT section, epoch, hash, bytes FROM checkpoints WHERE section = ?1 \
-                 ORDER BY epoch DESC LIMIT 1",
-                [to_i64(section as u64)],
-                |r| {
-                    Ok(CheckpointRow {
-                        section: usize_of(r.get(0)?),
-                        epoch: to_u64(r.get(1)?),
-                        hash: r.get(2)?,
-                        bytes: to_u64(r.get(3)?),
-                    })
-                },
-            )
-            .optional()?)
+        self.start_checkpoint(section, u64::MAX)
     }
 
     /// Loss summary of every epoch that completed samples, oldest first.

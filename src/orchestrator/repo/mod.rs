@@ -19,6 +19,8 @@
 //! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
 //! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics.
 //! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
+//! - `validation`: published weights, upload times, objects kept for validators, and the
+//!   ledger queries validators ask for.
 
 mod db;
 mod ledger;
@@ -32,9 +34,11 @@ mod schema;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod validation;
 
 pub use db::Repository;
 pub use merge::{
     CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
 };
 pub use routing::MAX_ATTEMPTS;
+pub use validation::{AcceptedDetail, KeptObjects, PublishedRow, WorkCounts};

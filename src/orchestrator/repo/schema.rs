@@ -62,3 +62,16 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     section INTEGER NOT NULL, epoch INTEGER NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL,
     at INTEGER NOT NULL, PRIMARY KEY (section, epoch));
 ";
+
+/// Tables of validation (published weights, upload times, objects kept for validators).
+pub const VALIDATION_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS published_weights (
+    validator TEXT NOT NULL, epoch INTEGER NOT NULL, received_at INTEGER NOT NULL,
+    body TEXT NOT NULL, signature TEXT NOT NULL, signed_at INTEGER NOT NULL,
+    PRIMARY KEY (validator, epoch));
+CREATE TABLE IF NOT EXISTS upload_times (
+    epoch INTEGER NOT NULL, miner TEXT NOT NULL, accepted_at INTEGER NOT NULL,
+    PRIMARY KEY (epoch, miner));
+CREATE TABLE IF NOT EXISTS kept_objects (
+    prefix TEXT PRIMARY KEY, epoch INTEGER NOT NULL, eligible_at INTEGER NOT NULL);
+";

@@ -549,3 +549,49 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+#[test]
+fn register_as_a_validator() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    for name in ["val", "stranger"] {
+        let (ok, _, err) = run(iota(h).args(["wallet", "new", "--hotkey", name]));
+        assert!(ok, "{err}");
+    }
+    let (_, address, _) = run(iota(h).args(["wallet", "show", "--hotkey", "val"]));
+    let orch = Orchestrator::start(&format!(
+        "validators: [{{hotkey: {}, stake: 2.5}}]\n",
+        address.trim()
+    ));
+    let (ok, out, err) = run(iota(h)
+        .args([
+            "register",
+            "--role",
+            "validator",
+            "--hotkey",
+            "val",
+            "--orchestrator",
+        ])
+        .arg(orch.url()));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("registered validator") && out.contains("stake 2.5"),
+        "{out}"
+    );
+    let (ok, _, err) = run(iota(h)
+        .args([
+            "register",
+            "--role",
+            "validator",
+            "--hotkey",
+            "stranger",
+            "--orchestrator",
+        ])
+        .arg(orch.url()));
+    assert!(!ok);
+    assert!(
+        err.contains("not_a_validator") && err.contains("What to do:"),
+        "{err}"
+    );
+    assert!(orch.miners().is_empty());
+}

@@ -113,6 +113,9 @@ impl ClientError {
                 "stale" => Some(
                     "this machine's clock is off by more than 30 s: enable time sync (`timedatectl set-ntp true`)".into(),
                 ),
+                "not_a_validator" => Some(
+                    "the run does not list this hotkey as a validator: give its address (`iota wallet show`) to the operator, who adds it under `validators:` in the run config".into(),
+                ),
                 "conflict" => Some(
                     "the run has no free place now: try again later or join another orchestrator".into(),
                 ),
@@ -268,6 +271,17 @@ impl ApiClient {
     /// [`ClientError::Api`] when refused, otherwise as [`Self::connect`].
     pub async fn register(&self, req: &RegisterRequest) -> Result<RegisterResponse, ClientError> {
         self.post("/api/register", req).await
+    }
+
+    /// `POST /api/validator/register` (the hotkey must be a validator of the run).
+    ///
+    /// # Errors
+    /// [`ClientError::Api`] when refused (`not_a_validator`), otherwise as [`Self::connect`].
+    pub async fn register_validator(
+        &self,
+        req: &super::validator::ValidatorRegisterRequest,
+    ) -> Result<super::validator::ValidatorRegisterResponse, ClientError> {
+        self.post("/api/validator/register", req).await
     }
 
     /// `POST /api/heartbeat`.

@@ -17,12 +17,14 @@
 //! - `db`: [`Repository`] (connection, transactions) and integer conversions; `schema`: tables.
 //! - `registry`: miners; `replay`: the replay cache; `phase`: phase, epoch, deadlines.
 //! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
-//! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics.
+//! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics;
+//!   `history`: the loss history the dashboard plots.
 //! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
 //! - `validation`: published weights, upload times, objects kept for validators, and the
 //!   ledger queries validators ask for.
 
 mod db;
+mod history;
 mod ledger;
 mod merge;
 mod phase;
@@ -37,6 +39,7 @@ mod tests;
 mod validation;
 
 pub use db::Repository;
+pub use history::LossPoint;
 pub use merge::{
     CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
 };

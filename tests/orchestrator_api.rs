@@ -603,9 +603,8 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
         secret_before
     );
     // The head's output survived in the local object store, and section 1's forward is open.
-    let key1 = state
-        .keys
-        .activation(0, 0, 0, iota::storage::Direction::Forward);
+    let accepted = state.repo.assignments_of(0, 2).unwrap().remove(0);
+    let (key1, _) = iota::orchestrator::wire::output_of(&state, &accepted).unwrap();
     assert!(state.storage.exists(&key1).await.unwrap());
     let h = Harness {
         app: router(state.clone()),
@@ -780,4 +779,70 @@ async fn r9_blob_uploads_are_cut_off_at_their_limit() {
         .await;
     assert_eq!(code, StatusCode::OK);
     assert!(h.state.storage.exists(&key).await.unwrap());
+}
+
+/// Output keys used to be per (sample, section, direction): a miner whose result was refused
+/// still held a valid PUT URL for the very key the re-offered work would be uploaded to, and
+/// could overwrite the next miner's upload to get that miner refused and penalised. Every
+/// attempt now has its own key.
+#[tokio::test]
+async fn r9_a_refused_miners_stale_url_cannot_overwrite_the_next_attempt() {
+    let h = harness();
+    let [a, _, _] = three(&h).await;
+    let a2 = key("//Dave");
+    assert_eq!(h.register(&a2).await.section, 0);
+    let boundary = h.state.config.boundary_shape();
+    let first = h.work(&a, 1).await.remove(0);
+    let r = h
+        .submit(&a, &first, Some(activation(&[2, 8, 1], 9.0)), None)
+        .await;
+    assert!(!r.accepted);
+    let second = h.work(&a2, 1).await.remove(0);
+    assert_eq!((second.sample_id, second.section), (first.sample_id, 0));
+    assert_ne!(
+        second.output.as_ref().unwrap().url,
+        first.output.as_ref().unwrap().url
+    );
+    let good = activation(&boundary, 0.5);
+    h.upload(second.output.as_ref().unwrap(), good.clone())
+        .await;
+    // The refused miner's URL is still valid: it writes garbage where it can.
+    h.upload(first.output.as_ref().unwrap(), activation(&boundary, 666.0))
+        .await;
+    let body = SubmitRequest {
+        assignment_id: second.id,
+        output_hash: Some(payload_hash(&good)),
+        output_bytes: Some(good.len() as u64),
+        loss: None,
+        timings: Timings::default(),
+    };
+    let r: SubmitResponse = h.call(h.signed("/api/submit", &body, &a2)).await;
+    assert!(r.accepted, "{r:?}");
+    let honest = h
+        .state
+        .repo
+        .miner(&a2.address().to_string())
+        .unwrap()
+        .unwrap();
+    assert_eq!(honest.penalties, 0);
+}
+
+/// After a result is accepted its uploader still holds a valid PUT URL until the deadline.
+/// Overwriting the object then changes nothing: the next section reads the orchestrator's
+/// copy, taken when the result was checked, whose hash the ledger and the assignment carry.
+#[tokio::test]
+async fn r9_an_accepted_output_cannot_be_swapped_afterwards() {
+    let h = harness();
+    let [a, b, _] = three(&h).await;
+    let boundary = h.state.config.boundary_shape();
+    let f0 = h.work(&a, 1).await.remove(0);
+    let good = activation(&boundary, 0.5);
+    assert!(h.submit(&a, &f0, Some(good.clone()), None).await.accepted);
+    h.upload(f0.output.as_ref().unwrap(), activation(&boundary, 666.0))
+        .await;
+    let f1 = h.work(&b, 1).await.remove(0);
+    assert_eq!(f1.section, 1);
+    let input = h.get_blob(&f1.input).await;
+    assert_eq!(input, good, "the next section read the swapped object");
+    assert_eq!(f1.input.hash, Some(payload_hash(&good)));
 }

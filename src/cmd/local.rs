@@ -21,9 +21,9 @@ use serde_json::json;
 use crate::api::client::ApiClient;
 use crate::api::{MergeStatus, StatusResponse};
 use crate::merge::MergeOp;
-use crate::model::ModelConfig;
 use crate::model::backend::DeviceKind;
 use crate::model::config::even_sections;
+use crate::model::{LrSchedule, ModelConfig};
 use crate::storage::RetryPolicy;
 use crate::wallet::WalletDir;
 
@@ -153,6 +153,23 @@ fn local_run_name(config_path: &Path) -> String {
 /// Writes the generated run config and returns its path.
 fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Result<PathBuf> {
     let path = dir.join("run.yaml");
+    let config = generated_config(args, dir, listen)?;
+    let text = serde_norway::to_string(&config).context("writing the run config")?;
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// The run config `iota local` generates from its flags (state under `dir/state`), as the
+/// JSON value written to `run.yaml`; `iota bench learning` starts from it and changes keys.
+///
+/// # Errors
+/// An unknown preset with `--sections`.
+pub fn generated_config(
+    args: &LocalArgs,
+    dir: &Path,
+    listen: SocketAddr,
+) -> anyhow::Result<serde_json::Value> {
+    let path = dir.join("run.yaml");
     let mut model = json!({ "preset": args.preset });
     if let Some(n) = args.sections {
         let preset = ModelConfig::preset(&args.preset)?;
@@ -168,15 +185,28 @@ fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Res
         "seq_len": args.seq_len,
         "max_in_flight": 4,
         "local_steps": 1,
-        "schedule": { "peak": args.lr, "warmup_steps": 5, "total_steps": 100000, "min_ratio": 0.1 },
+        "schedule": schedule_for(args),
         "deadlines": { "forward_s": 20, "backward_s": 40 },
         "heartbeat_s": 2,
         "batches_before_merging": args.merge_every,
         "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
     });
-    let text = serde_norway::to_string(&config).context("writing the run config")?;
-    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-    Ok(path)
+    Ok(config)
+}
+
+/// The learning-rate schedule of the generated config: `iota train`'s (warmup, then a cosine
+/// to a tenth of the peak) over the `--samples` budget, so a network and `iota train` at equal
+/// tokens follow the same rates. Sample ids are the schedule's steps (one sample unit is one
+/// `iota train` step of `--batch-size` windows). Without a budget the rate stays at its peak
+/// after the warmup.
+fn schedule_for(args: &LocalArgs) -> LrSchedule {
+    let defaults = crate::cmd::train::TrainSettings::default();
+    LrSchedule {
+        peak: args.lr,
+        warmup_steps: defaults.warmup_steps,
+        total_steps: args.samples.unwrap_or(u64::MAX),
+        min_ratio: defaults.min_lr_ratio,
+    }
 }
 
 /// Spawns `iota <args>` with stdout and stderr going to `log`.

@@ -418,7 +418,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         .collect();
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let initial_eval_loss = if step < s.steps {
-        Some(evaluate_loss(&mut pipeline, &eval_windows, s.batch_size)?)
+        Some(pipeline.eval_mean(&eval_windows, s.batch_size)?)
     } else {
         None
     };
@@ -448,7 +448,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         let tokens_per_s = tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9);
         let evaluate = step == s.steps || (s.eval_every > 0 && step % s.eval_every == 0);
         let this_eval = if evaluate {
-            let e = evaluate_loss(&mut pipeline, &eval_windows, s.batch_size)?;
+            let e = pipeline.eval_mean(&eval_windows, s.batch_size)?;
             eval_loss = Some(e);
             Some(e)
         } else {
@@ -499,19 +499,6 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         skipped_steps,
         checkpoint: plan.out.clone(),
     })
-}
-
-fn evaluate_loss<B: AutodiffBackend>(
-    pipeline: &mut Pipeline<B>,
-    windows: &[&[u32]],
-    batch: usize,
-) -> anyhow::Result<f32> {
-    let (mut total, mut n) = (0.0f64, 0usize);
-    for chunk in windows.chunks(batch.max(1)) {
-        total += f64::from(pipeline.eval_loss(chunk)?) * chunk.len() as f64;
-        n += chunk.len();
-    }
-    Ok((total / n.max(1) as f64) as f32)
 }
 
 fn restore<B: AutodiffBackend>(

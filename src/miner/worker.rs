@@ -10,13 +10,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor, TensorData};
 use bytes::Bytes;
 use indicatif::{ProgressBar, ProgressStyle};
 use thiserror::Error;
 use url::Url;
 
-use super::cache::{CachedInput, InputCache};
+use super::cache::CachedInput;
+use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
 use super::payload::{self, PayloadError};
 
 mod merging;
@@ -26,8 +26,7 @@ use crate::api::{
     SubmitRequest, Timings, WorkKind, WorkRequest,
 };
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
-use crate::model::section::Inner;
-use crate::model::{ModelError, Section, SectionInput, StepOutcome};
+use crate::model::{ModelError, Section, StepOutcome};
 use crate::storage::{StorageError, encode, payload_hash, upload_to_url};
 use crate::wallet::Hotkey;
 
@@ -43,18 +42,15 @@ pub enum MinerError {
     /// The section could not be built or ran into a shape error.
     #[error("model: {0}")]
     Model(#[from] ModelError),
+    /// The compute refused the work (shapes, a non-finite loss, an input not kept).
+    #[error("compute: {0}")]
+    Engine(#[from] EngineError),
     /// An input could not be obtained.
     #[error("input: {0}")]
     Payload(#[from] PayloadError),
     /// The result could not be uploaded.
     #[error("upload: {0}")]
     Upload(#[from] StorageError),
-    /// A backward arrived for a sample whose forward input is not cached.
-    #[error("no cached input for sample {sample}: its forward was evicted or done elsewhere")]
-    CacheMiss {
-        /// The sample.
-        sample: u64,
-    },
     /// The assignment is inconsistent (missing targets or output URL).
     #[error("malformed assignment {id}: {reason}")]
     Malformed {
@@ -173,9 +169,8 @@ impl BackendTask for MinerTask {
 struct Worker<B: AutodiffBackend> {
     client: ApiClient,
     device: String,
-    section: Section<B>,
+    engine: Engine<B>,
     settings: MinerSettings,
-    cache: InputCache,
     counters: Arc<Counters>,
     report: MinerReport,
     tokens: u64,
@@ -228,6 +223,16 @@ async fn mine<B: AutodiffBackend>(
         settings.optimizer,
         &device,
     )?;
+    let engine = Engine::new(
+        section,
+        EngineSettings {
+            local_steps: settings.local_steps.max(1),
+            schedule: settings.schedule,
+            weight_stashing: true,
+            lookahead: false,
+            capacity: settings.max_in_flight.max(1),
+        },
+    );
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
     let view = super::status_line::SharedView::default();
@@ -245,7 +250,6 @@ async fn mine<B: AutodiffBackend>(
     let mut worker = Worker {
         client,
         device: options.device.to_string(),
-        cache: InputCache::new(settings.max_in_flight.max(1)),
         settings,
         counters,
         report: MinerReport {
@@ -255,7 +259,7 @@ async fn mine<B: AutodiffBackend>(
         tokens: 0,
         bar: progress_bar(options.progress),
         started: Instant::now(),
-        section,
+        engine,
         held_epoch: 0,
         view,
         uploaded_epoch: None,
@@ -300,10 +304,10 @@ impl<B: AutodiffBackend> Worker<B> {
     /// Asks for work and does it until `stop` is set.
     async fn serve(&mut self, stop: &AtomicBool) -> Result<(), MinerError> {
         while !stop.load(Ordering::SeqCst) {
-            let max = if self.section.spec().is_tail {
+            let max = if self.engine.section().spec().is_tail {
                 self.settings.max_in_flight.max(1)
             } else {
-                self.cache.free().max(1)
+                self.engine.free_slots().max(1)
             };
             let work = match self.client.work(&WorkRequest { max }).await {
                 Ok(work) => work,
@@ -377,12 +381,12 @@ impl<B: AutodiffBackend> Worker<B> {
         };
         match self.client.submit(&submit).await {
             Ok(resp) if resp.accepted => match assignment.kind {
-                WorkKind::Forward if !self.section.spec().is_tail => {
+                WorkKind::Forward if !self.engine.section().spec().is_tail => {
                     self.report.forwards += 1;
                     self.counters.forwards.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => {
-                    if self.section.spec().is_tail {
+                    if self.engine.section().spec().is_tail {
                         self.report.forwards += 1;
                         self.counters.forwards.fetch_add(1, Ordering::Relaxed);
                     }
@@ -448,7 +452,7 @@ impl<B: AutodiffBackend> Worker<B> {
     /// Downloads, computes and uploads one assignment; returns what to submit.
     async fn process(&mut self, a: &Assignment) -> Result<SubmitRequest, MinerError> {
         let t0 = Instant::now();
-        let spec = self.section.spec().clone();
+        let spec = self.engine.section().spec().clone();
         match a.kind {
             WorkKind::Forward => {
                 let input = self.fetch_input(&a.input, spec.is_head).await?;
@@ -468,19 +472,12 @@ impl<B: AutodiffBackend> Worker<B> {
                 let [b, s] = input_dims(&input);
                 let (out, loss) = match targets {
                     Some((ids, shape)) => {
-                        let targets = token_tensor::<Inner<B>>(&ids, shape, self.section.device());
-                        let tail = self
-                            .section
-                            .train_tail(self.to_tensor(input.clone()), targets)?;
-                        self.after_backward();
+                        let tail = self.engine.train_tail(a.sample_id, input, &ids, shape)?;
+                        self.count_step(tail.step.as_ref());
                         self.report.last_loss = Some(tail.loss);
-                        (tail.input_grad, Some(tail.loss))
+                        (tail.grad, Some(tail.loss))
                     }
-                    None => {
-                        let out = self.section.forward(self.to_tensor(input.clone()))?;
-                        self.cache.insert(a.sample_id, input);
-                        (out, None)
-                    }
+                    None => (self.engine.forward(a.sample_id, input)?.output, None),
                 };
                 self.tokens += (b * s) as u64;
                 let compute_ms = elapsed_ms(t1);
@@ -499,20 +496,15 @@ impl<B: AutodiffBackend> Worker<B> {
             }
             WorkKind::Backward => {
                 let shape = payload::shape_of::<3>(&a.input)?;
-                let upstream = payload::decode_tensor(&payload::fetch(&a.input).await?, shape)?;
+                let data = payload::decode_tensor(&payload::fetch(&a.input).await?, shape)?;
                 let download_ms = elapsed_ms(t0);
-                let input = self.cache.take(a.sample_id).ok_or(MinerError::CacheMiss {
-                    sample: a.sample_id,
-                })?;
                 let t1 = Instant::now();
-                let upstream = Tensor::<Inner<B>, 3>::from_data(
-                    TensorData::new(upstream, shape),
-                    self.section.device(),
-                );
-                let grad = self.section.backward(self.to_tensor(input), upstream)?;
-                self.after_backward();
+                let done = self
+                    .engine
+                    .backward(a.sample_id, Activations { data, shape })?;
+                self.count_step(done.step.as_ref());
                 let compute_ms = elapsed_ms(t1);
-                let (hash, size, upload_ms) = self.upload(a, grad).await?;
+                let (hash, size, upload_ms) = self.upload(a, done.grad).await?;
                 Ok(SubmitRequest {
                     assignment_id: a.id,
                     output_hash: hash,
@@ -528,20 +520,17 @@ impl<B: AutodiffBackend> Worker<B> {
         }
     }
 
-    /// Steps the optimizer every `local_steps` backwards.
-    fn after_backward(&mut self) {
-        let every = self.settings.local_steps.max(1);
-        if self.section.pending_backwards() < every {
-            return;
-        }
-        let lr = self.settings.schedule.at(self.section.stats().steps);
-        match self.section.step(lr) {
-            StepOutcome::Applied { .. } => {
+    /// Counts a step the engine took after a backward.
+    fn count_step(&mut self, step: Option<&StepRecord>) {
+        match step.map(|s| &s.outcome) {
+            Some(StepOutcome::Applied { .. }) => {
                 self.report.steps += 1;
                 self.counters.steps.fetch_add(1, Ordering::Relaxed);
             }
-            StepOutcome::NoGradients => {}
-            StepOutcome::Skipped { reason } => tracing::warn!("optimizer step skipped: {reason}"),
+            Some(StepOutcome::Skipped { reason }) => {
+                tracing::warn!("optimizer step skipped: {reason}")
+            }
+            Some(StepOutcome::NoGradients) | None => {}
         }
     }
 
@@ -558,35 +547,18 @@ impl<B: AutodiffBackend> Worker<B> {
         }
     }
 
-    fn to_tensor(&self, input: CachedInput) -> SectionInput<Inner<B>> {
-        let device = self.section.device();
-        match input {
-            CachedInput::Tokens { ids, shape } => {
-                SectionInput::Tokens(token_tensor::<Inner<B>>(&ids, shape, device))
-            }
-            CachedInput::Hidden { data, shape } => {
-                SectionInput::Hidden(Tensor::from_data(TensorData::new(data, shape), device))
-            }
-        }
-    }
-
     /// Encodes `out` and uploads it to the assignment's output URL; returns hash, size and
     /// time taken. Nothing to upload (the head's backward) gives `None`s.
     async fn upload(
         &self,
         a: &Assignment,
-        out: Option<Tensor<Inner<B>, 3>>,
+        out: Option<Activations>,
     ) -> Result<(Option<String>, Option<u64>, u64), MinerError> {
         let (Some(out), Some(target)) = (out, a.output.as_ref()) else {
             return Ok((None, None, 0));
         };
         let t0 = Instant::now();
-        let shape = out.dims();
-        let data: Vec<f32> = out
-            .into_data()
-            .to_vec()
-            .map_err(|e| ModelError::Shape(format!("{e:?}")))?;
-        let bytes = encode(&shape, &data, self.settings.wire).map_err(ModelError::from)?;
+        let bytes = encode(&out.shape, &out.data, self.settings.wire).map_err(ModelError::from)?;
         let hash = payload_hash(&bytes);
         let size = bytes.len() as u64;
         let url = Url::parse(&target.url).map_err(|e| PayloadError::BadUrl(e.to_string()))?;
@@ -600,15 +572,6 @@ fn input_dims(input: &CachedInput) -> [usize; 2] {
         CachedInput::Tokens { shape, .. } => *shape,
         CachedInput::Hidden { shape, .. } => [shape[0], shape[1]],
     }
-}
-
-fn token_tensor<B: burn::tensor::backend::Backend>(
-    ids: &[u32],
-    shape: [usize; 2],
-    device: &B::Device,
-) -> Tensor<B, 2, Int> {
-    let data: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
-    Tensor::from_data(TensorData::new(data, shape), device)
 }
 
 fn elapsed_ms(t: Instant) -> u64 {

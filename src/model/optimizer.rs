@@ -106,6 +106,26 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
+impl<B: Backend> AdamW<B> {
+    /// The direction the next update of parameter `name` will most likely take, from the
+    /// moments alone (no new gradient), at the current step count: the bias-corrected
+    /// `m / (sqrt(v) + eps)`, plus the weight decay term when `decay`. The next step moves the
+    /// parameter by about `-lr` times this. `None` before the parameter's first update.
+    pub fn direction(&self, name: &str, param: &Tensor<B, 1>, decay: bool) -> Option<Tensor<B, 1>> {
+        let mo = self.moments.get(name)?;
+        let c = &self.config;
+        let t = self.step.max(1);
+        let bc1 = 1.0 - c.beta1.powi(t as i32);
+        let bc2 = 1.0 - c.beta2.powi(t as i32);
+        let dir = (mo.exp_avg.clone() / bc1) / ((mo.exp_avg_sq.clone() / bc2).sqrt() + c.eps);
+        Some(if decay && c.weight_decay > 0.0 {
+            dir + param.clone() * c.weight_decay
+        } else {
+            dir
+        })
+    }
+}
+
 /// Scale that brings a gradient of global norm `norm` under `max_norm` (1 when already under,
 /// or when clipping is off).
 pub fn clip_scale(norm: f64, max_norm: f64) -> f64 {

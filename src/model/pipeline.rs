@@ -207,6 +207,19 @@ impl<B: AutodiffBackend> Pipeline<B> {
         self.sections[n - 1].eval_loss(x, targets)
     }
 
+    /// Mean loss over `windows` evaluated `batch` at a time (each window weighs the same).
+    ///
+    /// # Errors
+    /// As [`Self::eval_loss`].
+    pub fn eval_mean(&mut self, windows: &[&[u32]], batch: usize) -> Result<f32, ModelError> {
+        let (mut total, mut n) = (0.0f64, 0usize);
+        for chunk in windows.chunks(batch.max(1)) {
+            total += f64::from(self.eval_loss(chunk)?) * chunk.len() as f64;
+            n += chunk.len();
+        }
+        Ok((total / n.max(1) as f64) as f32)
+    }
+
     /// One optimizer step in every section at learning rate `lr`.
     pub fn step(&mut self, lr: f64) -> Vec<StepOutcome> {
         self.sections.iter_mut().map(|s| s.step(lr)).collect()

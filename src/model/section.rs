@@ -230,6 +230,14 @@ impl<B: AutodiffBackend> Section<B> {
         self.forward_model.get_or_insert_with(|| self.model.valid())
     }
 
+    /// The current weights: a cheap copy (burn tensors are reference-counted), unaffected by
+    /// later steps, which build new tensors. Keep one to run a backward at the weights a
+    /// forward used ([`Self::backward_at`]) or to evaluate a fixed version
+    /// ([`Self::forward_at`]).
+    pub fn weights(&self) -> SectionModel<B> {
+        self.model.clone()
+    }
+
     /// Runs the section without recording a graph and returns its output activations
     /// (`[batch, seq, width]`). The caller keeps `input` for the backward.
     ///
@@ -247,6 +255,25 @@ impl<B: AutodiffBackend> Section<B> {
         self.check_input(&input)?;
         self.stats.forwards += 1;
         Ok(self.forward_model().forward(input))
+    }
+
+    /// [`Self::forward`] at other weights (for example a version kept with [`Self::weights`],
+    /// made graph-free with `valid()`), without counting it.
+    ///
+    /// # Errors
+    /// As [`Self::forward`].
+    pub fn forward_at(
+        &self,
+        weights: &SectionModel<Inner<B>>,
+        input: SectionInput<Inner<B>>,
+    ) -> Result<Tensor<Inner<B>, 3>, ModelError> {
+        if self.spec.is_tail {
+            return Err(ModelError::Shape(
+                "the tail section ends in a loss: call train_tail or eval_loss".into(),
+            ));
+        }
+        self.check_input(&input)?;
+        Ok(weights.forward(input))
     }
 
     fn to_autodiff(
@@ -273,6 +300,23 @@ impl<B: AutodiffBackend> Section<B> {
         input: SectionInput<Inner<B>>,
         upstream: Tensor<Inner<B>, 3>,
     ) -> Result<Option<Tensor<Inner<B>, 3>>, ModelError> {
+        let weights = self.model.clone();
+        self.backward_at(&weights, input, upstream)
+    }
+
+    /// [`Self::backward`] with the forward recomputed at `weights` (a version kept with
+    /// [`Self::weights`]) instead of the current weights: the parameter gradient is taken at
+    /// the weights the sample's forward used (weight stashing), and accumulates by parameter
+    /// name for the next [`Self::step`], which updates the current weights.
+    ///
+    /// # Errors
+    /// As [`Self::backward`].
+    pub fn backward_at(
+        &mut self,
+        weights: &SectionModel<B>,
+        input: SectionInput<Inner<B>>,
+        upstream: Tensor<Inner<B>, 3>,
+    ) -> Result<Option<Tensor<Inner<B>, 3>>, ModelError> {
         if self.spec.is_tail {
             return Err(ModelError::Shape(
                 "the tail section starts the backward itself: call train_tail".into(),
@@ -289,12 +333,12 @@ impl<B: AutodiffBackend> Section<B> {
             )));
         }
         let (input, leaf) = self.to_autodiff(input);
-        let out = self.model.forward(input);
+        let out = weights.forward(input);
         let grads = (out * Tensor::<B, 3>::from_inner(upstream))
             .sum()
             .backward();
         let input_grad = leaf.and_then(|x| x.grad(&grads));
-        self.accumulate(&grads);
+        self.accumulate(weights, &grads);
         Ok(input_grad)
     }
 
@@ -323,7 +367,8 @@ impl<B: AutodiffBackend> Section<B> {
         let input_grad = leaf
             .and_then(|x| x.grad(&grads))
             .unwrap_or_else(|| Tensor::zeros([b, s, width], &self.device));
-        self.accumulate(&grads);
+        let weights = self.model.clone();
+        self.accumulate(&weights, &grads);
         self.stats.forwards += 1;
         Ok(TailOutput {
             loss: value,
@@ -343,6 +388,20 @@ impl<B: AutodiffBackend> Section<B> {
         self.check_tail(&input, &targets)?;
         let loss = self.forward_model().loss(input, targets);
         Ok(scalar(loss) as f32)
+    }
+
+    /// [`Self::eval_loss`] at other weights (graph-free, e.g. a kept version's `valid()`).
+    ///
+    /// # Errors
+    /// Not the tail, or wrong shapes.
+    pub fn eval_loss_at(
+        &self,
+        weights: &SectionModel<Inner<B>>,
+        input: SectionInput<Inner<B>>,
+        targets: Tensor<Inner<B>, 2, Int>,
+    ) -> Result<f32, ModelError> {
+        self.check_tail(&input, &targets)?;
+        Ok(scalar(weights.loss(input, targets)) as f32)
     }
 
     fn check_tail(
@@ -366,8 +425,8 @@ impl<B: AutodiffBackend> Section<B> {
         Ok(dims)
     }
 
-    fn accumulate(&mut self, grads: &B::Gradients) {
-        for (name, g) in params::collect_grads(&self.model, &self.spec, grads) {
+    fn accumulate(&mut self, weights: &SectionModel<B>, grads: &B::Gradients) {
+        for (name, g) in params::collect_grads(weights, &self.spec, grads) {
             let sum = match self.grads.remove(&name) {
                 Some(acc) => acc + g,
                 None => g,
@@ -571,6 +630,32 @@ impl<B: AutodiffBackend> Section<B> {
         self.optimizer.step = state.step;
         self.discard_grads();
         Ok(())
+    }
+
+    /// The current weights extrapolated `steps` optimizer steps ahead at learning rate `lr`
+    /// along the direction the moments point to ([`AdamW::direction`]): where the weights
+    /// will be when a gradient computed now is applied `steps` steps later. A forward and its
+    /// backward at these weights take the gradient near the point it updates (look-ahead, the
+    /// delay correction of asynchronous pipelines). Parameters without moments stay put.
+    pub fn lookahead(&self, steps: u64, lr: f64) -> SectionModel<B> {
+        if steps == 0 || self.optimizer.moments.is_empty() {
+            return self.model.clone();
+        }
+        let scale = steps as f64 * lr;
+        params::map_params(self.model.clone(), &self.spec, |name, current| {
+            let inner = current.clone().inner();
+            let decay = self.decayed.contains(name);
+            match self.optimizer.direction(name, &inner, decay) {
+                Some(dir) => Tensor::from_inner(inner - dir * scale),
+                None => current,
+            }
+        })
+    }
+
+    /// Sets the AdamW step count, whose bias corrections assume moments that have seen that
+    /// many updates (after importing moments merged from miners that took that many steps).
+    pub fn set_optimizer_step(&mut self, step: u64) {
+        self.optimizer.step = step;
     }
 
     /// Optimizer hyper-parameters.

@@ -215,6 +215,9 @@ pub struct AssignmentRow {
     pub state: AssignmentState,
     /// BLAKE3 hex of the input object.
     pub input_hash: String,
+    /// The assignment whose accepted output is this one's input (none for a head forward,
+    /// whose input is the sample's tokens).
+    pub input_from: Option<u64>,
     /// BLAKE3 hex of the targets (tail forwards only).
     pub targets_hash: Option<String>,
     /// Earlier attempts at this piece of work.
@@ -245,6 +248,9 @@ pub struct SampleRow {
 pub struct Accepted {
     /// BLAKE3 hex of the uploaded output (checked by the caller), if any.
     pub output_hash: Option<String>,
+    /// Where the accepted output lives (its immutable copy), if any: the ledger records it so
+    /// anyone replaying the work can fetch exactly what was accepted.
+    pub output_key: Option<String>,
     /// Tail loss.
     pub loss: Option<f32>,
     /// Timings.

@@ -91,6 +91,8 @@ pub struct Inner {
     pub start_lock: tokio::sync::Mutex<()>,
     /// Serialises the phase machine ([`super::cycle::advance`]).
     pub cycle_lock: tokio::sync::Mutex<()>,
+    /// Assignments whose submitted result is being checked (one check each at a time).
+    pub in_check: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Permits of the `/blob` uploads streaming at once ([`super::blob::MAX_CONCURRENT_PUTS`]).
     pub blob_puts: Arc<tokio::sync::Semaphore>,
     /// Server start, ms since the Unix epoch.
@@ -160,6 +162,7 @@ impl AppState {
                 metrics: Metrics::default(),
                 start_lock: tokio::sync::Mutex::new(()),
                 cycle_lock: tokio::sync::Mutex::new(()),
+                in_check: std::sync::Mutex::new(std::collections::HashSet::new()),
                 blob_puts: Arc::new(tokio::sync::Semaphore::new(
                     super::blob::MAX_CONCURRENT_PUTS,
                 )),

@@ -3,10 +3,15 @@
 //!
 //! | work | input | targets | output |
 //! |---|---|---|---|
-//! | forward, head | `.../{sample}/tokens` u32 `[b, s]` | – | `{sample}/0/forward` |
-//! | forward, section k | `{sample}/{k-1}/forward` | – | `{sample}/{k}/forward` |
-//! | forward, tail | `{sample}/{t-1}/forward` | `.../{sample}/targets` | `{sample}/{t}/backward` |
-//! | backward, section k | `{sample}/{k+1}/backward` | – | `{sample}/{k}/backward` (none for the head) |
+//! | forward, head | `.../{sample}/tokens` u32 `[b, s]` | – | `{sample}/0/forward/{id}` |
+//! | forward, section k | `{sample}/{k-1}/forward/{from}` | – | `{sample}/{k}/forward/{id}` |
+//! | forward, tail | `{sample}/{t-1}/forward/{from}` | `.../{sample}/targets` | `{sample}/{t}/backward/{id}` |
+//! | backward, section k | `{sample}/{k+1}/backward/{from}` | – | `{sample}/{k}/backward/{id}` (none for the head) |
+//!
+//! `{id}` is the assignment (each attempt writes its own objects) and `{from}` the assignment
+//! whose accepted result is the input. A miner uploads to `{id}/upload`; on submit the
+//! orchestrator copies that to `{id}/accepted` (a key no URL was ever issued for), checks the
+//! copy, and everyone downstream reads the copy, with the hash it was accepted with.
 
 use std::time::Duration;
 
@@ -15,58 +20,85 @@ use super::repo_types::AssignmentRow;
 use super::state::AppState;
 use crate::api::{Assignment, BlobRef, WorkKind};
 use crate::codec::encoded_len;
-use crate::storage::{Direction, ObjectKey, PresignMethod};
+use crate::storage::{AttemptCopy, Direction, ObjectKey, PresignMethod};
 
 /// Extra validity of download URLs beyond the assignment's deadline. Upload URLs expire at the
 /// deadline itself, so a late miner cannot overwrite the result of the miner the work was
 /// re-offered to.
 pub const URL_GRACE_MS: u64 = 60_000;
 
-/// Where the input of `row` lives, with its shape.
+/// Where the input of `row` lives, with its shape: the sample's tokens for a head forward,
+/// otherwise the accepted copy of the result it follows from (`row.input_from`).
 pub fn input_of(state: &AppState, row: &AssignmentRow) -> (ObjectKey, Vec<usize>) {
     let c = &state.config;
+    let (producer, direction) = match (row.kind, row.section) {
+        (WorkKind::Forward, 0) => {
+            return (
+                state.token_key(row.epoch, row.sample, "tokens"),
+                c.token_shape(),
+            );
+        }
+        (WorkKind::Forward, s) => (s - 1, Direction::Forward),
+        (WorkKind::Backward, s) => (s + 1, Direction::Backward),
+    };
+    let key = match row.input_from {
+        Some(from) => state.keys.activation_attempt(
+            row.epoch,
+            row.sample,
+            section_u32(producer),
+            direction,
+            from,
+            AttemptCopy::Accepted,
+        ),
+        // A row written before attempts had their own keys.
+        None => state
+            .keys
+            .activation(row.epoch, row.sample, section_u32(producer), direction),
+    };
+    (key, c.boundary_shape())
+}
+
+/// The direction of the result `row` produces (`None`: nothing to upload).
+fn output_direction(state: &AppState, row: &AssignmentRow) -> Option<Direction> {
+    let tail = state.config.tail();
     match (row.kind, row.section) {
-        (WorkKind::Forward, 0) => (
-            state.token_key(row.epoch, row.sample, "tokens"),
-            c.token_shape(),
-        ),
-        (WorkKind::Forward, s) => (
-            state.keys.activation(
-                row.epoch,
-                row.sample,
-                section_u32(s - 1),
-                Direction::Forward,
-            ),
-            c.boundary_shape(),
-        ),
-        (WorkKind::Backward, s) => (
-            state.keys.activation(
-                row.epoch,
-                row.sample,
-                section_u32(s + 1),
-                Direction::Backward,
-            ),
-            c.boundary_shape(),
-        ),
+        (WorkKind::Backward, 0) => None,
+        (WorkKind::Forward, 0) if tail == 0 => None,
+        (WorkKind::Forward, s) if s == tail => Some(Direction::Backward),
+        (WorkKind::Forward, _) => Some(Direction::Forward),
+        (WorkKind::Backward, _) => Some(Direction::Backward),
     }
 }
 
-/// Where the result of `row` must be uploaded, with its shape (`None`: nothing to upload).
-pub fn output_of(state: &AppState, row: &AssignmentRow) -> Option<(ObjectKey, Vec<usize>)> {
-    let tail = state.config.tail();
-    let direction = match (row.kind, row.section) {
-        (WorkKind::Backward, 0) => return None,
-        (WorkKind::Forward, 0) if tail == 0 => return None,
-        (WorkKind::Forward, s) if s == tail => Direction::Backward,
-        (WorkKind::Forward, _) => Direction::Forward,
-        (WorkKind::Backward, _) => Direction::Backward,
-    };
+fn attempt_key(
+    state: &AppState,
+    row: &AssignmentRow,
+    copy: AttemptCopy,
+) -> Option<(ObjectKey, Vec<usize>)> {
+    let direction = output_direction(state, row)?;
     Some((
-        state
-            .keys
-            .activation(row.epoch, row.sample, section_u32(row.section), direction),
+        state.keys.activation_attempt(
+            row.epoch,
+            row.sample,
+            section_u32(row.section),
+            direction,
+            row.id,
+            copy,
+        ),
         state.config.boundary_shape(),
     ))
+}
+
+/// Where the holder of `row` uploads its result, with its shape (`None`: nothing to upload).
+/// Every attempt has its own key, so a stale URL of an earlier attempt cannot touch it.
+pub fn upload_of(state: &AppState, row: &AssignmentRow) -> Option<(ObjectKey, Vec<usize>)> {
+    attempt_key(state, row, AttemptCopy::Upload)
+}
+
+/// Where the accepted result of `row` lives, with its shape: the orchestrator's immutable
+/// copy of the upload, made when it was checked (`None`: `row` produces nothing).
+pub fn output_of(state: &AppState, row: &AssignmentRow) -> Option<(ObjectKey, Vec<usize>)> {
+    attempt_key(state, row, AttemptCopy::Accepted)
 }
 
 fn section_u32(s: usize) -> u32 {
@@ -156,7 +188,7 @@ pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment
         }
         None => None,
     };
-    let output = match output_of(state, row) {
+    let output = match upload_of(state, row) {
         Some((key, shape)) => Some(BlobRef {
             url: put_url(
                 state,

@@ -4,6 +4,7 @@
 //!
 //! ```text
 //! runs/{run}/activations/{epoch}/{sample}/{section}/{forward|backward}
+//! runs/{run}/activations/{epoch}/{sample}/{section}/{forward|backward}/{assignment}/{upload|accepted}
 //! runs/{run}/weights/{section}/{epoch}/{hotkey}/{parameters|optimizer}
 //! runs/{run}/merged/{section}/{epoch}/{partition}/{hotkey}/{parameters|optimizer}
 //! runs/{run}/checkpoints/{epoch}/{section}/{parameters|optimizer}
@@ -237,6 +238,25 @@ impl Direction {
     }
 }
 
+/// The two copies of one attempt's output ([`RunKeys::activation_attempt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttemptCopy {
+    /// Where the miner uploads (it holds a PUT URL for it until its deadline).
+    Upload,
+    /// The orchestrator's immutable copy of an accepted upload: what everyone reads.
+    Accepted,
+}
+
+impl AttemptCopy {
+    /// The key component.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Upload => "upload",
+            Self::Accepted => "accepted",
+        }
+    }
+}
+
 /// Which half of a section's state a weights object holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StatePart {
@@ -325,6 +345,25 @@ impl RunKeys {
                 &direction.part(),
             ],
         )
+    }
+
+    /// `runs/{run}/activations/{epoch}/{sample}/{section}/{direction}/{assignment}/{upload|accepted}`:
+    /// one attempt's output. The miner that holds `assignment` uploads to `upload`; once the
+    /// result is accepted the orchestrator copies it to `accepted`, a key nobody was ever given
+    /// an upload URL for, so what was accepted cannot be overwritten afterwards and a stale
+    /// URL of another attempt can only ever write its own `upload`.
+    pub fn activation_attempt(
+        &self,
+        epoch: u64,
+        sample: u64,
+        section: u32,
+        direction: Direction,
+        assignment: u64,
+        copy: AttemptCopy,
+    ) -> ObjectKey {
+        self.activation(epoch, sample, section, direction)
+            .join(&assignment.into())
+            .join(&KeyPart(copy.name().to_owned()))
     }
 
     /// `runs/{run}/weights/{section}/{epoch}`: every miner's upload of one section for one

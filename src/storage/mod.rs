@@ -24,7 +24,7 @@ pub use crate::codec::{
     CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len, payload_hash,
     verify_hash,
 };
-pub use key::{Direction, Hotkey, KeyError, KeyPart, ObjectKey, RunKeys, StatePart};
+pub use key::{AttemptCopy, Direction, Hotkey, KeyError, KeyPart, ObjectKey, RunKeys, StatePart};
 pub use retry::RetryPolicy;
 pub use store::{ObjectInfo, ObjectWriter, PresignMethod, Storage};
 pub use store_config::{BackendKind, StorageConfig};

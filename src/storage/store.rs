@@ -318,6 +318,20 @@ impl Storage {
         Ok(bytes)
     }
 
+    /// Copies the object under `from` to `to` inside the store (S3: a server-side copy; a local
+    /// directory: a hard link renamed into place), replacing any object at `to`. The copy is a
+    /// snapshot: writing `from` again later does not change it.
+    ///
+    /// # Errors
+    /// [`StorageError::NotFound`] when there is nothing under `from`; otherwise as
+    /// [`Storage::get`].
+    pub async fn copy(&self, from: &ObjectKey, to: &ObjectKey) -> StorageResult<()> {
+        self.store
+            .copy(&self.path(from), &self.path(to))
+            .await
+            .map_err(|e| StorageError::from_backend(from.as_str(), e))
+    }
+
     /// The size in bytes of the object under `key`.
     ///
     /// # Errors

@@ -2,6 +2,7 @@
 
 use clap::{Args, Subcommand};
 
+pub mod learning;
 pub mod merge;
 pub mod model;
 pub mod network;
@@ -23,6 +24,9 @@ pub enum BenchCommand {
     Merge(merge::BenchMergeArgs),
     /// Single-process chain against a local network: tokens/s, wire bytes, request latency.
     Network(network::BenchNetworkArgs),
+    /// `iota train` against a local network at equal tokens: eval loss at every merge, the
+    /// final gap, throughput.
+    Learning(learning::BenchLearningArgs),
 }
 
 /// Runs `iota bench`.
@@ -34,6 +38,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Model(a) => model::run(a),
         BenchCommand::Merge(a) => merge::run(a),
         BenchCommand::Network(a) => network::run(a),
+        BenchCommand::Learning(a) => learning::run(a),
     }
 }
 

@@ -85,7 +85,7 @@ impl<B: AutodiffBackend> Worker<B> {
         layout: &FlatLayout,
         target: &BlobRef,
     ) -> Result<(), MinerError> {
-        let flat = self.section.export_flat(layout)?;
+        let flat = self.engine.section().export_flat(layout)?;
         let bytes = f32_to_le_bytes(&flat);
         let manifest = UploadManifest {
             layout: layout.clone(),
@@ -167,10 +167,9 @@ impl<B: AutodiffBackend> Worker<B> {
         let flat = f32_from_le_bytes(&bytes).ok_or_else(|| {
             MinerError::Weights("checkpoint length is not a multiple of 4".into())
         })?;
-        self.section.import_flat(&checkpoint.layout, &flat)?;
-        let held = f32_to_le_bytes(&self.section.export_flat(&checkpoint.layout)?);
+        self.engine.adopt_flat(&checkpoint.layout, &flat, None)?;
+        let held = f32_to_le_bytes(&self.engine.section().export_flat(&checkpoint.layout)?);
         let hash = payload_hash(&held);
-        self.cache.clear();
         self.held_epoch = checkpoint.epoch;
         self.report.adopted += 1;
         if let Ok(mut w) = self.counters.weights.lock() {

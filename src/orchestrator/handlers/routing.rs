@@ -4,7 +4,7 @@
 use axum::Json;
 use axum::extract::State;
 
-use super::payload::check_result;
+use super::payload::{Checked, check_result};
 use crate::api::*;
 use crate::orchestrator::auth::Signed;
 use crate::orchestrator::http_error::HttpError;
@@ -107,23 +107,35 @@ pub async fn submit(
             reason: Some("the deadline passed before the result arrived".into()),
         }));
     }
-    if let Some(reason) = check_result(&state, &row, &req.body).await? {
-        let fallout = state
-            .repo
-            .refuse(id, &req.hotkey, &reason, limits, state.now_ms())?;
-        tracing::warn!(hotkey = %req.hotkey, id, %reason, ?fallout, "result refused");
-        Metrics::bump(&state.metrics.refused);
+    // One check per assignment at a time: a second submission racing the first could
+    // otherwise re-copy a swapped upload over the copy the first one is accepting.
+    let Some(_checking) = InCheck::claim(&state, id) else {
         return Ok(Json(SubmitResponse {
             accepted: false,
-            reason: Some(reason),
+            reason: Some("a submission of this assignment is already being checked".into()),
         }));
-    }
+    };
+    let output_key = match check_result(&state, &row, &req.body).await? {
+        Checked::Accept(key) => key,
+        Checked::Refuse(reason) => {
+            let fallout = state
+                .repo
+                .refuse(id, &req.hotkey, &reason, limits, state.now_ms())?;
+            tracing::warn!(hotkey = %req.hotkey, id, %reason, ?fallout, "result refused");
+            Metrics::bump(&state.metrics.refused);
+            return Ok(Json(SubmitResponse {
+                accepted: false,
+                reason: Some(reason),
+            }));
+        }
+    };
     let accepted = Accepted {
         output_hash: req
             .body
             .output_hash
             .as_ref()
             .map(|h| h.to_ascii_lowercase()),
+        output_key: output_key.map(|k| k.as_str().to_string()),
         loss: req.body.loss,
         timings: req.body.timings,
     };
@@ -160,4 +172,29 @@ pub async fn release(
             dropped
         )),
     }))
+}
+
+/// An assignment whose submission is being checked; released when dropped.
+struct InCheck<'a> {
+    state: &'a AppState,
+    id: u64,
+}
+
+impl<'a> InCheck<'a> {
+    /// Marks `id` as being checked, unless it already is.
+    fn claim(state: &'a AppState, id: u64) -> Option<Self> {
+        let mut set = state.in_check.lock().unwrap_or_else(|e| e.into_inner());
+        set.insert(id).then_some(Self { state, id })
+    }
+}
+
+impl Drop for InCheck<'_> {
+    fn drop(&mut self) {
+        let mut set = self
+            .state
+            .in_check
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        set.remove(&self.id);
+    }
 }

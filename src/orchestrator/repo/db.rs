@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, Transaction};
 
-use super::schema::{MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
+use super::schema::{ADDED_COLUMNS, MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
 use crate::orchestrator::repo_types::RepoError;
 
 /// The state store. Cheap to share behind an `Arc`; calls are serialised by an inner mutex.
@@ -50,6 +50,9 @@ impl Repository {
 
     fn init(conn: Connection) -> Result<Self, RepoError> {
         conn.execute_batch(SCHEMA)?;
+        for (table, column, decl) in ADDED_COLUMNS {
+            add_column_if_missing(&conn, table, column, decl)?;
+        }
         conn.execute_batch(MERGE_SCHEMA)?;
         conn.execute_batch(VALIDATION_SCHEMA)?;
         Ok(Self {
@@ -73,4 +76,23 @@ impl Repository {
         tx.commit()?;
         Ok(out)
     }
+}
+
+/// Adds `column` to `table` in a state file created before the column existed (the schema's
+/// `CREATE TABLE IF NOT EXISTS` leaves an existing table as it is).
+fn add_column_if_missing(
+    conn: &Connection,
+    table: &str,
+    column: &str,
+    decl: &str,
+) -> Result<(), RepoError> {
+    let present: bool = conn.query_row(
+        &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+        [column],
+        |r| r.get(0),
+    )?;
+    if !present {
+        conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
 }

@@ -202,14 +202,15 @@ impl Repository {
             let output_hash = result.output_hash.clone().unwrap_or_default();
             tx.execute(
                 "UPDATE assignments SET state = 'done', output_hash = ?2, finished_at = ?3, \
-                 download_ms = ?4, compute_ms = ?5, upload_ms = ?6 WHERE id = ?1",
+                 download_ms = ?4, compute_ms = ?5, upload_ms = ?6, output_key = ?7 WHERE id = ?1",
                 params![
                     to_i64(id),
                     result.output_hash,
                     to_i64(now_ms),
                     to_i64(result.timings.download_ms),
                     to_i64(result.timings.compute_ms),
-                    to_i64(result.timings.upload_ms)
+                    to_i64(result.timings.upload_ms),
+                    result.output_key
                 ],
             )?;
             let sample = to_i64(row.sample);
@@ -229,12 +230,14 @@ impl Repository {
                     )?;
                     tx.execute(
                         "INSERT INTO assignments (sample, epoch, section, kind, state, \
-                         input_hash, created_at) VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5)",
+                         input_hash, input_from, created_at) \
+                         VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5, ?6)",
                         params![
                             sample,
                             to_i64(row.epoch),
                             to_i64(section as u64 + 1),
                             output_hash,
+                            to_i64(id),
                             to_i64(now_ms)
                         ],
                     )?;
@@ -279,7 +282,8 @@ impl Repository {
                     .optional()?;
                 match owner {
                     Some(owner) => {
-                        insert_backward(tx, &row, prev, &owner, &output_hash, 0, limits, now_ms)?;
+                        let input = (output_hash.as_str(), id);
+                        insert_backward(tx, &row, prev, &owner, input, 0, limits, now_ms)?;
                     }
                     None => drop_sample(
                         tx,
@@ -400,15 +404,15 @@ fn insert_backward(
     row: &AssignmentRow,
     section: usize,
     owner: &str,
-    input_hash: &str,
+    (input_hash, input_from): (&str, u64),
     attempts: u32,
     limits: RoutingLimits,
     now_ms: u64,
 ) -> Result<u64, RepoError> {
     tx.execute(
         "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
-         delivered, input_hash, attempts, created_at) \
-         VALUES (?1, ?2, ?3, 'backward', ?4, ?5, 'assigned', 0, ?6, ?7, ?8)",
+         delivered, input_hash, input_from, attempts, created_at) \
+         VALUES (?1, ?2, ?3, 'backward', ?4, ?5, 'assigned', 0, ?6, ?7, ?8, ?9)",
         params![
             to_i64(row.sample),
             to_i64(row.epoch),
@@ -416,6 +420,7 @@ fn insert_backward(
             owner,
             to_i64(now_ms.saturating_add(limits.backward_ms)),
             input_hash,
+            to_i64(input_from),
             i64::from(attempts),
             to_i64(now_ms)
         ],
@@ -454,12 +459,14 @@ fn reoffer(
             )?;
             tx.execute(
                 "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, \
-                 attempts, created_at) VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5, ?6)",
+                 input_from, attempts, created_at) \
+                 VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5, ?6, ?7)",
                 params![
                     to_i64(row.sample),
                     to_i64(row.epoch),
                     to_i64(row.section as u64),
                     row.input_hash,
+                    row.input_from.map(to_i64),
                     i64::from(attempts),
                     to_i64(now_ms)
                 ],
@@ -475,7 +482,7 @@ fn reoffer(
                 row,
                 row.section,
                 &owner,
-                &row.input_hash,
+                (&row.input_hash, row.input_from.unwrap_or(0)),
                 attempts,
                 limits,
                 now_ms,

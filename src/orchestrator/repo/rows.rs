@@ -7,7 +7,7 @@ use crate::api::WorkKind;
 use crate::orchestrator::repo_types::*;
 
 pub(super) const ASSIGNMENT_COLUMNS: &str = "a.id, a.sample, a.epoch, a.section, a.kind, a.miner, a.deadline, \
-     a.state, a.input_hash, s.targets_hash, a.attempts";
+     a.state, a.input_hash, s.targets_hash, a.attempts, a.input_from";
 
 pub(super) fn read_assignment(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawAssignment> {
     Ok(RawAssignment {
@@ -22,6 +22,7 @@ pub(super) fn read_assignment(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawAs
         input_hash: row.get(8)?,
         targets_hash: row.get(9)?,
         attempts: row.get(10)?,
+        input_from: row.get(11)?,
     })
 }
 
@@ -37,6 +38,7 @@ pub(super) struct RawAssignment {
     input_hash: String,
     targets_hash: Option<String>,
     attempts: i64,
+    input_from: Option<i64>,
 }
 
 impl RawAssignment {
@@ -60,6 +62,7 @@ impl RawAssignment {
                 None
             },
             attempts: u32::try_from(self.attempts).unwrap_or(u32::MAX),
+            input_from: self.input_from.map(to_u64),
         })
     }
 }

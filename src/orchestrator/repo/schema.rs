@@ -30,13 +30,21 @@ CREATE TABLE IF NOT EXISTS assignments (
     state TEXT NOT NULL, delivered INTEGER NOT NULL DEFAULT 0, input_hash TEXT NOT NULL,
     output_hash TEXT, attempts INTEGER NOT NULL DEFAULT 0, reason TEXT,
     created_at INTEGER NOT NULL, finished_at INTEGER,
-    download_ms INTEGER, compute_ms INTEGER, upload_ms INTEGER);
+    download_ms INTEGER, compute_ms INTEGER, upload_ms INTEGER,
+    input_from INTEGER, output_key TEXT);
 CREATE INDEX IF NOT EXISTS assignments_state ON assignments (state, section, kind);
 CREATE INDEX IF NOT EXISTS assignments_miner ON assignments (miner, state);
 CREATE INDEX IF NOT EXISTS assignments_sample ON assignments (sample);
 CREATE INDEX IF NOT EXISTS samples_outcome ON samples (outcome, epoch);
 CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
 ";
+
+/// Columns added after the first release of the schema: `(table, column, declaration)`,
+/// added to older state files when they are opened.
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+    ("assignments", "input_from", "INTEGER"),
+    ("assignments", "output_key", "TEXT"),
+];
 
 /// Tables of the merge cycle (created next to the routing tables).
 pub(super) const MERGE_SCHEMA: &str = "

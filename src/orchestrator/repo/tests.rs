@@ -26,6 +26,7 @@ fn network() -> Repository {
 fn ok(hash: &str) -> Accepted {
     Accepted {
         output_hash: Some(hash.into()),
+        output_key: Some(format!("out/{hash}")),
         loss: Some(2.5),
         timings: Default::default(),
     }
@@ -105,6 +106,7 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
     assert_eq!((b0.kind, b0.section), (WorkKind::Backward, 0));
     let none = Accepted {
         output_hash: None,
+        output_key: None,
         loss: None,
         timings: Default::default(),
     };

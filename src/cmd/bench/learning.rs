@@ -1,0 +1,594 @@
+//! `iota bench learning`: does the network learn as well as one process? Runs `iota train`
+//! and a local network (`iota local`, real processes) on the same model, data and token
+//! budget, then prints held-out loss at equal tokens at every merge, the final gap in % and in
+//! excess loss above the synthetic corpus's entropy floor, and the throughput of each.
+//!
+//! How each number is taken:
+//! - `iota train`: a child process with `--eval-every` set to the merge interval, so it
+//!   evaluates at the same token counts as the network's merges (the mean loss on the first
+//!   `eval_samples` held-out windows, as always).
+//! - network: after every merge the merged model (the section checkpoints in the run's
+//!   storage) is evaluated in this process on the same held-out windows, boundary tensors
+//!   through the run's wire codec. A merge after `e * merge_every` completed samples has seen
+//!   exactly the tokens of `iota train`'s step `e * merge_every`.
+//! - throughput: `iota train`'s own tokens/s; the network's steady state from `iota local
+//!   --metrics-out` (first completed sample to the last status poll, merges included).
+//!
+//! Flags choose the network's variant (in-flight bound, local steps, weight stashing, learning
+//! rate schedule, outer step, merge operator and interval), so every ablation of the README's
+//! table is one command. `iota train` always runs with its defaults: it is the reference.
+
+use std::fs;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, bail};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::network::steady_state;
+use crate::cmd::local::{LocalArgs, generated_config};
+use crate::codec::WireDtype;
+use crate::data::{Dataset, Tokenizer};
+use crate::merge::{MergeOp, f32_from_le_bytes};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::model::layout::section_layout;
+use crate::model::pipeline::Pipeline;
+use crate::model::{ModelConfig, OptimizerConfig};
+use crate::orchestrator::RunConfig;
+use crate::storage::{RunKeys, StatePart, Storage};
+
+/// Held-out windows per evaluation (`iota train`'s default `eval_samples`).
+const EVAL_WINDOWS: usize = 32;
+
+/// Arguments of `iota bench learning`.
+#[derive(Debug, Args)]
+pub struct BenchLearningArgs {
+    /// Model preset.
+    #[arg(long, value_name = "NAME", default_value = "tiny")]
+    pub preset: String,
+    /// Token budget in samples (micro-batches): `iota train --steps N`, `iota local --samples N`.
+    #[arg(long, value_name = "N", default_value_t = 1500)]
+    pub samples: u64,
+    /// Miners per section in the network.
+    #[arg(long, value_name = "M", default_value_t = 1)]
+    pub miners_per_section: usize,
+    /// Windows per sample.
+    #[arg(long, value_name = "B", default_value_t = 4)]
+    pub batch_size: usize,
+    /// Tokens per window.
+    #[arg(long, value_name = "L", default_value_t = 64)]
+    pub seq_len: usize,
+    /// Peak learning rate (both runs).
+    #[arg(long, value_name = "LR", default_value_t = 0.003)]
+    pub lr: f64,
+    /// Samples per training epoch of the network, i.e. between merges (and between
+    /// evaluations of both runs).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub merge_every: u64,
+    /// Compute threads per miner.
+    #[arg(long, value_name = "T", default_value_t = 1)]
+    pub threads: usize,
+    /// Boundary encoding (both runs).
+    #[arg(long, value_name = "DTYPE", default_value = "bf16")]
+    pub wire: WireDtype,
+    /// Variant: forwards a miner may hold awaiting their backward.
+    #[arg(long, value_name = "K", default_value_t = 4)]
+    pub max_in_flight: usize,
+    /// Variant: miner optimizer step every N backwards.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub local_steps: u64,
+    /// Variant: recompute backwards at the current weights instead of the forward's.
+    #[arg(long)]
+    pub no_weight_stashing: bool,
+    /// Variant: constant learning rate after the warmup instead of `iota train`'s cosine.
+    #[arg(long)]
+    pub constant_lr: bool,
+    /// Variant: DiLoCo outer step `LR,MOMENTUM` on the merged parameters (e.g. 0.7,0.9).
+    #[arg(long, value_name = "LR,MOMENTUM")]
+    pub outer: Option<String>,
+    /// Variant: merge operator.
+    #[arg(long, value_name = "OP", default_value = "mean")]
+    pub merge_op: MergeOp,
+    /// Keep both runs (configs, logs, checkpoints, metrics) in this directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Reuse the `iota train` run already in `--dir` when it was made with the same preset,
+    /// budget, batch, sequence length, learning rate, interval and wire.
+    #[arg(long, requires = "dir")]
+    pub reuse_train: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long, value_name = "FILE.json")]
+    pub summary_out: Option<PathBuf>,
+}
+
+/// One evaluation point.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalPoint {
+    /// Samples trained on before the evaluation.
+    pub samples: u64,
+    /// Mean held-out loss.
+    pub eval_loss: f32,
+}
+
+/// What one side of the comparison measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Evaluations, in order.
+    pub evals: Vec<EvalPoint>,
+    /// Throughput (network: steady state).
+    pub tokens_per_s: f64,
+    /// Samples completed (network) or steps run (train).
+    pub completed: u64,
+    /// Samples dropped (network; 0 for train).
+    pub dropped: u64,
+}
+
+impl RunResult {
+    fn at(&self, samples: u64) -> Option<f32> {
+        self.evals
+            .iter()
+            .find(|p| p.samples == samples)
+            .map(|p| p.eval_loss)
+    }
+}
+
+/// The JSON summary (`--summary-out`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LearningSummary {
+    /// The network variant, as flags.
+    pub variant: String,
+    /// Samples of the budget.
+    pub samples: u64,
+    /// Tokens per sample.
+    pub tokens_per_sample: u64,
+    /// Entropy floor of the data (nats/token), when known.
+    pub entropy_floor: Option<f64>,
+    /// `iota train`.
+    pub train: RunResult,
+    /// The network.
+    pub network: RunResult,
+    /// Samples of the last point both evaluated.
+    pub final_samples: u64,
+    /// `iota train`'s eval loss there.
+    pub final_train: f32,
+    /// The network's eval loss there.
+    pub final_network: f32,
+    /// `(network - train) / train`, in %.
+    pub gap_pct: f64,
+    /// `(network - floor) / (train - floor)`: how many times the excess loss, when the floor
+    /// is known.
+    pub excess_ratio: Option<f64>,
+}
+
+/// The identity of an `iota train` reference run, for `--reuse-train`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct TrainKey {
+    preset: String,
+    samples: u64,
+    batch_size: usize,
+    seq_len: usize,
+    lr: f64,
+    merge_every: u64,
+    wire: String,
+}
+
+impl BenchLearningArgs {
+    fn train_key(&self) -> TrainKey {
+        TrainKey {
+            preset: self.preset.clone(),
+            samples: self.samples,
+            batch_size: self.batch_size,
+            seq_len: self.seq_len,
+            lr: self.lr,
+            merge_every: self.merge_every,
+            wire: self.wire.to_string(),
+        }
+    }
+
+    /// The variant as the flags that select it.
+    fn variant(&self) -> String {
+        let mut v = format!(
+            "--miners-per-section {} --max-in-flight {} --local-steps {} --merge-every {} --merge-op {}",
+            self.miners_per_section,
+            self.max_in_flight,
+            self.local_steps,
+            self.merge_every,
+            self.merge_op
+        );
+        if self.no_weight_stashing {
+            v.push_str(" --no-weight-stashing");
+        }
+        if self.constant_lr {
+            v.push_str(" --constant-lr");
+        }
+        if let Some(outer) = &self.outer {
+            v.push_str(&format!(" --outer {outer}"));
+        }
+        v
+    }
+}
+
+/// Parses `LR,MOMENTUM`.
+fn parse_outer(text: &str) -> anyhow::Result<(f64, f64)> {
+    let (lr, momentum) = text
+        .split_once(',')
+        .with_context(|| format!("--outer {text}: expected LR,MOMENTUM (e.g. 0.7,0.9)"))?;
+    let lr: f64 = lr
+        .trim()
+        .parse()
+        .with_context(|| format!("--outer {text}: bad learning rate"))?;
+    let momentum: f64 = momentum
+        .trim()
+        .parse()
+        .with_context(|| format!("--outer {text}: bad momentum"))?;
+    Ok((lr, momentum))
+}
+
+/// Runs `iota bench learning`.
+///
+/// # Errors
+/// Bad flags, or a run that fails.
+pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
+    if args.samples < args.merge_every || args.merge_every == 0 {
+        bail!(
+            "--samples ({}) must be at least --merge-every ({}), which must be positive",
+            args.samples,
+            args.merge_every
+        );
+    }
+    if let Some(outer) = &args.outer {
+        parse_outer(outer)?;
+    }
+    let cfg = ModelConfig::preset(&args.preset)?;
+    let (dir, temporary) = match &args.dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!("iota-bench-learning-{}", std::process::id())),
+            true,
+        ),
+    };
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let dir = dir.canonicalize().context("resolving --dir")?;
+    println!(
+        "iota bench learning: preset {}, {} samples of {} x {} tokens, network: {} sections, {}",
+        cfg.name,
+        args.samples,
+        args.batch_size,
+        args.seq_len,
+        cfg.n_sections(),
+        args.variant()
+    );
+    let result = compare(&args, &dir);
+    if temporary {
+        // Best effort: a leftover directory in the temp dir is harmless.
+        let _ = fs::remove_dir_all(&dir);
+    }
+    let summary = result?;
+    print_table(&summary);
+    if let Some(path) = &args.summary_out {
+        let text = serde_json::to_vec_pretty(&summary)?;
+        fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSummary> {
+    let train = run_train(args, &dir.join("train"))?;
+    let (network, floor) = run_network(args, &dir.join("network"))?;
+    let (final_samples, final_train, final_network) = network
+        .evals
+        .iter()
+        .rev()
+        .find_map(|p| Some((p.samples, train.at(p.samples)?, p.eval_loss)))
+        .context("the network made no evaluation at a point iota train also evaluated")?;
+    let gap_pct = f64::from(final_network - final_train) / f64::from(final_train) * 100.0;
+    let excess_ratio = floor.map(|f| (f64::from(final_network) - f) / (f64::from(final_train) - f));
+    Ok(LearningSummary {
+        variant: args.variant(),
+        samples: args.samples,
+        tokens_per_sample: (args.batch_size * args.seq_len) as u64,
+        entropy_floor: floor,
+        train,
+        network,
+        final_samples,
+        final_train,
+        final_network,
+        gap_pct,
+        excess_ratio,
+    })
+}
+
+/// Runs (or reuses) the `iota train` reference in `dir`.
+fn run_train(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> {
+    let key_path = dir.join("reference.json");
+    let result_path = dir.join("result.json");
+    if args.reuse_train
+        && let (Ok(key), Ok(result)) = (fs::read(&key_path), fs::read(&result_path))
+        && serde_json::from_slice::<TrainKey>(&key).ok() == Some(args.train_key())
+    {
+        eprintln!("reusing the iota train run in {}", dir.display());
+        return serde_json::from_slice(&result).context("reading the reused train result");
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let metrics = dir.join("metrics.jsonl");
+    let summary = dir.join("summary.json");
+    let exe = std::env::current_exe().context("locating the iota binary")?;
+    eprintln!("running iota train ({} steps)...", args.samples);
+    let out = Command::new(exe)
+        .arg("train")
+        .args(["--preset", &args.preset])
+        .args(["--steps", &args.samples.to_string()])
+        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--seq-len", &args.seq_len.to_string()])
+        .args(["--lr", &args.lr.to_string()])
+        .args(["--eval-every", &args.merge_every.to_string()])
+        .args(["--wire", &args.wire.to_string()])
+        .arg("--out")
+        .arg(dir.join("checkpoint"))
+        .arg("--metrics-out")
+        .arg(&metrics)
+        .arg("--summary-out")
+        .arg(&summary)
+        .arg("--quiet")
+        .stdin(Stdio::null())
+        .output()
+        .context("starting iota train")?;
+    if !out.status.success() {
+        bail!(
+            "iota train failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let text =
+        fs::read_to_string(&metrics).with_context(|| format!("reading {}", metrics.display()))?;
+    let summary: serde_json::Value = serde_json::from_slice(
+        &fs::read(&summary).with_context(|| format!("reading {}", summary.display()))?,
+    )?;
+    let mut evals = Vec::new();
+    if let Some(initial) = summary["initial_eval_loss"].as_f64() {
+        evals.push(EvalPoint {
+            samples: 0,
+            eval_loss: initial as f32,
+        });
+    }
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).context("a train metrics line")?;
+        if let (Some(step), Some(eval)) = (v["step"].as_u64(), v["eval_loss"].as_f64()) {
+            evals.push(EvalPoint {
+                samples: step,
+                eval_loss: eval as f32,
+            });
+        }
+    }
+    let result = RunResult {
+        evals,
+        tokens_per_s: summary["tokens_per_s"].as_f64().unwrap_or(0.0),
+        completed: summary["step"].as_u64().unwrap_or(0),
+        dropped: 0,
+    };
+    fs::write(&key_path, serde_json::to_vec(&args.train_key())?)?;
+    fs::write(&result_path, serde_json::to_vec(&result)?)?;
+    Ok(result)
+}
+
+/// Runs the network variant in `dir` and evaluates its merged checkpoints; also returns the
+/// data's entropy floor.
+fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResult, Option<f64>)> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let listen = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port")?;
+    let local = LocalArgs {
+        preset: args.preset.clone(),
+        sections: None,
+        miners_per_section: args.miners_per_section,
+        config: None,
+        data: "synthetic".into(),
+        dir: dir.to_path_buf(),
+        listen: Some(listen),
+        samples: Some(args.samples),
+        keep_running: false,
+        metrics_out: None,
+        seq_len: args.seq_len,
+        batch_size: args.batch_size,
+        lr: args.lr,
+        threads: args.threads,
+        device: DeviceKind::Cpu,
+        poll_ms: 500,
+        merge_every: args.merge_every,
+        merge_op: args.merge_op,
+    };
+    let mut config = generated_config(&local, dir, listen)?;
+    config["max_in_flight"] = json!(args.max_in_flight);
+    config["local_steps"] = json!(args.local_steps);
+    config["wire"] = json!(args.wire.to_string());
+    if args.no_weight_stashing {
+        config["weight_stashing"] = json!(false);
+    }
+    if args.constant_lr {
+        config["schedule"]["total_steps"] = json!(u64::MAX);
+        config["schedule"]["min_ratio"] = json!(1.0);
+    }
+    if let Some(outer) = &args.outer {
+        let (lr, momentum) = parse_outer(outer)?;
+        config["merge"]["outer"] = json!({ "lr": lr, "momentum": momentum });
+    }
+    let config_path = dir.join("run.yaml");
+    fs::write(&config_path, serde_norway::to_string(&config)?)
+        .with_context(|| format!("writing {}", config_path.display()))?;
+    let run_config = RunConfig::load(&config_path)?;
+    let metrics = dir.join("metrics.jsonl");
+    let log = dir.join("local.log");
+    let exe = std::env::current_exe().context("locating the iota binary")?;
+    eprintln!(
+        "running iota local ({} samples, {} miners per section)...",
+        args.samples, args.miners_per_section
+    );
+    let out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone().context("duplicating the log file")?;
+    let status = Command::new(exe)
+        .arg("local")
+        .arg("--config")
+        .arg(&config_path)
+        .args(["--samples", &args.samples.to_string()])
+        .args(["--miners-per-section", &args.miners_per_section.to_string()])
+        .args(["--threads", &args.threads.max(1).to_string()])
+        .args(["--listen", &listen.to_string()])
+        .args(["--poll-ms", "500"])
+        .arg("--dir")
+        .arg(dir)
+        .arg("--metrics-out")
+        .arg(&metrics)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .status()
+        .context("starting iota local")?;
+    if !status.success() {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(20).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("iota local failed ({status}):\n{}", tail.join("\n"));
+    }
+    let text =
+        fs::read_to_string(&metrics).with_context(|| format!("reading {}", metrics.display()))?;
+    let span = steady_state(&text).context("the network completed too few samples to measure")?;
+    let last: serde_json::Value = text
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .context("no status in the network's metrics")?;
+    let tokens_per_sample = args.batch_size * args.seq_len;
+    let task = CheckpointEval {
+        config: run_config,
+        batch: args.batch_size,
+        epochs: args.samples / args.merge_every,
+        merge_every: args.merge_every,
+    };
+    let (evals, floor) = dispatch(DeviceKind::Cpu, task).map_err(anyhow::Error::msg)??;
+    Ok((
+        RunResult {
+            evals,
+            tokens_per_s: span.tokens_per_s(tokens_per_sample),
+            completed: last["completed"].as_u64().unwrap_or(0),
+            dropped: last["dropped"].as_u64().unwrap_or(0),
+        },
+        floor,
+    ))
+}
+
+/// Evaluates the merged checkpoint of every epoch of a finished network run.
+struct CheckpointEval {
+    config: RunConfig,
+    batch: usize,
+    epochs: u64,
+    merge_every: u64,
+}
+
+impl BackendTask for CheckpointEval {
+    type Output = anyhow::Result<(Vec<EvalPoint>, Option<f64>)>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+        let c = &self.config;
+        let tokenizer = Tokenizer::load(c.data.tokenizer.as_deref())?;
+        let dataset = Dataset::load(&c.data.source, &tokenizer, c.seq_len, c.seed)?;
+        let windows: Vec<&[u32]> = (0..dataset.num_eval_windows().min(EVAL_WINDOWS))
+            .map(|i| dataset.eval_sample(i))
+            .collect();
+        let storage = Storage::open(&c.storage)?;
+        let keys = RunKeys::new(&c.run)?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?;
+        let mut pipeline = Pipeline::<B>::new(
+            &c.model,
+            c.seed,
+            OptimizerConfig::default(),
+            c.wire,
+            &device,
+        )?;
+        let mut evals = vec![EvalPoint {
+            samples: 0,
+            eval_loss: pipeline.eval_mean(&windows, self.batch)?,
+        }];
+        for epoch in 1..=self.epochs {
+            let mut complete = true;
+            for (index, section) in pipeline.sections_mut().iter_mut().enumerate() {
+                let key = keys.checkpoint(epoch, u32::try_from(index)?, StatePart::Flat);
+                let bytes = match runtime.block_on(storage.get(&key)) {
+                    Ok(bytes) => bytes,
+                    Err(_) => {
+                        complete = false;
+                        break;
+                    }
+                };
+                let flat = f32_from_le_bytes(&bytes)
+                    .with_context(|| format!("checkpoint {key}: length not a multiple of 4"))?;
+                section
+                    .import_flat(&section_layout(&c.model, index)?, &flat)
+                    .with_context(|| format!("checkpoint {key}"))?;
+            }
+            if !complete {
+                break;
+            }
+            evals.push(EvalPoint {
+                samples: epoch * self.merge_every,
+                eval_loss: pipeline.eval_mean(&windows, self.batch)?,
+            });
+        }
+        Ok((evals, dataset.entropy_floor()))
+    }
+}
+
+fn print_table(s: &LearningSummary) {
+    println!("\n samples     tokens  iota train  network    gap %");
+    for p in &s.network.evals {
+        let Some(train) = s.train.at(p.samples) else {
+            continue;
+        };
+        println!(
+            "{:>8}  {:>9}  {:>10.4}  {:>7.4}  {:>+7.2}",
+            p.samples,
+            p.samples * s.tokens_per_sample,
+            train,
+            p.eval_loss,
+            f64::from(p.eval_loss - train) / f64::from(train) * 100.0
+        );
+    }
+    println!(
+        "\nfinal (after {} samples): iota train {:.4}, network {:.4}: {:+.2}%",
+        s.final_samples, s.final_train, s.final_network, s.gap_pct
+    );
+    if let (Some(floor), Some(ratio)) = (s.entropy_floor, s.excess_ratio) {
+        println!(
+            "above the entropy floor {floor:.4}: iota train {:.4}, network {:.4} ({ratio:.2}x)",
+            f64::from(s.final_train) - floor,
+            f64::from(s.final_network) - floor
+        );
+    }
+    println!(
+        "tokens/s: iota train {:.0}, network {:.0} (steady state, merges included); network samples {} completed, {} dropped",
+        s.train.tokens_per_s, s.network.tokens_per_s, s.network.completed, s.network.dropped
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outer_step_flag_parses() {
+        assert_eq!(parse_outer("0.7,0.9").unwrap(), (0.7, 0.9));
+        assert!(parse_outer("0.7").is_err());
+        assert!(parse_outer("x,0.9").is_err());
+    }
+}

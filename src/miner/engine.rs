@@ -1,0 +1,661 @@
+//! The miner's compute without a network: decoded inputs in, outputs out, local optimizer
+//! steps. The miner loop ([`super::worker`]) drives it with what it downloads; a validator can
+//! drive another one with the same inputs, upstream gradients and order of work, and gets the
+//! same outputs, gradients and weights.
+//!
+//! # Semantics (what a replay must reproduce)
+//! - **Versions.** The weights a miner holds at the start of an epoch (the adopted merge, or
+//!   the seed's at epoch 0) are version 0; each applied optimizer step makes the next version.
+//!   Every forward reports the version it ran at.
+//! - **Forward** of a non-tail section runs at the current version and keeps the input (and,
+//!   with weight stashing, that version) until the sample's backward. At most `capacity`
+//!   samples are kept; the oldest is dropped first (the orchestrator gives a miner no more
+//!   forwards in flight than that, so a dropped one's backward never comes).
+//! - **Backward** recomputes the forward from the kept input at the version the forward used
+//!   (weight stashing, as PipeDream) — or at the current version when stashing is off — and
+//!   accumulates the parameter gradient.
+//! - **Tail**: loss, backward and accumulation at once, at the current version.
+//! - **Step**: after every `local_steps` backwards (the tail's included) the mean accumulated
+//!   gradient is applied with AdamW at learning rate `schedule.at(s)`, where `s` is the
+//!   largest sample id among those backwards. Sample ids are handed out in order by the
+//!   orchestrator, so `s` is the run's global progress: every miner, late joiners included,
+//!   is at the same point of one schedule, and a validator recomputes the rate from the
+//!   ledger instead of trusting the miner.
+//! - **Evaluation** forwards and losses always run at version 0 of the epoch (the merged
+//!   model), whatever training did since, and change nothing.
+
+use std::collections::HashMap;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+use thiserror::Error;
+
+use super::cache::{CachedInput, InputCache};
+use crate::merge::FlatLayout;
+use crate::model::section::Inner;
+use crate::model::{LrSchedule, ModelError, Section, SectionInput, SectionModel, StepOutcome};
+
+/// Why the engine could not do a piece of work.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// Wrong shapes, a non-finite loss, or a state that does not fit the section.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A backward for a sample whose forward input is not kept (never run here, dropped as
+    /// the oldest, or forgotten at the epoch's end).
+    #[error("no kept input for sample {sample}: its forward was evicted or done elsewhere")]
+    CacheMiss {
+        /// The sample.
+        sample: u64,
+    },
+}
+
+/// How the engine trains; the orchestrator announces these ([`crate::api::MinerSettings`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineSettings {
+    /// Optimizer step every this many backwards (at least 1).
+    pub local_steps: u64,
+    /// Learning rate by sample id (the run's global progress).
+    pub schedule: LrSchedule,
+    /// Recompute a backward at the weights its forward used (else at the current weights).
+    pub weight_stashing: bool,
+    /// Run a forward (and its backward) at the weights extrapolated to the step its gradient
+    /// will be applied at ([`Section::lookahead`]); implies weight stashing.
+    pub lookahead: bool,
+    /// Most forward inputs kept for their backward (at least 1).
+    pub capacity: usize,
+}
+
+/// Boundary activations or gradients in host memory, row-major `[batch, seq, width]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Activations {
+    /// Values.
+    pub data: Vec<f32>,
+    /// `[batch, seq, width]`.
+    pub shape: [usize; 3],
+}
+
+/// An optimizer step the engine took (or tried) after a backward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRecord {
+    /// Version of the weights after the step (unchanged when it was skipped).
+    pub version: u64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Samples whose gradients the step applied, in the order they were accumulated.
+    pub samples: Vec<u64>,
+    /// What the step did.
+    pub outcome: StepOutcome,
+}
+
+/// Result of a forward of a non-tail section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Forwarded {
+    /// Output activations to send to the next section.
+    pub output: Activations,
+    /// Version of the weights it ran at.
+    pub version: u64,
+    /// Steps of look-ahead applied to those weights (0 without look-ahead).
+    pub lookahead: u64,
+}
+
+/// What a kept sample's backward needs besides its input.
+struct Stash<B: AutodiffBackend> {
+    /// Version its forward ran at.
+    version: u64,
+    /// The weights its forward ran at (weight stashing).
+    weights: Option<SectionModel<B>>,
+}
+
+/// Result of the tail's loss + backward.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TailDone {
+    /// Mean cross-entropy of the micro-batch.
+    pub loss: f32,
+    /// Gradient with respect to the tail's input, to send back.
+    pub grad: Activations,
+    /// Version of the weights it ran at.
+    pub version: u64,
+    /// The step this backward completed, if any.
+    pub step: Option<StepRecord>,
+}
+
+/// Result of a backward of a non-tail section.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BackwardDone {
+    /// Gradient with respect to the section's input (None for the head).
+    pub grad: Option<Activations>,
+    /// Version of the weights the backward recomputed at.
+    pub version: u64,
+    /// The step this backward completed, if any.
+    pub step: Option<StepRecord>,
+}
+
+/// One section's training state driven by decoded inputs; see the module docs.
+pub struct Engine<B: AutodiffBackend> {
+    section: Section<B>,
+    settings: EngineSettings,
+    /// Forward inputs awaiting their backward.
+    cache: InputCache,
+    /// Version (and weights) each kept sample's forward ran at.
+    stashed: HashMap<u64, Stash<B>>,
+    /// Version 0 of the epoch, graph-free, for evaluation.
+    base: SectionModel<Inner<B>>,
+    /// Steps applied since version 0.
+    version: u64,
+    /// Samples accumulated for the next step.
+    step_samples: Vec<u64>,
+}
+
+impl<B: AutodiffBackend> std::fmt::Debug for Engine<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("section", &self.section)
+            .field("settings", &self.settings)
+            .field("version", &self.version)
+            .field("kept", &self.cache.len())
+            .finish()
+    }
+}
+
+impl<B: AutodiffBackend> Engine<B> {
+    /// An engine around `section`, whose current weights become version 0.
+    pub fn new(section: Section<B>, settings: EngineSettings) -> Self {
+        let base = section.weights().valid();
+        Self {
+            cache: InputCache::new(settings.capacity.max(1)),
+            section,
+            settings,
+            stashed: HashMap::new(),
+            base,
+            version: 0,
+            step_samples: Vec::new(),
+        }
+    }
+
+    /// The section (weights, optimizer, counters).
+    pub fn section(&self) -> &Section<B> {
+        &self.section
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &EngineSettings {
+        &self.settings
+    }
+
+    /// Version of the current weights (steps applied since version 0).
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Forward inputs kept for their backward.
+    pub fn kept(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// How many more forwards can be kept without dropping one.
+    pub fn free_slots(&self) -> usize {
+        self.cache.free()
+    }
+
+    /// Distinct weight versions kept for backwards (the memory cost of weight stashing: one
+    /// copy of the section's weights each, shared by the samples of that version; with
+    /// look-ahead every kept sample has its own).
+    pub fn held_versions(&self) -> usize {
+        let mut versions: Vec<u64> = self
+            .stashed
+            .values()
+            .filter(|s| s.weights.is_some())
+            .map(|s| s.version)
+            .collect();
+        versions.sort_unstable();
+        versions.dedup();
+        versions.len()
+    }
+
+    /// Starts an epoch at the weights held now: they become version 0 (and the evaluation
+    /// weights); kept inputs and accumulated gradients of the old epoch are dropped.
+    pub fn begin_epoch(&mut self) {
+        self.cache.clear();
+        self.stashed.clear();
+        self.step_samples.clear();
+        self.section.discard_grads();
+        self.base = self.section.weights().valid();
+        self.version = 0;
+    }
+
+    /// Loads a merged state (parameters and moments in `layout`) and begins an epoch at it.
+    /// `optimizer_step`, when given, becomes the AdamW step count (the bias corrections of
+    /// moments that already hold that many updates).
+    ///
+    /// # Errors
+    /// [`ModelError::Params`] when `flat` does not fit; nothing changes then.
+    pub fn adopt_flat(
+        &mut self,
+        layout: &FlatLayout,
+        flat: &[f32],
+        optimizer_step: Option<u64>,
+    ) -> Result<(), EngineError> {
+        self.section.import_flat(layout, flat)?;
+        if let Some(step) = optimizer_step {
+            self.section.set_optimizer_step(step);
+        }
+        self.begin_epoch();
+        Ok(())
+    }
+
+    /// Runs a non-tail section forward on `input` at the current version and keeps the input
+    /// for the sample's backward.
+    ///
+    /// # Errors
+    /// The tail, or an input of the wrong kind or shape.
+    pub fn forward(&mut self, sample: u64, input: CachedInput) -> Result<Forwarded, EngineError> {
+        let version = self.version;
+        // Steps that will be applied before this sample's backward (backwards come in the
+        // order of their forwards).
+        let ahead = if self.settings.lookahead {
+            (self.cache.len() as u64 + self.section.pending_backwards())
+                / self.settings.local_steps.max(1)
+        } else {
+            0
+        };
+        let (out, weights) = if ahead > 0 {
+            let lr = self.settings.schedule.at(sample);
+            let weights = self.section.lookahead(ahead, lr);
+            let out = self
+                .section
+                .forward_at(&weights.valid(), self.to_input(&input))?;
+            (out, Some(weights))
+        } else {
+            let out = self.section.forward(self.to_input(&input))?;
+            let stash = self.settings.weight_stashing || self.settings.lookahead;
+            (out, stash.then(|| self.section.weights()))
+        };
+        let output = to_host(out)?;
+        if let Some(evicted) = self.cache.insert(sample, input) {
+            self.stashed.remove(&evicted);
+        }
+        self.stashed.insert(sample, Stash { version, weights });
+        Ok(Forwarded {
+            output,
+            version,
+            lookahead: ahead,
+        })
+    }
+
+    /// The tail's loss against `targets` (`[batch, seq]` ids), its backward and the step it
+    /// completes, at the current version.
+    ///
+    /// # Errors
+    /// Not the tail, wrong shapes, or [`ModelError::NonFiniteLoss`] (nothing accumulated; the
+    /// next step is skipped).
+    pub fn train_tail(
+        &mut self,
+        sample: u64,
+        input: CachedInput,
+        targets: &[u32],
+        targets_shape: [usize; 2],
+    ) -> Result<TailDone, EngineError> {
+        let targets = self.token_tensor(targets, targets_shape);
+        let version = self.version;
+        let out = self.section.train_tail(self.owned_input(input), targets)?;
+        let grad = to_host(out.input_grad)?;
+        let step = self.after_backward(sample);
+        Ok(TailDone {
+            loss: out.loss,
+            grad,
+            version,
+            step,
+        })
+    }
+
+    /// The backward of `sample` with the upstream gradient `upstream`: recomputes the forward
+    /// from the kept input (at the forward's version with stashing), accumulates, and steps
+    /// when `local_steps` backwards are in.
+    ///
+    /// # Errors
+    /// [`EngineError::CacheMiss`], or an upstream gradient of the wrong shape (the input is
+    /// not kept then either: the sample is lost to this miner).
+    pub fn backward(
+        &mut self,
+        sample: u64,
+        upstream: Activations,
+    ) -> Result<BackwardDone, EngineError> {
+        let input = self
+            .cache
+            .take(sample)
+            .ok_or(EngineError::CacheMiss { sample })?;
+        let (version, weights) = match self.stashed.remove(&sample) {
+            Some(Stash {
+                version,
+                weights: Some(weights),
+            }) => (version, weights),
+            _ => (self.version, self.section.weights()),
+        };
+        let upstream = Tensor::<Inner<B>, 3>::from_data(
+            TensorData::new(upstream.data, upstream.shape),
+            self.section.device(),
+        );
+        let input = self.owned_input(input);
+        let grad = self.section.backward_at(&weights, input, upstream)?;
+        let grad = grad.map(to_host).transpose()?;
+        let step = self.after_backward(sample);
+        Ok(BackwardDone {
+            grad,
+            version,
+            step,
+        })
+    }
+
+    /// An evaluation forward of a non-tail section at version 0 (nothing kept or counted).
+    ///
+    /// # Errors
+    /// The tail, or an input of the wrong kind or shape.
+    pub fn eval_forward(&self, input: &CachedInput) -> Result<Activations, EngineError> {
+        let out = self.section.forward_at(&self.base, self.to_input(input))?;
+        Ok(to_host(out)?)
+    }
+
+    /// The tail's evaluation loss at version 0 (no gradient, no step).
+    ///
+    /// # Errors
+    /// Not the tail, or wrong shapes.
+    pub fn eval_tail(
+        &self,
+        input: &CachedInput,
+        targets: &[u32],
+        targets_shape: [usize; 2],
+    ) -> Result<f32, EngineError> {
+        let targets = self.token_tensor(targets, targets_shape);
+        Ok(self
+            .section
+            .eval_loss_at(&self.base, self.to_input(input), targets)?)
+    }
+
+    /// Counts a backward and steps when `local_steps` of them are in.
+    fn after_backward(&mut self, sample: u64) -> Option<StepRecord> {
+        self.step_samples.push(sample);
+        if self.section.pending_backwards() < self.settings.local_steps.max(1) {
+            return None;
+        }
+        let at = self.step_samples.iter().copied().max().unwrap_or(sample);
+        let lr = self.settings.schedule.at(at);
+        let outcome = self.section.step(lr);
+        if matches!(outcome, StepOutcome::Applied { .. }) {
+            self.version += 1;
+        }
+        Some(StepRecord {
+            version: self.version,
+            lr,
+            samples: std::mem::take(&mut self.step_samples),
+            outcome,
+        })
+    }
+
+    fn to_input(&self, input: &CachedInput) -> SectionInput<Inner<B>> {
+        match input {
+            CachedInput::Tokens { ids, shape } => {
+                SectionInput::Tokens(self.token_tensor(ids, *shape))
+            }
+            CachedInput::Hidden { data, shape } => SectionInput::Hidden(Tensor::from_data(
+                TensorData::new(data.clone(), *shape),
+                self.section.device(),
+            )),
+        }
+    }
+
+    fn owned_input(&self, input: CachedInput) -> SectionInput<Inner<B>> {
+        match input {
+            CachedInput::Tokens { ids, shape } => {
+                SectionInput::Tokens(self.token_tensor(&ids, shape))
+            }
+            CachedInput::Hidden { data, shape } => SectionInput::Hidden(Tensor::from_data(
+                TensorData::new(data, shape),
+                self.section.device(),
+            )),
+        }
+    }
+
+    fn token_tensor(&self, ids: &[u32], shape: [usize; 2]) -> Tensor<Inner<B>, 2, Int> {
+        let data: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
+        Tensor::from_data(TensorData::new(data, shape), self.section.device())
+    }
+}
+
+/// Copies a boundary tensor to host memory.
+fn to_host<B: burn::tensor::backend::Backend>(t: Tensor<B, 3>) -> Result<Activations, ModelError> {
+    let shape = t.dims();
+    let data = t
+        .into_data()
+        .to_vec::<f32>()
+        .map_err(|e| ModelError::Shape(format!("reading a boundary tensor: {e:?}")))?;
+    Ok(Activations { data, shape })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{self, WireDtype};
+    use crate::model::pipeline::Pipeline;
+    use crate::model::{ModelConfig, OptimizerConfig, TestAutodiff};
+
+    type E = Engine<TestAutodiff>;
+
+    fn cfg() -> ModelConfig {
+        let mut cfg = ModelConfig::preset("tiny").unwrap();
+        cfg.max_seq_len = 8;
+        cfg
+    }
+
+    fn schedule() -> LrSchedule {
+        LrSchedule {
+            peak: 1e-2,
+            warmup_steps: 2,
+            total_steps: 10,
+            min_ratio: 0.1,
+        }
+    }
+
+    fn engine(index: usize, stashing: bool, local_steps: u64) -> E {
+        let section = Section::new(
+            &cfg(),
+            index,
+            3,
+            OptimizerConfig::default(),
+            &Default::default(),
+        )
+        .unwrap();
+        Engine::new(
+            section,
+            EngineSettings {
+                local_steps,
+                schedule: schedule(),
+                weight_stashing: stashing,
+                lookahead: false,
+                capacity: 4,
+            },
+        )
+    }
+
+    /// Windows of 9 tokens for sample `s` (2 per sample).
+    fn windows(s: u64) -> Vec<Vec<u32>> {
+        (0..2)
+            .map(|w| {
+                (0..9)
+                    .map(|i| ((s * 31 + w * 7 + i * 13) % 251) as u32)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn split(s: u64) -> (CachedInput, Vec<u32>) {
+        let (mut ids, mut targets) = (Vec::new(), Vec::new());
+        for w in windows(s) {
+            ids.extend_from_slice(&w[..8]);
+            targets.extend_from_slice(&w[1..]);
+        }
+        (CachedInput::Tokens { ids, shape: [2, 8] }, targets)
+    }
+
+    /// What crossing the wire does to a boundary tensor.
+    fn wire(a: Activations) -> Activations {
+        let bytes = codec::encode(&a.shape, &a.data, WireDtype::Bf16).unwrap();
+        Activations {
+            data: codec::decode_expecting(&bytes, &a.shape).unwrap().data,
+            shape: a.shape,
+        }
+    }
+
+    fn hidden(a: Activations) -> CachedInput {
+        let a = wire(a);
+        CachedInput::Hidden {
+            data: a.data,
+            shape: a.shape,
+        }
+    }
+
+    /// One sample through three engines, one at a time (in flight 1); returns the loss.
+    fn through(engines: &mut [E], s: u64) -> f32 {
+        let (tokens, targets) = split(s);
+        let a = engines[0].forward(s, tokens).unwrap().output;
+        let b = engines[1].forward(s, hidden(a)).unwrap().output;
+        let tail = engines[2]
+            .train_tail(s, hidden(b), &targets, [2, 8])
+            .unwrap();
+        let g = engines[1]
+            .backward(s, wire(tail.grad))
+            .unwrap()
+            .grad
+            .unwrap();
+        assert!(engines[0].backward(s, wire(g)).unwrap().grad.is_none());
+        tail.loss
+    }
+
+    #[test]
+    fn engines_one_sample_at_a_time_equal_the_single_process_chain() {
+        let mut engines: Vec<E> = (0..3).map(|i| engine(i, true, 1)).collect();
+        let mut chain = Pipeline::<TestAutodiff>::new(
+            &cfg(),
+            3,
+            OptimizerConfig::default(),
+            WireDtype::Bf16,
+            &Default::default(),
+        )
+        .unwrap();
+        for s in 0..6 {
+            let loss = through(&mut engines, s);
+            let w = windows(s);
+            let refs: Vec<&[u32]> = w.iter().map(Vec::as_slice).collect();
+            let expected = chain.train_batch(&refs).unwrap().loss;
+            chain.step(schedule().at(s));
+            assert_eq!(loss, expected, "sample {s}");
+        }
+        for (e, c) in engines.iter().zip(chain.sections()) {
+            assert_eq!(e.section().export_params(), c.export_params());
+            assert_eq!(e.version(), 6);
+        }
+    }
+
+    fn activations(s: u64) -> Activations {
+        let w = cfg().boundary_width();
+        Activations {
+            data: (0..2 * 8 * w)
+                .map(|i| ((i as u64 * 3 + s) as f32 * 0.37).sin())
+                .collect(),
+            shape: [2, 8, w],
+        }
+    }
+
+    fn input(s: u64) -> CachedInput {
+        let a = activations(s + 100);
+        CachedInput::Hidden {
+            data: a.data,
+            shape: a.shape,
+        }
+    }
+
+    /// Body engine: forwards of samples 0 and 1, then their backwards; the step after the
+    /// first backward moves the weights before the second. Returns sample 1's input gradient
+    /// and the version its backward reported.
+    fn second_backward(stashing: bool) -> (Activations, u64, E) {
+        let mut body = engine(1, stashing, 1);
+        assert_eq!(body.forward(0, input(0)).unwrap().version, 0);
+        assert_eq!(body.forward(1, input(1)).unwrap().version, 0);
+        assert_eq!(body.held_versions(), usize::from(stashing));
+        let first = body.backward(0, activations(0)).unwrap();
+        let step = first.step.unwrap();
+        assert_eq!((step.version, step.samples), (1, vec![0]));
+        let done = body.backward(1, activations(1)).unwrap();
+        (done.grad.unwrap(), done.version, body)
+    }
+
+    #[test]
+    fn a_stashed_backward_recomputes_at_the_weights_of_its_forward() {
+        let (stashed, version, body) = second_backward(true);
+        assert_eq!(version, 0);
+        assert_eq!(body.version(), 2);
+        assert_eq!(
+            body.held_versions(),
+            0,
+            "no kept sample needs an old version"
+        );
+        // The same backward on a fresh engine, at version 0.
+        let mut fresh = engine(1, true, 1);
+        fresh.forward(1, input(1)).unwrap();
+        let reference = fresh.backward(1, activations(1)).unwrap().grad.unwrap();
+        assert_eq!(stashed, reference);
+        // Without stashing the backward runs at version 1 and its gradient differs.
+        let (current, version, _) = second_backward(false);
+        assert_eq!(version, 1);
+        assert_ne!(current, reference);
+    }
+
+    #[test]
+    fn evaluation_runs_at_version_zero_and_changes_nothing() {
+        let mut body = engine(1, true, 1);
+        let before = body.eval_forward(&input(5)).unwrap();
+        body.forward(0, input(0)).unwrap();
+        body.backward(0, activations(0)).unwrap();
+        assert_eq!(body.version(), 1);
+        let params = body.section().export_params();
+        assert_eq!(body.eval_forward(&input(5)).unwrap(), before);
+        assert_eq!(body.section().export_params(), params);
+        assert_ne!(body.forward(9, input(5)).unwrap().output, before);
+        // A new epoch starts at the current weights and forgets kept inputs.
+        body.begin_epoch();
+        assert_eq!((body.version(), body.kept()), (0, 0));
+        assert_ne!(body.eval_forward(&input(5)).unwrap(), before);
+        assert!(matches!(
+            body.backward(9, activations(9)),
+            Err(EngineError::CacheMiss { sample: 9 })
+        ));
+    }
+
+    #[test]
+    fn local_steps_accumulate_and_take_the_rate_of_the_latest_sample() {
+        let mut body = engine(1, true, 2);
+        for s in [4, 2] {
+            body.forward(s, input(s)).unwrap();
+        }
+        assert!(body.backward(4, activations(4)).unwrap().step.is_none());
+        let step = body.backward(2, activations(2)).unwrap().step.unwrap();
+        assert_eq!(step.samples, vec![4, 2]);
+        assert_eq!(step.lr, schedule().at(4));
+        assert_eq!(body.version(), 1);
+    }
+
+    #[test]
+    fn the_oldest_kept_input_is_dropped_when_full() {
+        let mut body = engine(1, true, 1);
+        for s in 0..5 {
+            body.forward(s, input(s)).unwrap();
+        }
+        assert_eq!(body.kept(), 4);
+        assert!(matches!(
+            body.backward(0, activations(0)),
+            Err(EngineError::CacheMiss { sample: 0 })
+        ));
+        assert!(body.backward(4, activations(4)).is_ok());
+    }
+}

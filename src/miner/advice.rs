@@ -68,6 +68,10 @@ mod tests {
         assert!(expired.advice().unwrap().contains("clock"));
         let oom = MinerError::Weights("CUDA_ERROR_OUT_OF_MEMORY while loading".into());
         assert_eq!(oom.advice().as_deref(), Some(OUT_OF_MEMORY));
-        assert!(MinerError::CacheMiss { sample: 1 }.advice().is_none());
+        let malformed = MinerError::Malformed {
+            id: 1,
+            reason: "no output URL".into(),
+        };
+        assert!(malformed.advice().is_none());
     }
 }

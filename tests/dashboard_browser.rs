@@ -112,6 +112,17 @@ fn dashboard_shows_the_miners_of_a_local_network() {
     let history = http_get(&format!("{url}/api/history")).expect("history");
     let history: serde_json::Value = serde_json::from_str(&history).unwrap();
     assert!(history["points"].as_array().unwrap().len() >= 20);
+    // The first epoch's merge finished in each of the 3 sections, every partition judged.
+    let merges = history["merges"].as_array().unwrap();
+    let first: Vec<_> = merges.iter().filter(|m| m["epoch"] == 0).collect();
+    assert_eq!(first.len(), 3, "{history}");
+    for m in &first {
+        let judged: u64 = ["agreed", "single", "recomputed", "fallback"]
+            .iter()
+            .map(|k| m[k].as_u64().unwrap())
+            .sum();
+        assert!(judged >= 1, "{m}");
+    }
 
     let (dom, console) = browse(browser, &format!("{url}/"), &["--dump-dom"]);
     assert!(
@@ -129,6 +140,12 @@ fn dashboard_shows_the_miners_of_a_local_network() {
         "script errors:\n{dom}"
     );
     assert!(dom.contains("<path"), "no curve drawn:\n{dom}");
+    for section in 0..3 {
+        assert!(
+            dom.contains(&format!("data-merge=\"0/{section}\"")),
+            "merge of section {section} not drawn:\n{dom}"
+        );
+    }
     for bad in ["Uncaught", "refresh failed", ":ERROR:CONSOLE"] {
         assert!(!console.contains(bad), "console: {console}");
     }

@@ -129,7 +129,10 @@ function drawMiners(status, scores) {
       const state = m.last_seen_s < 15 ? "active" : m.last_seen_s < 120 ? "stale" : "gone";
       row.appendChild(el("span", { class: "dot " + state, title: state + ", seen " + fmt(m.last_seen_s, 0) + " s ago" }));
       row.appendChild(el("span", { class: "mono" }, short(m.hotkey)));
-      const score = scores.has(m.hotkey) ? ` · weight ${fmt(scores.get(m.hotkey), 3)}` : "";
+      const w = scores.weight.get(m.hotkey);
+      const sc = scores.score.get(m.hotkey);
+      const score = (w !== undefined ? ` · weight ${fmt(w, 3)}` : "") +
+        (sc !== undefined ? ` · score ${fmt(sc.reduce((a, b) => a + b, 0) / sc.length, 3)}` : "");
       row.appendChild(el("span", {}, `fwd ${m.forwards} · bwd ${m.backwards} · pen ${m.penalties} · w${m.weights_epoch}${score}`));
       card.appendChild(row);
     }
@@ -184,6 +187,49 @@ function drawMerges(merge) {
   }
 }
 
+// Partition verdicts of every finished section merge as stacked bars, flags on top.
+function drawMergeHistory(history) {
+  const svg = document.getElementById("merge-history");
+  svg.replaceChildren();
+  const merges = history && history.merges ? history.merges : [];
+  if (merges.length === 0) {
+    const t = svgEl("text", { x: 320, y: 80, "text-anchor": "middle" });
+    t.textContent = "no merge finished yet";
+    svg.appendChild(t);
+    return;
+  }
+  const W = 640, H = 160, B = 28, T = 16;
+  const kinds = [["agreed", "#3fb950"], ["single", "#4fb3ff"], ["recomputed", "#d29922"], ["fallback", "#f85149"]];
+  const total = (m) => kinds.reduce((n, [k]) => n + m[k], 0);
+  const max = Math.max(1, ...merges.map(total));
+  const w = (W - 20) / merges.length;
+  merges.forEach((m, i) => {
+    let y = H - B;
+    const g = svgEl("g", { "data-merge": `${m.epoch}/${m.section}` });
+    const detail = kinds.map(([k]) => `${k} ${m[k]}`).join(", ");
+    const flags = m.flags.map(([hotkey, p, reason]) => `${short(hotkey)} p${p} ${reason}`).join("; ");
+    const tip = svgEl("title", {});
+    tip.textContent = `epoch ${m.epoch} section ${m.section}: ${detail}` + (flags ? ` · flagged: ${flags}` : "");
+    g.appendChild(tip);
+    for (const [k, color] of kinds) {
+      const h = ((H - B - T) * m[k]) / max;
+      if (h > 0) g.appendChild(svgEl("rect", { x: 10 + i * w + 1, y: y - h, width: Math.max(1, w - 2), height: h, fill: color }));
+      y -= h;
+    }
+    if (m.flags.length) {
+      const f = svgEl("text", { x: 10 + i * w + w / 2, y: y - 3, "text-anchor": "middle", fill: "#f85149" });
+      f.textContent = "⚑" + m.flags.length;
+      g.appendChild(f);
+    }
+    svg.appendChild(g);
+    if (merges.length <= 24 || i % Math.ceil(merges.length / 24) === 0) {
+      const t = svgEl("text", { x: 10 + i * w + w / 2, y: H - B + 14, "text-anchor": "middle" });
+      t.textContent = `e${m.epoch}s${m.section}`;
+      svg.appendChild(t);
+    }
+  });
+}
+
 function drawWeights(weights) {
   const box = document.getElementById("weights");
   box.replaceChildren();
@@ -235,13 +281,22 @@ async function refresh() {
       getJson("/api/status"), getJson("/api/merge/status"), getJson("/api/history"), getJson("/api/weights"),
     ]);
     if (!status) throw new Error("/api/status did not answer");
-    const scores = new Map(weights && weights.combined ? weights.combined : []);
+    // Combined published weight, and each validator's score of the miner (averaged).
+    const scores = { weight: new Map(weights && weights.combined ? weights.combined : []), score: new Map() };
+    for (const v of weights && weights.validators ? weights.validators : []) {
+      for (const mw of v.weights || []) {
+        if (!mw.parts || typeof mw.parts.score !== "number") continue;
+        if (!scores.score.has(mw.hotkey)) scores.score.set(mw.hotkey, []);
+        scores.score.get(mw.hotkey).push(mw.parts.score);
+      }
+    }
     drawHeader(status, merge);
     drawLoss(history, merge);
     drawThroughput(history);
     drawMiners(status, scores);
     drawWork(status);
     drawMerges(merge);
+    drawMergeHistory(history);
     drawWeights(weights);
     document.body.dataset.ready = "1";
   } catch (e) {

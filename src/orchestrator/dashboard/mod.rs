@@ -11,7 +11,7 @@ use axum::routing::get;
 use serde::{Deserialize, Serialize};
 
 use super::http_error::HttpError;
-use super::repo::LossPoint;
+use super::repo::{LossPoint, MergeRecord};
 use super::state::AppState;
 
 /// The page.
@@ -20,6 +20,8 @@ const INDEX_HTML: &str = include_str!("index.html");
 const DASHBOARD_JS: &str = include_str!("dashboard.js");
 /// Most loss points `/api/history` returns.
 pub const MAX_POINTS: usize = 5000;
+/// Epochs of merge history `/api/history` returns.
+pub const MERGE_EPOCHS: u64 = 50;
 
 /// The dashboard's routes: `/`, `/dashboard.js`, `/api/history`.
 pub fn routes() -> Router<AppState> {
@@ -56,13 +58,16 @@ pub struct HistoryQuery {
     pub limit: Option<usize>,
 }
 
-/// `GET /api/history`: the loss of the most recent completed samples, oldest first.
+/// `GET /api/history`: the loss of the most recent completed samples and the finished merges
+/// of the last [`MERGE_EPOCHS`] epochs, oldest first.
 #[derive(Debug, Clone, Serialize)]
 pub struct History {
     /// Tokens per sample (`batch_size * seq_len`), to turn completions into tokens/s.
     pub tokens_per_sample: u64,
     /// The points.
     pub points: Vec<LossPoint>,
+    /// Finished section merges: verdict counts and flagged mergers.
+    pub merges: Vec<MergeRecord>,
 }
 
 async fn history(
@@ -71,8 +76,10 @@ async fn history(
 ) -> Result<Json<History>, HttpError> {
     let limit = q.limit.unwrap_or(MAX_POINTS).clamp(1, MAX_POINTS);
     let points = state.repo.loss_history(limit)?;
+    let merges = state.repo.merge_history(MERGE_EPOCHS)?;
     Ok(Json(History {
         tokens_per_sample: (state.config.batch_size * state.config.seq_len) as u64,
         points,
+        merges,
     }))
 }

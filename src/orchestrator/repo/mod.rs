@@ -39,7 +39,7 @@ mod tests;
 mod validation;
 
 pub use db::Repository;
-pub use history::LossPoint;
+pub use history::{LossPoint, MergeRecord};
 pub use merge::{
     CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
 };

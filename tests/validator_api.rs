@@ -89,6 +89,7 @@ fn weights(epoch: u64, burn: f64, w: &[(&Hotkey, f64)]) -> WeightSubmission {
                     penalties: vec![],
                     penalty: 0.0,
                     flags: vec![],
+                    notes: vec![],
                     score: *x,
                 },
             })

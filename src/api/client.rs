@@ -21,6 +21,11 @@ use super::types::{
     ReleaseRequest, RunInfo, StatusResponse, SubmitRequest, SubmitResponse, WorkRequest,
     WorkResponse,
 };
+use super::validator::{
+    EpochLedger, LedgerRequest, MergeRecord, MergeRecordRequest, MetagraphView, MinerWork,
+    MinerWorkRequest, SampleBlobs, SamplesRequest, ValidatorRegisterRequest,
+    ValidatorRegisterResponse, WeightSubmission,
+};
 use crate::storage::retry::{RetryPolicy, is_transient_error, is_transient_status};
 use crate::wallet::keys::Hotkey;
 use crate::wallet::signing::sign_request;
@@ -347,6 +352,86 @@ impl ApiClient {
     /// As [`Self::connect`].
     pub async fn merge_status(&self) -> Result<MergeStatus, ClientError> {
         self.get("/api/merge/status").await
+    }
+
+    /// `POST /api/validator/register` (the client's hotkey must be a listed validator).
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn register_validator(
+        &self,
+        req: &ValidatorRegisterRequest,
+    ) -> Result<ValidatorRegisterResponse, ClientError> {
+        self.post("/api/validator/register", req).await
+    }
+
+    /// `POST /api/validator/ledger`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn ledger(&self, epoch: u64) -> Result<EpochLedger, ClientError> {
+        self.post("/api/validator/ledger", &LedgerRequest { epoch })
+            .await
+    }
+
+    /// `POST /api/validator/work`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn miner_work(&self, epoch: u64, miner: &str) -> Result<MinerWork, ClientError> {
+        let req = MinerWorkRequest {
+            epoch,
+            miner: miner.to_string(),
+        };
+        self.post("/api/validator/work", &req).await
+    }
+
+    /// `POST /api/validator/merge`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn merge_record(
+        &self,
+        epoch: u64,
+        section: usize,
+    ) -> Result<MergeRecord, ClientError> {
+        self.post(
+            "/api/validator/merge",
+            &MergeRecordRequest { epoch, section },
+        )
+        .await
+    }
+
+    /// `POST /api/validator/samples`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn sample_blobs(
+        &self,
+        epoch: u64,
+        samples: Vec<u64>,
+    ) -> Result<SampleBlobs, ClientError> {
+        self.post("/api/validator/samples", &SamplesRequest { epoch, samples })
+            .await
+    }
+
+    /// `POST /api/weights`.
+    ///
+    /// # Errors
+    /// As [`Self::register`].
+    pub async fn publish_weights(
+        &self,
+        req: &WeightSubmission,
+    ) -> Result<SubmitResponse, ClientError> {
+        self.post("/api/weights", req).await
+    }
+
+    /// `GET /api/weights`.
+    ///
+    /// # Errors
+    /// As [`Self::connect`].
+    pub async fn metagraph(&self) -> Result<MetagraphView, ClientError> {
+        self.get("/api/weights").await
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {

@@ -451,6 +451,9 @@ pub struct ScoreParts {
     pub penalty: f64,
     /// Why the miner is flagged (empty when it is not).
     pub flags: Vec<String>,
+    /// What the checks measured, in words (evidence for the flags and factors).
+    #[serde(default)]
+    pub notes: Vec<String>,
     /// The score.
     pub score: f64,
 }

@@ -19,6 +19,7 @@ pub mod setup;
 pub mod status;
 pub mod tokenizer;
 pub mod train;
+pub mod validate;
 pub mod wallet;
 
 /// Command-line interface of the `iota` binary.
@@ -57,6 +58,8 @@ pub enum Command {
     Orchestrate(orchestrate::OrchestrateArgs),
     /// Serve one section of a run's model for an orchestrator (a miner).
     Mine(mine::MineArgs),
+    /// Check miners' work (replays, CLASP, copies, merges) and publish weights for a run.
+    Validate(validate::ValidateArgs),
     /// A whole network on this machine: an orchestrator and miners as child processes.
     Local(local::LocalArgs),
     /// Offline tokenizer tools (train a byte-level BPE).
@@ -86,6 +89,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Tokenizer(args) => tokenizer::run(args),
         Command::Orchestrate(args) => orchestrate::run(args),
         Command::Mine(args) => mine::run(args),
+        Command::Validate(args) => validate::run(args),
         Command::Local(args) => local::run(args),
         Command::Wallet(args) => wallet::run(args),
         Command::Register(args) => register::run(args),

@@ -67,6 +67,19 @@ pub struct EngineSettings {
     pub capacity: usize,
 }
 
+impl EngineSettings {
+    /// The settings every miner of a run uses (a validator's replay uses the same).
+    pub fn for_miner(settings: &crate::api::MinerSettings) -> Self {
+        Self {
+            local_steps: settings.local_steps.max(1),
+            schedule: settings.schedule,
+            weight_stashing: true,
+            lookahead: false,
+            capacity: settings.max_in_flight.max(1),
+        }
+    }
+}
+
 /// Boundary activations or gradients in host memory, row-major `[batch, seq, width]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Activations {

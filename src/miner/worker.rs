@@ -223,16 +223,7 @@ async fn mine<B: AutodiffBackend>(
         settings.optimizer,
         &device,
     )?;
-    let engine = Engine::new(
-        section,
-        EngineSettings {
-            local_steps: settings.local_steps.max(1),
-            schedule: settings.schedule,
-            weight_stashing: true,
-            lookahead: false,
-            capacity: settings.max_in_flight.max(1),
-        },
-    );
+    let engine = Engine::new(section, EngineSettings::for_miner(&settings));
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
     let view = super::status_line::SharedView::default();

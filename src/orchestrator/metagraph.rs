@@ -178,6 +178,7 @@ mod tests {
             penalties: vec![],
             penalty: 0.0,
             flags: vec![],
+            notes: vec![],
             score: 1.0,
         };
         let w = |h: &str, x: f64| MinerWeight {

@@ -8,17 +8,35 @@
 //! - [`weights`]: normalization into a weight vector with the run's burn share.
 //! - [`replay`]: replaying a miner's recorded work and comparing what it uploaded.
 //! - [`fetch`]: downloading work items and states through the orchestrator's URLs.
+//! - [`merge_check`]: recomputing merged partitions from their sources.
+//! - [`uploads`]: start states, uploads that did not train, copies between uploaders.
+//! - [`quality`]: upload quality (held-out loss with a section replaced by an upload).
+//! - [`tracking`]: secret, stable choices of what to check (miners, partitions, samples).
+//! - [`window`]: one epoch's checks, scores and weight vector.
+//! - [`history`]: the windows validated so far, on disk.
+//! - [`runner`]: the loop of `iota validate`.
+//! - [`chain`]: where weight vectors go ([`chain::WeightsChain`]; today only the local
+//!   metagraph).
 
+pub mod chain;
 pub mod clasp;
 pub mod compare;
 pub mod copy;
 pub mod fetch;
+pub mod history;
+pub mod merge_check;
+pub mod quality;
 pub mod replay;
+pub mod runner;
 pub mod score;
+pub mod tracking;
+pub mod uploads;
 pub mod weights;
+pub mod window;
 
 pub use clasp::{ClaspConfig, ClaspReport, LedgerEntry, MinerEffect, estimate};
 pub use compare::{Comparison, Similarity, failure, similarity};
 pub use copy::{CopyDetector, CopyFlag};
+pub use runner::{ValidatorError, ValidatorOptions, ValidatorReport, run_validator};
 pub use score::{PenaltyKind, PenaltyWeights, ScoreInput, ScoreParts, score};
 pub use weights::{WeightVector, normalize};

@@ -6,17 +6,14 @@
 //! The core ([`Replayer`]) takes decoded items, so the network driver
 //! ([`super::fetch::load_item`]) and `iota bench validate` (in-memory traces) share it.
 
-use std::collections::HashMap;
-
 use burn::tensor::backend::AutodiffBackend;
-use burn::tensor::{Int, Tensor, TensorData};
 
 use super::compare::{Comparison, Similarity, failure, similarity};
 use crate::api::{MinerSettings, ReplaySettings, WorkKind};
 use crate::merge::FlatLayout;
 use crate::miner::CachedInput;
-use crate::model::section::Inner;
-use crate::model::{ModelError, Section, SectionInput};
+use crate::miner::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
+use crate::model::{ModelError, StepOutcome};
 
 /// One piece of a miner's work, decoded.
 #[derive(Debug, Clone, PartialEq)]
@@ -107,48 +104,41 @@ impl ReplayStats {
     }
 }
 
-/// Replays one miner's work on its section; see the module docs.
+/// Replays one miner's work through the miner's own compute engine; see the module docs.
 pub struct Replayer<B: AutodiffBackend> {
-    section: Section<B>,
-    settings: MinerSettings,
+    engine: Engine<B>,
     replay: ReplaySettings,
-    kept: HashMap<u64, CachedInput>,
-    /// Learning-rate schedule index of the next step (the miner's step count).
-    step_index: u64,
     stats: ReplayStats,
 }
 
 impl<B: AutodiffBackend> std::fmt::Debug for Replayer<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replayer")
-            .field("section", &self.section)
+            .field("engine", &self.engine)
             .field("stats", &self.stats)
             .finish()
     }
 }
 
 impl<B: AutodiffBackend> Replayer<B> {
-    /// A replay starting from `section` as it is now (the epoch's starting weights), whose
-    /// next optimizer step is the miner's `step_index`-th.
-    pub fn new(
-        section: Section<B>,
-        settings: MinerSettings,
-        replay: ReplaySettings,
-        step_index: u64,
-    ) -> Self {
+    /// A replay on `engine`, whose weights are the epoch's starting ones (version 0), set up
+    /// as the miner's ([`EngineSettings::for_miner`]).
+    pub fn new(engine: Engine<B>, replay: ReplaySettings) -> Self {
         Self {
-            section,
-            settings,
+            engine,
             replay,
-            kept: HashMap::new(),
-            step_index,
             stats: ReplayStats::default(),
         }
     }
 
-    /// The section as the replay has left it.
-    pub fn section(&self) -> &Section<B> {
-        &self.section
+    /// The engine settings every miner of a run uses.
+    pub fn engine_settings(settings: &MinerSettings) -> EngineSettings {
+        EngineSettings::for_miner(settings)
+    }
+
+    /// The engine as the replay has left it.
+    pub fn engine(&self) -> &Engine<B> {
+        &self.engine
     }
 
     /// Totals so far.
@@ -162,7 +152,7 @@ impl<B: AutodiffBackend> Replayer<B> {
     /// An item whose shapes do not fit the section (a malformed record, not a miner's fault
     /// the replay can judge).
     pub fn apply(&mut self, item: ReplayItem) -> Result<ItemCheck, ModelError> {
-        let tail = self.section.spec().is_tail;
+        let tail = self.engine.section().spec().is_tail;
         let mut check = ItemCheck {
             sample: item.sample,
             kind: item.kind,
@@ -171,56 +161,73 @@ impl<B: AutodiffBackend> Replayer<B> {
             failure: None,
             skipped: None,
         };
-        match (item.kind, tail) {
-            (WorkKind::Forward, false) => {
-                let out = self.section.forward(self.to_input(&item.input))?;
-                self.kept.insert(item.sample, item.input);
-                check.similarity = Some(self.compare(out, item.output.as_deref())?);
-            }
-            (WorkKind::Forward, true) => {
-                let Some(targets) = item.targets.as_deref() else {
+        let outcome = match (item.kind, tail) {
+            (WorkKind::Forward, false) => self.engine.forward(item.sample, item.input).map(|f| {
+                check.similarity = Some(similarity(
+                    &f.output.data,
+                    item.output.as_deref().unwrap_or(&[]),
+                ));
+                None
+            }),
+            (WorkKind::Forward, true) => match item.targets.as_deref() {
+                None => {
                     check.skipped = Some("tail forward without targets".into());
-                    self.stats.record(&check);
-                    return Ok(check);
-                };
-                let shape = input_dims(&item.input);
-                let targets = token_tensor::<Inner<B>>(targets, shape, self.section.device());
-                let done = self
-                    .section
-                    .train_tail(self.to_input(&item.input), targets)?;
-                check.similarity = Some(self.compare(done.input_grad, item.output.as_deref())?);
-                check.loss_error = Some(match item.loss {
-                    Some(reported) if reported.is_finite() => {
-                        let (r, v) = (f64::from(reported), f64::from(done.loss));
-                        (r - v).abs() / v.abs().max(1e-6)
-                    }
-                    _ => f64::INFINITY,
-                });
-                self.after_backward();
-            }
-            (WorkKind::Backward, _) => {
-                let Some(input) = self.kept.remove(&item.sample) else {
-                    check.skipped = Some("its forward is not in the replayed work".into());
-                    self.stats.record(&check);
-                    return Ok(check);
-                };
-                let CachedInput::Hidden { data, shape } = item.input else {
-                    check.skipped = Some("the upstream gradient is not an activation".into());
-                    self.stats.record(&check);
-                    return Ok(check);
-                };
-                let upstream = Tensor::<Inner<B>, 3>::from_data(
-                    TensorData::new(data, shape),
-                    self.section.device(),
-                );
-                let grad = self.section.backward(self.to_input(&input), upstream)?;
-                if let Some(grad) = grad {
-                    check.similarity = Some(self.compare(grad, item.output.as_deref())?);
+                    Ok(None)
                 }
-                self.after_backward();
+                Some(targets) => {
+                    let shape = input_dims(&item.input);
+                    self.engine
+                        .train_tail(item.sample, item.input, targets, shape)
+                        .map(|t| {
+                            check.similarity = Some(similarity(
+                                &t.grad.data,
+                                item.output.as_deref().unwrap_or(&[]),
+                            ));
+                            check.loss_error = Some(match item.loss {
+                                Some(reported) if reported.is_finite() => {
+                                    let (r, v) = (f64::from(reported), f64::from(t.loss));
+                                    (r - v).abs() / v.abs().max(1e-6)
+                                }
+                                _ => f64::INFINITY,
+                            });
+                            t.step
+                        })
+                }
+            },
+            (WorkKind::Backward, _) => match item.input {
+                CachedInput::Hidden { data, shape } => self
+                    .engine
+                    .backward(item.sample, Activations { data, shape })
+                    .map(|b| {
+                        if let Some(grad) = &b.grad {
+                            check.similarity = Some(similarity(
+                                &grad.data,
+                                item.output.as_deref().unwrap_or(&[]),
+                            ));
+                        }
+                        b.step
+                    }),
+                CachedInput::Tokens { .. } => {
+                    check.skipped = Some("the upstream gradient is not an activation".into());
+                    Ok(None)
+                }
+            },
+        };
+        match outcome {
+            Ok(step) => self.count(step),
+            Err(EngineError::CacheMiss { .. }) => {
+                check.skipped = Some("its forward is not in the replayed work".into());
             }
+            Err(EngineError::Model(ModelError::NonFiniteLoss(v))) => {
+                check.failure = Some(format!(
+                    "the replayed loss is {v}, the miner reported a finite one"
+                ));
+            }
+            Err(EngineError::Model(e)) => return Err(e),
         }
-        if let Some(s) = &check.similarity {
+        if check.failure.is_none()
+            && let Some(s) = &check.similarity
+        {
             check.failure = failure(&self.replay.outputs, s);
         }
         if check.failure.is_none()
@@ -241,43 +248,16 @@ impl<B: AutodiffBackend> Replayer<B> {
     /// # Errors
     /// [`ModelError::Params`] when the section does not fit `layout`.
     pub fn export_flat(&self, layout: &FlatLayout) -> Result<Vec<f32>, ModelError> {
-        self.section.export_flat(layout)
+        self.engine.section().export_flat(layout)
     }
 
-    /// Steps as the miner does: every `local_steps` backwards, at the schedule's rate.
-    fn after_backward(&mut self) {
-        if self.section.pending_backwards() < self.settings.local_steps.max(1) {
-            return;
-        }
-        let lr = self.settings.schedule.at(self.step_index);
-        if let crate::model::StepOutcome::Applied { .. } = self.section.step(lr) {
-            self.step_index += 1;
+    fn count(&mut self, step: Option<StepRecord>) {
+        if let Some(StepRecord {
+            outcome: StepOutcome::Applied { .. },
+            ..
+        }) = step
+        {
             self.stats.steps += 1;
-        }
-    }
-
-    fn compare(
-        &self,
-        replayed: Tensor<Inner<B>, 3>,
-        uploaded: Option<&[f32]>,
-    ) -> Result<Similarity, ModelError> {
-        let ours: Vec<f32> = replayed
-            .into_data()
-            .to_vec()
-            .map_err(|e| ModelError::Shape(format!("{e:?}")))?;
-        Ok(similarity(&ours, uploaded.unwrap_or(&[])))
-    }
-
-    fn to_input(&self, input: &CachedInput) -> SectionInput<Inner<B>> {
-        let device = self.section.device();
-        match input {
-            CachedInput::Tokens { ids, shape } => {
-                SectionInput::Tokens(token_tensor::<Inner<B>>(ids, *shape, device))
-            }
-            CachedInput::Hidden { data, shape } => SectionInput::Hidden(Tensor::from_data(
-                TensorData::new(data.clone(), *shape),
-                device,
-            )),
         }
     }
 }
@@ -287,15 +267,6 @@ fn input_dims(input: &CachedInput) -> [usize; 2] {
         CachedInput::Tokens { shape, .. } => *shape,
         CachedInput::Hidden { shape, .. } => [shape[0], shape[1]],
     }
-}
-
-fn token_tensor<B: burn::tensor::backend::Backend>(
-    ids: &[u32],
-    shape: [usize; 2],
-    device: &B::Device,
-) -> Tensor<B, 2, Int> {
-    let data: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
-    Tensor::from_data(TensorData::new(data, shape), device)
 }
 
 /// Compares the change a miner's upload made to the epoch's starting state with the change the
@@ -323,7 +294,7 @@ pub fn compare_progress(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{ModelConfig, OptimizerConfig, TestAutodiff};
+    use crate::model::{ModelConfig, OptimizerConfig, Section, TestAutodiff};
 
     #[test]
     fn progress_is_compared_on_the_change_not_the_state() {
@@ -339,11 +310,8 @@ mod tests {
         assert_eq!(short.cosine, 0.0, "a short upload is not finite");
     }
 
-    #[test]
-    fn a_section_replays_its_own_work_exactly_and_catches_a_scaled_output() {
-        let cfg = ModelConfig::preset("tiny").unwrap();
-        let device = Default::default();
-        let settings = MinerSettings {
+    fn settings() -> MinerSettings {
+        MinerSettings {
             local_steps: 2,
             max_in_flight: 4,
             wire: crate::storage::WireDtype::F32,
@@ -353,68 +321,109 @@ mod tests {
             optimizer: OptimizerConfig::default(),
             schedule: crate::model::LrSchedule::default(),
             heartbeat_s: 1,
-        };
-        let new = || {
-            Section::<TestAutodiff>::new(&cfg, 1, 3, OptimizerConfig::default(), &device).unwrap()
-        };
-        // The "miner": four forwards and backwards, stepping every two backwards.
-        let mut miner = Replayer::new(new(), settings.clone(), ReplaySettings::default(), 0);
-        let w = cfg.boundary_width();
-        let act = |s: u64| CachedInput::Hidden {
+        }
+    }
+
+    fn engine(cfg: &ModelConfig, index: usize) -> Engine<TestAutodiff> {
+        let section = Section::<TestAutodiff>::new(
+            cfg,
+            index,
+            3,
+            OptimizerConfig::default(),
+            &Default::default(),
+        )
+        .unwrap();
+        Engine::new(section, EngineSettings::for_miner(&settings()))
+    }
+
+    fn act(s: u64, w: usize) -> CachedInput {
+        CachedInput::Hidden {
             data: (0..2 * 8 * w)
                 .map(|i| ((i as f32 + s as f32) * 0.37).sin())
                 .collect(),
             shape: [2, 8, w],
-        };
+        }
+    }
+
+    /// A miner's engine doing forwards and backwards of four samples, interleaved the way a
+    /// pipeline interleaves them; the trace it leaves behind.
+    fn miner_trace(cfg: &ModelConfig) -> (Vec<ReplayItem>, Vec<f32>) {
+        let w = cfg.boundary_width();
+        let mut miner = engine(cfg, 1);
         let mut trace = Vec::new();
-        for s in 0..4u64 {
-            let out = miner.section.forward(miner.to_input(&act(s))).unwrap();
-            let out: Vec<f32> = out.into_data().to_vec().unwrap();
-            miner.kept.insert(s, act(s));
+        let forward = |m: &mut Engine<TestAutodiff>, trace: &mut Vec<ReplayItem>, s: u64| {
+            let f = m.forward(s, act(s, w)).unwrap();
             trace.push(ReplayItem {
                 sample: s,
                 kind: WorkKind::Forward,
-                input: act(s),
+                input: act(s, w),
                 targets: None,
-                output: Some(out),
+                output: Some(f.output.data),
                 loss: None,
             });
-            let up = act(s + 100);
-            let CachedInput::Hidden { data, shape } = up.clone() else {
+        };
+        let backward = |m: &mut Engine<TestAutodiff>, trace: &mut Vec<ReplayItem>, s: u64| {
+            let CachedInput::Hidden { data, shape } = act(s + 100, w) else {
                 unreachable!()
             };
-            let upstream = Tensor::from_data(TensorData::new(data, shape), &device);
-            let input = miner.kept.remove(&s).unwrap();
-            let grad = miner
-                .section
-                .backward(miner.to_input(&input), upstream)
-                .unwrap()
+            let b = m
+                .backward(
+                    s,
+                    Activations {
+                        data: data.clone(),
+                        shape,
+                    },
+                )
                 .unwrap();
-            miner.after_backward();
             trace.push(ReplayItem {
                 sample: s,
                 kind: WorkKind::Backward,
-                input: up,
+                input: CachedInput::Hidden { data, shape },
                 targets: None,
-                output: Some(grad.into_data().to_vec().unwrap()),
+                output: b.grad.map(|g| g.data),
                 loss: None,
             });
-        }
-        assert_eq!(miner.stats.steps, 2);
-        let mut replay = Replayer::new(new(), settings.clone(), ReplaySettings::default(), 0);
+        };
+        forward(&mut miner, &mut trace, 0);
+        forward(&mut miner, &mut trace, 1);
+        backward(&mut miner, &mut trace, 0);
+        forward(&mut miner, &mut trace, 2);
+        backward(&mut miner, &mut trace, 1); // a step: samples 0 and 1
+        forward(&mut miner, &mut trace, 3);
+        backward(&mut miner, &mut trace, 2);
+        backward(&mut miner, &mut trace, 3); // a step: samples 2 and 3
+        assert_eq!(miner.version(), 2);
+        let layout = crate::model::layout::section_layout(cfg, 1).unwrap();
+        (trace, miner.section().export_flat(&layout).unwrap())
+    }
+
+    #[test]
+    fn a_replay_reproduces_the_miner_and_catches_a_scaled_output() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let layout = crate::model::layout::section_layout(&cfg, 1).unwrap();
+        let (trace, end_state) = miner_trace(&cfg);
+        let mut replay = Replayer::new(engine(&cfg, 1), ReplaySettings::default());
         for item in trace.clone() {
             let check = replay.apply(item).unwrap();
-            assert!(check.failure.is_none(), "{check:?}");
+            assert!(
+                check.failure.is_none() && check.skipped.is_none(),
+                "{check:?}"
+            );
         }
         let stats = replay.stats().clone();
         assert_eq!((stats.replayed, stats.failed, stats.steps), (8, 0, 2));
         assert!(stats.min_cosine.unwrap() > 0.99999, "{stats:?}");
+        assert_eq!(
+            replay.export_flat(&layout).unwrap(),
+            end_state,
+            "same process, same bits"
+        );
         // The same trace with the third forward's output doubled.
-        let mut scaled = trace;
-        if let Some(out) = scaled[4].output.as_mut() {
+        let mut scaled = trace.clone();
+        if let Some(out) = scaled[3].output.as_mut() {
             out.iter_mut().for_each(|v| *v *= 2.0);
         }
-        let mut replay = Replayer::new(new(), settings, ReplaySettings::default(), 0);
+        let mut replay = Replayer::new(engine(&cfg, 1), ReplaySettings::default());
         let failed: Vec<_> = scaled
             .into_iter()
             .map(|i| replay.apply(i).unwrap())
@@ -429,5 +438,9 @@ mod tests {
                 .contains("magnitude ratio 0.5"),
             "{failed:?}"
         );
+        // A backward whose forward is missing from the record is skipped, not failed.
+        let mut replay = Replayer::new(engine(&cfg, 1), ReplaySettings::default());
+        let check = replay.apply(trace[2].clone()).unwrap();
+        assert!(check.skipped.is_some() && check.failure.is_none());
     }
 }

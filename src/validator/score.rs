@@ -28,6 +28,8 @@ pub struct ScoreInput {
     pub penalties: Vec<(PenaltyKind, u64)>,
     /// Reasons the miner is flagged this window (empty: not flagged).
     pub flags: Vec<String>,
+    /// What the checks measured (kept with the score).
+    pub notes: Vec<String>,
 }
 
 /// Applies the formula of the module docs.
@@ -72,6 +74,7 @@ pub fn score(input: &ScoreInput, weights: &PenaltyWeights) -> ScoreParts {
         penalties,
         penalty,
         flags: input.flags.clone(),
+        notes: input.notes.clone(),
         score,
     }
 }
@@ -92,6 +95,7 @@ mod tests {
                 clasp: Some(0.5),
                 penalties: vec![(PenaltyKind::MissedDeadline, 2)],
                 flags: vec![],
+                notes: vec![],
             },
             &w,
         );

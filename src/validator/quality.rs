@@ -1,0 +1,271 @@
+//! Upload quality, Templar's idea adapted to sections: the held-out loss of the global model
+//! with one section replaced by a miner's uploaded state, against the epoch's starting model.
+//!
+//! It is measured on the miner's own samples (those that passed through it this epoch) and
+//! on control samples of the same epoch that passed through other miners of its section. A
+//! miner that trained on its samples improves them; one that did not train improves nothing;
+//! one that copied another's state improves the other's samples, not its own, more.
+
+use std::collections::{BTreeMap, HashMap};
+
+use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::{Int, Tensor, TensorData};
+
+use super::fetch::{FetchError, fetch_flat};
+use super::tracking::Chooser;
+use crate::api::client::{ApiClient, ClientError};
+use crate::api::{EpochLedger, MAX_SAMPLES_PER_REQUEST, MergeRecord, MinerSettings};
+use crate::miner::payload::{self, PayloadError};
+use crate::model::layout::section_layout;
+use crate::model::section::Inner;
+use crate::model::{ModelConfig, ModelError, Section, SectionInput};
+
+/// One uploader's figures (nats; positive = its state lowers the loss).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Quality {
+    /// Mean improvement on its own samples.
+    pub own: f64,
+    /// Mean improvement on control samples.
+    pub control: f64,
+    /// Own samples measured.
+    pub own_n: usize,
+    /// Control samples measured.
+    pub control_n: usize,
+    /// Mean loss of the control samples under the starting model.
+    pub base_control: f64,
+}
+
+impl Quality {
+    /// The credit factor: 1 when the upload does not worsen the control samples; then falling
+    /// linearly to 0 at a 5% relative worsening.
+    pub fn factor(&self) -> f64 {
+        if self.control_n == 0 || self.base_control <= 0.0 {
+            return 1.0;
+        }
+        let rel = self.control / self.base_control;
+        if rel >= 0.0 {
+            1.0
+        } else {
+            (1.0 + rel / 0.05).max(0.0)
+        }
+    }
+}
+
+/// Why upload quality could not be measured.
+#[derive(Debug, thiserror::Error)]
+pub enum QualityError {
+    /// The orchestrator refused or could not be reached.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// An object could not be read.
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// A token blob could not be read.
+    #[error(transparent)]
+    Payload(#[from] PayloadError),
+    /// The model could not be built or run.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Sample tokens and targets.
+struct Tokens {
+    ids: Vec<u32>,
+    targets: Vec<u32>,
+    shape: [usize; 2],
+}
+
+/// Measures every accepted upload of every section (`records`, one per section, in order),
+/// with `per_side` own and `per_side` control samples per uploader.
+///
+/// # Errors
+/// [`QualityError`].
+#[allow(clippy::too_many_arguments)]
+pub async fn measure<B: AutodiffBackend>(
+    client: &ApiClient,
+    ledger: &EpochLedger,
+    records: &[MergeRecord],
+    starts: &[Vec<f32>],
+    model: &ModelConfig,
+    settings: &MinerSettings,
+    chooser: &Chooser,
+    per_side: usize,
+    device: &B::Device,
+) -> Result<BTreeMap<String, Quality>, QualityError> {
+    let mut out = BTreeMap::new();
+    if per_side == 0 || ledger.samples.is_empty() {
+        return Ok(out);
+    }
+    let n = model.n_sections();
+    // Which samples each uploader is measured on.
+    let mut plan: Vec<(usize, usize, Vec<u64>, Vec<u64>)> = Vec::new();
+    for (s, record) in records.iter().enumerate() {
+        for (u, up) in record.uploads.iter().enumerate() {
+            let mut own = Vec::new();
+            let mut control = Vec::new();
+            for x in &ledger.samples {
+                let id = x.sample.to_string();
+                if x.pathway.get(s) == Some(&up.hotkey) {
+                    own.push(id);
+                } else {
+                    control.push(id);
+                }
+            }
+            let what = format!("quality-{s}-{}", up.hotkey);
+            let pick = |v: &[String], side: &str| -> Vec<u64> {
+                chooser
+                    .pick(&format!("{what}-{side}"), ledger.epoch, v, per_side)
+                    .into_iter()
+                    .filter_map(|id| id.parse().ok())
+                    .collect()
+            };
+            plan.push((s, u, pick(&own, "own"), pick(&control, "control")));
+        }
+    }
+    let mut wanted: Vec<u64> = plan
+        .iter()
+        .flat_map(|(_, _, a, b)| a.iter().chain(b))
+        .copied()
+        .collect();
+    wanted.sort();
+    wanted.dedup();
+    let mut tokens: HashMap<u64, Tokens> = HashMap::new();
+    for ids in wanted.chunks(MAX_SAMPLES_PER_REQUEST) {
+        let blobs = client.sample_blobs(ledger.epoch, ids.to_vec()).await?;
+        for b in blobs.samples {
+            let shape = payload::shape_of::<2>(&b.tokens)?;
+            tokens.insert(
+                b.sample,
+                Tokens {
+                    ids: payload::decode_tokens(&payload::fetch(&b.tokens).await?, shape)?,
+                    targets: payload::decode_tokens(&payload::fetch(&b.targets).await?, shape)?,
+                    shape,
+                },
+            );
+        }
+    }
+    // The starting model, section by section, and each sample's input to every section.
+    let mut sections = Vec::with_capacity(n);
+    for (s, flat) in starts.iter().enumerate().take(n) {
+        let mut section = Section::<B>::new(model, s, settings.seed, settings.optimizer, device)?;
+        section.import_flat(&section_layout(model, s)?, flat)?;
+        sections.push(section);
+    }
+    let mut inputs: HashMap<(u64, usize), Vec<f32>> = HashMap::new();
+    let mut base: HashMap<u64, f64> = HashMap::new();
+    for (&id, t) in &tokens {
+        let mut hidden: Option<Tensor<Inner<B>, 3>> = None;
+        for (s, section) in sections.iter_mut().enumerate() {
+            let input = match hidden.take() {
+                None => SectionInput::Tokens(ids(&t.ids, t.shape, device)),
+                Some(h) => {
+                    inputs.insert((id, s), to_vec(h.clone())?);
+                    SectionInput::Hidden(h)
+                }
+            };
+            if s + 1 == n {
+                let loss = section.eval_loss(input, ids(&t.targets, t.shape, device))?;
+                base.insert(id, f64::from(loss));
+            } else {
+                hidden = Some(section.forward(input)?);
+            }
+        }
+    }
+    // Each upload in place of its section.
+    for (s, u, own, control) in plan {
+        let up = &records[s].uploads[u];
+        let flat = fetch_flat(&up.blob).await?;
+        let mut replaced = Section::<B>::new(model, s, settings.seed, settings.optimizer, device)?;
+        replaced.import_flat(&section_layout(model, s)?, &flat)?;
+        let mut mean = |samples: &[u64]| -> Result<(f64, f64, usize), QualityError> {
+            let (mut gain, mut base_sum, mut k) = (0.0, 0.0, 0);
+            for id in samples {
+                let (Some(t), Some(b)) = (tokens.get(id), base.get(id)) else {
+                    continue;
+                };
+                let input = if s == 0 {
+                    SectionInput::Tokens(ids(&t.ids, t.shape, device))
+                } else {
+                    let Some(data) = inputs.get(&(*id, s)) else {
+                        continue;
+                    };
+                    let w = model.boundary_width();
+                    SectionInput::Hidden(Tensor::from_data(
+                        TensorData::new(data.clone(), [t.shape[0], t.shape[1], w]),
+                        device,
+                    ))
+                };
+                let loss = if s + 1 == n {
+                    replaced.eval_loss(input, ids(&t.targets, t.shape, device))?
+                } else {
+                    let mut h = replaced.forward(input)?;
+                    let mut loss = 0.0;
+                    for (later, section) in sections.iter_mut().enumerate().skip(s + 1) {
+                        if later + 1 == n {
+                            loss = section.eval_loss(
+                                SectionInput::Hidden(h.clone()),
+                                ids(&t.targets, t.shape, device),
+                            )?;
+                        } else {
+                            h = section.forward(SectionInput::Hidden(h))?;
+                        }
+                    }
+                    loss
+                };
+                gain += b - f64::from(loss);
+                base_sum += b;
+                k += 1;
+            }
+            let d = k.max(1) as f64;
+            Ok((gain / d, base_sum / d, k))
+        };
+        let (own_gain, _, own_n) = mean(&own)?;
+        let (control_gain, base_control, control_n) = mean(&control)?;
+        out.insert(
+            up.hotkey.clone(),
+            Quality {
+                own: own_gain,
+                control: control_gain,
+                own_n,
+                control_n,
+                base_control,
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn ids<B: burn::tensor::backend::Backend>(
+    v: &[u32],
+    shape: [usize; 2],
+    device: &B::Device,
+) -> Tensor<B, 2, Int> {
+    let data: Vec<i64> = v.iter().map(|&t| i64::from(t)).collect();
+    Tensor::from_data(TensorData::new(data, shape), device)
+}
+
+fn to_vec<B: burn::tensor::backend::Backend>(t: Tensor<B, 3>) -> Result<Vec<f32>, ModelError> {
+    t.into_data()
+        .to_vec()
+        .map_err(|e| ModelError::Shape(format!("{e:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factor_is_hand_computed() {
+        let q = |control: f64| Quality {
+            own: 0.0,
+            control,
+            own_n: 4,
+            control_n: 4,
+            base_control: 2.0,
+        };
+        assert_eq!(q(0.1).factor(), 1.0);
+        // -0.05 nats on a base of 2 = -2.5%: halfway to 0.
+        assert!((q(-0.05).factor() - 0.5).abs() < 1e-12);
+        assert_eq!(q(-1.0).factor(), 0.0);
+    }
+}

@@ -1,0 +1,233 @@
+//! The validator loop (`iota validate`): register with the orchestrator as a validator,
+//! then for every finished epoch run its window of checks ([`super::window`]), keep the result
+//! ([`super::history`]) and publish the weight vector ([`super::chain`]). Stops cleanly on
+//! Ctrl-C (or [`ValidatorOptions::stop`]) between windows.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use burn::tensor::backend::AutodiffBackend;
+use thiserror::Error;
+
+use super::chain::{LocalMetagraph, WeightsChain};
+use super::history::{History, HistoryError};
+use super::tracking::Chooser;
+use super::window::{Context, WindowResult, validate_epoch};
+use crate::api::ValidatorRegisterRequest;
+use crate::api::client::{ApiClient, ClientError, patient_policy};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::wallet::Hotkey;
+
+/// Why the validator stopped with an error.
+#[derive(Debug, Error)]
+pub enum ValidatorError {
+    /// The orchestrator refused (e.g. the hotkey is not a listed validator) or stayed
+    /// unreachable.
+    #[error("orchestrator: {0}")]
+    Client(#[from] ClientError),
+    /// The state directory.
+    #[error("state: {0}")]
+    History(#[from] HistoryError),
+    /// The async runtime or the backend could not start.
+    #[error("runtime: {0}")]
+    Runtime(String),
+}
+
+/// How to run a validator.
+#[derive(Debug, Clone)]
+pub struct ValidatorOptions {
+    /// Base URL of the orchestrator.
+    pub orchestrator: String,
+    /// The validator's hotkey (the run config must list it).
+    pub hotkey: Hotkey,
+    /// Backend for replays and upload-quality checks.
+    pub device: DeviceKind,
+    /// Where window records are kept (a subdirectory per run).
+    pub state_dir: PathBuf,
+    /// How often to ask whether an epoch finished.
+    pub poll: Duration,
+    /// Print one line per window on stderr.
+    pub progress: bool,
+    /// Set to stop after the current window; Ctrl-C sets it too.
+    pub stop: Arc<AtomicBool>,
+}
+
+/// What a validator did before it stopped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ValidatorReport {
+    /// Windows validated in this run.
+    pub windows: u64,
+    /// Weight vectors the destination accepted.
+    pub published: u64,
+    /// Weight vectors it refused.
+    pub refused: u64,
+    /// The newest epoch with a window.
+    pub last_epoch: Option<u64>,
+}
+
+/// Runs a validator until it is stopped.
+///
+/// # Errors
+/// The backend is not compiled in, the orchestrator refuses the hotkey or stays unreachable,
+/// or the state directory cannot be used.
+pub fn run_validator(options: ValidatorOptions) -> Result<ValidatorReport, ValidatorError> {
+    dispatch(options.device, Task(options)).map_err(ValidatorError::Runtime)?
+}
+
+struct Task(ValidatorOptions);
+
+impl BackendTask for Task {
+    type Output = Result<ValidatorReport, ValidatorError>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| ValidatorError::Runtime(e.to_string()))?;
+        runtime.block_on(validate::<B>(self.0, device))
+    }
+}
+
+fn short(hotkey: &str) -> &str {
+    &hotkey[..hotkey.len().min(8)]
+}
+
+async fn validate<B: AutodiffBackend>(
+    options: ValidatorOptions,
+    device: B::Device,
+) -> Result<ValidatorReport, ValidatorError> {
+    let stop = options.stop.clone();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("iota validate: stopping after the current window");
+                stop.store(true, Ordering::SeqCst);
+            }
+        });
+    }
+    let client = ApiClient::connect(
+        &options.orchestrator,
+        Some(options.hotkey.clone()),
+        patient_policy(),
+    )
+    .await?;
+    let reg = client
+        .register_validator(&ValidatorRegisterRequest {
+            device: options.device.to_string(),
+        })
+        .await?;
+    let mut history = History::open(&options.state_dir.join(&reg.run))?;
+    let chain = LocalMetagraph::new(client.clone());
+    let mut report = ValidatorReport::default();
+    let me = reg.hotkey.clone();
+    // A restarted validator first makes sure its newest window reached the metagraph.
+    if let Some(w) = history.latest() {
+        let published = client
+            .metagraph()
+            .await?
+            .validators
+            .into_iter()
+            .find(|v| v.hotkey == me)
+            .map(|v| v.epoch);
+        if published.is_none_or(|e| e < w.epoch) {
+            publish(&chain, w, &mut report, options.progress).await;
+        }
+    }
+    let ctx = Context::<B> {
+        client: client.clone(),
+        run: reg.run.clone(),
+        model: reg.model.clone(),
+        settings: reg.settings.clone(),
+        validation: reg.validation,
+        chooser: Chooser::new(&options.hotkey),
+        device,
+    };
+    let mut next = history
+        .next_epoch()
+        .unwrap_or_else(|| reg.epoch.saturating_sub(1));
+    tracing::info!(run = %reg.run, next, "validator registered");
+    while !stop.load(Ordering::SeqCst) {
+        let current = match client.run_info().await {
+            Ok(info) => info.epoch,
+            Err(e) => {
+                tracing::warn!("orchestrator: {e}; still trying");
+                tokio::time::sleep(options.poll).await;
+                continue;
+            }
+        };
+        if next >= current {
+            tokio::time::sleep(options.poll).await;
+            continue;
+        }
+        let w = match validate_epoch(&ctx, next).await {
+            Ok(w) => w,
+            Err(e) => {
+                tracing::warn!(epoch = next, "window failed (retrying): {e}");
+                tokio::time::sleep(options.poll).await;
+                continue;
+            }
+        };
+        history.save(w.clone())?;
+        report.windows += 1;
+        report.last_epoch = Some(w.epoch);
+        publish(&chain, &w, &mut report, options.progress).await;
+        next += 1;
+    }
+    Ok(report)
+}
+
+async fn publish(
+    chain: &impl WeightsChain,
+    w: &WindowResult,
+    report: &mut ValidatorReport,
+    progress: bool,
+) {
+    let flagged: Vec<&str> = w.flagged().into_iter().map(short).collect();
+    let summary = format!(
+        "epoch {}: {} miners, {} flagged [{}], replayed [{}]",
+        w.epoch,
+        w.miners.len(),
+        flagged.len(),
+        flagged.join(" "),
+        w.tracked
+            .iter()
+            .map(|t| short(t))
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    match chain.publish(&w.submission()).await {
+        Ok(receipt) if receipt.accepted => {
+            report.published += 1;
+            tracing::info!(
+                epoch = w.epoch,
+                "weights published to {}",
+                receipt.destination
+            );
+            if progress {
+                eprintln!(
+                    "iota validate: {summary}; weights published to {}",
+                    receipt.destination
+                );
+            }
+        }
+        Ok(receipt) => {
+            report.refused += 1;
+            eprintln!(
+                "iota validate: {summary}; weights REFUSED by {}: {}",
+                receipt.destination,
+                receipt.reason.unwrap_or_default()
+            );
+        }
+        Err(e) => {
+            report.refused += 1;
+            eprintln!(
+                "iota validate: {summary}; weights NOT published ({}): {e}",
+                chain.destination()
+            );
+        }
+    }
+}

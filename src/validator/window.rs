@@ -1,0 +1,493 @@
+//! One window of validation: everything a validator checks about one finished epoch, and the
+//! scores and weight vector that come out of it.
+//!
+//! | check | source | effect |
+//! |---|---|---|
+//! | missed deadlines, refused results and uploads | ledger | penalties |
+//! | free-riding (missed deadlines over `free_rider`) | ledger | flag |
+//! | merge verification flagged a copy `disagreed` / `invalid` | ledger | flag |
+//! | CLASP outlier ([`super::clasp`]) | ledger pathways and losses | flag; CLASP factor |
+//! | replay of `miners_per_epoch` tracked miners ([`super::replay`]); after epoch 0 only up to the first optimizer step | objects | flag |
+//! | upload identical to the epoch's start (did not train) | uploads | flag |
+//! | copy of another uploader's state ([`super::uploads`]) | uploads | flag (the later one) |
+//! | merged partitions recomputed ([`super::merge_check`]) | uploads, copies | flag; missing ones a penalty |
+//! | upload quality ([`super::quality`]) | whole model | upload factor |
+
+use std::collections::BTreeMap;
+
+use burn::tensor::backend::AutodiffBackend;
+use serde::{Deserialize, Serialize};
+
+use super::clasp::{LedgerEntry, estimate};
+use super::compare::failure;
+use super::fetch::{FetchError, fetch_flat, load_item};
+use super::merge_check::check_merge;
+use super::quality;
+use super::replay::{Replayer, compare_progress};
+use super::score::{PenaltyKind, ScoreInput, score};
+use super::tracking::Chooser;
+use super::uploads::{find_copies, start_state, state_hash};
+use super::weights::normalize;
+use crate::api::client::{ApiClient, ClientError};
+use crate::api::{
+    EpochLedger, MergeRecord, MinerSettings, MinerWeight, MinerWork, ValidationSettings,
+    WeightSubmission,
+};
+use crate::miner::engine::{Engine, EngineError};
+use crate::model::layout::section_layout;
+use crate::model::{ModelConfig, Section};
+
+/// What a validator knows about the run it validates.
+#[derive(Clone)]
+pub struct Context<B: AutodiffBackend> {
+    /// The signed client.
+    pub client: ApiClient,
+    /// Run name (the merge plan is seeded with it).
+    pub run: String,
+    /// Model of the run.
+    pub model: ModelConfig,
+    /// What miners follow.
+    pub settings: MinerSettings,
+    /// How to validate.
+    pub validation: ValidationSettings,
+    /// Secret choices.
+    pub chooser: Chooser,
+    /// Compute device.
+    pub device: B::Device,
+}
+
+/// One miner's outcome in a window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MinerOutcome {
+    /// Hotkey.
+    pub hotkey: String,
+    /// Section.
+    pub section: usize,
+    /// Weight and score parts.
+    pub weight: MinerWeight,
+}
+
+/// Everything one window produced; persisted, so a restarted validator publishes the same.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WindowResult {
+    /// The epoch.
+    pub epoch: u64,
+    /// Miners replayed.
+    pub tracked: Vec<String>,
+    /// Per miner, by hotkey.
+    pub miners: Vec<MinerOutcome>,
+    /// Burned share.
+    pub burn: f64,
+    /// Checks that could not be done, and why.
+    pub notes: Vec<String>,
+}
+
+impl WindowResult {
+    /// The vector to publish.
+    pub fn submission(&self) -> WeightSubmission {
+        WeightSubmission {
+            epoch: self.epoch,
+            burn: self.burn,
+            weights: self.miners.iter().map(|m| m.weight.clone()).collect(),
+        }
+    }
+
+    /// Hotkeys flagged in this window.
+    pub fn flagged(&self) -> Vec<&str> {
+        self.miners
+            .iter()
+            .filter(|m| !m.weight.parts.flags.is_empty())
+            .map(|m| m.hotkey.as_str())
+            .collect()
+    }
+}
+
+/// A miner's evidence being gathered.
+#[derive(Debug, Default)]
+struct Evidence {
+    section: usize,
+    input: ScoreInput,
+}
+
+impl Evidence {
+    fn flag(&mut self, reason: String) {
+        self.input.flags.push(reason);
+    }
+    fn note(&mut self, note: String) {
+        self.input.notes.push(note);
+    }
+    fn penalise(&mut self, kind: PenaltyKind, n: u64) {
+        if n > 0 {
+            self.input.penalties.push((kind, n));
+        }
+    }
+}
+
+/// Validates the finished epoch `epoch`.
+///
+/// # Errors
+/// The orchestrator refused or could not be reached for the ledger; every other failure is a
+/// note in the result (its check is skipped).
+pub async fn validate_epoch<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    epoch: u64,
+) -> Result<WindowResult, ClientError> {
+    let v = &ctx.validation;
+    let ledger = ctx.client.ledger(epoch).await?;
+    let mut notes = Vec::new();
+    let mut ev: BTreeMap<String, Evidence> = BTreeMap::new();
+    for m in &ledger.miners {
+        let e = ev.entry(m.hotkey.clone()).or_default();
+        e.section = m.section;
+        e.input.throughput = m.completed_work as f64;
+        e.penalise(PenaltyKind::MissedDeadline, m.missed_deadlines);
+        e.penalise(PenaltyKind::RefusedResult, m.refused_results);
+        if let Some(u) = &m.upload
+            && u.state == "refused"
+        {
+            e.penalise(PenaltyKind::RefusedUpload, 1);
+            e.note(format!(
+                "upload refused: {}",
+                u.reason.clone().unwrap_or_default()
+            ));
+        }
+        let taken = m.missed_deadlines + m.accepted;
+        if m.missed_deadlines >= v.free_rider.min_missed
+            && taken > 0
+            && m.missed_deadlines as f64 / taken as f64 >= v.free_rider.missed_ratio
+        {
+            e.flag(format!(
+                "free-rider: missed {} of {} deadlines",
+                m.missed_deadlines, taken
+            ));
+        }
+        for f in &m.merge_flags {
+            if f.reason == "disagreed" || f.reason == "invalid" {
+                e.flag(format!(
+                    "merge verification: partition {} {}",
+                    f.partition, f.reason
+                ));
+            }
+        }
+    }
+    clasp(ctx, &ledger, &mut ev);
+    let tracked = replay_tracked(ctx, &ledger, &mut ev, &mut notes).await;
+    let mut records = Vec::new();
+    let mut starts = Vec::new();
+    for section in 0..ctx.model.n_sections() {
+        match check_section(ctx, epoch, section, &ledger, &mut ev).await {
+            Ok((record, start)) => {
+                records.push(record);
+                starts.push(start);
+            }
+            Err(e) => notes.push(format!("section {section}: merge checks skipped: {e}")),
+        }
+    }
+    if v.upload_samples > 0 && records.len() == ctx.model.n_sections() {
+        match quality::measure::<B>(
+            &ctx.client,
+            &ledger,
+            &records,
+            &starts,
+            &ctx.model,
+            &ctx.settings,
+            &ctx.chooser,
+            v.upload_samples,
+            &ctx.device,
+        )
+        .await
+        {
+            Ok(found) => {
+                for (hotkey, q) in found {
+                    if let Some(e) = ev.get_mut(&hotkey) {
+                        e.input.upload = Some(q.factor());
+                        e.note(format!(
+                            "upload: {:+.4} nats on its own {} samples, {:+.4} on {} others",
+                            q.own, q.own_n, q.control, q.control_n
+                        ));
+                    }
+                }
+            }
+            Err(e) => notes.push(format!("upload quality skipped: {e}")),
+        }
+    }
+    let parts: Vec<(String, usize, crate::api::ScoreParts)> = ev
+        .into_iter()
+        .map(|(h, e)| {
+            let parts = score(&e.input, &v.penalties);
+            (h, e.section, parts)
+        })
+        .collect();
+    let scores: Vec<(String, f64)> = parts.iter().map(|(h, _, p)| (h.clone(), p.score)).collect();
+    let vector = normalize(&scores, v.burn);
+    let miners = parts
+        .into_iter()
+        .map(|(hotkey, section, parts)| MinerOutcome {
+            weight: MinerWeight {
+                hotkey: hotkey.clone(),
+                weight: vector.of(&hotkey),
+                parts,
+            },
+            hotkey,
+            section,
+        })
+        .collect();
+    Ok(WindowResult {
+        epoch,
+        tracked,
+        miners,
+        burn: vector.burn,
+        notes,
+    })
+}
+
+/// CLASP over the epoch's completed samples.
+fn clasp<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    ledger: &EpochLedger,
+    ev: &mut BTreeMap<String, Evidence>,
+) {
+    let entries: Vec<LedgerEntry> = ledger
+        .samples
+        .iter()
+        .filter_map(|s| {
+            Some(LedgerEntry {
+                sample: s.sample,
+                time: s.loss_unix_ms,
+                loss: f64::from(s.loss?),
+                pathway: s.pathway.clone(),
+            })
+        })
+        .collect();
+    let report = estimate(&entries, &ctx.validation.clasp);
+    for e in &report.effects {
+        let Some(miner) = ev.get_mut(&e.miner) else {
+            continue;
+        };
+        miner.input.clasp = Some(e.quality);
+        miner.note(format!(
+            "clasp: effect {:+.4} nats (se {:.4}, z {:.1}, {} samples)",
+            e.effect, e.std_error, e.z, e.samples
+        ));
+        if e.flagged {
+            miner.flag(format!(
+                "CLASP outlier: its samples' loss is {:+.3} nats above its section's (z {:.1}, {} samples)",
+                e.effect, e.z, e.samples
+            ));
+        }
+    }
+}
+
+/// Replays the tracked miners; returns who they were.
+async fn replay_tracked<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    ledger: &EpochLedger,
+    ev: &mut BTreeMap<String, Evidence>,
+    notes: &mut Vec<String>,
+) -> Vec<String> {
+    let k = ctx.validation.replay.miners_per_epoch;
+    let candidates: Vec<String> = ledger
+        .miners
+        .iter()
+        .filter(|m| m.accepted > 0)
+        .map(|m| m.hotkey.clone())
+        .collect();
+    let tracked: Vec<String> = ctx
+        .chooser
+        .pick("replay", ledger.epoch, &candidates, k)
+        .into_iter()
+        .cloned()
+        .collect();
+    for miner in &tracked {
+        let work = match ctx.client.miner_work(ledger.epoch, miner).await {
+            Ok(work) => work,
+            Err(e) => {
+                notes.push(format!("replay of {miner} skipped: {e}"));
+                continue;
+            }
+        };
+        match replay_miner(ctx, &work).await {
+            Ok((flags, note)) => {
+                if let Some(e) = ev.get_mut(miner) {
+                    e.input.replay = Some(if flags.is_empty() { 1.0 } else { 0.0 });
+                    e.note(note);
+                    for f in flags {
+                        e.flag(f);
+                    }
+                }
+            }
+            Err(e) => notes.push(format!("replay of {miner} skipped: {e}")),
+        }
+    }
+    tracked
+}
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// An object could not be read.
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+    /// The start state could not be had.
+    #[error(transparent)]
+    Start(#[from] super::uploads::StartError),
+    /// The model rejected a record.
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+}
+
+/// Replays one miner's work (the configured fraction); returns its flags and a note.
+///
+/// # Errors
+/// [`ReplayError`] when the record cannot be replayed at all.
+pub async fn replay_miner<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    work: &MinerWork,
+) -> Result<(Vec<String>, String), ReplayError> {
+    let r = &ctx.validation.replay;
+    let layout = section_layout(&ctx.model, work.section)?;
+    let start = start_state::<B>(
+        work.start.as_ref(),
+        &ctx.model,
+        work.section,
+        &ctx.settings,
+        &ctx.device,
+    )
+    .await?;
+    let section = Section::<B>::new(
+        &ctx.model,
+        work.section,
+        ctx.settings.seed,
+        ctx.settings.optimizer,
+        &ctx.device,
+    )?;
+    let spec = section.spec().clone();
+    let mut engine = Engine::new(section, Replayer::<B>::engine_settings(&ctx.settings));
+    engine
+        .adopt_flat(&layout, &start, None)
+        .map_err(|e| match e {
+            EngineError::Model(m) => ReplayError::Model(m),
+            other => ReplayError::Model(crate::model::ModelError::Params(other.to_string())),
+        })?;
+    let mut replayer = Replayer::new(engine, *r);
+    let n = ((work.items.len() as f64) * r.fraction).ceil() as usize;
+    // After a merge the checkpoint carries parameters and AdamW moments but not AdamW's step
+    // count, which each miner keeps from its own history (bias corrections): a replay cannot
+    // know it, so it checks only the work done before the epoch's first optimizer step, at
+    // the checkpoint's weights, which does not depend on it.
+    let merged_start = work.start.is_some();
+    let mut done = 0;
+    for item in work.items.iter().take(n) {
+        let item = load_item(item, spec.is_head, spec.is_tail).await?;
+        replayer.apply(item)?;
+        done += 1;
+        if merged_start && replayer.stats().steps > 0 {
+            break;
+        }
+    }
+    let stats = replayer.stats().clone();
+    let mut flags = Vec::new();
+    if stats.failed > 0 {
+        flags.push(format!(
+            "replay: {} of {} items differ from the miner's uploads ({})",
+            stats.failed,
+            stats.replayed,
+            stats.failures.join("; ")
+        ));
+    }
+    let mut note = format!(
+        "replay: {} of {} items ({} skipped), {} steps, min cosine {}, min magnitude ratio {}",
+        stats.replayed,
+        work.items.len(),
+        stats.skipped,
+        stats.steps,
+        stats.min_cosine.map_or("-".into(), |c| format!("{c:.6}")),
+        stats
+            .min_magnitude_ratio
+            .map_or("-".into(), |c| format!("{c:.6}")),
+    );
+    if done < n {
+        note.push_str(&format!(
+            "; stopped at the first optimizer step ({done} of {n} items): the merged checkpoint \
+             does not carry AdamW's step count, so later work cannot be replayed exactly"
+        ));
+    }
+    if done == work.items.len()
+        && !merged_start
+        && let Some(upload) = &work.upload
+    {
+        let uploaded = fetch_flat(upload).await?;
+        let replayed = replayer.export_flat(&layout)?;
+        let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+        let s = compare_progress(&start, &replayed, &uploaded, params);
+        note.push_str(&format!(
+            "; upload vs replay: change cosine {:.6}, ratio {:.6}",
+            s.cosine, s.magnitude_ratio
+        ));
+        if let Some(why) = failure(&r.state, &s) {
+            flags.push(format!(
+                "replay: the uploaded state is not what its work produces ({why})"
+            ));
+        }
+    }
+    Ok((flags, note))
+}
+
+/// The merge-level checks of one section; returns its record and start state for the
+/// upload-quality check.
+async fn check_section<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    epoch: u64,
+    section: usize,
+    ledger: &EpochLedger,
+    ev: &mut BTreeMap<String, Evidence>,
+) -> Result<(MergeRecord, Vec<f32>), Box<dyn std::error::Error + Send + Sync>> {
+    let record = ctx.client.merge_record(epoch, section).await?;
+    let start = start_state::<B>(
+        record.start.as_ref(),
+        &ctx.model,
+        section,
+        &ctx.settings,
+        &ctx.device,
+    )
+    .await?;
+    let unchanged = state_hash(&start);
+    for u in &record.uploads {
+        let worked = ledger
+            .miners
+            .iter()
+            .any(|m| m.hotkey == u.hotkey && m.completed_work > 0);
+        if worked
+            && u.blob.hash.as_deref() == Some(unchanged.as_str())
+            && let Some(e) = ev.get_mut(&u.hotkey)
+        {
+            e.flag(
+                "upload is exactly the state it started the epoch from: it did not train".into(),
+            );
+        }
+    }
+    let layout = section_layout(&ctx.model, section)?;
+    let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+    for (copier, original, cosine) in
+        find_copies(&start, params, &record.uploads, ctx.validation.copy_cosine).await?
+    {
+        if let Some(e) = ev.get_mut(&copier) {
+            e.flag(format!(
+                "upload copies {original}'s (pseudo-gradient cosine {cosine:.6}, uploaded later)"
+            ));
+        }
+    }
+    let findings =
+        check_merge(&record, &ctx.run, &ctx.chooser, ctx.validation.merge_checks).await?;
+    for (merger, reason) in findings.wrong {
+        if let Some(e) = ev.get_mut(&merger) {
+            e.flag(format!("lying merger: {reason}"));
+        }
+    }
+    for (merger, n) in findings.missing {
+        if let Some(e) = ev.get_mut(&merger) {
+            e.penalise(PenaltyKind::MissingMerge, n);
+        }
+    }
+    Ok((record, start))
+}

@@ -278,17 +278,6 @@ impl ApiClient {
         self.post("/api/register", req).await
     }
 
-    /// `POST /api/validator/register` (the hotkey must be a validator of the run).
-    ///
-    /// # Errors
-    /// [`ClientError::Api`] when refused (`not_a_validator`), otherwise as [`Self::connect`].
-    pub async fn register_validator(
-        &self,
-        req: &super::validator::ValidatorRegisterRequest,
-    ) -> Result<super::validator::ValidatorRegisterResponse, ClientError> {
-        self.post("/api/validator/register", req).await
-    }
-
     /// `POST /api/heartbeat`.
     ///
     /// # Errors

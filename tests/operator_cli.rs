@@ -127,17 +127,22 @@ impl Drop for Killed {
     }
 }
 
-/// `iota mine --quiet` with nothing else, logging to `log`.
-fn spawn_miner(home: &Path, log: &Path) -> Killed {
+/// `iota COMMAND --quiet` with nothing else, logging to `log`.
+fn spawn_quiet(home: &Path, command: &str, log: &Path) -> Killed {
     let file = std::fs::File::create(log).unwrap();
     Killed(
         iota(home)
-            .args(["mine", "--quiet"])
+            .args([command, "--quiet"])
             .stdout(file.try_clone().unwrap())
             .stderr(file)
             .spawn()
             .unwrap(),
     )
+}
+
+/// `iota mine --quiet` with nothing else, logging to `log`.
+fn spawn_miner(home: &Path, log: &Path) -> Killed {
+    spawn_quiet(home, "mine", log)
 }
 
 fn mode(path: &Path) -> u32 {
@@ -593,5 +598,50 @@ fn register_as_a_validator() {
         err.contains("not_a_validator") && err.contains("What to do:"),
         "{err}"
     );
+
+    // `iota setup --role validator`, then `iota validate` with nothing else: it reads the
+    // settings, registers and keeps validating (its window records appear under ./iota-validator).
+    let (ok, out, err) = run(iota(h)
+        .args(["setup", "--yes", "--role", "validator", "--hotkey", "val"])
+        .arg("--orchestrator")
+        .arg(orch.url()));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("start validating with: iota validate\n"),
+        "{out}"
+    );
+    let log = h.join("validate.log");
+    let mut validator = spawn_quiet(h, "validate", &log);
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("the validator to register", Duration::from_secs(30), || {
+        h.join("iota-validator/ops").is_dir()
+    });
+    assert!(validator.0.try_wait().unwrap().is_none(), "{}", text());
+    assert!(
+        text().contains(&format!(
+            "settings from {}",
+            h.join(".config/iota/validator.yaml").display()
+        )) && text().contains(address.trim()),
+        "{}",
+        text()
+    );
+    // The same with an unlisted hotkey's settings: refused, with what to do.
+    let stranger = h.join("stranger.yaml");
+    let (ok, _, err) = run(iota(h)
+        .args([
+            "setup",
+            "--yes",
+            "--role",
+            "validator",
+            "--hotkey",
+            "stranger",
+        ])
+        .arg("--orchestrator")
+        .arg(orch.url())
+        .arg("--out")
+        .arg(&stranger));
+    assert!(ok, "{err}");
+    let (ok, _, err) = run(iota(h).arg("validate").arg("--config").arg(&stranger));
+    assert!(!ok && err.contains("not_a_validator"), "{err}");
     assert!(orch.miners().is_empty());
 }

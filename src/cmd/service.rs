@@ -1,10 +1,10 @@
-//! `iota service install`: a systemd user unit that keeps a miner (or an orchestrator)
-//! running and restarts it on failure; the replacement for the reference's pm2 configs.
+//! `iota service install`: a systemd user unit that keeps a miner (or a validator, or an
+//! orchestrator) running and restarts it on failure; the replacement for the reference's pm2 configs.
 //!
 //! # Format
 //! ```text
 //! ~/.config/systemd/user/iota-<role>.service
-//! [Service] ExecStart=<this iota> mine --config <settings> --quiet --log-format json
+//! [Service] ExecStart=<this iota> mine|validate|orchestrate --config <settings> ... --log-format json
 //!           Restart=on-failure, RestartSec=10
 //! [Install] WantedBy=default.target
 //! ```
@@ -29,7 +29,7 @@ pub struct ServiceArgs {
 pub enum ServiceAction {
     /// Write (or print) a systemd user unit for a role.
     Install {
-        /// `miner` or `orchestrator`.
+        /// `miner`, `validator` or `orchestrator`.
         #[arg(long, value_enum, default_value = "miner")]
         role: Role,
         /// Settings the service runs with (default ~/.config/iota/<role>.yaml, from `iota setup`).
@@ -44,7 +44,7 @@ pub enum ServiceAction {
 /// Runs `iota service ...`.
 ///
 /// # Errors
-/// Unsupported role, missing settings, a unit that cannot be written.
+/// Missing settings, a unit that cannot be written.
 pub fn run(args: ServiceArgs) -> anyhow::Result<()> {
     let ServiceAction::Install {
         role,
@@ -66,7 +66,7 @@ pub fn run(args: ServiceArgs) -> anyhow::Result<()> {
         .canonicalize()
         .with_context(|| format!("resolving {}", config.display()))?;
     let exe = std::env::current_exe().context("locating the iota binary")?;
-    let unit = unit(role, &exe, &config)?;
+    let unit = unit(role, &exe, &config);
     if print {
         print!("{unit}");
         return Ok(());
@@ -84,10 +84,7 @@ pub fn run(args: ServiceArgs) -> anyhow::Result<()> {
 }
 
 /// The unit text for `role`, running `exe` with the settings `config`.
-///
-/// # Errors
-/// A role that has no long-running command here.
-pub fn unit(role: Role, exe: &std::path::Path, config: &std::path::Path) -> anyhow::Result<String> {
+pub fn unit(role: Role, exe: &std::path::Path, config: &std::path::Path) -> String {
     let command = match role {
         Role::Miner => format!(
             "{} mine --config {} --quiet --log-format json",
@@ -99,9 +96,13 @@ pub fn unit(role: Role, exe: &std::path::Path, config: &std::path::Path) -> anyh
             quoted(exe),
             quoted(config)
         ),
-        Role::Validator => bail!("no validator service yet: validators are not built"),
+        Role::Validator => format!(
+            "{} validate --config {} --quiet --log-format json",
+            quoted(exe),
+            quoted(config)
+        ),
     };
-    Ok(format!(
+    format!(
         "# Written by `iota service install --role {role}`.\n\
          [Unit]\n\
          Description=iota {role}\n\
@@ -118,7 +119,7 @@ pub fn unit(role: Role, exe: &std::path::Path, config: &std::path::Path) -> anyh
          [Install]\n\
          WantedBy=default.target\n",
         role = role.name()
-    ))
+    )
 }
 
 /// A path for `ExecStart`: quoted when it holds spaces.
@@ -151,15 +152,15 @@ mod tests {
             Role::Miner,
             Path::new("/opt/iota/bin/iota"),
             Path::new("/h/m.yaml"),
-        )
-        .unwrap();
+        );
         assert!(text.contains(
             "ExecStart=/opt/iota/bin/iota mine --config /h/m.yaml --quiet --log-format json"
         ));
         assert!(text.contains("Restart=on-failure"));
         assert!(text.contains("WantedBy=default.target"));
-        let spaced = unit(Role::Orchestrator, Path::new("/a b/iota"), Path::new("/c")).unwrap();
+        let spaced = unit(Role::Orchestrator, Path::new("/a b/iota"), Path::new("/c"));
         assert!(spaced.contains("ExecStart=\"/a b/iota\" orchestrate --config /c"));
-        assert!(unit(Role::Validator, Path::new("/x"), Path::new("/y")).is_err());
+        let validator = unit(Role::Validator, Path::new("/x"), Path::new("/y"));
+        assert!(validator.contains("ExecStart=/x validate --config /y --quiet"));
     }
 }

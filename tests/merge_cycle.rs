@@ -17,6 +17,7 @@ use iota::merge::{
 };
 use iota::orchestrator::Repository;
 use iota::orchestrator::cycle::advance;
+use iota::orchestrator::repo::UploadState;
 use iota::storage::payload_hash;
 use iota::wallet::Hotkey;
 
@@ -96,6 +97,17 @@ impl Harness {
         values: &[f32],
         edit: impl FnOnce(&mut UploadManifest),
     ) -> SubmitResponse {
+        self.upload_state_to(p, held, values, edit).await.0
+    }
+
+    /// As [`Self::upload_state`], also returning the upload URL the player was given.
+    async fn upload_state_to(
+        &self,
+        p: &Player,
+        held: u64,
+        values: &[f32],
+        edit: impl FnOnce(&mut UploadManifest),
+    ) -> (SubmitResponse, BlobRef) {
         let resp = self.task(p, held).await;
         let MergeTask::Upload {
             epoch,
@@ -115,8 +127,10 @@ impl Harness {
         };
         edit(&mut manifest);
         self.upload(&target, bytes).await;
-        self.merge_submit(p, &MergeSubmitRequest::Upload { epoch, manifest })
-            .await
+        let r = self
+            .merge_submit(p, &MergeSubmitRequest::Upload { epoch, manifest })
+            .await;
+        (r, target)
     }
 
     /// Does `p`'s merge work honestly (from the vectors the test knows), scaled by `lie`.
@@ -661,4 +675,167 @@ async fn a_lone_copy_is_checked_by_the_orchestrator() {
         direct_mean(&all, &weights),
         "no lie reached the checkpoint"
     );
+}
+
+/// One finite but huge upload (±3e38) passes the finiteness check and, under `mean`, used to
+/// destroy the section's checkpoint. Its distance from the reference state (here the seed's
+/// initial state: this is the first merge) is far out of line, so it is left out before the
+/// plan is built, its uploader penalised, and the checkpoint is the merge of the others.
+#[tokio::test]
+async fn r9_a_huge_but_finite_upload_is_left_out_of_the_merge() {
+    let h = merge_harness("");
+    let (a, b, c, n) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    // The poisoner is the miner the mean would weigh most.
+    let backwards = |p: &Player| h.state.repo.backwards_in_epoch(&p.name, 0).unwrap();
+    let poisoner = *all.iter().max_by_key(|p| backwards(p)).unwrap();
+    let honest: Vec<&Player> = all
+        .iter()
+        .copied()
+        .filter(|p| p.name != poisoner.name)
+        .collect();
+    let mut poison = poisoner.flat.clone();
+    poison[0] = 3e38;
+    poison[n / 2] = -3e38;
+    for p in all {
+        let values = if p.name == poisoner.name {
+            &poison
+        } else {
+            &p.flat
+        };
+        assert!(h.upload_state(p, 0, values, |_| {}).await.accepted);
+    }
+    h.step().await;
+    h.step().await;
+    let upload = h.state.repo.upload(0, &poisoner.name).unwrap().unwrap();
+    assert_eq!(upload.state, UploadState::Refused);
+    assert!(
+        upload
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("away from the previous global state"),
+        "{upload:?}"
+    );
+    for p in &honest {
+        h.merge_work(p, &honest, 0, 1.0).await;
+    }
+    assert_eq!(
+        h.merge_work(poisoner, &all, 0, 1.0).await,
+        0,
+        "the poisoner merges nothing"
+    );
+    h.step().await;
+    assert_eq!(h.merge_status().await.epoch, 1);
+    let weights: Vec<f32> = honest.iter().map(|p| backwards(p) as f32).collect();
+    let expected = if weights.iter().all(|w| *w == 0.0) {
+        direct_mean(&honest, &[1.0; 2])
+    } else {
+        direct_mean(&honest, &weights)
+    };
+    let (_, values) = h.adopt(&a, 0).await;
+    assert!(
+        values.iter().all(|v| v.abs() < 10.0),
+        "the checkpoint was poisoned"
+    );
+    assert_eq!(values, expected);
+    assert!(
+        backwards(poisoner) == 0
+            || h.state
+                .repo
+                .miner(&poisoner.name)
+                .unwrap()
+                .unwrap()
+                .penalties
+                >= 1
+    );
+}
+
+/// After its upload is accepted, an uploader still holds a valid PUT URL until its lease ends.
+/// Overwriting the object with something short used to make the merge read it unhashed (and
+/// finalisation fail on every tick). Mergers and the orchestrator now read the orchestrator's
+/// copy taken at acceptance, and every merge source comes with the hash it was accepted with.
+#[tokio::test]
+async fn r9_an_accepted_upload_cannot_be_swapped_and_sources_carry_hashes() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    let mut target_of_c = None;
+    for p in all {
+        let (r, target) = h.upload_state_to(p, 0, &p.flat, |_| {}).await;
+        assert!(r.accepted, "{r:?}");
+        if p.name == c.name {
+            target_of_c = Some(target);
+        }
+    }
+    // Charlie swaps his accepted upload for a short object.
+    h.upload(&target_of_c.unwrap(), vec![0u8; 8]).await;
+    h.step().await;
+    h.step().await;
+    for p in all {
+        let resp = h.task(p, 0).await;
+        let MergeTask::Merge { partitions, .. } = &resp.task else {
+            panic!("{:?}", resp.task);
+        };
+        for part in partitions {
+            for source in &part.sources {
+                let owner = all.iter().find(|q| q.name == source.hotkey).unwrap();
+                let original = f32_to_le_bytes(&owner.flat);
+                assert_eq!(source.blob.hash, Some(payload_hash(&original)));
+                assert_eq!(h.get_blob(&source.blob).await, original);
+            }
+        }
+        h.merge_work(p, &all, 0, 1.0).await;
+    }
+    // Nobody's copy is cross-checked away: the orchestrator's own checks read the copies too.
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!(ms.epoch, 1);
+    assert!(
+        ms.sections[0].flagged.is_empty(),
+        "{:?}",
+        ms.sections[0].flagged
+    );
+}
+
+/// Finalisation must not be able to loop forever. Here every input of the merge is lost after
+/// the plan was built and nobody merges: before the deadline the step waits; past it the
+/// section falls back (recorded as such) and training resumes.
+#[tokio::test]
+async fn r9_a_merge_whose_inputs_vanish_falls_back_at_the_deadline() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    for p in all {
+        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
+    }
+    h.step().await;
+    h.step().await;
+    assert_eq!(h.merge_status().await.phase, Phase::Merging);
+    for p in all {
+        let key = h.state.accepted_upload_key(0, 0, &p.name).unwrap();
+        h.state.storage.delete(&key).await.unwrap();
+    }
+    h.step().await;
+    assert_eq!(
+        h.merge_status().await.phase,
+        Phase::Merging,
+        "waits for mergers"
+    );
+    // The merge deadline: lease grace (5 s) + merge phase (30 s).
+    h.advance(36_000);
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!((ms.phase, ms.epoch), (Phase::Training, 1));
+    let verdicts = h.state.repo.verdicts(0, 0).unwrap();
+    assert!(
+        verdicts
+            .iter()
+            .any(|(_, v)| v.starts_with("fallback to previous: finalising failed")),
+        "{verdicts:?}"
+    );
+    assert_eq!(h.task(&a, 0).await.task, MergeTask::Train);
 }

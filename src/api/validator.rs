@@ -136,13 +136,13 @@ fn default_window() -> usize {
     8
 }
 fn default_min_samples() -> usize {
-    6
+    12
 }
 fn default_z() -> f64 {
     4.0
 }
 fn default_min_effect() -> f64 {
-    0.1
+    0.5
 }
 fn default_temperature() -> f64 {
     0.2

@@ -19,7 +19,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde_json::json;
 
 use crate::api::client::ApiClient;
-use crate::api::{MergeStatus, StatusResponse};
+use crate::api::{MergeStatus, MetagraphView, StatusResponse};
 use crate::merge::MergeOp;
 use crate::model::backend::DeviceKind;
 use crate::model::config::even_sections;
@@ -88,6 +88,14 @@ pub struct LocalArgs {
     /// Merge operator: mean, geometric, median, trimmed[:F] (ignored with --config).
     #[arg(long, default_value = "mean")]
     pub merge_op: MergeOp,
+    /// Validators to start (hotkeys `validator0..`, listed in the generated run config; with
+    /// --config, the config must list them).
+    #[arg(long, default_value_t = 1)]
+    pub validators: usize,
+    /// After the --samples budget, seconds to wait for every validator to publish weights for
+    /// the last finished epoch.
+    #[arg(long, default_value_t = 180)]
+    pub validator_wait_s: u64,
 }
 
 /// Child processes, killed and reaped on drop.
@@ -102,6 +110,15 @@ impl Children {
             let _ = child.wait();
         }
         self.0.truncate(1);
+    }
+
+    /// Kills and reaps the children whose name starts with `prefix`.
+    pub fn stop_named(&mut self, prefix: &str) {
+        for (_, child) in self.0.iter_mut().filter(|(n, _)| n.starts_with(prefix)) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.0.retain(|(n, _)| !n.starts_with(prefix));
     }
 
     /// Adds a child under `name`.
@@ -170,6 +187,14 @@ pub fn generated_config(
     listen: SocketAddr,
 ) -> anyhow::Result<serde_json::Value> {
     let path = dir.join("run.yaml");
+    let wallets = WalletDir::new(dir.join("wallets"));
+    let mut validators = Vec::new();
+    for i in 0..args.validators {
+        let name = validator_name(i);
+        ensure_hotkey(&wallets, &name)?;
+        let hotkey = wallets.load_hotkey(WALLET, &name)?;
+        validators.push(json!({ "hotkey": hotkey.address(), "stake": 1.0 }));
+    }
     let mut model = json!({ "preset": args.preset });
     if let Some(n) = args.sections {
         let preset = ModelConfig::preset(&args.preset)?;
@@ -190,6 +215,7 @@ pub fn generated_config(
         "heartbeat_s": 2,
         "batches_before_merging": args.merge_every,
         "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
+        "validators": validators,
     });
     Ok(config)
 }
@@ -207,6 +233,11 @@ fn schedule_for(args: &LocalArgs) -> LrSchedule {
         total_steps: args.samples.unwrap_or(u64::MAX),
         min_ratio: defaults.min_lr_ratio,
     }
+}
+
+/// Hotkey name of the `i`-th local validator.
+fn validator_name(i: usize) -> String {
+    format!("validator{i}")
 }
 
 /// Spawns `iota <args>` with stdout and stderr going to `log`.
@@ -325,11 +356,47 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         let log = dir.join(format!("logs/{name}.log"));
         children.push(name, spawn_self(&mine, &log)?);
     }
+    for i in 0..args.validators {
+        let name = validator_name(i);
+        ensure_hotkey(&wallets, &name)?;
+        let validate = vec![
+            "validate".to_string(),
+            "--wallet".into(),
+            WALLET.into(),
+            "--hotkey".into(),
+            name.clone(),
+            "--orchestrator".into(),
+            url.clone(),
+            "--wallets-dir".into(),
+            wallets.root().display().to_string(),
+            "--threads".into(),
+            args.threads.max(1).to_string(),
+            "--device".into(),
+            args.device.to_string(),
+            "--state-dir".into(),
+            dir.join("validators").join(&name).display().to_string(),
+        ];
+        let log = dir.join(format!("logs/{name}.log"));
+        children.push(name, spawn_self(&validate, &log)?);
+    }
+    if args.validators > 0 {
+        eprintln!(
+            "iota local: {} validator(s); weights at {url}/api/weights",
+            args.validators
+        );
+    }
     let (final_status, tally) = runtime.block_on(watch(&args, &client, &mut children))?;
     let merge = runtime.block_on(client.merge_status()).ok();
+    let weights = if args.validators > 0 && args.samples.is_some() {
+        children.stop_named("miner");
+        runtime.block_on(wait_for_weights(&args, &client, &mut children))
+    } else {
+        runtime.block_on(client.metagraph()).ok()
+    };
     if args.keep_running && args.samples.is_some() {
         children.stop_miners();
         print_summary(&final_status, merge.as_ref(), &tally);
+        print_weights(weights.as_ref());
         eprintln!(
             "iota local: miners stopped; the orchestrator keeps serving {url} (/api/status, /metrics) until Ctrl-C"
         );
@@ -341,7 +408,92 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     }
     drop(children);
     print_summary(&final_status, merge.as_ref(), &tally);
+    print_weights(weights.as_ref());
     Ok(())
+}
+
+/// Waits until every configured validator has published weights for the last finished epoch
+/// (or `--validator-wait-s` passes, or every validator exited); returns the metagraph then.
+async fn wait_for_weights(
+    args: &LocalArgs,
+    client: &ApiClient,
+    children: &mut Children,
+) -> Option<MetagraphView> {
+    let epoch = client.run_info().await.ok()?.epoch;
+    let Some(last) = epoch.checked_sub(1) else {
+        eprintln!("iota local: no epoch finished, so validators had nothing to weigh");
+        return client.metagraph().await.ok();
+    };
+    eprintln!(
+        "iota local: miners stopped; waiting up to {} s for the validators' weights of epoch {last}",
+        args.validator_wait_s
+    );
+    let deadline = Instant::now() + Duration::from_secs(args.validator_wait_s);
+    loop {
+        let view = client.metagraph().await.ok();
+        let published = view.as_ref().map_or(0, |v| {
+            v.validators.iter().filter(|w| w.epoch >= last).count()
+        });
+        let running = children
+            .0
+            .iter_mut()
+            .filter(|(n, _)| n.starts_with("validator"))
+            .filter_map(|(_, c)| c.try_wait().ok())
+            .filter(Option::is_none)
+            .count();
+        if published >= args.validators || running == 0 || Instant::now() >= deadline {
+            if published < args.validators {
+                eprintln!(
+                    "iota local: {published} of {} validators published weights for epoch {last} (see logs/validator*.log)",
+                    args.validators
+                );
+            }
+            return view;
+        }
+        tokio::time::sleep(Duration::from_millis(args.poll_ms.max(50))).await;
+    }
+}
+
+/// Prints the metagraph: the combined weights, then each validator's vector with its parts.
+fn print_weights(view: Option<&MetagraphView>) {
+    let Some(view) = view.filter(|v| !v.validators.is_empty()) else {
+        return;
+    };
+    println!(
+        "weights (GET /api/weights, combined by {:?}; burn {:.3})",
+        view.combine, view.combined_burn
+    );
+    for v in &view.validators {
+        println!(
+            "validator {} (stake {}) epoch {}{}",
+            v.hotkey,
+            v.stake,
+            v.epoch,
+            if v.dissent { " DISSENTS" } else { "" }
+        );
+        println!(
+            "  miner                                              weight  combined  throughput  quality  penalty  flags"
+        );
+        let mut rows: Vec<_> = v.weights.iter().collect();
+        rows.sort_by(|a, b| b.weight.total_cmp(&a.weight));
+        for w in rows {
+            let combined = view
+                .combined
+                .iter()
+                .find(|(h, _)| *h == w.hotkey)
+                .map_or(0.0, |(_, x)| *x);
+            println!(
+                "  {:<48} {:>8.4} {:>9.4} {:>11.0} {:>8.3} {:>8.1}  {}",
+                w.hotkey,
+                w.weight,
+                combined,
+                w.parts.throughput,
+                w.parts.quality,
+                w.parts.penalty,
+                w.parts.flags.join("; ")
+            );
+        }
+    }
 }
 
 /// Polls the status until the sample budget is spent or Ctrl-C; returns the last status.

@@ -30,6 +30,7 @@
 //!   lease_grace_s: 15
 //!   merge_s: 120             # then unmerged partitions fall back to the previous global
 //!   tolerance: 1.0e-4        # relative, when comparing copies
+//!   outlier_factor: 10       # uploads farther than this x the median distance are left out
 //!   outer: null              # e.g. {lr: 0.7, momentum: 0.9}: Nesterov outer step
 //! max_samples: null          # optional sample budget (sample units)
 //! heartbeat_s: 10
@@ -143,6 +144,11 @@ pub struct MergeConfig {
     /// Optional DiLoCo-style outer step (`{lr, momentum}`) on the merged parameters.
     #[serde(default)]
     pub outer: Option<OuterStep>,
+    /// An upload whose distance from the previous global state exceeds this many times the
+    /// median distance of the section's uploads is left out of the merge
+    /// ([`super::outliers`]; applies with 3 or more uploads).
+    #[serde(default = "default_outlier_factor")]
+    pub outlier_factor: f64,
 }
 
 fn default_replication() -> usize {
@@ -164,6 +170,10 @@ fn default_tolerance() -> f32 {
     1e-4
 }
 
+fn default_outlier_factor() -> f64 {
+    10.0
+}
+
 impl Default for MergeConfig {
     fn default() -> Self {
         Self {
@@ -175,6 +185,7 @@ impl Default for MergeConfig {
             merge_s: default_merge_s(),
             tolerance: default_tolerance(),
             outer: None,
+            outlier_factor: default_outlier_factor(),
         }
     }
 }
@@ -394,6 +405,12 @@ impl RunConfig {
         }
         if !(raw.merge.tolerance.is_finite() && raw.merge.tolerance >= 0.0) {
             return Err(invalid("merge.tolerance", "must be finite and >= 0".into()));
+        }
+        if !(raw.merge.outlier_factor.is_finite() && raw.merge.outlier_factor >= 1.0) {
+            return Err(invalid(
+                "merge.outlier_factor",
+                "must be finite and >= 1".into(),
+            ));
         }
         if let Some(outer) = raw.merge.outer {
             let ok = outer.lr.is_finite()

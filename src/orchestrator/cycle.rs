@@ -10,7 +10,8 @@
 //!   their `r` results, or the merge deadline passed ([`super::finalize`]).
 
 pub use super::cycle_error::CycleError;
-use super::finalize::finalize_section;
+use super::finalize::{fall_back, finalize_section};
+use super::outliers::outliers;
 use super::repo::{PlanRow, SectionOutcome, UploadState};
 use super::state::AppState;
 use crate::api::Phase;
@@ -111,10 +112,24 @@ async fn advance_section(
         if leases_open && now < deadline {
             return Ok(false);
         }
-        let accepted: Vec<_> = uploads
+        let mut accepted: Vec<_> = uploads
             .iter()
             .filter(|u| u.state == UploadState::Accepted)
             .collect();
+        // The robust norm check: uploads far from the reference, compared with the others,
+        // are left out. Those that carry merge weight are compared (a zero-weight upload does
+        // not enter the mean), or all of them when none does (then all weigh the same).
+        let weighted = accepted.iter().any(|u| u.weight > 0.0);
+        let measured: Vec<_> = accepted
+            .iter()
+            .filter(|u| !weighted || u.weight > 0.0)
+            .filter_map(|u| u.distance.clone())
+            .collect();
+        for (miner, reason) in outliers(&measured, state.config.merge.outlier_factor) {
+            tracing::warn!(epoch, section, miner = %miner, %reason, "upload left out of the merge");
+            state.repo.reject_outlier(epoch, &miner, &reason, now)?;
+            accepted.retain(|u| u.miner != miner);
+        }
         if accepted.is_empty() {
             tracing::warn!(
                 epoch,
@@ -164,8 +179,19 @@ async fn advance_section(
     if !complete && now < deadline {
         return Ok(false);
     }
-    finalize_section(state, epoch, section, &row, &plan, &results).await?;
-    Ok(true)
+    match finalize_section(state, epoch, section, &row, &plan, &results).await {
+        Ok(()) => Ok(true),
+        // Before the deadline a failure is retried at the next tick; past it the section
+        // falls back to its previous global state, with the reason recorded, so a merge can
+        // never hold the run up for good.
+        Err(e) if now >= deadline => {
+            let reason = format!("finalising failed past the merge deadline: {e}");
+            tracing::error!(epoch, section, %reason, "section falls back");
+            fall_back(state, epoch, section, &reason).await?;
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The plan of a stored [`PlanRow`] (recomputed: it is a pure function of the row).

@@ -18,7 +18,7 @@ use crate::merge::{
     verify_partition,
 };
 use crate::model::layout::section_layout;
-use crate::storage::{ObjectKey, StatePart, payload_hash};
+use crate::storage::{ObjectKey, StatePart, StorageError, payload_hash};
 
 /// Values merged at a time when the orchestrator recomputes a partition.
 const RECOMPUTE_CHUNK: usize = 1 << 20;
@@ -236,7 +236,7 @@ async fn recompute(
     let sources = merge_sources(row);
     let mut keys = Vec::with_capacity(sources.len());
     for (miner, _) in &sources {
-        keys.push(state.upload_key(section, epoch, miner)?);
+        keys.push(state.accepted_upload_key(section, epoch, miner)?);
     }
     let weights: Vec<f32> = sources.iter().map(|(_, w)| *w).collect();
     // Coordinate-wise operators: merge a chunk at a time, so memory stays at one chunk per
@@ -265,4 +265,48 @@ pub fn merge_sources(row: &PlanRow) -> Vec<(String, f32)> {
         .zip(row.weights.iter().copied())
         .filter(|(_, w)| *w > 0.0)
         .collect()
+}
+
+/// Ends the merge of `section` without a merged result, recording `reason`: the previous
+/// global state (if there is one) is carried into the next epoch as the section's checkpoint,
+/// so its miners adopt it as usual; when even that cannot be copied, the section ends with no
+/// new checkpoint (its miners keep their weights). It always finishes, so a merge whose
+/// inputs are broken cannot stall the run.
+///
+/// # Errors
+/// Only a state-store error.
+pub async fn fall_back(
+    state: &AppState,
+    epoch: u64,
+    section: usize,
+    reason: &str,
+) -> Result<(), CycleError> {
+    let mut outcome = SectionOutcome::default();
+    let mut verdict = format!("fallback to previous: {reason}");
+    if let Some(cp) = state.repo.latest_checkpoint(section)? {
+        let mut copied = Ok(());
+        for part in [StatePart::Flat, StatePart::OuterMomentum] {
+            let from = state.checkpoint_key(section, cp.epoch, part);
+            let to = state.checkpoint_key(section, epoch + 1, part);
+            match state.storage.copy(&from, &to).await {
+                Ok(()) => {}
+                // No outer momentum is kept without an outer step.
+                Err(StorageError::NotFound { .. }) if part == StatePart::OuterMomentum => {}
+                Err(e) => copied = Err(e),
+            }
+        }
+        match copied {
+            Ok(()) => outcome.checkpoint = Some((cp.hash, cp.bytes)),
+            Err(e) => verdict.push_str(&format!(
+                "; the previous state could not be copied ({e}): no new checkpoint"
+            )),
+        }
+    } else {
+        verdict.push_str("; there is no previous state: no new checkpoint");
+    }
+    outcome.verdicts.push((0, verdict));
+    state
+        .repo
+        .finalize_section(epoch, section, &outcome, state.now_ms())?;
+    Ok(())
 }

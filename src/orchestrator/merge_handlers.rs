@@ -7,6 +7,8 @@ use super::auth::Signed;
 use super::cycle::{self, build_plan};
 use super::finalize::merge_sources;
 use super::http_error::HttpError;
+use super::outliers::{DistanceSum, UploadDistance};
+use super::reference::Reference;
 use super::repo::{PhaseInfo, UploadRow, UploadState};
 use super::state::AppState;
 use super::wire::{get_url, put_url};
@@ -139,6 +141,12 @@ async fn next_task(
     }
     let plan = build_plan(state, epoch, section, &row).map_err(HttpError::internal)?;
     let done = state.repo.results(epoch, section)?;
+    let hashes: std::collections::HashMap<String, Option<String>> = state
+        .repo
+        .uploads_of(epoch, section)?
+        .into_iter()
+        .map(|u| (u.miner, u.hash))
+        .collect();
     let deadline = info.deadline_ms.unwrap_or(now);
     let mut partitions = Vec::new();
     for part in plan.partitions_for(hotkey) {
@@ -152,15 +160,18 @@ async fn next_task(
         let mut sources = Vec::new();
         let read_until = deadline.saturating_add(super::wire::URL_GRACE_MS);
         for (uploader, weight) in merge_sources(&row) {
+            // The orchestrator's copy of the accepted upload, with the hash it was accepted
+            // with: the uploader cannot change it.
             let key = state
-                .upload_key(section, epoch, &uploader)
+                .accepted_upload_key(section, epoch, &uploader)
                 .map_err(HttpError::internal)?;
+            let hash = hashes.get(&uploader).cloned().flatten();
             sources.push(MergeSource {
                 hotkey: uploader,
                 weight,
                 blob: BlobRef {
                     url: get_url(state, &key, read_until).await?,
-                    hash: None,
+                    hash,
                     shape: None,
                     expires_unix_ms: read_until,
                 },
@@ -250,28 +261,36 @@ pub async fn submit(
                 return Ok(refused("the upload lease expired"));
             }
             match check_upload(&state, section, *epoch, &req.hotkey, manifest).await? {
-                Some(reason) => {
+                Err(reason) => {
                     tracing::warn!(hotkey = %req.hotkey, epoch, %reason, "upload refused");
                     state
                         .repo
-                        .refuse_upload(*epoch, &req.hotkey, &reason, now)?;
+                        .refuse_upload(*epoch, &req.hotkey, &reason, state.now_ms())?;
                     refused(reason)
                 }
-                None => {
+                Ok(distance) => {
                     let weight = state.repo.backwards_in_epoch(&req.hotkey, *epoch)? as f32;
-                    state.repo.accept_upload(
+                    // The check took time: the lease may have ended or the plan been built
+                    // meanwhile, and then the upload stays out.
+                    let accepted = state.repo.accept_upload(
                         *epoch,
                         &req.hotkey,
                         &manifest.hash.to_ascii_lowercase(),
                         manifest.bytes,
                         weight,
+                        &distance,
+                        state.now_ms(),
                     )?;
-                    state.repo.record_upload_time(*epoch, &req.hotkey, now)?;
-                    tracing::info!(hotkey = %req.hotkey, epoch, section, weight, "upload accepted");
-                    Json(SubmitResponse {
-                        accepted: true,
-                        reason: None,
-                    })
+                    if accepted {
+                        state.repo.record_upload_time(*epoch, &req.hotkey, now)?;
+                        tracing::info!(hotkey = %req.hotkey, epoch, section, weight, "upload accepted");
+                        Json(SubmitResponse {
+                            accepted: true,
+                            reason: None,
+                        })
+                    } else {
+                        refused("the upload lease ended while the upload was being checked")
+                    }
                 }
             }
         }
@@ -342,23 +361,29 @@ pub async fn submit(
     Ok(response)
 }
 
-/// Why an upload is refused, if it is: layout, dtype, size, hash, finiteness.
+/// Checks an upload: layout, dtype and size first (the object is sized with a HEAD, never
+/// read when the size is wrong), then it is copied to its accepted key (which no URL can
+/// overwrite) and the copy is read chunk by chunk: hash, finiteness, and its distances from
+/// the reference state for the robust norm check. `Err` holds the reason it is refused.
+///
+/// # Errors
+/// A storage error other than a missing or mis-sized object.
 async fn check_upload(
     state: &AppState,
     section: usize,
     epoch: u64,
     hotkey: &str,
     manifest: &UploadManifest,
-) -> Result<Option<String>, HttpError> {
+) -> Result<Result<UploadDistance, String>, HttpError> {
     let layout = section_layout(&state.config.model, section).map_err(HttpError::internal)?;
     if let Err(e) = layout.expect_same(&manifest.layout) {
-        return Ok(Some(format!("wrong layout: {e}")));
+        return Ok(Err(format!("wrong layout: {e}")));
     }
     if manifest.dtype != "f32" {
-        return Ok(Some(format!("dtype {} is not f32", manifest.dtype)));
+        return Ok(Err(format!("dtype {} is not f32", manifest.dtype)));
     }
     if manifest.bytes != layout.total_bytes() {
-        return Ok(Some(format!(
+        return Ok(Err(format!(
             "manifest says {} bytes, the layout needs {}",
             manifest.bytes,
             layout.total_bytes()
@@ -369,25 +394,39 @@ async fn check_upload(
         .map_err(HttpError::internal)?;
     let size = match state.storage.head(&key).await {
         Ok(size) => size,
-        Err(StorageError::NotFound { .. }) => return Ok(Some("nothing was uploaded".into())),
+        Err(StorageError::NotFound { .. }) => return Ok(Err("nothing was uploaded".into())),
         Err(e) => return Err(HttpError::internal(e)),
     };
     if size != layout.total_bytes() {
-        return Ok(Some(format!(
+        return Ok(Err(format!(
             "the object has {size} bytes, the layout needs {}",
             layout.total_bytes()
         )));
     }
+    let accepted = state
+        .accepted_upload_key(section, epoch, hotkey)
+        .map_err(HttpError::internal)?;
+    state
+        .storage
+        .copy(&key, &accepted)
+        .await
+        .map_err(HttpError::internal)?;
+    let reference = Reference::of(state, section)
+        .await
+        .map_err(HttpError::internal)?;
     // Read in chunks, so a large section is never held whole.
     let mut hasher = blake3::Hasher::new();
+    let mut distance = DistanceSum::default();
     let mut offset = 0u64;
     while offset < size {
         let end = (offset + CHECK_CHUNK).min(size);
-        let chunk = state
-            .storage
-            .get_range(&key, offset..end)
-            .await
-            .map_err(HttpError::internal)?;
+        let chunk = match state.storage.get_range(&accepted, offset..end).await {
+            Ok(chunk) => chunk,
+            Err(StorageError::LengthMismatch { .. }) => {
+                return Ok(Err("the upload changed while it was checked".into()));
+            }
+            Err(e) => return Err(HttpError::internal(e)),
+        };
         hasher.update(&chunk);
         let values = f32_from_le_bytes(&chunk).unwrap_or_default();
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
@@ -399,20 +438,25 @@ async fn check_upload(
                 .rev()
                 .find(|t| t.offset <= within)
                 .map_or("?", |t| t.name.as_str());
-            return Ok(Some(format!(
+            return Ok(Err(format!(
                 "non-finite value at flat index {index} (tensor `{name}`)"
             )));
         }
+        let against = reference
+            .values(state, offset / 4..end / 4)
+            .await
+            .map_err(HttpError::internal)?;
+        distance.add(offset / 4, &values, &against, layout.params_len);
         offset = end;
     }
     let actual = hasher.finalize().to_hex().to_string();
     if !actual.eq_ignore_ascii_case(&manifest.hash) {
-        return Ok(Some(format!(
+        return Ok(Err(format!(
             "hash mismatch: reported {}, the object hashes to {actual}",
             manifest.hash
         )));
     }
-    Ok(None)
+    Ok(Ok(distance.finish(hotkey)))
 }
 
 /// `GET /api/merge/status`.

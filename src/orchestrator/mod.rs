@@ -26,6 +26,8 @@ pub mod http_error;
 pub mod merge_handlers;
 pub mod metagraph;
 pub mod metrics;
+pub mod outliers;
+pub mod reference;
 pub mod repo;
 pub mod repo_types;
 pub mod retention;

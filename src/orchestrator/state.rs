@@ -91,6 +91,8 @@ pub struct Inner {
     pub start_lock: tokio::sync::Mutex<()>,
     /// Serialises the phase machine ([`super::cycle::advance`]).
     pub cycle_lock: tokio::sync::Mutex<()>,
+    /// Initial flat states of sections, built once ([`super::reference`]).
+    pub initial_states: std::sync::Mutex<std::collections::HashMap<usize, Arc<Vec<f32>>>>,
     /// Assignments whose submitted result is being checked (one check each at a time).
     pub in_check: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Permits of the `/blob` uploads streaming at once ([`super::blob::MAX_CONCURRENT_PUTS`]).
@@ -162,6 +164,7 @@ impl AppState {
                 metrics: Metrics::default(),
                 start_lock: tokio::sync::Mutex::new(()),
                 cycle_lock: tokio::sync::Mutex::new(()),
+                initial_states: std::sync::Mutex::new(std::collections::HashMap::new()),
                 in_check: std::sync::Mutex::new(std::collections::HashSet::new()),
                 blob_puts: Arc::new(tokio::sync::Semaphore::new(
                     super::blob::MAX_CONCURRENT_PUTS,
@@ -214,6 +217,25 @@ impl AppState {
             &Hotkey::new(hotkey)?,
             StatePart::Flat,
         ))
+    }
+
+    /// Key of the orchestrator's copy of `hotkey`'s accepted upload for the merge of `epoch`:
+    /// made when the upload was checked, under a key no upload URL exists for, so the uploader
+    /// cannot change what the mergers and the orchestrator read.
+    ///
+    /// # Errors
+    /// [`KeyError`] for a hotkey that is not a key component.
+    pub fn accepted_upload_key(
+        &self,
+        section: usize,
+        epoch: u64,
+        hotkey: &str,
+    ) -> Result<ObjectKey, KeyError> {
+        Ok(self
+            .keys
+            .weights_epoch(section_u32(section), epoch)
+            .join(&KeyPart::new(hotkey)?)
+            .join(&KeyPart::new("accepted")?))
     }
 
     /// Key of `merger`'s result for partition `partition` of the merge of `epoch`.

@@ -223,7 +223,7 @@ pub async fn work(
     let upload = match state.repo.upload(epoch, &miner)? {
         Some(u) if u.state == UploadState::Accepted => {
             let key = state
-                .upload_key(row.section, epoch, &miner)
+                .accepted_upload_key(row.section, epoch, &miner)
                 .map_err(HttpError::internal)?;
             Some(get_ref(&state, &key, u.hash, None).await?)
         }
@@ -262,7 +262,7 @@ pub async fn merge_record(
             })
             .unwrap_or(u.weight);
         let key = state
-            .upload_key(section, epoch, &u.miner)
+            .accepted_upload_key(section, epoch, &u.miner)
             .map_err(HttpError::internal)?;
         uploads.push(UploadSource {
             hotkey: u.miner.clone(),

@@ -405,6 +405,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResul
         poll_ms: 500,
         merge_every: args.merge_every,
         merge_op: args.merge_op,
+        validators: 0,
+        validator_wait_s: 0,
     };
     let mut config = generated_config(&local, dir, listen)?;
     config["max_in_flight"] = json!(args.max_in_flight);

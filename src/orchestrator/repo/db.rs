@@ -50,11 +50,11 @@ impl Repository {
 
     fn init(conn: Connection) -> Result<Self, RepoError> {
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(MERGE_SCHEMA)?;
+        conn.execute_batch(VALIDATION_SCHEMA)?;
         for (table, column, decl) in ADDED_COLUMNS {
             add_column_if_missing(&conn, table, column, decl)?;
         }
-        conn.execute_batch(MERGE_SCHEMA)?;
-        conn.execute_batch(VALIDATION_SCHEMA)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })

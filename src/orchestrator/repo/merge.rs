@@ -7,6 +7,7 @@ use rusqlite::{OptionalExtension, params};
 use super::db::{Repository, to_i64, to_u64, usize_of};
 use super::ledger::penalise;
 use crate::api::{EpochSummary, Phase};
+use crate::orchestrator::outliers::UploadDistance;
 use crate::orchestrator::repo_types::RepoError;
 
 /// The phase and its deadlines.
@@ -70,6 +71,8 @@ pub struct UploadRow {
     pub weight: f32,
     /// Why it was refused.
     pub reason: Option<String>,
+    /// Its distances from the reference state, measured when it was checked.
+    pub distance: Option<UploadDistance>,
 }
 
 /// A stored plan: the inputs every party needs to recompute it.
@@ -133,7 +136,8 @@ impl Repository {
         let conn = self.lock();
         let row = conn
             .query_row(
-                "SELECT miner, section, state, lease_until, hash, weight, reason FROM uploads \
+                "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
+                 d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
                  WHERE epoch = ?1 AND miner = ?2",
                 params![to_i64(epoch), hotkey],
                 read_upload,
@@ -149,7 +153,8 @@ impl Repository {
     pub fn uploads_of(&self, epoch: u64, section: usize) -> Result<Vec<UploadRow>, RepoError> {
         let conn = self.lock();
         let mut stmt = conn.prepare(
-            "SELECT miner, section, state, lease_until, hash, weight, reason FROM uploads \
+            "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
+             d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
              WHERE epoch = ?1 AND section = ?2 ORDER BY miner",
         )?;
         let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], read_upload)?;
@@ -182,10 +187,13 @@ impl Repository {
         })
     }
 
-    /// Accepts a verified upload with its merge weight.
+    /// Accepts a verified upload with its merge weight and distances, if it is still open: still
+    /// leased, its lease not over at `now_ms`, and its section's plan not built yet (the check
+    /// that precedes this can take long). Returns whether it was accepted.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
+    #[allow(clippy::too_many_arguments)]
     pub fn accept_upload(
         &self,
         epoch: u64,
@@ -193,24 +201,36 @@ impl Repository {
         hash: &str,
         bytes: u64,
         weight: f32,
-    ) -> Result<(), RepoError> {
+        distance: &UploadDistance,
+        now_ms: u64,
+    ) -> Result<bool, RepoError> {
         self.write(|tx| {
-            tx.execute(
-                "UPDATE uploads SET state = 'accepted', hash = ?3, bytes = ?4, weight = ?5 \
-                 WHERE epoch = ?1 AND miner = ?2",
+            let n = tx.execute(
+                "UPDATE uploads SET state = 'accepted', hash = ?3, bytes = ?4, weight = ?5, \
+                 d_params = ?6, d_exp_avg = ?7, d_exp_avg_sq = ?8, reference_norm = ?9 \
+                 WHERE epoch = ?1 AND miner = ?2 AND state = 'leased' AND lease_until >= ?10 \
+                 AND NOT EXISTS (SELECT 1 FROM merge_plans p \
+                                 WHERE p.epoch = uploads.epoch AND p.section = uploads.section)",
                 params![
                     to_i64(epoch),
                     hotkey,
                     hash,
                     to_i64(bytes),
-                    f64::from(weight)
+                    f64::from(weight),
+                    distance.distance[0],
+                    distance.distance[1],
+                    distance.distance[2],
+                    distance.reference_norm,
+                    to_i64(now_ms)
                 ],
             )?;
-            Ok(())
+            Ok(n == 1)
         })
     }
 
-    /// Refuses an upload: the miner is left out of the merge and penalised.
+    /// Refuses an upload that is still leased (a verdict reached after it was accepted or
+    /// refused otherwise changes nothing): the miner is left out of the merge and penalised.
+    /// Returns whether it was refused.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
@@ -220,19 +240,52 @@ impl Repository {
         hotkey: &str,
         reason: &str,
         now_ms: u64,
-    ) -> Result<(), RepoError> {
+    ) -> Result<bool, RepoError> {
+        self.refuse_from(UploadState::Leased, epoch, hotkey, reason, now_ms)
+    }
+
+    /// Leaves an accepted upload out of the merge before its plan is built (the robust norm
+    /// check, [`crate::orchestrator::outliers`]): refused with `reason`, miner penalised.
+    /// Returns whether it was refused.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn reject_outlier(
+        &self,
+        epoch: u64,
+        hotkey: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<bool, RepoError> {
+        self.refuse_from(UploadState::Accepted, epoch, hotkey, reason, now_ms)
+    }
+
+    /// Refuses `hotkey`'s upload for `epoch` if it is in state `from`, penalising the miner.
+    fn refuse_from(
+        &self,
+        from: UploadState,
+        epoch: u64,
+        hotkey: &str,
+        reason: &str,
+        now_ms: u64,
+    ) -> Result<bool, RepoError> {
         self.write(|tx| {
-            tx.execute(
-                "UPDATE uploads SET state = 'refused', reason = ?3 WHERE epoch = ?1 AND miner = ?2",
-                params![to_i64(epoch), hotkey, reason],
+            let n = tx.execute(
+                "UPDATE uploads SET state = 'refused', reason = ?3 \
+                 WHERE epoch = ?1 AND miner = ?2 AND state = ?4",
+                params![to_i64(epoch), hotkey, reason, from.as_str()],
             )?;
+            if n == 0 {
+                return Ok(false);
+            }
             penalise(
                 tx,
                 hotkey,
                 None,
                 &format!("upload refused: {reason}"),
                 now_ms,
-            )
+            )?;
+            Ok(true)
         })
     }
 
@@ -504,37 +557,49 @@ impl Repository {
     }
 }
 
-type RawUpload = (
-    String,
-    i64,
-    String,
-    i64,
-    Option<String>,
-    Option<f64>,
-    Option<String>,
-);
+struct RawUpload {
+    miner: String,
+    section: i64,
+    state: String,
+    lease_until: i64,
+    hash: Option<String>,
+    weight: Option<f64>,
+    reason: Option<String>,
+    distance: [Option<f64>; 3],
+    reference_norm: Option<f64>,
+}
 
 fn read_upload(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawUpload> {
-    Ok((
-        r.get(0)?,
-        r.get(1)?,
-        r.get(2)?,
-        r.get(3)?,
-        r.get(4)?,
-        r.get(5)?,
-        r.get(6)?,
-    ))
+    Ok(RawUpload {
+        miner: r.get(0)?,
+        section: r.get(1)?,
+        state: r.get(2)?,
+        lease_until: r.get(3)?,
+        hash: r.get(4)?,
+        weight: r.get(5)?,
+        reason: r.get(6)?,
+        distance: [r.get(7)?, r.get(8)?, r.get(9)?],
+        reference_norm: r.get(10)?,
+    })
 }
 
 fn finish_upload(raw: RawUpload) -> Result<UploadRow, RepoError> {
-    let (miner, section, state, lease_until, hash, weight, reason) = raw;
+    let distance = match (raw.distance, raw.reference_norm) {
+        ([Some(a), Some(b), Some(c)], Some(norm)) => Some(UploadDistance {
+            miner: raw.miner.clone(),
+            distance: [a, b, c],
+            reference_norm: norm,
+        }),
+        _ => None,
+    };
     Ok(UploadRow {
-        miner,
-        section: usize_of(section),
-        state: UploadState::parse(&state)?,
-        lease_until_ms: to_u64(lease_until),
-        hash,
-        weight: weight.unwrap_or(0.0) as f32,
-        reason,
+        miner: raw.miner,
+        section: usize_of(raw.section),
+        state: UploadState::parse(&raw.state)?,
+        lease_until_ms: to_u64(raw.lease_until),
+        hash: raw.hash,
+        weight: raw.weight.unwrap_or(0.0) as f32,
+        reason: raw.reason,
+        distance,
     })
 }

@@ -41,9 +41,13 @@ CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTE
 
 /// Columns added after the first release of the schema: `(table, column, declaration)`,
 /// added to older state files when they are opened.
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 2] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 6] = [
     ("assignments", "input_from", "INTEGER"),
     ("assignments", "output_key", "TEXT"),
+    ("uploads", "d_params", "REAL"),
+    ("uploads", "d_exp_avg", "REAL"),
+    ("uploads", "d_exp_avg_sq", "REAL"),
+    ("uploads", "reference_norm", "REAL"),
 ];
 
 /// Tables of the merge cycle (created next to the routing tables).

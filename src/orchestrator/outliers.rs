@@ -1,0 +1,169 @@
+//! The robust norm check of merge uploads: an upload whose distance from the reference state
+//! (the previous global state, or the seed's initial state before the first merge) is an
+//! outlier among the section's uploads is left out of the merge.
+//!
+//! Each upload is summarised by the L2 distance of each of its three blocks (parameters,
+//! first moments, second moments) from the same block of the reference. Two rules, per block:
+//! - **relative** (3 or more uploads): a distance above `factor` times the median of the
+//!   section's distances for that block. The median ignores up to half the uploads, so a
+//!   minority cannot move the bar;
+//! - **absolute** (any number of uploads, so also when two disagree and neither is a majority):
+//!   a distance above [`ABSOLUTE_FACTOR`] times the norm of the reference parameters. An honest
+//!   epoch of training moves a state by a small fraction of its own norm.
+//!
+//! A finite but huge upload (±3e38), which the finiteness check lets through and which would
+//! dominate a mean, fails both.
+
+/// An upload's distance from the reference may be at most this many times the norm of the
+/// reference parameters.
+pub const ABSOLUTE_FACTOR: f64 = 100.0;
+
+/// Blocks of a flat state, in order.
+pub const BLOCKS: [&str; 3] = ["parameters", "exp_avg", "exp_avg_sq"];
+
+/// What the check needs to know of one upload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UploadDistance {
+    /// The uploader.
+    pub miner: String,
+    /// L2 distance of each block from the reference ([`BLOCKS`] order).
+    pub distance: [f64; 3],
+    /// L2 norm of the reference parameters.
+    pub reference_norm: f64,
+}
+
+/// The uploads to leave out, each with the reason, among `uploads` (one section's accepted
+/// uploads that carry merge weight), for a relative `factor` (`merge.outlier_factor`).
+pub fn outliers(uploads: &[UploadDistance], factor: f64) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let medians: Vec<Option<f64>> = (0..BLOCKS.len())
+        .map(|b| {
+            (uploads.len() >= 3).then(|| median(uploads.iter().map(|u| u.distance[b]).collect()))
+        })
+        .collect();
+    for u in uploads {
+        let bound = ABSOLUTE_FACTOR * u.reference_norm;
+        let reason = BLOCKS.iter().enumerate().find_map(|(b, name)| {
+            let d = u.distance[b];
+            if !d.is_finite() || d > bound {
+                return Some(format!(
+                    "{name} are {d:.3e} away from the previous global state, more than \
+                     {ABSOLUTE_FACTOR} x its parameter norm ({:.3e})",
+                    u.reference_norm
+                ));
+            }
+            match medians[b] {
+                Some(m) if d > factor * m + f64::EPSILON * bound => Some(format!(
+                    "{name} are {d:.3e} away from the previous global state, more than \
+                     {factor} x the median distance of the section's uploads ({m:.3e})"
+                )),
+                _ => None,
+            }
+        });
+        if let Some(reason) = reason {
+            out.push((u.miner.clone(), reason));
+        }
+    }
+    out
+}
+
+/// The median (mean of the middle two for an even count); `values` must not be empty.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    }
+}
+
+/// Accumulates the per-block distances of one upload, chunk by chunk.
+#[derive(Debug, Clone, Default)]
+pub struct DistanceSum {
+    squares: [f64; 3],
+    reference_squares: f64,
+}
+
+impl DistanceSum {
+    /// Adds the values at flat indices `start..start + upload.len()`; `params_len` is the size
+    /// of each block.
+    pub fn add(&mut self, start: u64, upload: &[f32], reference: &[f32], params_len: u64) {
+        for (i, (u, r)) in upload.iter().zip(reference).enumerate() {
+            let index = start + i as u64;
+            let block = usize::try_from(index / params_len.max(1))
+                .unwrap_or(2)
+                .min(2);
+            let d = f64::from(*u) - f64::from(*r);
+            self.squares[block] += d * d;
+            if block == 0 {
+                self.reference_squares += f64::from(*r) * f64::from(*r);
+            }
+        }
+    }
+
+    /// The distances and the reference norm.
+    pub fn finish(&self, miner: &str) -> UploadDistance {
+        UploadDistance {
+            miner: miner.to_string(),
+            distance: self.squares.map(f64::sqrt),
+            reference_norm: self.reference_squares.sqrt(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn up(miner: &str, d: [f64; 3]) -> UploadDistance {
+        UploadDistance {
+            miner: miner.into(),
+            distance: d,
+            reference_norm: 10.0,
+        }
+    }
+
+    #[test]
+    fn honest_spread_passes_and_a_far_upload_is_named() {
+        let honest = [
+            up("a", [1.0, 0.1, 0.01]),
+            up("b", [2.5, 0.2, 0.02]),
+            up("c", [1.5, 0.15, 0.01]),
+        ];
+        assert!(outliers(&honest, 10.0).is_empty());
+        let mut with_bad = honest.to_vec();
+        with_bad.push(up("x", [1.2, 30.0, 0.01]));
+        let out = outliers(&with_bad, 10.0);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0, "x");
+        assert!(out[0].1.contains("exp_avg"), "{}", out[0].1);
+    }
+
+    #[test]
+    fn a_huge_upload_fails_even_when_only_two_merge() {
+        let two = [up("a", [1.0, 0.1, 0.1]), up("x", [3e38, 0.1, 0.1])];
+        let out = outliers(&two, 10.0);
+        assert_eq!(out, vec![("x".to_string(), out[0].1.clone())]);
+        assert!(out[0].1.contains("parameters"));
+        let inf = [up("a", [1.0, 0.1, 0.1]), up("y", [f64::INFINITY, 0.1, 0.1])];
+        assert_eq!(outliers(&inf, 10.0).len(), 1);
+    }
+
+    #[test]
+    fn one_upload_is_only_held_to_the_absolute_bound() {
+        assert!(outliers(&[up("a", [900.0, 1.0, 1.0])], 10.0).is_empty());
+        assert_eq!(outliers(&[up("a", [1001.0, 1.0, 1.0])], 10.0).len(), 1);
+    }
+
+    #[test]
+    fn distances_are_summed_per_block() {
+        let mut sum = DistanceSum::default();
+        // Two parameters, then two first moments, then two second moments.
+        sum.add(0, &[3.0, 0.0, 1.0], &[0.0, 4.0, 0.0], 2);
+        sum.add(3, &[0.0, 2.0, 0.0], &[0.0, 0.0, 0.0], 2);
+        let d = sum.finish("m");
+        assert_eq!(d.distance, [5.0, 1.0, 2.0]);
+        assert_eq!(d.reference_norm, 4.0);
+    }
+}

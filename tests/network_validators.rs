@@ -1,0 +1,135 @@
+//! End to end: `iota local --validators 2` (tiny preset, 3 sections x 2 honest miner processes,
+//! two validator processes) through two training/merging cycles. Every validator publishes a
+//! weight vector for every finished epoch; each vector sums to 1 with its burn, flags no honest
+//! miner, and the two validators agree; `iota local` prints the metagraph at the end.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The windows a validator kept on disk, by epoch.
+fn windows(state: &Path) -> BTreeMap<u64, Value> {
+    let mut found = BTreeMap::new();
+    for run in std::fs::read_dir(state).unwrap() {
+        for file in std::fs::read_dir(run.unwrap().path()).unwrap() {
+            let path = file.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            let w: Value = serde_json::from_str(&text).unwrap();
+            found.insert(w["epoch"].as_u64().unwrap(), w);
+        }
+    }
+    found
+}
+
+fn weights(w: &Value) -> BTreeMap<String, f64> {
+    w["miners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["hotkey"].as_str().unwrap().to_string(),
+                m["weight"]["weight"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn local_validators_publish_weights_for_every_finished_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args([
+            "local",
+            "--preset",
+            "tiny",
+            "--sections",
+            "3",
+            "--miners-per-section",
+            "2",
+            "--validators",
+            "2",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+            "--poll-ms",
+            "250",
+            "--merge-every",
+            "16",
+            "--samples",
+            "40",
+            "--validator-wait-s",
+            "120",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "iota local failed:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("weights (GET /api/weights"), "{stdout}");
+    assert!(!stdout.contains("DISSENTS"), "{stdout}");
+
+    let a = windows(&dir.path().join("validators/validator0"));
+    let b = windows(&dir.path().join("validators/validator1"));
+    let logs = || {
+        let log = |n: &str| std::fs::read_to_string(dir.path().join("logs").join(n)).unwrap();
+        format!(
+            "{stdout}\n{}\n{}",
+            log("validator0.log"),
+            log("validator1.log")
+        )
+    };
+    assert!(
+        a.contains_key(&0) && a.contains_key(&1),
+        "validator0 windows {:?}\n{}",
+        a.keys(),
+        logs()
+    );
+    assert!(
+        b.contains_key(&0) && b.contains_key(&1),
+        "validator1 windows {:?}\n{}",
+        b.keys(),
+        logs()
+    );
+    for (epoch, w) in a.iter().chain(b.iter()) {
+        let vector = weights(w);
+        assert_eq!(vector.len(), 6, "epoch {epoch}: {w}");
+        let total: f64 = vector.values().sum::<f64>() + w["burn"].as_f64().unwrap();
+        assert!((total - 1.0).abs() < 1e-9, "epoch {epoch}: sums to {total}");
+        for m in w["miners"].as_array().unwrap() {
+            let flags = m["weight"]["parts"]["flags"].as_array().unwrap();
+            assert!(flags.is_empty(), "epoch {epoch}: honest miner flagged: {m}");
+            assert!(
+                m["weight"]["weight"].as_f64().unwrap() > 0.0,
+                "epoch {epoch}: an honest miner got no weight: {m}"
+            );
+        }
+        // Each validator replayed a miner and says what it compared.
+        assert_eq!(w["tracked"].as_array().unwrap().len(), 1, "{w}");
+        let notes: Vec<&str> = w["miners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|m| m["weight"]["parts"]["notes"].as_array().unwrap())
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            notes.iter().any(|n| n.starts_with("replay:")),
+            "epoch {epoch}: no replay note: {notes:?}"
+        );
+    }
+    // The two validators' vectors for the same epoch are close (L1 under 0.5).
+    for epoch in [0, 1] {
+        let (va, vb) = (weights(&a[&epoch]), weights(&b[&epoch]));
+        let l1: f64 = va.iter().map(|(h, x)| (x - vb[h]).abs()).sum();
+        assert!(l1 < 0.5, "epoch {epoch}: validators differ by {l1}");
+    }
+}

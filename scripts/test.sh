@@ -24,9 +24,11 @@ if ((${#missing[@]})); then
   [[ "$(id -u)" == 0 ]] || as_root=(sudo -n)
   if command -v apt-get >/dev/null 2>&1 && "${as_root[@]}" true 2>/dev/null; then
     echo "== installing ${missing[*]} (Debian packages the tests use)"
-    "${as_root[@]}" apt-get update -qq
-    "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
-      apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    if ! { "${as_root[@]}" apt-get update -qq &&
+      "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive \
+        apt-get install -y -qq --no-install-recommends "${missing[@]}"; }; then
+      echo "== APT-GET FAILED for ${missing[*]}; tests that need them say so"
+    fi
   else
     echo "== CANNOT INSTALL ${missing[*]} (needs apt-get and root or passwordless sudo)"
   fi

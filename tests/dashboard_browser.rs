@@ -95,9 +95,11 @@ fn dashboard_shows_the_miners_of_a_local_network() {
         .stderr(log)
         .spawn()
         .unwrap();
-    wait_for("24 completed samples", Duration::from_secs(180), || {
-        status(&url).is_some_and(|s| completed(&s) >= 20)
-    });
+    wait_for(
+        "20 completed samples and an eval loss",
+        Duration::from_secs(180),
+        || status(&url).is_some_and(|s| completed(&s) >= 20 && s["eval_loss"].is_number()),
+    );
     let doc = status(&url).unwrap();
     let miners: Vec<String> = doc["sections"]
         .as_array()
@@ -139,7 +141,12 @@ fn dashboard_shows_the_miners_of_a_local_network() {
         dom.contains("<pre id=\"errors\"></pre>"),
         "script errors:\n{dom}"
     );
-    assert!(dom.contains("<path"), "no curve drawn:\n{dom}");
+    for series in ["loss-smoothed", "epoch-mean", "eval"] {
+        assert!(
+            dom.contains(&format!("data-series=\"{series}\"")),
+            "no {series} curve drawn:\n{dom}"
+        );
+    }
     for section in 0..3 {
         assert!(
             dom.contains(&format!("data-merge=\"0/{section}\"")),

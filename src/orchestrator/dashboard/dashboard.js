@@ -40,7 +40,7 @@ function fmt(x, digits) {
   return x === null || x === undefined || Number.isNaN(x) ? "-" : Number(x).toFixed(digits);
 }
 
-// A line chart of series [{points: [[x, y]...], color, width, dots}] with axes.
+// A line chart of series [{points: [[x, y]...], color, width, dots, name}] with axes.
 function lineChart(svg, series, xLabel) {
   svg.replaceChildren();
   const W = 640, H = svg.viewBox.baseVal.height || 240, L = 48, R = 10, T = 10, B = 28;
@@ -71,7 +71,7 @@ function lineChart(svg, series, xLabel) {
   for (const s of series) {
     if (s.points.length === 0) continue;
     const d = s.points.map((p, i) => (i ? "L" : "M") + sx(p[0]).toFixed(1) + " " + sy(p[1]).toFixed(1)).join(" ");
-    svg.appendChild(svgEl("path", { d, fill: "none", stroke: s.color, "stroke-width": s.width || 1.5 }));
+    svg.appendChild(svgEl("path", { d, fill: "none", stroke: s.color, "stroke-width": s.width || 1.5, "data-series": s.name || "" }));
     if (s.dots) {
       for (const p of s.points) {
         svg.appendChild(svgEl("circle", { cx: sx(p[0]), cy: sy(p[1]), r: 3.5, fill: s.color }));
@@ -89,18 +89,22 @@ function smooth(points, alpha) {
 function drawLoss(history, merge) {
   const raw = history ? history.points.map((p) => [p.sample, p.loss]) : [];
   const epochs = merge ? merge.epochs : [];
-  // Epoch means sit at the last sample of their epoch.
-  const lastOf = {};
-  for (const p of history ? history.points : []) lastOf[p.epoch] = p.sample;
+  // Epoch means sit at the last sample of their epoch; an epoch's eval loss (of the model it
+  // started from) at its first sample.
+  const lastOf = {}, firstOf = {};
+  for (const p of history ? history.points : []) {
+    lastOf[p.epoch] = Math.max(lastOf[p.epoch] ?? p.sample, p.sample);
+    firstOf[p.epoch] = Math.min(firstOf[p.epoch] ?? p.sample, p.sample);
+  }
   const means = epochs.filter((e) => e.mean_loss !== null && lastOf[e.epoch] !== undefined)
     .map((e) => [lastOf[e.epoch], e.mean_loss]);
-  const evals = epochs.filter((e) => e.eval_loss !== undefined && e.eval_loss !== null && lastOf[e.epoch] !== undefined)
-    .map((e) => [lastOf[e.epoch], e.eval_loss]);
+  const evals = epochs.filter((e) => e.eval_loss !== undefined && e.eval_loss !== null && firstOf[e.epoch] !== undefined)
+    .map((e) => [firstOf[e.epoch], e.eval_loss]);
   lineChart(document.getElementById("loss-chart"), [
-    { points: raw, color: "#4fb3ff33", width: 1 },
-    { points: smooth(raw, 0.1), color: "#4fb3ff", width: 2 },
-    { points: means, color: "#d29922", width: 1, dots: true },
-    { points: evals, color: "#c678dd", width: 2, dots: true },
+    { points: raw, color: "#4fb3ff33", width: 1, name: "loss" },
+    { points: smooth(raw, 0.1), color: "#4fb3ff", width: 2, name: "loss-smoothed" },
+    { points: means, color: "#d29922", width: 1, dots: true, name: "epoch-mean" },
+    { points: evals, color: "#c678dd", width: 2, dots: true, name: "eval" },
   ], "sample");
 }
 
@@ -263,6 +267,7 @@ function drawHeader(status, merge) {
   document.getElementById("dropped").textContent = status.samples.dropped;
   document.getElementById("inflight").textContent = status.samples.in_flight;
   document.getElementById("loss").textContent = fmt(status.recent_loss, 4);
+  document.getElementById("eval").textContent = fmt(status.eval_loss, 4);
   document.getElementById("tps").textContent = fmt(status.tokens_per_s, 0);
   let next = "";
   if (status.phase_deadline_unix_ms) {

@@ -1,4 +1,5 @@
-//! The loss history the dashboard plots: completed samples in completion order.
+//! What the dashboard plots over time: the training loss of completed samples in completion
+//! order (evaluation samples left out), and the verdicts and flags of finished merges.
 
 use super::db::{Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::RepoError;
@@ -17,7 +18,7 @@ pub struct LossPoint {
 }
 
 impl Repository {
-    /// The most recent `limit` completed samples with a loss, oldest first.
+    /// The most recent `limit` completed training samples with a loss, oldest first.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
@@ -25,7 +26,8 @@ impl Repository {
         let conn = self.lock();
         let mut stmt = conn.prepare(
             "SELECT id, epoch, finished_at, loss FROM samples \
-             WHERE outcome = 'completed' AND loss IS NOT NULL AND finished_at IS NOT NULL \
+             WHERE outcome = 'completed' AND kind = 'train' AND loss IS NOT NULL \
+             AND finished_at IS NOT NULL \
              ORDER BY finished_at DESC, id DESC LIMIT ?1",
         )?;
         let rows = stmt.query_map([to_i64(limit as u64)], |r| {

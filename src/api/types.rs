@@ -40,9 +40,20 @@ pub struct ApiError {
     pub message: String,
 }
 
+/// Version of the HTTP API this binary speaks. Raised when a request or response changes
+/// incompatibly; a client refuses an orchestrator that speaks another one
+/// ([`super::client::ClientError::Version`]).
+pub const API_VERSION: u32 = 1;
+
 /// `GET /api/run`: the run a client is joining.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
+    /// [`API_VERSION`] of the orchestrator (0: an orchestrator from before versioning).
+    #[serde(default)]
+    pub api_version: u32,
+    /// The orchestrator's `iota` release (`iota --version`).
+    #[serde(default)]
+    pub version: String,
     /// Run name; clients sign requests for it (`signed_for`).
     pub run: String,
     /// Model of the run.
@@ -234,6 +245,33 @@ pub struct HeartbeatRequest {
     /// what a miner holds in memory, so this is a report, not a proof.
     #[serde(default)]
     pub weights_hash: Option<String>,
+    /// Where the miner's time went and what it moved (self-reported, for monitoring only:
+    /// nothing is scored on it).
+    #[serde(default)]
+    pub usage: Option<MinerUsage>,
+}
+
+/// A miner's own account of its time and storage traffic since its first assignment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MinerUsage {
+    /// Wall seconds since the first assignment.
+    pub wall_s: f64,
+    /// Seconds computing.
+    pub compute_s: f64,
+    /// Seconds getting inputs.
+    pub download_s: f64,
+    /// Seconds putting results.
+    pub upload_s: f64,
+    /// Seconds in orchestrator requests on the work path.
+    pub orchestrator_s: f64,
+    /// Seconds waiting for work.
+    pub idle_s: f64,
+    /// Seconds in merge rounds.
+    pub merge_s: f64,
+    /// Bytes uploaded through storage URLs.
+    pub bytes_up: u64,
+    /// Bytes downloaded through storage URLs.
+    pub bytes_down: u64,
 }
 
 /// `POST /api/heartbeat` response.

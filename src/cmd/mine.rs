@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::profile::{NodeArgs, Role};
+use crate::miner::adversary::Adversary;
 use crate::miner::{MinerOptions, run_miner};
 
 /// Arguments of `iota mine`. Unset flags come from `IOTA_*` variables, then the settings
@@ -26,6 +27,9 @@ pub struct MineArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Test harness only: behave as this kind of hostile miner (see `miner::adversary`).
+    #[arg(long, hide = true)]
+    pub adversary: Option<Adversary>,
 }
 
 /// Sets the size of the global rayon pool (burn's CPU backend computes on it).
@@ -72,6 +76,7 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
             .unwrap_or(4),
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
+        adversary: args.adversary,
     })?;
     eprintln!(
         "iota mine: section {}: {} forwards, {} backwards, {} steps, {} refused, {} released, {} penalties",

@@ -6,6 +6,7 @@
 //! submit it. Forward inputs are cached by sample id until their backward
 //! ([`cache::InputCache`]); the optimizer steps every `local_steps` backwards.
 //!
+//! - [`adversary`]: hostile behaviours for tests (hidden `--adversary`).
 //! - [`cache`]: the bounded forward-input cache.
 //! - [`engine`]: the compute without a network (forward, backward with weight stashing,
 //!   local steps with the learning rate of the run's global progress, evaluation), which a
@@ -14,6 +15,7 @@
 //! - [`payload`]: blob decoding (token ids and wire tensors) and download checks.
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
+pub mod adversary;
 pub mod cache;
 pub mod engine;
 pub mod participant;

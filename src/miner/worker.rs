@@ -15,6 +15,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use thiserror::Error;
 use url::Url;
 
+use super::adversary::Adversary;
 use super::cache::CachedInput;
 use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
 use super::payload::{self, PayloadError};
@@ -82,6 +83,8 @@ pub struct MinerOptions {
     pub progress: bool,
     /// Set to stop the miner cleanly; Ctrl-C sets it too.
     pub stop: Arc<AtomicBool>,
+    /// A hostile behaviour, for tests only (`None`: honest).
+    pub adversary: Option<Adversary>,
 }
 
 /// What a miner did before it stopped.
@@ -180,6 +183,8 @@ struct Worker<B: AutodiffBackend> {
     held_epoch: u64,
     /// Merge epoch whose upload was already submitted.
     uploaded_epoch: Option<u64>,
+    /// Hostile behaviour (tests only).
+    adversary: Option<Adversary>,
 }
 
 async fn mine<B: AutodiffBackend>(
@@ -221,7 +226,11 @@ async fn mine<B: AutodiffBackend>(
         settings.optimizer,
         &device,
     )?;
-    let engine = Engine::new(section, EngineSettings::for_miner(&settings));
+    let mut engine_settings = EngineSettings::for_miner(&settings);
+    if options.adversary.is_some_and(Adversary::never_steps) {
+        engine_settings.local_steps = u64::MAX;
+    }
+    let engine = Engine::new(section, engine_settings);
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
     let heartbeat = tokio::spawn(heartbeats(
@@ -244,6 +253,7 @@ async fn mine<B: AutodiffBackend>(
         engine,
         held_epoch: 0,
         uploaded_epoch: None,
+        adversary: options.adversary,
     };
     if let Some(checkpoint) = &reg.checkpoint {
         // A late joiner starts from the section's merged state.
@@ -342,6 +352,9 @@ impl<B: AutodiffBackend> Worker<B> {
 
     /// Does one assignment and submits it; a failure is logged and the work handed back.
     async fn handle(&mut self, assignment: &Assignment) {
+        if self.adversary.is_some_and(Adversary::abandons_work) {
+            return;
+        }
         let submit = match self.process(assignment).await {
             Ok(submit) => submit,
             Err(e) => {
@@ -444,6 +457,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 let download_ms = elapsed_ms(t0);
                 let t1 = Instant::now();
                 let [b, s] = input_dims(&input);
+                let kept = self.adversary.map(|_| input.clone());
                 let (out, loss) = match targets {
                     Some((ids, shape)) => {
                         let tail = self.engine.train_tail(a.sample_id, input, &ids, shape)?;
@@ -455,6 +469,10 @@ impl<B: AutodiffBackend> Worker<B> {
                 };
                 self.tokens += (b * s) as u64;
                 let compute_ms = elapsed_ms(t1);
+                let out = match self.adversary {
+                    Some(adv) => adv.tamper(a.sample_id, kept.as_ref(), out),
+                    None => out,
+                };
                 let (hash, size, upload_ms) = self.upload(a, Some(out)).await?;
                 Ok(SubmitRequest {
                     assignment_id: a.id,
@@ -473,12 +491,20 @@ impl<B: AutodiffBackend> Worker<B> {
                 let data = payload::decode_tensor(&payload::fetch(&a.input).await?, shape)?;
                 let download_ms = elapsed_ms(t0);
                 let t1 = Instant::now();
+                let kept = self.adversary.map(|_| CachedInput::Hidden {
+                    data: data.clone(),
+                    shape,
+                });
                 let done = self
                     .engine
                     .backward(a.sample_id, Activations { data, shape })?;
                 self.count_step(done.step.as_ref());
                 let compute_ms = elapsed_ms(t1);
-                let (hash, size, upload_ms) = self.upload(a, done.grad).await?;
+                let grad = match self.adversary {
+                    Some(adv) => done.grad.map(|g| adv.tamper(a.sample_id, kept.as_ref(), g)),
+                    None => done.grad,
+                };
+                let (hash, size, upload_ms) = self.upload(a, grad).await?;
                 Ok(SubmitRequest {
                     assignment_id: a.id,
                     output_hash: hash,

@@ -51,7 +51,7 @@ fn local_network_trains_and_mixes_pathways() {
         .unwrap()
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["recent_loss"].as_f64())
+        .filter_map(|v| v["loss"].as_f64())
         .collect();
     assert!(losses.len() >= 2, "too few loss readings: {losses:?}");
     let (first, last) = (losses[0], losses[losses.len() - 1]);
@@ -67,7 +67,7 @@ fn local_network_trains_and_mixes_pathways() {
     let mut stmt = db
         .prepare(
             "SELECT p.sample, p.section, p.miner FROM pathway p JOIN samples s ON s.id = p.sample \
-             WHERE s.outcome = 'completed' ORDER BY p.sample, p.section",
+             WHERE s.outcome = 'completed' AND s.kind = 'train' ORDER BY p.sample, p.section",
         )
         .unwrap();
     let rows: Vec<(i64, i64, String)> = stmt
@@ -129,7 +129,8 @@ fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
         .spawn()
         .unwrap();
     let start = std::time::Instant::now();
-    // Wait until the budget is spent and the miners are gone, while the API still answers.
+    // Wait until the run is over (the budget spent, its last merge done and that model
+    // evaluated through the network) and the miners are gone, while the API still answers.
     loop {
         assert!(
             start.elapsed().as_secs() < 90,
@@ -142,9 +143,10 @@ fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
         if let Some(body) = get_status(port) {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             let done = v["samples"]["completed"].as_u64().unwrap_or(0);
-            let logs = dir.path().join("logs");
-            let stopped = std::fs::read_dir(&logs).is_ok() && done >= 4;
-            if stopped {
+            let finished = v["finished"].as_bool() == Some(true);
+            if finished {
+                assert_eq!(done, 4, "{body}");
+                assert!(v["eval_loss"].as_f64().is_some(), "{body}");
                 break;
             }
         }

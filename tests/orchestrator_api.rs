@@ -846,3 +846,79 @@ async fn r9_an_accepted_output_cannot_be_swapped_afterwards() {
     assert_eq!(input, good, "the next section read the swapped object");
     assert_eq!(f1.input.hash, Some(payload_hash(&good)));
 }
+
+#[tokio::test]
+async fn evaluation_work_runs_forward_only_and_its_loss_reaches_the_status() {
+    let h = harness_with(
+        config("eval_samples: 4\n"),
+        Repository::open_in_memory().unwrap(),
+    );
+    let [a, b, c] = three(&h).await;
+    let boundary = h.state.config.boundary_shape();
+    // Evaluation of the starting weights comes first: 4 windows in samples of 2.
+    let evals = h.work(&a, 2).await;
+    assert_eq!(evals.len(), 2);
+    for e in &evals {
+        assert_eq!((e.kind, e.section), (WorkKind::Eval, 0));
+        assert!(
+            e.sample_id >= 1 << 48,
+            "eval ids stay apart from training ids"
+        );
+        assert_eq!(e.input.shape, Some(vec![2, 8]));
+        assert!(e.output.is_some() && e.targets.is_none());
+        assert!(
+            h.submit(&a, e, Some(activation(&boundary, 0.5)), None)
+                .await
+                .accepted
+        );
+    }
+    let mids = h.work(&b, 2).await;
+    assert_eq!(mids.len(), 2);
+    for e in &mids {
+        assert_eq!((e.kind, e.section), (WorkKind::Eval, 1));
+        assert!(
+            h.submit(&b, e, Some(activation(&boundary, 0.5)), None)
+                .await
+                .accepted
+        );
+    }
+    let tails = h.work(&c, 2).await;
+    assert_eq!(tails.len(), 2);
+    for e in &tails {
+        assert_eq!((e.kind, e.section), (WorkKind::Eval, 2));
+        // The tail uploads nothing: it reads the targets and reports the loss.
+        assert!(e.output.is_none() && e.targets.is_some());
+    }
+    // A tail evaluation without a finite loss is refused and offered again.
+    assert!(!h.submit(&c, &tails[0], None, None).await.accepted);
+    assert!(
+        !h.submit(&c, &tails[1], None, Some(f32::INFINITY))
+            .await
+            .accepted
+    );
+    let again = h.work(&c, 2).await;
+    assert_eq!(again.len(), 2);
+    for (e, loss) in again.iter().zip([3.0, 4.0]) {
+        assert_eq!(e.kind, WorkKind::Eval);
+        assert!(h.submit(&c, e, None, Some(loss)).await.accepted);
+    }
+    let status: StatusResponse = h
+        .call(Request::get("/api/status").body(Body::empty()).unwrap())
+        .await;
+    assert_eq!(status.eval_loss, Some(3.5));
+    assert_eq!(status.evals.len(), 1);
+    assert_eq!(
+        (
+            status.evals[0].epoch,
+            status.evals[0].samples,
+            status.evals[0].completed
+        ),
+        (0, 2, 2)
+    );
+    // Nothing of it counts as training: no sample completed, no backward follows, and the
+    // head's next work is the first training sample.
+    assert_eq!(status.samples.completed, 0);
+    assert!(h.work(&b, 2).await.is_empty());
+    let f0 = h.work(&a, 1).await.remove(0);
+    assert_eq!((f0.kind, f0.sample_id), (WorkKind::Forward, 0));
+}

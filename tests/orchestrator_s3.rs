@@ -31,7 +31,7 @@ async fn post<T: DeserializeOwned>(
 /// An orchestrator whose objects live in `s3`'s bucket.
 fn s3_state(s3: &S3Server, data_dir: &std::path::Path) -> AppState {
     let yaml = format!(
-        "run: s3-run\nbatch_size: 2\nseq_len: 8\nwire: f32\n\
+        "run: s3-run\nbatch_size: 2\nseq_len: 8\nwire: f32\neval_samples: 0\n\
          data: {{source: \"synthetic:2:20000\"}}\ndata_dir: {}\n\
          storage: {{url: \"s3://{BUCKET}/runs\", endpoint: \"{}\", region: us-east-1, \
          access_key_id: {ACCESS_KEY}, secret_access_key: {SECRET_KEY}}}\n",

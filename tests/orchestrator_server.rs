@@ -28,7 +28,7 @@ async fn start(dir: &std::path::Path) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let yaml = format!(
-        "run: srv\nbatch_size: 2\nseq_len: 8\nwire: bf16\ndata: {{source: \"synthetic:1:20000\"}}\n\
+        "run: srv\nbatch_size: 2\nseq_len: 8\nwire: bf16\neval_samples: 0\ndata: {{source: \"synthetic:1:20000\"}}\n\
          data_dir: {}\nlisten: {addr}\n",
         dir.display()
     );
@@ -212,7 +212,7 @@ async fn kill_9_and_restart_keeps_registrations_and_the_ledger() {
     std::fs::write(
         &config,
         format!(
-            "run: srv\nbatch_size: 2\nseq_len: 8\ndata: {{source: \"synthetic:1:20000\"}}\n\
+            "run: srv\nbatch_size: 2\nseq_len: 8\neval_samples: 0\ndata: {{source: \"synthetic:1:20000\"}}\n\
              data_dir: {}\nlisten: {addr}\n",
             dir.path().join("state").display()
         ),

@@ -126,6 +126,11 @@ pub struct SectionCheckpoint {
     pub layout: FlatLayout,
     /// GET URL, with the BLAKE3 hash of the whole object.
     pub blob: BlobRef,
+    /// AdamW step count that goes with the moments (their bias corrections): whoever adopts
+    /// the checkpoint (miners after a merge, late joiners, validators replaying the epoch)
+    /// continues from this step, not from its own count. 0 in state files from before it.
+    #[serde(default)]
+    pub optimizer_step: u64,
 }
 
 /// What a miner reports about its flat upload.
@@ -216,6 +221,10 @@ pub struct EpochSummary {
     pub first_loss: Option<f32>,
     /// Mean loss of the last quarter of its completed samples.
     pub last_loss: Option<f32>,
+    /// Held-out loss of the weights the epoch started with, evaluated through the network
+    /// (None until all its evaluation samples completed).
+    #[serde(default)]
+    pub eval_loss: Option<f32>,
 }
 
 /// `GET /api/merge/status`.

@@ -79,10 +79,22 @@ pub struct MinerSettings {
     pub seed: u64,
     /// Inner optimizer.
     pub optimizer: crate::model::OptimizerConfig,
-    /// Learning-rate schedule, evaluated at the miner's local optimizer step.
+    /// Learning-rate schedule, evaluated at the largest sample id of each local step (the
+    /// run's global progress).
     pub schedule: crate::model::LrSchedule,
+    /// Recompute a backward at the weights its forward used (weight stashing).
+    #[serde(default = "default_true")]
+    pub weight_stashing: bool,
+    /// Run forwards (and their backwards) at the weights extrapolated to the step their
+    /// gradient will be applied at.
+    #[serde(default)]
+    pub lookahead: bool,
     /// Seconds between heartbeats.
     pub heartbeat_s: u64,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// `POST /api/register` response.
@@ -115,6 +127,11 @@ pub enum WorkKind {
     /// Recompute from the cached input of the same sample, back-propagate `input` (the
     /// upstream gradient), upload the input gradient (the head uploads nothing).
     Backward,
+    /// Evaluate the epoch's merged model on held-out tokens: run the section forward at the
+    /// weights the epoch started with and upload the output, as a forward (the tail instead
+    /// computes the loss against `targets` and reports it, uploading nothing). No backward
+    /// follows, nothing is kept, no optimizer state changes.
+    Eval,
 }
 
 /// One unit of work for one micro-batch of samples.
@@ -294,4 +311,35 @@ pub struct StatusResponse {
     pub recent_loss: Option<f32>,
     /// Tokens per second over the recent window.
     pub tokens_per_s: f64,
+    /// Tokens of the completed training samples.
+    #[serde(default)]
+    pub tokens: u64,
+    /// Held-out loss of the latest fully evaluated merged model, evaluated through the network.
+    #[serde(default)]
+    pub eval_loss: Option<f32>,
+    /// Held-out loss of the model each epoch started with, oldest first (see
+    /// [`super::merge::EpochSummary`]).
+    #[serde(default)]
+    pub evals: Vec<EvalSummary>,
+    /// The sample budget is spent, the last merge is done and its model evaluated.
+    #[serde(default)]
+    pub finished: bool,
+}
+
+/// The network's evaluation of the model one epoch started with (the merged model of the
+/// epoch before; the initial weights at epoch 0).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct EvalSummary {
+    /// Epoch whose starting weights were evaluated.
+    pub epoch: u64,
+    /// Training samples completed before this epoch (the tokens that model has seen, in
+    /// samples).
+    pub trained_samples: u64,
+    /// Evaluation samples of the epoch.
+    pub samples: u64,
+    /// Of which completed.
+    pub completed: u64,
+    /// Mean loss of the completed ones (each sample weighs the same: they hold equally many
+    /// windows).
+    pub eval_loss: Option<f32>,
 }

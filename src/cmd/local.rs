@@ -25,6 +25,7 @@ use crate::miner::adversary::Adversary;
 use crate::model::backend::DeviceKind;
 use crate::model::config::even_sections;
 use crate::model::{LrSchedule, ModelConfig};
+use crate::orchestrator::RunConfig;
 use crate::storage::RetryPolicy;
 use crate::wallet::WalletDir;
 
@@ -62,9 +63,16 @@ pub struct LocalArgs {
     /// metrics) serving until Ctrl-C, so the run can be inspected.
     #[arg(long)]
     pub keep_running: bool,
-    /// Append one JSON line per status poll (loss, samples, tokens/s) to this file.
+    /// Write one JSON line per status poll to this file, with `iota train`'s keys where the
+    /// meaning is the same: `loss` (recent training loss), `eval_loss` (the latest merged
+    /// model's, evaluated through the network), `tokens`, `tokens_per_s`; plus `t_s`,
+    /// `completed`, `dropped`, `in_flight`, `epoch`.
     #[arg(long)]
     pub metrics_out: Option<PathBuf>,
+    /// Also write the final summary (per-epoch training and evaluation loss, counts,
+    /// throughput) as JSON to this file.
+    #[arg(long, value_name = "FILE.json")]
+    pub summary_out: Option<PathBuf>,
     /// Tokens per sample window (ignored with --config).
     #[arg(long, default_value_t = 64)]
     pub seq_len: usize,
@@ -224,6 +232,7 @@ pub fn generated_config(
         "deadlines": { "forward_s": args.deadline_s, "backward_s": 2 * args.deadline_s },
         "heartbeat_s": 2,
         "batches_before_merging": args.merge_every,
+        "max_samples": args.samples,
         "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
         "validators": validators,
     });
@@ -284,6 +293,8 @@ struct Tally {
     first_loss: Option<f32>,
     last_loss: Option<f32>,
     tokens_per_s: Vec<f64>,
+    /// Ctrl-C ended the watch.
+    interrupted: bool,
 }
 
 /// Runs a local network.
@@ -403,15 +414,24 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
             args.validators
         );
     }
-    let (final_status, tally) = runtime.block_on(watch(&args, &client, &mut children))?;
+    // With a budget in the run config the orchestrator ends the run itself (last merge and
+    // its evaluation included); otherwise --samples completed or dropped ends it here.
+    let budgeted = match &args.config {
+        Some(path) => RunConfig::load(path)?.max_samples.is_some(),
+        None => args.samples.is_some(),
+    };
+    let (final_status, tally) = runtime.block_on(watch(&args, budgeted, &client, &mut children))?;
     let merge = runtime.block_on(client.merge_status()).ok();
+    if let Some(path) = &args.summary_out {
+        write_summary(path, &final_status, merge.as_ref(), &tally)?;
+    }
     let weights = if args.validators > 0 && args.samples.is_some() {
         children.stop_named("miner");
         runtime.block_on(wait_for_weights(&args, &client, &mut children))
     } else {
         runtime.block_on(client.metagraph()).ok()
     };
-    if args.keep_running && args.samples.is_some() {
+    if args.keep_running && args.samples.is_some() && !tally.interrupted {
         children.stop_miners();
         print_summary(&final_status, merge.as_ref(), &tally);
         print_weights(weights.as_ref());
@@ -514,9 +534,11 @@ fn print_weights(view: Option<&MetagraphView>) {
     }
 }
 
-/// Polls the status until the sample budget is spent or Ctrl-C; returns the last status.
+/// Polls the status until the run is over (`budgeted`: the orchestrator says so; else
+/// `--samples` completed or dropped) or Ctrl-C; returns the last status.
 async fn watch(
     args: &LocalArgs,
+    budgeted: bool,
     client: &ApiClient,
     children: &mut Children,
 ) -> anyhow::Result<(StatusResponse, Tally)> {
@@ -556,24 +578,25 @@ async fn watch(
                 "completed": status.samples.completed,
                 "dropped": status.samples.dropped,
                 "in_flight": status.samples.in_flight,
-                "recent_loss": status.recent_loss,
+                "loss": status.recent_loss,
+                "eval_loss": status.eval_loss,
+                "tokens": status.tokens,
                 "tokens_per_s": status.tokens_per_s,
                 "epoch": status.epoch,
             });
             writeln!(file, "{line}").context("writing the metrics file")?;
         }
         bar.set_position(done);
+        let fmt = |l: Option<f32>| l.map_or_else(|| "-".into(), |l| format!("{l:.3}"));
         bar.set_message(format!(
-            "| epoch {} {:?} | done {} dropped {} in flight {} | loss {} | {:.0} tok/s",
+            "| epoch {} {:?} | done {} dropped {} in flight {} | loss {} eval {} | {:.0} tok/s",
             status.epoch,
             status.phase,
             status.samples.completed,
             status.samples.dropped,
             status.samples.in_flight,
-            status
-                .recent_loss
-                .map(|l| format!("{l:.3}"))
-                .unwrap_or_else(|| "-".into()),
+            fmt(status.recent_loss),
+            fmt(status.eval_loss),
             status.tokens_per_s
         ));
         let exits = children.exited();
@@ -585,7 +608,12 @@ async fn watch(
             bar.println(format!("children exited: {}", exits.join(", ")));
             reported_exits = exits.len();
         }
-        if args.samples.is_some_and(|n| done >= n) {
+        let over = if budgeted {
+            status.finished
+        } else {
+            args.samples.is_some_and(|n| done >= n)
+        };
+        if over {
             bar.finish_and_clear();
             return Ok((status, tally));
         }
@@ -593,11 +621,42 @@ async fn watch(
             _ = &mut ctrl_c => {
                 bar.finish_and_clear();
                 eprintln!("iota local: stopping");
+                tally.interrupted = true;
                 return Ok((status, tally));
             }
             _ = tokio::time::sleep(Duration::from_millis(args.poll_ms.max(50))) => {}
         }
     }
+}
+
+/// The run's summary as JSON (`--summary-out`).
+fn write_summary(
+    path: &Path,
+    status: &StatusResponse,
+    merge: Option<&MergeStatus>,
+    tally: &Tally,
+) -> anyhow::Result<()> {
+    let mean_tps = if tally.tokens_per_s.is_empty() {
+        0.0
+    } else {
+        tally.tokens_per_s.iter().sum::<f64>() / tally.tokens_per_s.len() as f64
+    };
+    let summary = json!({
+        "run": status.run,
+        "epoch": status.epoch,
+        "finished": status.finished,
+        "completed": status.samples.completed,
+        "dropped": status.samples.dropped,
+        "tokens": status.tokens,
+        "tokens_per_s": mean_tps,
+        "first_loss": tally.first_loss,
+        "last_loss": tally.last_loss,
+        "eval_loss": status.eval_loss,
+        "evals": status.evals,
+        "epochs": merge.map(|m| m.epochs.clone()).unwrap_or_default(),
+    });
+    fs::write(path, serde_json::to_vec_pretty(&summary)?)
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 fn print_summary(status: &StatusResponse, merge: Option<&MergeStatus>, tally: &Tally) {
@@ -618,16 +677,29 @@ fn print_summary(status: &StatusResponse, merge: Option<&MergeStatus>, tally: &T
         status.samples.completed, status.samples.dropped, status.samples.in_flight
     );
     println!("tokens/s: {mean_tps:.0} (mean of polls)");
+    let evals: Vec<_> = status.evals.iter().filter_map(|e| e.eval_loss).collect();
+    if let (Some(first), Some(last)) = (evals.first(), evals.last()) {
+        println!(
+            "eval loss (held out, through the network): {first:.4} -> {last:.4} after {} samples",
+            status
+                .evals
+                .iter()
+                .rev()
+                .find(|e| e.eval_loss.is_some())
+                .map_or(0, |e| e.trained_samples)
+        );
+    }
     if let Some(merge) = merge.filter(|m| !m.epochs.is_empty()) {
-        println!("epoch  samples  mean loss  first quarter  last quarter");
+        println!("epoch  samples  mean loss  first quarter  last quarter  eval (start)");
         for e in &merge.epochs {
             println!(
-                "{:>5}  {:>7}  {:>9}  {:>13}  {:>12}",
+                "{:>5}  {:>7}  {:>9}  {:>13}  {:>12}  {:>12}",
                 e.epoch,
                 e.completed,
                 fmt_loss(e.mean_loss),
                 fmt_loss(e.first_loss),
-                fmt_loss(e.last_loss)
+                fmt_loss(e.last_loss),
+                fmt_loss(e.eval_loss)
             );
         }
     }

@@ -99,17 +99,18 @@ pub fn render(status: &MergeStatus, now_ms: u64) -> String {
         let fmt = |l: Option<f32>| l.map_or_else(|| "-".into(), |l| format!("{l:.4}"));
         let _ = writeln!(
             out,
-            "epoch  samples  mean loss  first quarter  last quarter"
+            "epoch  samples  mean loss  first quarter  last quarter  eval (start)"
         );
         for e in &status.epochs {
             let _ = writeln!(
                 out,
-                "{:>5}  {:>7}  {:>9}  {:>13}  {:>12}",
+                "{:>5}  {:>7}  {:>9}  {:>13}  {:>12}  {:>12}",
                 e.epoch,
                 e.completed,
                 fmt(e.mean_loss),
                 fmt(e.first_loss),
-                fmt(e.last_loss)
+                fmt(e.last_loss),
+                fmt(e.eval_loss)
             );
         }
     }
@@ -153,6 +154,7 @@ mod tests {
                 mean_loss: Some(4.5),
                 first_loss: Some(5.0),
                 last_loss: Some(4.0),
+                eval_loss: Some(4.25),
             }],
         };
         let text = render(&status, 4_000);
@@ -166,7 +168,7 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("    0       50     4.5000         5.0000        4.0000"),
+            text.contains("    0       50     4.5000         5.0000        4.0000        4.2500"),
             "{text}"
         );
         assert!(render(&status, 12_000).contains("2 s past the deadline"));

@@ -73,8 +73,8 @@ impl EngineSettings {
         Self {
             local_steps: settings.local_steps.max(1),
             schedule: settings.schedule,
-            weight_stashing: true,
-            lookahead: false,
+            weight_stashing: settings.weight_stashing,
+            lookahead: settings.lookahead,
             capacity: settings.max_in_flight.max(1),
         }
     }

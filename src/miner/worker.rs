@@ -114,6 +114,8 @@ pub struct MinerReport {
     pub adopted: u64,
     /// Epoch of the weights held at the end.
     pub weights_epoch: u64,
+    /// Evaluation forwards (and the tail's evaluation losses) submitted and accepted.
+    pub evals: u64,
 }
 
 /// Counters shared with the heartbeat task.
@@ -369,6 +371,7 @@ impl<B: AutodiffBackend> Worker<B> {
         };
         match self.client.submit(&submit).await {
             Ok(resp) if resp.accepted => match assignment.kind {
+                WorkKind::Eval => self.report.evals += 1,
                 WorkKind::Forward if !self.engine.section().spec().is_tail => {
                     self.report.forwards += 1;
                     self.counters.forwards.fetch_add(1, Ordering::Relaxed);
@@ -474,6 +477,46 @@ impl<B: AutodiffBackend> Worker<B> {
                     None => out,
                 };
                 let (hash, size, upload_ms) = self.upload(a, Some(out)).await?;
+                Ok(SubmitRequest {
+                    assignment_id: a.id,
+                    output_hash: hash,
+                    output_bytes: size,
+                    loss,
+                    timings: Timings {
+                        download_ms,
+                        compute_ms,
+                        upload_ms,
+                    },
+                })
+            }
+            WorkKind::Eval => {
+                let input = self.fetch_input(&a.input, spec.is_head).await?;
+                let targets = match &a.targets {
+                    Some(blob) if spec.is_tail => {
+                        let shape = payload::shape_of::<2>(blob)?;
+                        Some((
+                            payload::decode_tokens(&payload::fetch(blob).await?, shape)?,
+                            shape,
+                        ))
+                    }
+                    _ => None,
+                };
+                let download_ms = elapsed_ms(t0);
+                let t1 = Instant::now();
+                let (out, loss) = match (spec.is_tail, targets) {
+                    (true, Some((ids, shape))) => {
+                        (None, Some(self.engine.eval_tail(&input, &ids, shape)?))
+                    }
+                    (true, None) => {
+                        return Err(MinerError::Malformed {
+                            id: a.id,
+                            reason: "tail evaluation without targets".into(),
+                        });
+                    }
+                    (false, _) => (Some(self.engine.eval_forward(&input)?), None),
+                };
+                let compute_ms = elapsed_ms(t1);
+                let (hash, size, upload_ms) = self.upload(a, out).await?;
                 Ok(SubmitRequest {
                     assignment_id: a.id,
                     output_hash: hash,

@@ -18,6 +18,9 @@
 //! wire: bf16
 //! max_in_flight: 4
 //! local_steps: 1
+//! weight_stashing: true      # a backward recomputes at the weights its forward used
+//! lookahead: false           # forwards at the weights extrapolated to their gradient's step
+//! eval_samples: 32           # held-out windows evaluated through the network per epoch (0: off)
 //! optimizer: {}              # OptimizerConfig overrides
 //! schedule: { peak: 0.003, warmup_steps: 20, total_steps: 1000, min_ratio: 0.1 }
 //! deadlines: { forward_s: 30, backward_s: 60 }
@@ -236,6 +239,12 @@ struct RawRunConfig {
     max_in_flight: usize,
     #[serde(default = "default_one")]
     local_steps: u64,
+    #[serde(default = "default_true")]
+    weight_stashing: bool,
+    #[serde(default)]
+    lookahead: bool,
+    #[serde(default = "default_eval_samples")]
+    eval_samples: usize,
     #[serde(default)]
     optimizer: OptimizerConfig,
     #[serde(default)]
@@ -277,6 +286,12 @@ fn default_max_in_flight() -> usize {
 fn default_one() -> u64 {
     1
 }
+fn default_true() -> bool {
+    true
+}
+fn default_eval_samples() -> usize {
+    32
+}
 fn default_batches_before_merging() -> u64 {
     100
 }
@@ -315,9 +330,15 @@ pub struct RunConfig {
     pub max_in_flight: usize,
     /// Local optimizer step every this many backwards.
     pub local_steps: u64,
+    /// Miners recompute a backward at the weights its forward used.
+    pub weight_stashing: bool,
+    /// Miners run forwards at the weights extrapolated to their gradient's step.
+    pub lookahead: bool,
+    /// Held-out windows evaluated through the network at the start of every epoch (0: none).
+    pub eval_samples: usize,
     /// Inner optimizer.
     pub optimizer: OptimizerConfig,
-    /// Learning-rate schedule at the miners' local steps.
+    /// Learning-rate schedule, evaluated at sample ids (the run's global progress).
     pub schedule: LrSchedule,
     /// Assignment deadlines.
     pub deadlines: Deadlines,
@@ -482,6 +503,9 @@ impl RunConfig {
             wire: raw.wire,
             max_in_flight: raw.max_in_flight,
             local_steps: raw.local_steps,
+            weight_stashing: raw.weight_stashing,
+            lookahead: raw.lookahead,
+            eval_samples: raw.eval_samples,
             optimizer: raw.optimizer,
             schedule: raw.schedule,
             deadlines: raw.deadlines,

@@ -1,8 +1,10 @@
 //! The phase machine: training -> uploading -> merging -> training, one step per call of
 //! [`advance`] (on every tick of the deadline task, and after each merge submission).
 //!
-//! - **training -> uploading** once `batches_before_merging` samples of the epoch completed.
-//!   Samples still under way are dropped with a recorded reason (never lost silently).
+//! - **training -> uploading** once `batches_before_merging` samples of the epoch completed,
+//!   or, in a run with a sample budget, once the budget is spent and its last samples ended
+//!   (so the run ends with a merged, evaluated model). Samples still under way are dropped
+//!   with a recorded reason (never lost silently).
 //! - **uploading -> merging** when every live miner's upload is in (accepted or refused), or at
 //!   the upload deadline. Uploads started under a lease may still finish until the lease ends;
 //!   a section's plan is built once its leases are resolved.
@@ -31,8 +33,14 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
     let m = &state.config.merge;
     match info.phase {
         Phase::Training => {
-            let (done, _) = state.repo.epoch_progress(info.epoch)?;
-            if done >= state.config.batches_before_merging {
+            let (done, active) = state.repo.epoch_progress(info.epoch)?;
+            // The last epoch of a run with a budget is merged (and its model evaluated) even
+            // when it is short: once every sample of the budget has ended.
+            let (_, _, next) = state.repo.run_state()?;
+            let budget_spent = state.config.max_samples.is_some_and(|b| next >= b);
+            if done >= state.config.batches_before_merging
+                || (budget_spent && active == 0 && done > 0)
+            {
                 let deadline = now.saturating_add(m.upload_s.saturating_mul(1000));
                 let cancelled = state.repo.begin_uploading(info.epoch, deadline, now)?;
                 tracing::info!(

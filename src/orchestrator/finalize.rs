@@ -161,10 +161,33 @@ pub async fn finalize_section(
     let (hash, size) = out.finish().await?;
     tracing::info!(epoch, section, hash = %hash, flags = outcome.flags.len(), "section merged");
     outcome.checkpoint = Some((hash, size));
+    outcome.optimizer_step = merged_optimizer_step(state, section, row)?;
     state
         .repo
         .finalize_section(epoch, section, &outcome, state.now_ms())?;
     Ok(())
+}
+
+/// The AdamW step count of the merged moments: the previous checkpoint's (0 for the seed) plus
+/// the most local optimizer steps an uploader took in the epoch, counted from its backwards in
+/// the ledger (its merge weight), never from what a miner says.
+fn merged_optimizer_step(
+    state: &AppState,
+    section: usize,
+    row: &PlanRow,
+) -> Result<u64, CycleError> {
+    let previous = state
+        .repo
+        .latest_checkpoint(section)?
+        .map_or(0, |cp| cp.optimizer_step);
+    let local_steps = state.config.local_steps.max(1);
+    let most = row
+        .weights
+        .iter()
+        .map(|w| (w.max(0.0).round() as u64) / local_steps)
+        .max()
+        .unwrap_or(0);
+    Ok(previous.saturating_add(most))
 }
 
 /// Values `range` (flat indices) of the f32 object under `key`.

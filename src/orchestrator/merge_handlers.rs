@@ -59,6 +59,7 @@ pub async fn section_checkpoint(
         section,
         epoch: cp.epoch,
         layout: section_layout(&state.config.model, section).map_err(HttpError::internal)?,
+        optimizer_step: cp.optimizer_step,
         blob: BlobRef {
             url: get_url(state, &key, exp).await?,
             hash: Some(cp.hash),

@@ -117,6 +117,7 @@ pub fn kind_str(kind: WorkKind) -> &'static str {
     match kind {
         WorkKind::Forward => "forward",
         WorkKind::Backward => "backward",
+        WorkKind::Eval => "eval",
     }
 }
 
@@ -128,6 +129,7 @@ pub fn parse_kind(s: &str) -> Result<WorkKind, RepoError> {
     match s {
         "forward" => Ok(WorkKind::Forward),
         "backward" => Ok(WorkKind::Backward),
+        "eval" => Ok(WorkKind::Eval),
         other => Err(RepoError::Corrupt(format!("work kind {other:?}"))),
     }
 }

@@ -10,7 +10,7 @@ use thiserror::Error;
 use super::blob_token::BlobSecret;
 use super::config::RunConfig;
 use super::metrics::Metrics;
-use super::repo::Repository;
+use super::repo::{EVAL_SAMPLES_MAX, Repository};
 use super::repo_types::{RepoError, RoutingLimits};
 use crate::data::{DataError, Dataset, Tokenizer};
 use crate::storage::{
@@ -267,12 +267,42 @@ impl AppState {
     /// Token ids and targets of sample unit `sample`, as little-endian u32 `[batch, seq]`:
     /// dataset sample ids `sample * batch .. (sample + 1) * batch`.
     pub fn sample_tokens(&self, sample: u64) -> (Bytes, Bytes) {
+        let batch = self.config.batch_size as u64;
+        self.pack_windows((0..batch).map(|i| self.dataset.train_sample(sample * batch + i)))
+    }
+
+    /// Evaluation samples per epoch: `eval_samples` held-out windows in samples of
+    /// `batch_size` windows (at least one when evaluation is on), no more than the held-out
+    /// split holds. The same windows `iota train` evaluates on when `eval_samples` is a
+    /// multiple of `batch_size`.
+    pub fn eval_units(&self) -> u64 {
+        let batch = self.config.batch_size.max(1);
+        if self.config.eval_samples == 0 {
+            return 0;
+        }
+        let wanted = (self.config.eval_samples / batch).max(1);
+        let held_out = self.dataset.num_eval_windows() / batch;
+        (wanted.min(held_out) as u64).min(EVAL_SAMPLES_MAX)
+    }
+
+    /// Token ids and targets of evaluation sample `unit` (held-out windows
+    /// `unit * batch .. (unit + 1) * batch`), as [`Self::sample_tokens`].
+    pub fn eval_tokens(&self, unit: u64) -> (Bytes, Bytes) {
+        let batch = self.config.batch_size;
+        let first = usize::try_from(unit)
+            .unwrap_or(usize::MAX)
+            .saturating_mul(batch);
+        let last = self.dataset.num_eval_windows().saturating_sub(1);
+        self.pack_windows((0..batch).map(|i| self.dataset.eval_sample((first + i).min(last))))
+    }
+
+    /// Inputs and next-token targets of `windows` (`seq_len + 1` tokens each), packed.
+    fn pack_windows<'a>(&self, windows: impl Iterator<Item = &'a [u32]>) -> (Bytes, Bytes) {
         let batch = self.config.batch_size;
         let seq = self.config.seq_len;
         let mut tokens = Vec::with_capacity(batch * seq * 4);
         let mut targets = Vec::with_capacity(batch * seq * 4);
-        for i in 0..batch as u64 {
-            let window = self.dataset.train_sample(sample * batch as u64 + i);
+        for window in windows {
             for pos in 0..seq {
                 let t = window.get(pos).copied().unwrap_or(0);
                 let y = window.get(pos + 1).copied().unwrap_or(0);

@@ -56,6 +56,7 @@ pub async fn checkpoint_ref(
         epoch: cp.epoch,
         layout: section_layout(&state.config.model, cp.section).map_err(HttpError::internal)?,
         blob: get_ref(state, &key, Some(cp.hash.clone()), None).await?,
+        optimizer_step: cp.optimizer_step,
     })
 }
 
@@ -83,6 +84,8 @@ pub async fn register(
             seed: c.seed,
             optimizer: c.optimizer,
             schedule: c.schedule,
+            weight_stashing: c.weight_stashing,
+            lookahead: c.lookahead,
             heartbeat_s: c.heartbeat_s,
         },
         validation: c.validation,

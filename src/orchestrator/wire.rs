@@ -7,6 +7,7 @@
 //! | forward, section k | `{sample}/{k-1}/forward/{from}` | – | `{sample}/{k}/forward/{id}` |
 //! | forward, tail | `{sample}/{t-1}/forward/{from}` | `.../{sample}/targets` | `{sample}/{t}/backward/{id}` |
 //! | backward, section k | `{sample}/{k+1}/backward/{from}` | – | `{sample}/{k}/backward/{id}` (none for the head) |
+//! | eval | as forward | as forward (tail) | as forward; none at the tail (it reports the loss) |
 //!
 //! `{id}` is the assignment (each attempt writes its own objects) and `{from}` the assignment
 //! whose accepted result is the input. A miner uploads to `{id}/upload`; on submit the
@@ -32,13 +33,13 @@ pub const URL_GRACE_MS: u64 = 60_000;
 pub fn input_of(state: &AppState, row: &AssignmentRow) -> (ObjectKey, Vec<usize>) {
     let c = &state.config;
     let (producer, direction) = match (row.kind, row.section) {
-        (WorkKind::Forward, 0) => {
+        (WorkKind::Forward | WorkKind::Eval, 0) => {
             return (
                 state.token_key(row.epoch, row.sample, "tokens"),
                 c.token_shape(),
             );
         }
-        (WorkKind::Forward, s) => (s - 1, Direction::Forward),
+        (WorkKind::Forward | WorkKind::Eval, s) => (s - 1, Direction::Forward),
         (WorkKind::Backward, s) => (s + 1, Direction::Backward),
     };
     let key = match row.input_from {
@@ -63,6 +64,8 @@ fn output_direction(state: &AppState, row: &AssignmentRow) -> Option<Direction> 
     let tail = state.config.tail();
     match (row.kind, row.section) {
         (WorkKind::Backward, 0) => None,
+        (WorkKind::Eval, s) if s == tail => None,
+        (WorkKind::Eval, _) => Some(Direction::Forward),
         (WorkKind::Forward, 0) if tail == 0 => None,
         (WorkKind::Forward, s) if s == tail => Some(Direction::Backward),
         (WorkKind::Forward, _) => Some(Direction::Forward),

@@ -96,6 +96,7 @@ impl ReplayStats {
                 let kind = match check.kind {
                     WorkKind::Forward => "forward",
                     WorkKind::Backward => "backward",
+                    WorkKind::Eval => "eval",
                 };
                 self.failures
                     .push(format!("sample {} {kind}: {reason}", check.sample));
@@ -162,6 +163,10 @@ impl<B: AutodiffBackend> Replayer<B> {
             skipped: None,
         };
         let outcome = match (item.kind, tail) {
+            (WorkKind::Eval, _) => {
+                check.skipped = Some("evaluation work changes no state".into());
+                Ok(None)
+            }
             (WorkKind::Forward, false) => self.engine.forward(item.sample, item.input).map(|f| {
                 check.similarity = Some(similarity(
                     &f.output.data,
@@ -320,6 +325,8 @@ mod tests {
             seed: 3,
             optimizer: OptimizerConfig::default(),
             schedule: crate::model::LrSchedule::default(),
+            weight_stashing: true,
+            lookahead: false,
             heartbeat_s: 1,
         }
     }

@@ -29,15 +29,22 @@ pub struct Harness {
     pub now: Arc<AtomicU64>,
 }
 
-/// The test run's config plus `extra` YAML lines (which may replace the model).
+/// The test run's config plus `extra` YAML lines (which may replace the model). Evaluation
+/// through the network is off unless `extra` sets `eval_samples` (routing tests follow
+/// training samples).
 pub fn config(extra: &str) -> RunConfig {
     let model = if extra.contains("model:") {
         ""
     } else {
         "model: {preset: tiny}\n"
     };
+    let eval = if extra.contains("eval_samples:") {
+        ""
+    } else {
+        "eval_samples: 0\n"
+    };
     RunConfig::from_yaml(&format!(
-        "run: test-run\n{model}batch_size: 2\nseq_len: 8\nwire: f32\n\
+        "run: test-run\n{model}{eval}batch_size: 2\nseq_len: 8\nwire: f32\n\
          max_in_flight: 2\ndeadlines: {{forward_s: 10, backward_s: 20}}\n\
          public_url: http://orch.test\n{extra}"
     ))

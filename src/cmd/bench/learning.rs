@@ -6,17 +6,20 @@
 //! How each number is taken:
 //! - `iota train`: a child process with `--eval-every` set to the merge interval, so it
 //!   evaluates at the same token counts as the network's merges (the mean loss on the first
-//!   `eval_samples` held-out windows, as always).
-//! - network: after every merge the merged model (the section checkpoints in the run's
-//!   storage) is evaluated in this process on the same held-out windows, boundary tensors
-//!   through the run's wire codec. A merge after `e * merge_every` completed samples has seen
-//!   exactly the tokens of `iota train`'s step `e * merge_every`.
+//!   32 held-out windows, as always).
+//! - network: `iota local` with the same budget as `max_samples`. At the start of every epoch
+//!   the network evaluates the weights the epoch starts with (the merged model) on the same
+//!   held-out windows, through the network itself; the run ends with a merge of its last
+//!   epoch and that model's evaluation. An evaluation after `n` completed training samples
+//!   has seen the tokens of `iota train`'s step `n`.
 //! - throughput: `iota train`'s own tokens/s; the network's steady state from `iota local
-//!   --metrics-out` (first completed sample to the last status poll, merges included).
+//!   --metrics-out` (first completed sample to the last status poll, merges and evaluations
+//!   included).
 //!
-//! Flags choose the network's variant (in-flight bound, local steps, weight stashing, learning
-//! rate schedule, outer step, merge operator and interval), so every ablation of the README's
-//! table is one command. `iota train` always runs with its defaults: it is the reference.
+//! Flags choose the network's variant (in-flight bound, local steps, weight stashing,
+//! look-ahead, learning-rate schedule, outer step, merge operator and interval), so every
+//! ablation of the README's table is one command. `iota train` always runs with its
+//! defaults: it is the reference.
 
 use std::fs;
 use std::net::TcpListener;
@@ -24,25 +27,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, bail};
-use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::network::steady_state;
+use crate::api::EvalSummary;
 use crate::cmd::local::{LocalArgs, generated_config};
 use crate::codec::WireDtype;
-use crate::data::{Dataset, Tokenizer};
-use crate::merge::{MergeOp, f32_from_le_bytes};
-use crate::model::backend::{BackendTask, DeviceKind, dispatch};
-use crate::model::layout::section_layout;
-use crate::model::pipeline::Pipeline;
-use crate::model::{ModelConfig, OptimizerConfig};
-use crate::orchestrator::RunConfig;
-use crate::storage::{RunKeys, StatePart, Storage};
-
-/// Held-out windows per evaluation (`iota train`'s default `eval_samples`).
-const EVAL_WINDOWS: usize = 32;
+use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::merge::MergeOp;
+use crate::model::ModelConfig;
+use crate::model::backend::DeviceKind;
 
 /// Arguments of `iota bench learning`.
 #[derive(Debug, Args)]
@@ -84,6 +80,12 @@ pub struct BenchLearningArgs {
     /// Variant: recompute backwards at the current weights instead of the forward's.
     #[arg(long)]
     pub no_weight_stashing: bool,
+    /// Variant: forwards at the weights extrapolated to the step their gradient is applied at.
+    #[arg(long)]
+    pub lookahead: bool,
+    /// Variant: AdamW's first-moment decay of the miners (default: `iota train`'s).
+    #[arg(long, value_name = "BETA1")]
+    pub beta1: Option<f64>,
     /// Variant: constant learning rate after the warmup instead of `iota train`'s cosine.
     #[arg(long)]
     pub constant_lr: bool,
@@ -202,6 +204,12 @@ impl BenchLearningArgs {
         if self.no_weight_stashing {
             v.push_str(" --no-weight-stashing");
         }
+        if self.lookahead {
+            v.push_str(" --lookahead");
+        }
+        if let Some(beta1) = self.beta1 {
+            v.push_str(&format!(" --beta1 {beta1}"));
+        }
         if self.constant_lr {
             v.push_str(" --constant-lr");
         }
@@ -277,14 +285,25 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
 }
 
 fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSummary> {
+    let floor =
+        Dataset::load(&DataSpec::default(), &Tokenizer::byte(), args.seq_len, 0)?.entropy_floor();
     let train = run_train(args, &dir.join("train"))?;
-    let (network, floor) = run_network(args, &dir.join("network"))?;
-    let (final_samples, final_train, final_network) = network
+    let network = run_network(args, &dir.join("network"))?;
+    // The last evaluation of each; the network's may have seen a few samples fewer (samples
+    // dropped on the way), never more.
+    let last_train = train
         .evals
-        .iter()
-        .rev()
-        .find_map(|p| Some((p.samples, train.at(p.samples)?, p.eval_loss)))
-        .context("the network made no evaluation at a point iota train also evaluated")?;
+        .last()
+        .context("iota train made no evaluation")?;
+    let last_network = network
+        .evals
+        .last()
+        .context("the network made no evaluation")?;
+    let (final_samples, final_train, final_network) = (
+        last_network.samples,
+        last_train.eval_loss,
+        last_network.eval_loss,
+    );
     let gap_pct = f64::from(final_network - final_train) / f64::from(final_train) * 100.0;
     let excess_ratio = floor.map(|f| (f64::from(final_network) - f) / (f64::from(final_train) - f));
     Ok(LearningSummary {
@@ -376,9 +395,8 @@ fn run_train(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> 
     Ok(result)
 }
 
-/// Runs the network variant in `dir` and evaluates its merged checkpoints; also returns the
-/// data's entropy floor.
-fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResult, Option<f64>)> {
+/// Runs the network variant in `dir`; its evaluations come from the network itself.
+fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> {
     if dir.exists() {
         fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
     }
@@ -397,6 +415,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResul
         samples: Some(args.samples),
         keep_running: false,
         metrics_out: None,
+        summary_out: None,
         seq_len: args.seq_len,
         batch_size: args.batch_size,
         lr: args.lr,
@@ -415,8 +434,10 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResul
     config["max_in_flight"] = json!(args.max_in_flight);
     config["local_steps"] = json!(args.local_steps);
     config["wire"] = json!(args.wire.to_string());
-    if args.no_weight_stashing {
-        config["weight_stashing"] = json!(false);
+    config["weight_stashing"] = json!(!args.no_weight_stashing);
+    config["lookahead"] = json!(args.lookahead);
+    if let Some(beta1) = args.beta1 {
+        config["optimizer"] = json!({ "beta1": beta1 });
     }
     if args.constant_lr {
         config["schedule"]["total_steps"] = json!(u64::MAX);
@@ -429,8 +450,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResul
     let config_path = dir.join("run.yaml");
     fs::write(&config_path, serde_norway::to_string(&config)?)
         .with_context(|| format!("writing {}", config_path.display()))?;
-    let run_config = RunConfig::load(&config_path)?;
     let metrics = dir.join("metrics.jsonl");
+    let summary_path = dir.join("summary.json");
     let log = dir.join("local.log");
     let exe = std::env::current_exe().context("locating the iota binary")?;
     eprintln!(
@@ -452,6 +473,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResul
         .arg(dir)
         .arg("--metrics-out")
         .arg(&metrics)
+        .arg("--summary-out")
+        .arg(&summary_path)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
@@ -466,92 +489,25 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<(RunResul
     let text =
         fs::read_to_string(&metrics).with_context(|| format!("reading {}", metrics.display()))?;
     let span = steady_state(&text).context("the network completed too few samples to measure")?;
-    let last: serde_json::Value = text
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .context("no status in the network's metrics")?;
-    let tokens_per_sample = args.batch_size * args.seq_len;
-    let task = CheckpointEval {
-        config: run_config,
-        batch: args.batch_size,
-        epochs: args.samples / args.merge_every,
-        merge_every: args.merge_every,
-    };
-    let (evals, floor) = dispatch(DeviceKind::Cpu, task).map_err(anyhow::Error::msg)??;
-    Ok((
-        RunResult {
-            evals,
-            tokens_per_s: span.tokens_per_s(tokens_per_sample),
-            completed: last["completed"].as_u64().unwrap_or(0),
-            dropped: last["dropped"].as_u64().unwrap_or(0),
-        },
-        floor,
-    ))
-}
-
-/// Evaluates the merged checkpoint of every epoch of a finished network run.
-struct CheckpointEval {
-    config: RunConfig,
-    batch: usize,
-    epochs: u64,
-    merge_every: u64,
-}
-
-impl BackendTask for CheckpointEval {
-    type Output = anyhow::Result<(Vec<EvalPoint>, Option<f64>)>;
-
-    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
-        let c = &self.config;
-        let tokenizer = Tokenizer::load(c.data.tokenizer.as_deref())?;
-        let dataset = Dataset::load(&c.data.source, &tokenizer, c.seq_len, c.seed)?;
-        let windows: Vec<&[u32]> = (0..dataset.num_eval_windows().min(EVAL_WINDOWS))
-            .map(|i| dataset.eval_sample(i))
-            .collect();
-        let storage = Storage::open(&c.storage)?;
-        let keys = RunKeys::new(&c.run)?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?;
-        let mut pipeline = Pipeline::<B>::new(
-            &c.model,
-            c.seed,
-            OptimizerConfig::default(),
-            c.wire,
-            &device,
-        )?;
-        let mut evals = vec![EvalPoint {
-            samples: 0,
-            eval_loss: pipeline.eval_mean(&windows, self.batch)?,
-        }];
-        for epoch in 1..=self.epochs {
-            let mut complete = true;
-            for (index, section) in pipeline.sections_mut().iter_mut().enumerate() {
-                let key = keys.checkpoint(epoch, u32::try_from(index)?, StatePart::Flat);
-                let bytes = match runtime.block_on(storage.get(&key)) {
-                    Ok(bytes) => bytes,
-                    Err(_) => {
-                        complete = false;
-                        break;
-                    }
-                };
-                let flat = f32_from_le_bytes(&bytes)
-                    .with_context(|| format!("checkpoint {key}: length not a multiple of 4"))?;
-                section
-                    .import_flat(&section_layout(&c.model, index)?, &flat)
-                    .with_context(|| format!("checkpoint {key}"))?;
-            }
-            if !complete {
-                break;
-            }
-            evals.push(EvalPoint {
-                samples: epoch * self.merge_every,
-                eval_loss: pipeline.eval_mean(&windows, self.batch)?,
-            });
-        }
-        Ok((evals, dataset.entropy_floor()))
-    }
+    let summary: serde_json::Value = serde_json::from_slice(
+        &fs::read(&summary_path).with_context(|| format!("reading {}", summary_path.display()))?,
+    )?;
+    let evals: Vec<EvalSummary> = serde_json::from_value(summary["evals"].clone())
+        .context("reading the network's evaluations")?;
+    Ok(RunResult {
+        evals: evals
+            .iter()
+            .filter_map(|e| {
+                Some(EvalPoint {
+                    samples: e.trained_samples,
+                    eval_loss: e.eval_loss?,
+                })
+            })
+            .collect(),
+        tokens_per_s: span.tokens_per_s(args.batch_size * args.seq_len),
+        completed: summary["completed"].as_u64().unwrap_or(0),
+        dropped: summary["dropped"].as_u64().unwrap_or(0),
+    })
 }
 
 fn print_table(s: &LearningSummary) {

@@ -41,7 +41,11 @@ impl<B: AutodiffBackend> Worker<B> {
             };
             let result = match resp.task {
                 MergeTask::Train => {
-                    // No newer merged state for this section: the weights held are current.
+                    // No newer merged state for this section: the weights held are current,
+                    // and the new epoch starts from them.
+                    if resp.epoch > self.held_epoch {
+                        self.engine.begin_epoch();
+                    }
                     self.held_epoch = self.held_epoch.max(resp.epoch);
                     self.set_weights_epoch();
                     return;
@@ -171,7 +175,10 @@ impl<B: AutodiffBackend> Worker<B> {
         let flat = f32_from_le_bytes(&bytes).ok_or_else(|| {
             MinerError::Weights("checkpoint length is not a multiple of 4".into())
         })?;
-        self.engine.adopt_flat(&checkpoint.layout, &flat, None)?;
+        // The step count goes with the merged moments, so every miner (late joiners and
+        // restarted ones included) and every validator's replay continues from the same one.
+        self.engine
+            .adopt_flat(&checkpoint.layout, &flat, Some(checkpoint.optimizer_step))?;
         let held = f32_to_le_bytes(&self.engine.section().export_flat(&checkpoint.layout)?);
         let hash = payload_hash(&held);
         self.held_epoch = checkpoint.epoch;

@@ -31,8 +31,8 @@ pub(super) async fn check_result(
     row: &AssignmentRow,
     req: &SubmitRequest,
 ) -> Result<Checked, HttpError> {
-    let is_tail_forward = row.kind == WorkKind::Forward && row.section == state.config.tail();
-    if is_tail_forward {
+    let at_tail = row.section == state.config.tail();
+    if at_tail && matches!(row.kind, WorkKind::Forward | WorkKind::Eval) {
         match req.loss {
             Some(loss) if loss.is_finite() => {}
             Some(loss) => return Ok(Checked::Refuse(format!("loss {loss} is not finite"))),

@@ -44,6 +44,13 @@ pub async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse,
              iota_recent_loss {loss}"
         );
     }
+    if let Some(loss) = status.eval_loss {
+        let _ = writeln!(
+            out,
+            "# HELP iota_eval_loss Held-out loss of the latest merged model, evaluated through \
+             the network.\n# TYPE iota_eval_loss gauge\niota_eval_loss {loss}"
+        );
+    }
     let _ = writeln!(
         out,
         "# HELP iota_tokens_per_second Recent throughput.\n# TYPE iota_tokens_per_second gauge\n\

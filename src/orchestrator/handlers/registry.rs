@@ -41,6 +41,8 @@ pub async fn register(
             seed: c.seed,
             optimizer: c.optimizer,
             schedule: c.schedule,
+            weight_stashing: c.weight_stashing,
+            lookahead: c.lookahead,
             heartbeat_s: c.heartbeat_s,
         },
         checkpoint,

@@ -9,11 +9,13 @@ use crate::api::*;
 use crate::orchestrator::auth::Signed;
 use crate::orchestrator::http_error::HttpError;
 use crate::orchestrator::metrics::Metrics;
+use crate::orchestrator::repo::{EvalSample, eval_id};
 use crate::orchestrator::repo_types::{Accepted, AssignmentRow, Fallout};
 use crate::orchestrator::state::AppState;
 use crate::orchestrator::wire::to_wire;
 
-/// `POST /api/work`: backwards first, then open forwards, then (head miners) new samples.
+/// `POST /api/work`: backwards first, then evaluations of the epoch's starting weights, then
+/// open forwards, then (head miners) new samples.
 pub async fn work(
     State(state): State<AppState>,
     req: Signed<WorkRequest>,
@@ -27,6 +29,7 @@ pub async fn work(
             epoch,
         }));
     }
+    start_evals(&state, epoch).await?;
     let taken = state
         .repo
         .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
@@ -58,6 +61,42 @@ pub async fn work(
         phase,
         epoch,
     }))
+}
+
+/// Starts the evaluation samples of `epoch` (the weights it started with) unless they were:
+/// stores their tokens and targets, then opens them for the head section.
+async fn start_evals(state: &AppState, epoch: u64) -> Result<(), HttpError> {
+    let units = state.eval_units();
+    if units == 0 || state.repo.evals_started(epoch)? {
+        return Ok(());
+    }
+    let _guard = state.start_lock.lock().await;
+    if state.repo.evals_started(epoch)? {
+        return Ok(());
+    }
+    let mut samples = Vec::new();
+    for unit in 0..units {
+        let id = eval_id(epoch, unit);
+        let (tokens, targets) = state.eval_tokens(unit);
+        samples.push(EvalSample {
+            id,
+            tokens_hash: state
+                .storage
+                .put(&state.token_key(epoch, id, "tokens"), tokens)
+                .await?,
+            targets_hash: state
+                .storage
+                .put(&state.token_key(epoch, id, "targets"), targets)
+                .await?,
+        });
+    }
+    let started = state.repo.start_evals(epoch, &samples, state.now_ms())?;
+    tracing::info!(
+        epoch,
+        started,
+        "evaluation of the epoch's starting weights begun"
+    );
+    Ok(())
 }
 
 /// Stores the tokens and targets of the next sample and starts it (caller holds the start

@@ -75,7 +75,11 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
         .max(state.started_ms);
     let (recent_loss, recent_done) = state.repo.recent(RECENT_LOSSES, since)?;
     let window_s = (now.saturating_sub(since) as f64 / 1000.0).max(1.0);
-    let tokens = recent_done as f64 * (state.config.batch_size * state.config.seq_len) as f64;
+    let tokens_per_sample = (state.config.batch_size * state.config.seq_len) as u64;
+    let tokens = recent_done as f64 * tokens_per_sample as f64;
+    let evals = state.repo.eval_summaries()?;
+    let eval_loss = evals.iter().rev().find_map(|e| e.eval_loss);
+    let finished = run_finished(state, phase, epoch)?;
     Ok(StatusResponse {
         run: state.config.run.clone(),
         phase,
@@ -89,5 +93,30 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
         },
         recent_loss,
         tokens_per_s: tokens / window_s,
+        tokens: counts.completed * tokens_per_sample,
+        eval_loss,
+        evals,
+        finished,
     })
+}
+
+/// Whether a run with a sample budget is over: the budget is spent, nothing is under way, the
+/// last training epoch was merged, and the merged model evaluated (when evaluation is on).
+fn run_finished(state: &AppState, phase: Phase, epoch: u64) -> Result<bool, HttpError> {
+    let (_, _, next) = state.repo.run_state()?;
+    let Some(budget) = state.config.max_samples else {
+        return Ok(false);
+    };
+    if next < budget || phase != Phase::Training {
+        return Ok(false);
+    }
+    let (done, active) = state.repo.epoch_progress(epoch)?;
+    if done > 0 || active > 0 {
+        return Ok(false);
+    }
+    if state.eval_units() == 0 {
+        return Ok(true);
+    }
+    // Every evaluation sample of the final epoch ended (completed, or dropped with a reason).
+    Ok(state.repo.evals_started(epoch)? && state.repo.evals_active(epoch)? == 0)
 }

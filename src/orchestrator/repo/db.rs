@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, Transaction};
 
-use super::schema::{ADDED_COLUMNS, MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
+use super::schema::{ADDED_COLUMNS, ADDED_INDEXES, MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
 use crate::orchestrator::repo_types::RepoError;
 
 /// The state store. Cheap to share behind an `Arc`; calls are serialised by an inner mutex.
@@ -55,6 +55,7 @@ impl Repository {
         for (table, column, decl) in ADDED_COLUMNS {
             add_column_if_missing(&conn, table, column, decl)?;
         }
+        conn.execute_batch(ADDED_INDEXES)?;
         Ok(Self {
             conn: Mutex::new(conn),
         })

@@ -114,6 +114,8 @@ pub struct CheckpointRow {
     pub hash: String,
     /// Size.
     pub bytes: u64,
+    /// AdamW step count of its moments (see [`SectionOutcome::optimizer_step`]).
+    pub optimizer_step: u64,
 }
 
 /// What finalising one section's merge records.
@@ -125,6 +127,12 @@ pub struct SectionOutcome {
     pub flags: Vec<(usize, String, String)>,
     /// The new checkpoint `(hash, bytes)`, if one was written.
     pub checkpoint: Option<(String, u64)>,
+    /// The AdamW step count that goes with the new checkpoint's moments: the previous
+    /// checkpoint's plus the most optimizer steps an uploader of the merge took in the epoch
+    /// (its backwards in the ledger over `local_steps`). Miners adopting the checkpoint, late
+    /// joiners and validators replaying the next epoch all use it, so nobody's bias
+    /// corrections depend on its own history.
+    pub optimizer_step: u64,
 }
 
 impl Repository {
@@ -297,7 +305,7 @@ impl Repository {
         let conn = self.lock();
         let n: i64 = conn.query_row(
             "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
-             WHERE p.miner = ?1 AND p.backward_done = 1 AND s.epoch = ?2",
+             WHERE p.miner = ?1 AND p.backward_done = 1 AND s.epoch = ?2 AND s.kind = 'train'",
             params![hotkey, to_i64(epoch)],
             |r| r.get(0),
         )?;
@@ -458,9 +466,16 @@ impl Repository {
             }
             if let Some((hash, bytes)) = &outcome.checkpoint {
                 tx.execute(
-                    "INSERT OR REPLACE INTO checkpoints (section, epoch, hash, bytes, at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![s, to_i64(epoch + 1), hash, to_i64(*bytes), to_i64(now_ms)],
+                    "INSERT OR REPLACE INTO checkpoints (section, epoch, hash, bytes, at, \
+                     optimizer_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![
+                        s,
+                        to_i64(epoch + 1),
+                        hash,
+                        to_i64(*bytes),
+                        to_i64(now_ms),
+                        to_i64(outcome.optimizer_step)
+                    ],
                 )?;
             }
             tx.execute(
@@ -520,19 +535,21 @@ impl Repository {
         self.start_checkpoint(section, u64::MAX)
     }
 
-    /// Loss summary of every epoch that completed samples, oldest first.
+    /// Loss summary of every epoch that completed training samples or was evaluated, oldest
+    /// first.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn epoch_summaries(&self) -> Result<Vec<EpochSummary>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT epoch, loss FROM samples WHERE outcome = 'completed' AND loss IS NOT NULL \
-             ORDER BY epoch, finished_at, id",
-        )?;
-        let rows: Vec<(i64, f64)> = stmt
-            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?;
+        let rows: Vec<(i64, f64)> = {
+            let conn = self.lock();
+            let mut stmt = conn.prepare(
+                "SELECT epoch, loss FROM samples WHERE outcome = 'completed' AND kind = 'train' \
+                 AND loss IS NOT NULL ORDER BY epoch, finished_at, id",
+            )?;
+            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?
+        };
         let mut out: Vec<EpochSummary> = Vec::new();
         let mut i = 0;
         while i < rows.len() {
@@ -550,9 +567,26 @@ impl Repository {
                 mean_loss: Some(mean(&losses)),
                 first_loss: Some(mean(&losses[..quarter])),
                 last_loss: Some(mean(&losses[losses.len() - quarter..])),
+                eval_loss: None,
             });
             i = j;
         }
+        // The evaluation of the weights each epoch started with; the last one may belong to
+        // an epoch without training (the run's final merge).
+        for eval in self.eval_summaries()? {
+            match out.iter_mut().find(|s| s.epoch == eval.epoch) {
+                Some(summary) => summary.eval_loss = eval.eval_loss,
+                None => out.push(EpochSummary {
+                    epoch: eval.epoch,
+                    completed: 0,
+                    mean_loss: None,
+                    first_loss: None,
+                    last_loss: None,
+                    eval_loss: eval.eval_loss,
+                }),
+            }
+        }
+        out.sort_by_key(|s| s.epoch);
         Ok(out)
     }
 }

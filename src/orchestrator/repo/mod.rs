@@ -18,11 +18,13 @@
 //! - `registry`: miners; `replay`: the replay cache; `phase`: phase, epoch, deadlines.
 //! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
 //! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics.
+//! - `eval`: the evaluation samples of each epoch's merged model (forward-only).
 //! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
 //! - `validation`: published weights, upload times, objects kept for validators, and the
 //!   ledger queries validators ask for.
 
 mod db;
+mod eval;
 mod ledger;
 mod merge;
 mod phase;
@@ -37,6 +39,7 @@ mod tests;
 mod validation;
 
 pub use db::Repository;
+pub use eval::{EVAL_ID_BASE, EVAL_SAMPLES_MAX, EvalSample, eval_id};
 pub use merge::{
     CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
 };

@@ -57,7 +57,7 @@ impl Repository {
         })
     }
 
-    /// Samples of `epoch` completed, and samples still active (any epoch).
+    /// Training samples of `epoch` completed, and training samples still active (any epoch).
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
@@ -66,8 +66,9 @@ impl Repository {
         // Both counts are ranges of the `samples_outcome` index (this runs on every work
         // request), not scans of the whole ledger.
         let (done, active): (i64, i64) = conn.query_row(
-            "SELECT (SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND epoch = ?1), \
-             (SELECT COUNT(*) FROM samples WHERE outcome = 'active')",
+            "SELECT (SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND epoch = ?1 \
+             AND kind = 'train'), \
+             (SELECT COUNT(*) FROM samples WHERE outcome = 'active' AND kind = 'train')",
             [to_i64(epoch)],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;

@@ -56,11 +56,24 @@ impl Repository {
                 tx.execute("UPDATE assignments SET delivered = 1 WHERE id = ?1", [id])?;
                 out.push(get_assignment(tx, to_u64(id), limits.tail)?);
             }
-            // 2. Forwards within the in-flight allowance.
+            // 2. Evaluations of the section (they keep nothing, so no allowance applies).
+            let evals: Vec<i64> = {
+                let mut stmt = tx.prepare(
+                    "SELECT id FROM assignments WHERE state = 'open' AND section = ?1 \
+                     AND kind = 'eval' ORDER BY id LIMIT ?2",
+                )?;
+                let room = to_i64(max.saturating_sub(out.len()) as u64);
+                let rows = stmt.query_map(params![section, room], |r| r.get(0))?;
+                rows.collect::<Result<_, _>>()?
+            };
+            for id in evals {
+                out.push(hand_out(tx, id, hotkey, section, limits, now_ms)?);
+            }
+            // 3. Forwards within the in-flight allowance.
             let in_flight: i64 = tx.query_row(
                 "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
                  WHERE p.miner = ?1 AND p.section = ?2 AND p.backward_done = 0 \
-                 AND s.outcome = 'active'",
+                 AND s.outcome = 'active' AND s.kind = 'train'",
                 params![hotkey, section],
                 |r| r.get(0),
             )?;
@@ -78,18 +91,7 @@ impl Repository {
                 rows.collect::<Result<_, _>>()?
             };
             for id in open {
-                tx.execute(
-                    "UPDATE assignments SET state = 'assigned', miner = ?2, deadline = ?3, \
-                     delivered = 1 WHERE id = ?1",
-                    params![id, hotkey, to_i64(now_ms.saturating_add(limits.forward_ms))],
-                )?;
-                let row = get_assignment(tx, to_u64(id), limits.tail)?;
-                tx.execute(
-                    "INSERT OR REPLACE INTO pathway (sample, section, miner, backward_done) \
-                     VALUES (?1, ?2, ?3, 0)",
-                    params![to_i64(row.sample), section, hotkey],
-                )?;
-                out.push(row);
+                out.push(hand_out(tx, id, hotkey, section, limits, now_ms)?);
                 wanted = wanted.saturating_sub(1);
             }
             let head_capacity = if miner.section == 0 { wanted } else { 0 };
@@ -223,23 +225,39 @@ impl Repository {
                 Ok(())
             };
             let next_step = match row.kind {
+                WorkKind::Eval if section < limits.tail => {
+                    insert_open(
+                        tx,
+                        &row,
+                        section + 1,
+                        WorkKind::Eval,
+                        (&output_hash, Some(id)),
+                        0,
+                        now_ms,
+                    )?;
+                    None
+                }
+                WorkKind::Eval => {
+                    tx.execute(
+                        "UPDATE samples SET loss = ?2, outcome = 'completed', finished_at = ?3 \
+                         WHERE id = ?1",
+                        params![sample, result.loss.map(f64::from), to_i64(now_ms)],
+                    )?;
+                    return Ok(());
+                }
                 WorkKind::Forward if section < limits.tail => {
                     tx.execute(
                         "UPDATE miners SET forwards = forwards + 1 WHERE hotkey = ?1",
                         [hotkey],
                     )?;
-                    tx.execute(
-                        "INSERT INTO assignments (sample, epoch, section, kind, state, \
-                         input_hash, input_from, created_at) \
-                         VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5, ?6)",
-                        params![
-                            sample,
-                            to_i64(row.epoch),
-                            to_i64(section as u64 + 1),
-                            output_hash,
-                            to_i64(id),
-                            to_i64(now_ms)
-                        ],
+                    insert_open(
+                        tx,
+                        &row,
+                        section + 1,
+                        WorkKind::Forward,
+                        (&output_hash, Some(id)),
+                        0,
+                        now_ms,
                     )?;
                     None
                 }
@@ -383,7 +401,9 @@ impl Repository {
                 set_state(tx, row.id, AssignmentState::Expired, &reason, now_ms)?;
                 penalise(tx, &miner, Some(row.id), &reason, now_ms)?;
                 out.push(match row.kind {
-                    WorkKind::Forward => reoffer(tx, &row, &reason, true, limits, now_ms)?,
+                    WorkKind::Forward | WorkKind::Eval => {
+                        reoffer(tx, &row, &reason, true, limits, now_ms)?
+                    }
                     WorkKind::Backward => {
                         drop_sample(tx, row.sample, &reason, now_ms)?;
                         Fallout::Dropped {
@@ -396,6 +416,58 @@ impl Repository {
             Ok(out)
         })
     }
+}
+
+/// Gives the open assignment `id` (a forward or an evaluation of `section`) to `hotkey` and
+/// records it on the sample's pathway.
+fn hand_out(
+    tx: &Connection,
+    id: i64,
+    hotkey: &str,
+    section: i64,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<AssignmentRow, RepoError> {
+    tx.execute(
+        "UPDATE assignments SET state = 'assigned', miner = ?2, deadline = ?3, \
+         delivered = 1 WHERE id = ?1",
+        params![id, hotkey, to_i64(now_ms.saturating_add(limits.forward_ms))],
+    )?;
+    let row = get_assignment(tx, to_u64(id), limits.tail)?;
+    tx.execute(
+        "INSERT OR REPLACE INTO pathway (sample, section, miner, backward_done) \
+         VALUES (?1, ?2, ?3, 0)",
+        params![to_i64(row.sample), section, hotkey],
+    )?;
+    Ok(row)
+}
+
+/// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it;
+/// `input` is the hash of its input and the assignment whose accepted result that is.
+fn insert_open(
+    tx: &Connection,
+    row: &AssignmentRow,
+    section: usize,
+    kind: WorkKind,
+    input: (&str, Option<u64>),
+    attempts: u32,
+    now_ms: u64,
+) -> Result<u64, RepoError> {
+    tx.execute(
+        "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, input_from, \
+         attempts, created_at) VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6, ?7, ?8)",
+        params![
+            to_i64(row.sample),
+            to_i64(row.epoch),
+            to_i64(section as u64),
+            kind_str(kind),
+            input.0,
+            input.1.map(to_i64),
+            i64::from(attempts),
+            to_i64(now_ms)
+        ],
+    )?;
+    Ok(to_u64(tx.last_insert_rowid()))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -452,28 +524,21 @@ fn reoffer(
         });
     }
     match row.kind {
-        WorkKind::Forward => {
+        WorkKind::Forward | WorkKind::Eval => {
             tx.execute(
                 "DELETE FROM pathway WHERE sample = ?1 AND section = ?2",
                 params![to_i64(row.sample), to_i64(row.section as u64)],
             )?;
-            tx.execute(
-                "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, \
-                 input_from, attempts, created_at) \
-                 VALUES (?1, ?2, ?3, 'forward', 'open', ?4, ?5, ?6, ?7)",
-                params![
-                    to_i64(row.sample),
-                    to_i64(row.epoch),
-                    to_i64(row.section as u64),
-                    row.input_hash,
-                    row.input_from.map(to_i64),
-                    i64::from(attempts),
-                    to_i64(now_ms)
-                ],
+            let assignment = insert_open(
+                tx,
+                row,
+                row.section,
+                row.kind,
+                (&row.input_hash, row.input_from),
+                attempts,
+                now_ms,
             )?;
-            Ok(Fallout::Reoffered {
-                assignment: to_u64(tx.last_insert_rowid()),
-            })
+            Ok(Fallout::Reoffered { assignment })
         }
         WorkKind::Backward if counts => {
             let owner = row.miner.clone().unwrap_or_default();

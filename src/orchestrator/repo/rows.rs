@@ -45,7 +45,8 @@ impl RawAssignment {
     pub(super) fn finish(self, tail: Option<usize>) -> Result<AssignmentRow, RepoError> {
         let kind = parse_kind(&self.kind)?;
         let section = usize_of(self.section);
-        let is_tail_forward = kind == WorkKind::Forward && Some(section) == tail;
+        let is_tail_forward =
+            matches!(kind, WorkKind::Forward | WorkKind::Eval) && Some(section) == tail;
         Ok(AssignmentRow {
             id: to_u64(self.id),
             sample: to_u64(self.sample),

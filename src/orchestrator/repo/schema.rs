@@ -19,7 +19,7 @@ CREATE TABLE IF NOT EXISTS penalties (
 CREATE TABLE IF NOT EXISTS samples (
     id INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, outcome TEXT NOT NULL, reason TEXT,
     loss REAL, tokens_hash TEXT NOT NULL, targets_hash TEXT NOT NULL,
-    started_at INTEGER NOT NULL, finished_at INTEGER);
+    started_at INTEGER NOT NULL, finished_at INTEGER, kind TEXT NOT NULL DEFAULT 'train');
 CREATE TABLE IF NOT EXISTS pathway (
     sample INTEGER NOT NULL, section INTEGER NOT NULL, miner TEXT NOT NULL,
     backward_done INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (sample, section));
@@ -41,14 +41,30 @@ CREATE TABLE IF NOT EXISTS seen_signatures (id TEXT PRIMARY KEY, expires_at INTE
 
 /// Columns added after the first release of the schema: `(table, column, declaration)`,
 /// added to older state files when they are opened.
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 6] = [
+///
+/// `samples.kind`: `train` (a training sample unit) or `eval` (an evaluation sample of the
+/// weights an epoch started with, forward-only; see `repo::eval`).
+///
+/// `checkpoints.optimizer_step`: the AdamW step count that goes with the merged moments (see
+/// `SectionOutcome::optimizer_step`).
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 8] = [
     ("assignments", "input_from", "INTEGER"),
     ("assignments", "output_key", "TEXT"),
     ("uploads", "d_params", "REAL"),
     ("uploads", "d_exp_avg", "REAL"),
     ("uploads", "d_exp_avg_sq", "REAL"),
     ("uploads", "reference_norm", "REAL"),
+    ("samples", "kind", "TEXT NOT NULL DEFAULT 'train'"),
+    (
+        "checkpoints",
+        "optimizer_step",
+        "INTEGER NOT NULL DEFAULT 0",
+    ),
 ];
+
+/// Indexes over added columns (created once the columns exist).
+pub(super) const ADDED_INDEXES: &str =
+    "CREATE INDEX IF NOT EXISTS samples_kind ON samples (kind, epoch);";
 
 /// Tables of the merge cycle (created next to the routing tables).
 pub(super) const MERGE_SCHEMA: &str = "
@@ -72,7 +88,7 @@ CREATE TABLE IF NOT EXISTS merge_flags (
     merger TEXT NOT NULL, reason TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS checkpoints (
     section INTEGER NOT NULL, epoch INTEGER NOT NULL, hash TEXT NOT NULL, bytes INTEGER NOT NULL,
-    at INTEGER NOT NULL, PRIMARY KEY (section, epoch));
+    at INTEGER NOT NULL, optimizer_step INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (section, epoch));
 ";
 
 /// Tables of validation (published weights, upload times, objects kept for validators).

@@ -4,14 +4,16 @@ use super::db::{Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::{LedgerCounts, RepoError, SampleOutcome};
 
 impl Repository {
-    /// Completed, dropped and active sample counts.
+    /// Completed, dropped and active training sample counts (evaluation samples apart).
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn counts(&self) -> Result<LedgerCounts, RepoError> {
         let conn = self.lock();
         let mut counts = LedgerCounts::default();
-        let mut stmt = conn.prepare("SELECT outcome, COUNT(*) FROM samples GROUP BY outcome")?;
+        let mut stmt = conn.prepare(
+            "SELECT outcome, COUNT(*) FROM samples WHERE kind = 'train' GROUP BY outcome",
+        )?;
         let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
         for row in rows {
             let (outcome, n) = row?;
@@ -24,8 +26,8 @@ impl Repository {
         Ok(counts)
     }
 
-    /// Mean loss of the last `n` completed samples, and how many completed at or after
-    /// `since_ms`.
+    /// Mean loss of the last `n` completed training samples, and how many completed at or
+    /// after `since_ms`.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
@@ -33,12 +35,14 @@ impl Repository {
         let conn = self.lock();
         let mean: Option<f64> = conn.query_row(
             "SELECT AVG(loss) FROM (SELECT loss FROM samples WHERE outcome = 'completed' \
-             AND loss IS NOT NULL ORDER BY finished_at DESC, id DESC LIMIT ?1)",
+             AND kind = 'train' AND loss IS NOT NULL ORDER BY finished_at DESC, id DESC \
+             LIMIT ?1)",
             [to_i64(n as u64)],
             |r| r.get(0),
         )?;
         let done: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND finished_at >= ?1",
+            "SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND kind = 'train' \
+             AND finished_at >= ?1",
             [to_i64(since_ms)],
             |r| r.get(0),
         )?;

@@ -357,3 +357,66 @@ fn state_survives_reopening_the_file() {
         .unwrap();
     assert!(matches!(f.as_slice(), [Fallout::Reoffered { .. }]));
 }
+
+#[test]
+fn evaluation_samples_travel_forward_only_and_stay_out_of_training_counts() {
+    let repo = network();
+    let evals: Vec<EvalSample> = (0..2)
+        .map(|u| EvalSample {
+            id: eval_id(0, u),
+            tokens_hash: format!("tok{u}"),
+            targets_hash: format!("tgt{u}"),
+        })
+        .collect();
+    assert_eq!(repo.start_evals(0, &evals, T0).unwrap(), 2);
+    // Started once only.
+    assert_eq!(repo.start_evals(0, &evals, T0).unwrap(), 0);
+    assert!(repo.evals_started(0).unwrap());
+    // Any head miner takes them, beyond the in-flight allowance (they keep nothing).
+    let w = repo.take_work("a1", 4, LIMITS, T0 + 1).unwrap();
+    let kinds: Vec<(u64, WorkKind, usize)> = w
+        .assignments
+        .iter()
+        .map(|a| (a.sample, a.kind, a.section))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            (eval_id(0, 0), WorkKind::Eval, 0),
+            (eval_id(0, 1), WorkKind::Eval, 0)
+        ]
+    );
+    let mut ids: Vec<u64> = w.assignments[..2].iter().map(|a| a.id).collect();
+    for (section, miner) in [(0, "a1"), (1, "b0"), (2, "c0")] {
+        let mut next = Vec::new();
+        for (i, id) in ids.iter().enumerate() {
+            let mut result = ok(&format!("e{section}{i}"));
+            result.loss = Some(3.0 + i as f32);
+            repo.accept(*id, miner, &result, LIMITS, T0 + 10).unwrap();
+        }
+        if section < 2 {
+            let w = repo
+                .take_work(["b0", "c0"][section], 4, LIMITS, T0 + 20)
+                .unwrap();
+            for a in &w.assignments {
+                assert_eq!((a.kind, a.section), (WorkKind::Eval, section + 1));
+                next.push(a.id);
+            }
+            assert_eq!(next.len(), 2);
+        }
+        ids = next;
+    }
+    // No backward follows: the tail's loss completes them.
+    for miner in ["a0", "b0", "c0"] {
+        let w = repo.take_work(miner, 4, LIMITS, T0 + 30).unwrap();
+        assert!(w.assignments.is_empty(), "{miner}: {:?}", w.assignments);
+    }
+    assert_eq!(repo.evals_active(0).unwrap(), 0);
+    let summary = repo.eval_summaries().unwrap();
+    assert_eq!(summary.len(), 1);
+    assert_eq!((summary[0].samples, summary[0].completed), (2, 2));
+    assert_eq!(summary[0].eval_loss, Some(3.5));
+    // Training counts and the epoch's progress ignore them.
+    assert_eq!(repo.counts().unwrap().completed, 0);
+    assert_eq!(repo.epoch_progress(0).unwrap(), (0, 0));
+}

@@ -203,7 +203,8 @@ impl Repository {
         let conn = self.lock();
         Ok(conn
             .query_row(
-                "SELECT section, epoch, hash, bytes FROM checkpoints WHERE section = ?1 \
+                "SELECT section, epoch, hash, bytes, optimizer_step FROM checkpoints \
+                 WHERE section = ?1 \
                  AND epoch <= ?2 ORDER BY epoch DESC LIMIT 1",
                 params![to_i64(section as u64), to_i64(epoch)],
                 |r| {
@@ -212,6 +213,7 @@ impl Repository {
                         epoch: to_u64(r.get(1)?),
                         hash: r.get(2)?,
                         bytes: to_u64(r.get(3)?),
+                        optimizer_step: to_u64(r.get(4)?),
                     })
                 },
             )
@@ -234,7 +236,7 @@ impl Repository {
             "SELECT s.id, s.loss, COALESCE((SELECT MAX(a.finished_at) FROM assignments a \
              WHERE a.sample = s.id AND a.section = ?2 AND a.kind = 'forward' \
              AND a.state = 'done'), s.finished_at, 0) FROM samples s \
-             WHERE s.epoch = ?1 AND s.outcome = 'completed' ORDER BY s.id",
+             WHERE s.epoch = ?1 AND s.outcome = 'completed' AND s.kind = 'train' ORDER BY s.id",
         )?;
         let rows = stmt.query_map(params![to_i64(epoch), tail], |r| {
             Ok(LedgerSample {
@@ -247,7 +249,8 @@ impl Repository {
         let mut samples: Vec<LedgerSample> = rows.collect::<Result<_, _>>()?;
         let mut stmt = conn.prepare(
             "SELECT p.sample, p.section, p.miner FROM pathway p JOIN samples s ON s.id = p.sample \
-             WHERE s.epoch = ?1 AND s.outcome = 'completed' ORDER BY p.sample",
+             WHERE s.epoch = ?1 AND s.outcome = 'completed' AND s.kind = 'train' \
+             ORDER BY p.sample",
         )?;
         let rows = stmt.query_map([to_i64(epoch)], |r| {
             Ok((
@@ -280,7 +283,8 @@ impl Repository {
              SUM(a.state = 'expired'), SUM(a.state = 'failed') \
              FROM assignments a JOIN samples s ON s.id = a.sample \
              JOIN miners m ON m.hotkey = a.miner \
-             WHERE a.epoch = ?1 AND a.miner IS NOT NULL GROUP BY a.miner ORDER BY a.miner",
+             WHERE a.epoch = ?1 AND a.miner IS NOT NULL AND s.kind = 'train' \
+             GROUP BY a.miner ORDER BY a.miner",
         )?;
         let rows = stmt.query_map([to_i64(epoch)], |r| {
             Ok((
@@ -307,7 +311,7 @@ impl Repository {
         let conn = self.lock();
         let mut stmt = conn.prepare(
             "SELECT id FROM assignments WHERE epoch = ?1 AND miner = ?2 AND state = 'done' \
-             ORDER BY finished_at, kind = 'forward', id",
+             AND kind != 'eval' ORDER BY finished_at, kind = 'forward', id",
         )?;
         let rows = stmt.query_map(params![to_i64(epoch), miner], |r| r.get::<_, i64>(0))?;
         Ok(rows.map(|r| r.map(to_u64)).collect::<Result<_, _>>()?)

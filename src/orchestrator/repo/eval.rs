@@ -1,0 +1,134 @@
+//! Evaluation samples: at the start of every epoch the weights it starts with (the merged
+//! model; the initial weights at epoch 0) are evaluated on held-out windows through the
+//! network itself, forward-only, routed like training forwards (any miner of a section takes
+//! the next open one), with the loss recorded at the tail. They live in the ledger as samples
+//! of kind `eval` with ids from [`EVAL_ID_BASE`] up, so training sample ids stay consecutive
+//! (they are the data order and the learning-rate schedule's clock).
+
+use rusqlite::params;
+
+use super::db::{Repository, to_i64, to_u64};
+use crate::api::EvalSummary;
+use crate::orchestrator::repo_types::RepoError;
+
+/// First id of evaluation samples (far above any training sample id).
+pub const EVAL_ID_BASE: u64 = 1 << 48;
+/// Most evaluation samples per epoch.
+pub const EVAL_SAMPLES_MAX: u64 = 1 << 16;
+
+/// Id of evaluation sample `unit` of `epoch`.
+pub fn eval_id(epoch: u64, unit: u64) -> u64 {
+    EVAL_ID_BASE + epoch * EVAL_SAMPLES_MAX + unit
+}
+
+/// An evaluation sample whose tokens and targets are stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvalSample {
+    /// Its id ([`eval_id`]).
+    pub id: u64,
+    /// Hash of its token ids object.
+    pub tokens_hash: String,
+    /// Hash of its targets object.
+    pub targets_hash: String,
+}
+
+impl Repository {
+    /// Whether the evaluation samples of `epoch` were started.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn evals_started(&self, epoch: u64) -> Result<bool, RepoError> {
+        let conn = self.lock();
+        Ok(conn
+            .prepare("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
+            .exists([to_i64(epoch)])?)
+    }
+
+    /// Starts the evaluation samples of `epoch` (once: nothing happens when some exist): a
+    /// ledger row each and an open evaluation of the head section, which any head miner may
+    /// take. Returns how many were started.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn start_evals(
+        &self,
+        epoch: u64,
+        samples: &[EvalSample],
+        now_ms: u64,
+    ) -> Result<u64, RepoError> {
+        self.write(|tx| {
+            let exists = tx
+                .prepare("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
+                .exists([to_i64(epoch)])?;
+            if exists {
+                return Ok(0);
+            }
+            for s in samples {
+                tx.execute(
+                    "INSERT INTO samples (id, epoch, outcome, tokens_hash, targets_hash, \
+                     started_at, kind) VALUES (?1, ?2, 'active', ?3, ?4, ?5, 'eval')",
+                    params![
+                        to_i64(s.id),
+                        to_i64(epoch),
+                        s.tokens_hash,
+                        s.targets_hash,
+                        to_i64(now_ms)
+                    ],
+                )?;
+                tx.execute(
+                    "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, \
+                     created_at) VALUES (?1, ?2, 0, 'eval', 'open', ?3, ?4)",
+                    params![to_i64(s.id), to_i64(epoch), s.tokens_hash, to_i64(now_ms)],
+                )?;
+            }
+            Ok(samples.len() as u64)
+        })
+    }
+
+    /// Evaluation samples of the current epoch still under way.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn evals_active(&self, epoch: u64) -> Result<u64, RepoError> {
+        let conn = self.lock();
+        let n: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM samples WHERE kind = 'eval' AND epoch = ?1 \
+             AND outcome = 'active'",
+            [to_i64(epoch)],
+            |r| r.get(0),
+        )?;
+        Ok(to_u64(n))
+    }
+
+    /// The evaluation of every epoch that has one, oldest first. An epoch's loss is the mean
+    /// over its completed evaluation samples, reported once none is under way.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn eval_summaries(&self) -> Result<Vec<EvalSummary>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT e.epoch, COUNT(*), SUM(e.outcome = 'completed'), SUM(e.outcome = 'active'), \
+             AVG(CASE WHEN e.outcome = 'completed' THEN e.loss END), \
+             (SELECT COUNT(*) FROM samples t WHERE t.kind = 'train' \
+              AND t.outcome = 'completed' AND t.epoch < e.epoch) \
+             FROM samples e WHERE e.kind = 'eval' GROUP BY e.epoch ORDER BY e.epoch",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let active: i64 = r.get(3)?;
+            let mean: Option<f64> = r.get(4)?;
+            Ok(EvalSummary {
+                epoch: to_u64(r.get(0)?),
+                samples: to_u64(r.get(1)?),
+                completed: to_u64(r.get(2)?),
+                eval_loss: if active == 0 {
+                    mean.map(|m| m as f32)
+                } else {
+                    None
+                },
+                trained_samples: to_u64(r.get(5)?),
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+}

@@ -7,10 +7,11 @@ use clap::Parser;
 fn main() -> ExitCode {
     let cli = iota::cmd::Cli::parse();
     iota::cmd::init_tracing(cli.verbose, cli.log_format);
+    iota::cmd::hint::install_panic_hook();
     match iota::cmd::run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("iota: {err:#}");
+            eprintln!("{}", iota::cmd::hint::error_line(&err));
             ExitCode::FAILURE
         }
     }

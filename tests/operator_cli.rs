@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::net::{free_port, http_get, status, wait_for};
+use common::net::{free_port, http_get, serve_in_thread, status, wait_for};
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -39,11 +39,11 @@ fn run(cmd: &mut Command) -> (bool, String, String) {
     )
 }
 
-/// A real `iota orchestrate` process on a free port; killed on drop.
+/// A real `iota orchestrate` process on a free port (logging JSON lines); killed on drop.
 struct Orchestrator {
     child: Child,
     addr: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Orchestrator {
@@ -63,21 +63,21 @@ impl Orchestrator {
         .unwrap();
         let log = std::fs::File::create(dir.path().join("orchestrator.log")).unwrap();
         let child = Command::new(BIN)
-            .args(["orchestrate", "--config"])
+            .args(["-v", "--log-format", "json", "orchestrate", "--config"])
             .arg(&config)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .unwrap();
-        let orchestrator = Orchestrator {
-            child,
-            addr,
-            _dir: dir,
-        };
+        let orchestrator = Orchestrator { child, addr, dir };
         wait_for("the orchestrator to start", Duration::from_secs(30), || {
             http_get(&format!("{}/health", orchestrator.url())).is_some()
         });
         orchestrator
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("orchestrator.log")).unwrap_or_default()
     }
 
     fn url(&self) -> String {
@@ -127,17 +127,22 @@ impl Drop for Killed {
     }
 }
 
-/// `iota mine --quiet` with nothing else, logging to `log`.
-fn spawn_miner(home: &Path, log: &Path) -> Killed {
+/// `iota COMMAND --quiet` with nothing else, logging to `log`.
+fn spawn_quiet(home: &Path, command: &str, log: &Path) -> Killed {
     let file = std::fs::File::create(log).unwrap();
     Killed(
         iota(home)
-            .args(["mine", "--quiet"])
+            .args([command, "--quiet"])
             .stdout(file.try_clone().unwrap())
             .stderr(file)
             .spawn()
             .unwrap(),
     )
+}
+
+/// `iota mine --quiet` with nothing else, logging to `log`.
+fn spawn_miner(home: &Path, log: &Path) -> Killed {
+    spawn_quiet(home, "mine", log)
 }
 
 fn mode(path: &Path) -> u32 {
@@ -301,7 +306,94 @@ fn register_prints_the_section_or_the_refusal() {
     ]));
     assert!(!ok);
     assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.contains("unreachable"), "{err}");
+    assert!(
+        err.contains("unreachable") && err.contains("What to do:"),
+        "{err}"
+    );
+
+    // The orchestrator logged through tracing as JSON lines (--log-format json).
+    let log = orch.log();
+    let registered: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .filter(|v: &serde_json::Value| v["fields"]["message"] == "miner registered")
+        .collect();
+    assert_eq!(registered.len(), 3, "{log}");
+
+    // iota status: a table for people, JSON for scripts.
+    let (ok, table, err) = run(iota(h).args(["status", "--orchestrator"]).arg(orch.url()));
+    assert!(ok, "{err}");
+    assert!(table.starts_with("run \"ops\" at"), "{table}");
+    assert!(table.contains("training, merge in 100 samples"), "{table}");
+    assert_eq!(table.lines().count(), 3 + 3, "{table}");
+    let (ok, json, _) = run(iota(h)
+        .env("IOTA_ORCHESTRATOR", orch.url())
+        .args(["status", "--json"]));
+    assert!(ok);
+    let doc: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(doc["status"]["run"], "ops");
+    assert_eq!(doc["merge"]["batches_before_merging"], 100);
+}
+
+#[test]
+fn an_orchestrator_of_another_api_version_is_refused_with_advice() {
+    // A server that answers /api/run like an orchestrator of a future API version.
+    let info = serde_json::json!({
+        "api_version": 999, "version": "9.9.9", "run": "future",
+        "model": iota::model::ModelConfig::preset("tiny").unwrap(),
+        "phase": "training", "epoch": 0,
+    });
+    let app = axum::Router::new().route(
+        "/api/run",
+        axum::routing::get(move || async move { axum::Json(info) }),
+    );
+    let addr = serve_in_thread(app);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    run(iota(h).args(["wallet", "new"]));
+    let (ok, _, err) = run(iota(h).args(["register", "--orchestrator", &addr.to_string()]));
+    assert!(!ok);
+    assert!(err.contains("speaks API v999 (iota 9.9.9)"), "{err}");
+    assert!(
+        err.contains("What to do: install the orchestrator's release"),
+        "{err}"
+    );
+    assert!(err.contains("IOTA_VERSION=9.9.9"), "{err}");
+}
+
+#[test]
+fn service_unit_runs_the_setup_settings() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let (ok, _, err) = run(iota(h).args(["service", "install", "--print"]));
+    assert!(!ok && err.contains("iota setup --role miner"), "{err}");
+    let (ok, _, err) = run(iota(h).args([
+        "setup",
+        "--yes",
+        "--skip-check",
+        "--orchestrator",
+        "http://127.0.0.1:9",
+    ]));
+    assert!(ok, "{err}");
+    let settings = h.join(".config/iota/miner.yaml");
+    let (ok, unit, err) = run(iota(h).args(["service", "install", "--print"]));
+    assert!(ok, "{err}");
+    assert!(
+        unit.contains(&format!(
+            "ExecStart={BIN} mine --config {} --quiet --log-format json",
+            settings.canonicalize().unwrap().display()
+        )),
+        "{unit}"
+    );
+    assert!(unit.contains("Restart=on-failure"), "{unit}");
+    let (ok, out, err) = run(iota(h).args(["service", "install"]));
+    assert!(ok, "{err}");
+    let written = h.join(".config/systemd/user/iota-miner.service");
+    assert_eq!(std::fs::read_to_string(&written).unwrap(), unit);
+    assert!(
+        out.contains("systemctl --user enable --now iota-miner"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -461,4 +553,95 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
         }
     }
     files
+}
+
+#[test]
+fn register_as_a_validator() {
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    for name in ["val", "stranger"] {
+        let (ok, _, err) = run(iota(h).args(["wallet", "new", "--hotkey", name]));
+        assert!(ok, "{err}");
+    }
+    let (_, address, _) = run(iota(h).args(["wallet", "show", "--hotkey", "val"]));
+    let orch = Orchestrator::start(&format!(
+        "validators: [{{hotkey: {}, stake: 2.5}}]\n",
+        address.trim()
+    ));
+    let (ok, out, err) = run(iota(h)
+        .args([
+            "register",
+            "--role",
+            "validator",
+            "--hotkey",
+            "val",
+            "--orchestrator",
+        ])
+        .arg(orch.url()));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("registered validator") && out.contains("stake 2.5"),
+        "{out}"
+    );
+    let (ok, _, err) = run(iota(h)
+        .args([
+            "register",
+            "--role",
+            "validator",
+            "--hotkey",
+            "stranger",
+            "--orchestrator",
+        ])
+        .arg(orch.url()));
+    assert!(!ok);
+    assert!(
+        err.contains("not_a_validator") && err.contains("What to do:"),
+        "{err}"
+    );
+
+    // `iota setup --role validator`, then `iota validate` with nothing else: it reads the
+    // settings, registers and keeps validating (its window records appear under ./iota-validator).
+    let (ok, out, err) = run(iota(h)
+        .args(["setup", "--yes", "--role", "validator", "--hotkey", "val"])
+        .arg("--orchestrator")
+        .arg(orch.url()));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("start validating with: iota validate\n"),
+        "{out}"
+    );
+    let log = h.join("validate.log");
+    let mut validator = spawn_quiet(h, "validate", &log);
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("the validator to register", Duration::from_secs(30), || {
+        h.join("iota-validator/ops").is_dir()
+    });
+    assert!(validator.0.try_wait().unwrap().is_none(), "{}", text());
+    assert!(
+        text().contains(&format!(
+            "settings from {}",
+            h.join(".config/iota/validator.yaml").display()
+        )) && text().contains(address.trim()),
+        "{}",
+        text()
+    );
+    // The same with an unlisted hotkey's settings: refused, with what to do.
+    let stranger = h.join("stranger.yaml");
+    let (ok, _, err) = run(iota(h)
+        .args([
+            "setup",
+            "--yes",
+            "--role",
+            "validator",
+            "--hotkey",
+            "stranger",
+        ])
+        .arg("--orchestrator")
+        .arg(orch.url())
+        .arg("--out")
+        .arg(&stranger));
+    assert!(ok, "{err}");
+    let (ok, _, err) = run(iota(h).arg("validate").arg("--config").arg(&stranger));
+    assert!(!ok && err.contains("not_a_validator"), "{err}");
+    assert!(orch.miners().is_empty());
 }

@@ -79,6 +79,18 @@ pub enum ClientError {
     /// The HTTP client could not be built (TLS initialisation).
     #[error("cannot build the HTTP client: {0}")]
     Build(String),
+    /// The orchestrator speaks another API version than this binary.
+    #[error(
+        "the orchestrator speaks API v{server_api} (iota {server_version}), this iota {} speaks v{}",
+        env!("CARGO_PKG_VERSION"),
+        super::types::API_VERSION
+    )]
+    Version {
+        /// The orchestrator's [`super::types::API_VERSION`].
+        server_api: u32,
+        /// The orchestrator's release.
+        server_version: String,
+    },
 }
 
 impl ClientError {
@@ -87,6 +99,40 @@ impl ClientError {
         match self {
             Self::Api { code, .. } => Some(code),
             _ => None,
+        }
+    }
+
+    /// What the user should do about it, in one sentence, when there is something to do.
+    pub fn advice(&self) -> Option<String> {
+        match self {
+            Self::Unreachable { .. } => Some(
+                "check the orchestrator URL (scheme, host, port) and that it is running: `iota status --orchestrator URL` answers when it is; a firewall gives the same error".into(),
+            ),
+            Self::BadUrl { .. } => Some(
+                "give the orchestrator as http://HOST:PORT or https://HOST (flag --orchestrator, IOTA_ORCHESTRATOR or `iota setup`)".into(),
+            ),
+            Self::Api { code, .. } => match code.as_str() {
+                "not_registered" => Some(
+                    "register the hotkey first: `iota register` (`iota mine` registers by itself at start)".into(),
+                ),
+                "stale" => Some(
+                    "this machine's clock is off by more than 30 s: enable time sync (`timedatectl set-ntp true`)".into(),
+                ),
+                "not_a_validator" => Some(
+                    "the run does not list this hotkey as a validator: give its address (`iota wallet show`) to the operator, who adds it under `validators:` in the run config".into(),
+                ),
+                "conflict" => Some(
+                    "the run has no free place now: try again later or join another orchestrator".into(),
+                ),
+                _ => None,
+            },
+            Self::Version { server_version, .. } => Some(format!(
+                "install the orchestrator's release: `curl -sSf <release-url>/install.sh | IOTA_VERSION={server_version} sh`"
+            )),
+            Self::BadResponse { .. } => Some(
+                "the URL answers but is not an iota orchestrator: check --orchestrator".into(),
+            ),
+            Self::Build(_) => None,
         }
     }
 }
@@ -130,17 +176,24 @@ enum Attempt {
 impl ApiClient {
     /// A client of the orchestrator at `base` (e.g. `http://127.0.0.1:8700`) that signs with
     /// `hotkey` (None: public endpoints only), retrying by `policy`. Asks `GET /api/run` for
-    /// the run name it signs for.
+    /// the run name it signs for, and checks that the server speaks this binary's API version.
     ///
     /// # Errors
-    /// A bad URL, or the server unreachable / answering garbage.
+    /// A bad URL, the server unreachable / answering garbage, or [`ClientError::Version`].
     pub async fn connect(
         base: &str,
         hotkey: Option<Hotkey>,
         policy: RetryPolicy,
     ) -> Result<Self, ClientError> {
         let mut client = Self::new(base, hotkey, String::new(), policy)?;
-        client.run = client.run_info().await?.run;
+        let info = client.run_info().await?;
+        if info.api_version != super::types::API_VERSION {
+            return Err(ClientError::Version {
+                server_api: info.api_version,
+                server_version: info.version,
+            });
+        }
+        client.run = info.run;
         Ok(client)
     }
 

@@ -40,9 +40,20 @@ pub struct ApiError {
     pub message: String,
 }
 
+/// Version of the HTTP API this binary speaks. Raised when a request or response changes
+/// incompatibly; a client refuses an orchestrator that speaks another one
+/// ([`super::client::ClientError::Version`]).
+pub const API_VERSION: u32 = 1;
+
 /// `GET /api/run`: the run a client is joining.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
+    /// [`API_VERSION`] of the orchestrator (0: an orchestrator from before versioning).
+    #[serde(default)]
+    pub api_version: u32,
+    /// The orchestrator's `iota` release (`iota --version`).
+    #[serde(default)]
+    pub version: String,
     /// Run name; clients sign requests for it (`signed_for`).
     pub run: String,
     /// Model of the run.

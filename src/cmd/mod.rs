@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 pub mod bench;
 pub mod dotenv;
+pub mod hint;
 pub mod local;
 pub mod merge;
 pub mod merge_status;
@@ -13,7 +14,9 @@ pub mod model;
 pub mod orchestrate;
 pub mod profile;
 pub mod register;
+pub mod service;
 pub mod setup;
+pub mod status;
 pub mod tokenizer;
 pub mod train;
 pub mod validate;
@@ -67,6 +70,10 @@ pub enum Command {
     Register(register::RegisterArgs),
     /// Set this machine up as a miner, validator or orchestrator (asks, or takes flags).
     Setup(setup::SetupArgs),
+    /// The state of a run: phase, samples, loss, miners (`--json` for scripts).
+    Status(status::StatusArgs),
+    /// Keep a miner or orchestrator running with systemd (user unit, restarts on failure).
+    Service(service::ServiceArgs),
 }
 
 /// Runs one parsed command line.
@@ -87,6 +94,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Wallet(args) => wallet::run(args),
         Command::Register(args) => register::run(args),
         Command::Setup(args) => setup::run(args),
+        Command::Status(args) => status::run(args),
+        Command::Service(args) => service::run(args),
     }
 }
 

@@ -7,8 +7,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::profile::{NodeArgs, Role};
-use crate::api::RegisterRequest;
 use crate::api::client::{ApiClient, ClientError};
+use crate::api::{RegisterRequest, ValidatorRegisterRequest};
 use crate::chain::{ChainRegistration, DEFAULT_NETUID, Network, Registrant, chain_for};
 use crate::storage::RetryPolicy;
 
@@ -64,34 +64,43 @@ pub fn run(args: RegisterArgs) -> anyhow::Result<()> {
         ChainRegistration::NotRequired => {}
     }
     let url = layered.orchestrator()?;
-    if args.role == Role::Validator {
-        bail!(
-            "validator registration is not served by this build's orchestrator API yet; register as a miner, or see `iota validate --help` once validators exist"
-        );
-    }
     let device = layered.profile.device.unwrap_or_default();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let reg = runtime.block_on(async {
-        let client = ApiClient::connect(&url, Some(hotkey.clone()), cli_policy())
-            .await
-            .with_context(|| format!("reaching the orchestrator at {url}"))?;
-        client
-            .register(&RegisterRequest {
+    let client = runtime
+        .block_on(ApiClient::connect(&url, Some(hotkey.clone()), cli_policy()))
+        .with_context(|| format!("reaching the orchestrator at {url}"))?;
+    let refused = |e: ClientError| {
+        let what = if matches!(e, ClientError::Api { .. }) {
+            format!(
+                "the orchestrator at {url} refused to register {}",
+                who.address
+            )
+        } else {
+            format!("registering {} at {url}", who.address)
+        };
+        anyhow::Error::new(e).context(what)
+    };
+    if args.role == Role::Validator {
+        let reg = runtime
+            .block_on(client.register_validator(&ValidatorRegisterRequest {
                 device: device.to_string(),
-                max_in_flight: layered.profile.max_in_flight.unwrap_or(4),
-            })
-            .await
-            .map_err(|e| match e {
-                ClientError::Api { code, message, .. } => anyhow::anyhow!(
-                    "the orchestrator at {url} refused to register {}: {message} ({code})",
-                    who.address
-                ),
-                other => anyhow::Error::new(other).context(format!("registering at {url}")),
-            })
-    })?;
+            }))
+            .map_err(refused)?;
+        println!(
+            "registered validator {} ({}/{}) with run {:?} at {url}: stake {}, epoch {}, phase {:?}",
+            reg.hotkey, wallet.wallet, wallet.hotkey, reg.run, reg.stake, reg.epoch, reg.phase
+        );
+        return Ok(());
+    }
+    let reg = runtime
+        .block_on(client.register(&RegisterRequest {
+            device: device.to_string(),
+            max_in_flight: layered.profile.max_in_flight.unwrap_or(4),
+        }))
+        .map_err(refused)?;
     let blocks = reg
         .model
         .sections

@@ -5,35 +5,23 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 
 use super::mine::set_threads;
-use crate::model::backend::DeviceKind;
+use super::profile::{NodeArgs, Role};
 use crate::validator::{ValidatorOptions, run_validator};
-use crate::wallet::WalletDir;
 
-/// Arguments of `iota validate`.
+/// Arguments of `iota validate`. Unset flags come from `IOTA_*` variables, then the settings
+/// file of `iota setup --role validator`, then a reference-format `.env` (see
+/// [`super::profile`]).
 #[derive(Debug, Args)]
 pub struct ValidateArgs {
-    /// Wallet name (a directory under the wallets directory).
-    #[arg(long)]
-    pub wallet: String,
-    /// Hotkey name inside the wallet (the run config must list its address under
-    /// `validators`).
-    #[arg(long)]
-    pub hotkey: String,
-    /// Base URL of the orchestrator, e.g. http://127.0.0.1:8700.
-    #[arg(long, env = "IOTA_ORCHESTRATOR")]
-    pub orchestrator: String,
-    /// Wallets directory (default ~/.bittensor/wallets).
-    #[arg(long)]
-    pub wallets_dir: Option<PathBuf>,
-    /// Backend for replays: cpu, cuda, wgpu or flex.
-    #[arg(long, default_value = "cpu")]
-    pub device: DeviceKind,
+    /// Wallet (the run config must list the hotkey's address under `validators`),
+    /// orchestrator, device for replays, and settings sources.
+    #[command(flatten)]
+    pub node: NodeArgs,
     /// Compute threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, env = "IOTA_THREADS")]
     pub threads: Option<usize>,
     /// Where the validator keeps its window records (one subdirectory per run).
     #[arg(long, default_value = "iota-validator")]
@@ -51,23 +39,25 @@ pub struct ValidateArgs {
 /// # Errors
 /// A missing hotkey, an unknown backend, an orchestrator that refuses the hotkey.
 pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
-    set_threads(args.threads)?;
-    let wallets = match &args.wallets_dir {
-        Some(dir) => WalletDir::new(dir),
-        None => WalletDir::default_location()?,
-    };
-    let hotkey = wallets
-        .load_hotkey(&args.wallet, &args.hotkey)
-        .with_context(|| format!("loading hotkey {}/{}", args.wallet, args.hotkey))?;
+    let layered = args.node.layered(Role::Validator)?;
+    for source in &layered.sources {
+        eprintln!("iota validate: {source}");
+    }
+    set_threads(args.threads.or(layered.profile.threads))?;
+    let wallet = layered.wallet()?;
+    let hotkey = wallet.load()?;
+    let orchestrator = layered.orchestrator()?;
+    let device = layered.profile.device.unwrap_or_default();
     eprintln!(
-        "iota validate: hotkey {} -> {}",
+        "iota validate: hotkey {} ({}/{}) on {device} -> {orchestrator}",
         hotkey.address(),
-        args.orchestrator
+        wallet.wallet,
+        wallet.hotkey
     );
     let report = run_validator(ValidatorOptions {
-        orchestrator: args.orchestrator,
+        orchestrator,
         hotkey,
-        device: args.device,
+        device,
         state_dir: args.state_dir,
         poll: Duration::from_millis(args.poll_ms.max(50)),
         progress: !args.quiet,

@@ -7,19 +7,23 @@
 //! ([`cache::InputCache`]); the optimizer steps every `local_steps` backwards.
 //!
 //! - [`adversary`]: hostile behaviours for tests (hidden `--adversary`).
+//! - [`advice`]: what to do about each [`MinerError`] (one sentence for the operator).
 //! - [`cache`]: the bounded forward-input cache.
 //! - [`engine`]: the compute without a network (forward, backward with weight stashing,
 //!   local steps with the learning rate of the run's global progress, evaluation), which a
 //!   validator can drive the same way to replay a miner's work.
 //! - [`participant`]: the miner's share of a butterfly merge (read ranges, merge, upload).
+//! - [`status_line`]: the run's phase and distance to the next merge, for the live status line.
 //! - [`payload`]: blob decoding (token ids and wire tensors) and download checks.
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
 pub mod adversary;
+pub mod advice;
 pub mod cache;
 pub mod engine;
 pub mod participant;
 pub mod payload;
+pub mod status_line;
 pub mod worker;
 
 pub use cache::{CachedInput, InputCache};

@@ -183,6 +183,8 @@ struct Worker<B: AutodiffBackend> {
     started: Instant,
     /// Epoch of the weights held (0: the seed's).
     held_epoch: u64,
+    /// The run's phase and distance to the next merge, for the status line.
+    view: super::status_line::SharedView,
     /// Merge epoch whose upload was already submitted.
     uploaded_epoch: Option<u64>,
     /// Hostile behaviour (tests only).
@@ -235,6 +237,13 @@ async fn mine<B: AutodiffBackend>(
     let engine = Engine::new(section, engine_settings);
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
+    let view = super::status_line::SharedView::default();
+    let poller = tokio::spawn(super::status_line::poll(
+        client.clone(),
+        view.clone(),
+        (settings.batch_size * settings.seq_len) as f64,
+        Duration::from_secs(3),
+    ));
     let heartbeat = tokio::spawn(heartbeats(
         client.clone(),
         counters.clone(),
@@ -254,6 +263,7 @@ async fn mine<B: AutodiffBackend>(
         started: Instant::now(),
         engine,
         held_epoch: 0,
+        view,
         uploaded_epoch: None,
         adversary: options.adversary,
     };
@@ -263,6 +273,7 @@ async fn mine<B: AutodiffBackend>(
     }
     let result = worker.serve(&stop).await;
     heartbeat.abort();
+    poller.abort();
     worker.bar.finish_and_clear();
     worker.report.penalties = worker.counters.penalties.load(Ordering::Relaxed);
     worker.report.weights_epoch = worker.held_epoch;
@@ -337,6 +348,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 self.merge_round(stop).await;
             }
             if work.assignments.is_empty() || work.phase != Phase::Training {
+                self.show();
                 tokio::time::sleep(IDLE_WAIT).await;
                 continue;
             }
@@ -360,10 +372,14 @@ impl<B: AutodiffBackend> Worker<B> {
         let submit = match self.process(assignment).await {
             Ok(submit) => submit,
             Err(e) => {
+                let advice = e
+                    .advice()
+                    .map(|a| format!(". What to do: {a}"))
+                    .unwrap_or_default();
                 tracing::warn!(
                     id = assignment.id,
                     sample = assignment.sample_id,
-                    "assignment failed: {e}"
+                    "assignment failed: {e}{advice}"
                 );
                 self.release(vec![assignment.id]).await;
                 return;
@@ -426,7 +442,7 @@ impl<B: AutodiffBackend> Worker<B> {
             .map(|l| format!(" | loss {l:.3}"))
             .unwrap_or_default();
         self.bar.set_message(format!(
-            "section {} epoch {} | fwd {} bwd {} | steps {} | {:.0} tok/s{loss} | merged {} | refused {} | penalties {}",
+            "section {} epoch {} | fwd {} bwd {} | steps {} | {:.0} tok/s{loss} | merged {} | refused {} | penalties {}{}",
             self.report.section,
             self.held_epoch,
             self.report.forwards,
@@ -436,6 +452,7 @@ impl<B: AutodiffBackend> Worker<B> {
             self.report.adopted,
             self.report.refused,
             self.counters.penalties.load(Ordering::Relaxed),
+            super::status_line::describe(&self.view),
         ));
     }
 

@@ -19,6 +19,7 @@ pub mod blob_token;
 pub mod config;
 pub mod cycle;
 pub mod cycle_error;
+pub mod dashboard;
 pub mod finalize;
 pub mod handlers;
 pub mod http_error;

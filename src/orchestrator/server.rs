@@ -71,6 +71,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/run", get(handlers::run_info))
         .route("/api/merge/status", get(merge_handlers::status))
         .route("/api/weights", get(validation_handlers::weights))
+        .merge(super::dashboard::routes())
         .merge(api)
         .merge(blob)
         .layer(middleware::from_fn_with_state(state.clone(), observe))

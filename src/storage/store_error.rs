@@ -117,6 +117,27 @@ pub enum StorageError {
 }
 
 impl StorageError {
+    /// What the user should do about it, in one sentence, when there is something to do.
+    pub fn advice(&self) -> Option<&'static str> {
+        match self {
+            Self::HttpStatus {
+                status: 401 | 403, ..
+            } => Some(
+                "a storage URL expired or was refused: check this machine's clock (`timedatectl`; URLs live for minutes) and that transfers are not stalled by a slow link",
+            ),
+            Self::HttpStatus { status: 404, .. } => Some(
+                "the object is gone (an old epoch was cleaned up): restart the miner so it adopts the current checkpoint",
+            ),
+            Self::Http { .. } => Some(
+                "the storage cannot be reached from here: check the network, proxy and firewall towards the storage host",
+            ),
+            Self::AccessDenied { .. } => Some(
+                "the storage refused the credentials: check the access key, secret and bucket permissions (`iota setup --role orchestrator` checks them live)",
+            ),
+            _ => None,
+        }
+    }
+
     /// Wraps an `object_store` error about `key`, keeping "not found" and "access denied"
     /// distinct so callers can act on them.
     pub(crate) fn from_backend(key: &str, source: object_store::Error) -> Self {

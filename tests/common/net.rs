@@ -75,3 +75,24 @@ pub fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// Serves `app` on a free loopback port from a background thread with its own runtime (for
+/// blocking tests); returns the address. The server lives as long as the test process.
+pub fn serve_in_thread(app: axum::Router) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free loopback port");
+    let addr = listener.local_addr().expect("bound address");
+    listener
+        .set_nonblocking(true)
+        .expect("non-blocking listener");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            axum::serve(listener, app).await.expect("serving");
+        });
+    });
+    addr
+}

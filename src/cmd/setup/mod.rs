@@ -428,3 +428,42 @@ fn print_next_steps(plan: &Plan, out: &std::path::Path, default_out: bool) -> an
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_operator_examples_are_valid_run_configs() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        for name in ["orchestrator-s3.yaml", "s3.yaml", "local.yaml"] {
+            let path = root.join("examples").join(name);
+            RunConfig::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+    }
+
+    #[test]
+    fn flags_make_a_valid_orchestrator_config() {
+        let args = SetupArgs {
+            role: Some(Role::Orchestrator),
+            run: Some("flag-run".into()),
+            data_dir: Some("/var/lib/iota/x".into()),
+            storage_url: Some("s3://bucket/prefix".into()),
+            s3_endpoint: Some("http://127.0.0.1:9000".into()),
+            yes: true,
+            ..SetupArgs::default()
+        };
+        let Plan::Orchestrator { config, .. } = plan_from_flags(&args).unwrap() else {
+            panic!("an orchestrator plan");
+        };
+        assert_eq!(config.run, "flag-run");
+        assert_eq!(config.storage.url, "s3://bucket/prefix");
+        assert_eq!(config.storage.region.as_deref(), Some("us-east-1"));
+        assert_eq!(config.public_url, "http://127.0.0.1:8700");
+        let bad = SetupArgs {
+            run: Some("bad/name".into()),
+            ..args
+        };
+        assert!(plan_from_flags(&bad).is_err());
+    }
+}

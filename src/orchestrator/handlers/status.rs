@@ -24,6 +24,8 @@ pub async fn health() -> Json<Health> {
 pub async fn run_info(State(state): State<AppState>) -> Result<Json<RunInfo>, HttpError> {
     let (phase, epoch, _) = state.repo.run_state()?;
     Ok(Json(RunInfo {
+        api_version: API_VERSION,
+        version: env!("CARGO_PKG_VERSION").to_string(),
         run: state.config.run.clone(),
         model: state.config.model.clone(),
         phase,

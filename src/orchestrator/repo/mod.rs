@@ -17,7 +17,8 @@
 //! - `db`: [`Repository`] (connection, transactions) and integer conversions; `schema`: tables.
 //! - `registry`: miners; `replay`: the replay cache; `phase`: phase, epoch, deadlines.
 //! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
-//! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics.
+//! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics;
+//!   `history`: the loss and merge history the dashboard plots.
 //! - `eval`: the evaluation samples of each epoch's merged model (forward-only).
 //! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
 //! - `validation`: published weights, upload times, objects kept for validators, and the
@@ -25,6 +26,7 @@
 
 mod db;
 mod eval;
+mod history;
 mod ledger;
 mod merge;
 mod phase;
@@ -40,6 +42,7 @@ mod validation;
 
 pub use db::Repository;
 pub use eval::{EVAL_ID_BASE, EVAL_SAMPLES_MAX, EvalSample, eval_id};
+pub use history::{LossPoint, MergeRecord};
 pub use merge::{
     CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
 };

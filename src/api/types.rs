@@ -245,6 +245,33 @@ pub struct HeartbeatRequest {
     /// what a miner holds in memory, so this is a report, not a proof.
     #[serde(default)]
     pub weights_hash: Option<String>,
+    /// Where the miner's time went and what it moved (self-reported, for monitoring only:
+    /// nothing is scored on it).
+    #[serde(default)]
+    pub usage: Option<MinerUsage>,
+}
+
+/// A miner's own account of its time and storage traffic since its first assignment.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MinerUsage {
+    /// Wall seconds since the first assignment.
+    pub wall_s: f64,
+    /// Seconds computing.
+    pub compute_s: f64,
+    /// Seconds getting inputs.
+    pub download_s: f64,
+    /// Seconds putting results.
+    pub upload_s: f64,
+    /// Seconds in orchestrator requests on the work path.
+    pub orchestrator_s: f64,
+    /// Seconds waiting for work.
+    pub idle_s: f64,
+    /// Seconds in merge rounds.
+    pub merge_s: f64,
+    /// Bytes uploaded through storage URLs.
+    pub bytes_up: u64,
+    /// Bytes downloaded through storage URLs.
+    pub bytes_down: u64,
 }
 
 /// `POST /api/heartbeat` response.

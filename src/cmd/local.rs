@@ -356,6 +356,10 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         args.miners_per_section.max(1),
         dir.join("logs").display()
     );
+    // Each miner writes where its time goes and what it moved here (`iota bench network`).
+    let stats_dir = dir.join("stats");
+    std::fs::create_dir_all(&stats_dir)
+        .with_context(|| format!("creating {}", stats_dir.display()))?;
     for i in 0..n_miners {
         let name = format!("miner{i}");
         ensure_hotkey(&wallets, &name)?;
@@ -377,6 +381,8 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
             "--max-in-flight".into(),
             "4".into(),
             "--quiet".into(),
+            "--stats-out".into(),
+            stats_dir.join(format!("{name}.json")).display().to_string(),
         ];
         let mut mine = mine;
         if let Some(kind) = args.adversaries.get(i) {

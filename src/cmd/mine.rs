@@ -1,5 +1,6 @@
 //! `iota mine`: serve one section of a run's model for an orchestrator.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
@@ -30,14 +31,32 @@ pub struct MineArgs {
     /// Test harness only: behave as this kind of hostile miner (see `miner::adversary`).
     #[arg(long, hide = true)]
     pub adversary: Option<Adversary>,
+    /// Write where the miner's time goes (compute, download, upload, orchestrator, idle,
+    /// merge) and the bytes it moved, as JSON, to FILE (rewritten about once a second).
+    #[arg(long, value_name = "FILE")]
+    pub stats_out: Option<PathBuf>,
 }
 
-/// Sets the size of the global rayon pool (burn's CPU backend computes on it).
+/// Sets the number of compute threads: the global rayon pool (burn's CPU backend runs its
+/// element-wise ops on it) and the matrix-multiply kernel's own pool (`matrixmultiply` reads
+/// `MATMUL_NUM_THREADS`, OpenBLAS `OPENBLAS_NUM_THREADS`, once, at their first product), so
+/// that several miners sharing a machine each stay within their share of the cores. A value
+/// already in the environment is left as it is.
+///
+/// Call it at start-up, before any other thread exists.
 ///
 /// # Errors
 /// When the pool was already built.
 pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = threads {
+        for var in ["MATMUL_NUM_THREADS", "OPENBLAS_NUM_THREADS"] {
+            if std::env::var_os(var).is_none() {
+                // SAFETY: called at start-up from the main thread before any other thread is
+                // spawned (no runtime, no pool yet), so nothing reads the environment
+                // concurrently.
+                unsafe { std::env::set_var(var, n.max(1).to_string()) };
+            }
+        }
         rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
             .build_global()
@@ -77,6 +96,7 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
         adversary: args.adversary,
+        stats_out: args.stats_out,
     })?;
     eprintln!(
         "iota mine: section {}: {} forwards, {} backwards, {} steps, {} refused, {} released, {} penalties",

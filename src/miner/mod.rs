@@ -15,6 +15,7 @@
 //! - [`participant`]: the miner's share of a butterfly merge (read ranges, merge, upload).
 //! - [`status_line`]: the run's phase and distance to the next merge, for the live status line.
 //! - [`payload`]: blob decoding (token ids and wire tensors) and download checks.
+//! - [`utilization`]: where the miner's wall time goes (compute against I/O and waiting).
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
 pub mod adversary;
@@ -24,6 +25,7 @@ pub mod engine;
 pub mod participant;
 pub mod payload;
 pub mod status_line;
+pub mod utilization;
 pub mod worker;
 
 pub use cache::{CachedInput, InputCache};

@@ -19,20 +19,25 @@ use super::adversary::Adversary;
 use super::cache::CachedInput;
 use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
 use super::payload::{self, PayloadError};
+use super::utilization::{Activity, Utilization};
 
 mod merging;
 use crate::api::client::{ApiClient, ClientError, patient_policy};
 use crate::api::{
-    Assignment, BlobRef, HeartbeatRequest, MinerSettings, Phase, RegisterRequest, ReleaseRequest,
-    SubmitRequest, Timings, WorkKind, WorkRequest,
+    Assignment, BlobRef, HeartbeatRequest, MinerSettings, MinerUsage, Phase, RegisterRequest,
+    ReleaseRequest, SubmitRequest, Timings, WorkKind, WorkRequest,
 };
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::{ModelError, Section, StepOutcome};
 use crate::storage::{StorageError, encode, payload_hash, upload_to_url};
 use crate::wallet::Hotkey;
 
-/// Wait between two empty answers to `/api/work`.
+/// Longest wait between two empty answers to `/api/work`.
 const IDLE_WAIT: Duration = Duration::from_millis(150);
+/// First wait after an empty answer; it doubles with each further empty answer up to
+/// [`IDLE_WAIT`] and starts over when work arrives, so a miner whose upstream is about to
+/// deliver picks the work up within milliseconds, and an idle one polls slowly.
+const IDLE_WAIT_MIN: Duration = Duration::from_millis(10);
 
 /// Why the miner stopped with an error.
 #[derive(Debug, Error)]
@@ -85,6 +90,9 @@ pub struct MinerOptions {
     pub stop: Arc<AtomicBool>,
     /// A hostile behaviour, for tests only (`None`: honest).
     pub adversary: Option<Adversary>,
+    /// Where to write the utilization and traffic report (JSON, rewritten about once a
+    /// second and when the miner stops).
+    pub stats_out: Option<std::path::PathBuf>,
 }
 
 /// What a miner did before it stopped.
@@ -127,6 +135,8 @@ struct Counters {
     penalties: AtomicU64,
     /// Epoch of the weights held, and the hash of the flat state right after adopting them.
     weights: std::sync::Mutex<(u64, Option<String>)>,
+    /// The latest account of where the time went, sent with heartbeats.
+    usage: std::sync::Mutex<Option<MinerUsage>>,
 }
 
 impl Counters {
@@ -136,7 +146,13 @@ impl Counters {
             .lock()
             .map(|w| w.clone())
             .unwrap_or_else(|e| e.into_inner().clone());
+        let usage = self
+            .usage
+            .lock()
+            .map(|u| u.clone())
+            .unwrap_or_else(|e| e.into_inner().clone());
         HeartbeatRequest {
+            usage,
             forwards: self.forwards.load(Ordering::Relaxed),
             backwards: self.backwards.load(Ordering::Relaxed),
             steps: self.steps.load(Ordering::Relaxed),
@@ -189,6 +205,12 @@ struct Worker<B: AutodiffBackend> {
     uploaded_epoch: Option<u64>,
     /// Hostile behaviour (tests only).
     adversary: Option<Adversary>,
+    /// Where the wall time went.
+    util: Utilization,
+    /// Where to write it (`--stats-out`).
+    stats_out: Option<std::path::PathBuf>,
+    /// When it was last written and sent to the heartbeat task.
+    stats_written: Instant,
 }
 
 async fn mine<B: AutodiffBackend>(
@@ -266,12 +288,16 @@ async fn mine<B: AutodiffBackend>(
         view,
         uploaded_epoch: None,
         adversary: options.adversary,
+        util: Utilization::for_section(reg.section),
+        stats_out: options.stats_out.clone(),
+        stats_written: Instant::now(),
     };
     if let Some(checkpoint) = &reg.checkpoint {
         // A late joiner starts from the section's merged state.
         worker.adopt(checkpoint).await?;
     }
     let result = worker.serve(&stop).await;
+    worker.write_stats(true);
     heartbeat.abort();
     poller.abort();
     worker.bar.finish_and_clear();
@@ -306,13 +332,18 @@ async fn heartbeats(client: ApiClient, counters: Arc<Counters>, every: Duration)
 impl<B: AutodiffBackend> Worker<B> {
     /// Asks for work and does it until `stop` is set.
     async fn serve(&mut self, stop: &AtomicBool) -> Result<(), MinerError> {
+        let mut idle_wait = IDLE_WAIT_MIN;
         while !stop.load(Ordering::SeqCst) {
+            self.write_stats(false);
             let max = if self.engine.section().spec().is_tail {
                 self.settings.max_in_flight.max(1)
             } else {
                 self.engine.free_slots().max(1)
             };
-            let work = match self.client.work(&WorkRequest { max }).await {
+            let asked = Instant::now();
+            let answer = self.client.work(&WorkRequest { max }).await;
+            let polled = asked.elapsed();
+            let work = match answer {
                 Ok(work) => work,
                 Err(ClientError::Unreachable { reason, .. }) => {
                     tracing::warn!("orchestrator unreachable ({reason}); still trying");
@@ -345,13 +376,22 @@ impl<B: AutodiffBackend> Worker<B> {
             };
             if work.phase != Phase::Training || work.epoch > self.held_epoch {
                 // The run is merging, or merged since: take part, adopt, then go on.
+                let t = Instant::now();
                 self.merge_round(stop).await;
+                self.util.add(Activity::Merge, t.elapsed());
             }
             if work.assignments.is_empty() || work.phase != Phase::Training {
                 self.show();
-                tokio::time::sleep(IDLE_WAIT).await;
+                // A poll that found nothing is part of waiting for work.
+                let t = Instant::now();
+                tokio::time::sleep(idle_wait).await;
+                self.util.add(Activity::Idle, polled + t.elapsed());
+                idle_wait = (idle_wait * 2).min(IDLE_WAIT);
                 continue;
             }
+            idle_wait = IDLE_WAIT_MIN;
+            self.util.start();
+            self.util.add(Activity::Orchestrator, polled);
             let mut pending = work.assignments.into_iter();
             while let Some(assignment) = pending.next() {
                 self.handle(&assignment).await;
@@ -370,7 +410,13 @@ impl<B: AutodiffBackend> Worker<B> {
             return;
         }
         let submit = match self.process(assignment).await {
-            Ok(submit) => submit,
+            Ok(submit) => {
+                let t = &submit.timings;
+                self.util.add_ms(Activity::Download, t.download_ms);
+                self.util.add_ms(Activity::Compute, t.compute_ms);
+                self.util.add_ms(Activity::Upload, t.upload_ms);
+                submit
+            }
             Err(e) => {
                 let advice = e
                     .advice()
@@ -385,7 +431,10 @@ impl<B: AutodiffBackend> Worker<B> {
                 return;
             }
         };
-        match self.client.submit(&submit).await {
+        let t = Instant::now();
+        let answer = self.client.submit(&submit).await;
+        self.util.add(Activity::Orchestrator, t.elapsed());
+        match answer {
             Ok(resp) if resp.accepted => match assignment.kind {
                 WorkKind::Eval => self.report.evals += 1,
                 WorkKind::Forward if !self.engine.section().spec().is_tail => {
@@ -422,15 +471,37 @@ impl<B: AutodiffBackend> Worker<B> {
             return;
         }
         let n = ids.len() as u64;
-        match self
+        let t = Instant::now();
+        let answer = self
             .client
             .release(&ReleaseRequest {
                 assignment_ids: ids,
             })
-            .await
-        {
+            .await;
+        self.util.add(Activity::Orchestrator, t.elapsed());
+        match answer {
             Ok(_) => self.report.released += n,
             Err(e) => tracing::warn!("release failed: {e}"),
+        }
+    }
+
+    /// Refreshes the usage sent with heartbeats and writes the stats file when asked for
+    /// one: at most once a second, or now when `force` (a failure to write is logged, never
+    /// fatal).
+    fn write_stats(&mut self, force: bool) {
+        if !force && self.stats_written.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        self.stats_written = Instant::now();
+        let usage = self.util.report().usage;
+        match self.counters.usage.lock() {
+            Ok(mut u) => *u = Some(usage),
+            Err(e) => *e.into_inner() = Some(usage),
+        }
+        if let Some(path) = &self.stats_out
+            && let Err(e) = self.util.write(path)
+        {
+            tracing::warn!(path = %path.display(), "could not write the stats file: {e}");
         }
     }
 

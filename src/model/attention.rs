@@ -73,15 +73,26 @@ impl<B: Backend> Attention<B> {
         let q = rope.apply(heads(self.q_proj.forward(x.clone()), self.n_heads));
         let k = rope.apply(heads(self.k_proj.forward(x.clone()), self.n_kv_heads));
         let v = heads(self.v_proj.forward(x), self.n_kv_heads);
+        let out = self.core(q, k, v);
+        self.o_proj
+            .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
+    }
+
+    /// Causal scaled dot-product attention of rotated queries and keys over values, each
+    /// key/value head serving `n_heads / n_kv_heads` query heads.
+    ///
+    /// # Shapes
+    /// - q: `[batch, n_heads, seq, head_dim]`
+    /// - k, v: `[batch, n_kv_heads, seq, head_dim]`
+    /// - output: `[batch, n_heads, seq, head_dim]`
+    pub fn core(&self, q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
         let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
         let options = AttentionModuleOptions {
             scale: None,
             softcap: None,
             is_causal: true,
         };
-        let out = attention(q, k, v, None, None, options);
-        self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
+        attention(q, k, v, None, None, options)
     }
 
     /// Repeats each key/value head for the query heads it serves (grouped-query attention).

@@ -14,6 +14,14 @@ use serde::{Deserialize, Serialize};
 /// The default CPU backend (measured faster than `flex` on the `small` preset; see README).
 pub type Cpu = burn::backend::NdArray<f32>;
 
+/// The matrix-multiply kernel behind the CPU backend: OpenBLAS when built with the
+/// `openblas` feature, otherwise the pure-Rust `matrixmultiply` crate.
+pub const MATMUL: &str = if cfg!(feature = "openblas") {
+    "OpenBLAS (system library)"
+} else {
+    "matrixmultiply (pure Rust)"
+};
+
 /// A device the user can ask for with `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

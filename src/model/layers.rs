@@ -35,8 +35,10 @@ impl<B: Backend> RmsNorm<B> {
     /// # Shapes
     /// - x: `[batch, seq, d]` -> `[batch, seq, d]`
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let rms = (x.clone().square().mean_dim(2) + self.eps).sqrt();
-        (x / rms) * self.weight.val().unsqueeze::<3>()
+        // The reciprocal is taken on the small `[batch, seq, 1]` tensor, so the wide tensor
+        // sees only multiplications (whose backward is cheaper than a division's).
+        let inv_rms = (x.clone().square().mean_dim(2) + self.eps).sqrt().recip();
+        x * inv_rms * self.weight.val().unsqueeze::<3>()
     }
 }
 
@@ -67,8 +69,15 @@ impl<B: Backend> Linear<B> {
     /// # Shapes
     /// - x: `[batch, seq, d_in]` -> `[batch, seq, d_out]`
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let w = self.weight.val().transpose().unsqueeze::<3>();
-        x.matmul(w)
+        let [batch, seq, d_in] = x.dims();
+        let w = self.weight.val();
+        let d_out = w.dims()[0];
+        // One `[batch * seq, d_in] x [d_in, d_out]` product rather than `batch` small ones:
+        // the weight is packed once, and the weight gradient is one product over all rows
+        // instead of per-sample products summed afterwards.
+        x.reshape([batch * seq, d_in])
+            .matmul(w.transpose())
+            .reshape([batch, seq, d_out])
     }
 }
 

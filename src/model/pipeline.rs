@@ -225,6 +225,30 @@ impl<B: AutodiffBackend> Pipeline<B> {
         self.sections.iter_mut().map(|s| s.step(lr)).collect()
     }
 
+    /// Forward and backward of one micro-batch through the whole model in one autodiff
+    /// graph (no boundaries, codec or recomputation), accumulating every section's parameter
+    /// gradients for [`Self::step`]: an ordinary training step, the yardstick that the chain
+    /// and other frameworks are timed against (`iota bench step`). Returns the loss.
+    ///
+    /// # Errors
+    /// Bad windows.
+    pub fn train_whole(&mut self, windows: &[&[u32]]) -> Result<f32, ModelError> {
+        let (inputs, targets) = windows_to_tensors::<B>(windows, &self.device)?;
+        let n = self.sections.len();
+        let mut x = SectionInput::Tokens(inputs);
+        for s in &self.sections[..n - 1] {
+            x = SectionInput::Hidden(s.module().forward(x));
+        }
+        let loss = cross_entropy(self.sections[n - 1].module().logits(x), targets);
+        let value = super::section::scalar(loss.clone()) as f32;
+        let grads = loss.backward();
+        for s in &mut self.sections {
+            let weights = s.module().clone();
+            s.accumulate(&weights, &grads);
+        }
+        Ok(value)
+    }
+
     /// The same model run as one autodiff graph, without section boundaries, codecs or
     /// recomputation: the reference the chain must match. Returns the loss, the parameter
     /// gradients by name, and the gradient at each boundary (head side first).

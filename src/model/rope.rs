@@ -7,7 +7,9 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-/// Cosine and sine tables for one sequence length, shape `[seq, head_dim]` each.
+/// Cosine and sine tables for one sequence length, shape `[seq, head_dim]` each. The sine
+/// table carries the sign of `rotate_half` (negative on the first half of each row), so a
+/// rotation is `x * cos + swap_halves(x) * sin`.
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
     cos: Tensor<B, 2>,
@@ -21,13 +23,14 @@ impl<B: Backend> Rope<B> {
         let mut cos = Vec::with_capacity(seq * head_dim);
         let mut sin = Vec::with_capacity(seq * head_dim);
         for pos in 0..seq {
-            // The two halves of a row repeat the same frequencies.
-            for _ in 0..2 {
+            // The two halves of a row repeat the same frequencies; rotate_half negates the
+            // second half of x as it moves it to the front, so the sine's first half is negated.
+            for sign in [-1.0, 1.0] {
                 for i in 0..half {
                     let inv_freq = theta.powf(-2.0 * i as f64 / head_dim as f64);
                     let angle = pos as f64 * inv_freq;
                     cos.push(angle.cos() as f32);
-                    sin.push(angle.sin() as f32);
+                    sin.push((sign * angle.sin()) as f32);
                 }
             }
         }
@@ -42,12 +45,16 @@ impl<B: Backend> Rope<B> {
     /// # Shapes
     /// - x: `[batch, heads, seq, head_dim]` -> same
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [_, _, _, head_dim] = x.dims();
+        let [batch, heads, seq, head_dim] = x.dims();
         let half = head_dim / 2;
-        let first = x.clone().narrow(3, 0, half);
-        let second = x.clone().narrow(3, half, half);
-        let rotated = Tensor::cat(vec![second.neg(), first], 3);
-        x * self.cos.clone().unsqueeze::<4>() + rotated * self.sin.clone().unsqueeze::<4>()
+        // Swapping the halves is a flip of a length-2 axis: one pass, and its backward is the
+        // same flip (no narrow/cat/negation and their zero-filled gradients).
+        let swapped = x
+            .clone()
+            .reshape([batch, heads, seq, 2, half])
+            .flip([3])
+            .reshape([batch, heads, seq, head_dim]);
+        x * self.cos.clone().unsqueeze::<4>() + swapped * self.sin.clone().unsqueeze::<4>()
     }
 }
 

@@ -425,7 +425,10 @@ impl<B: AutodiffBackend> Section<B> {
         Ok(dims)
     }
 
-    fn accumulate(&mut self, weights: &SectionModel<B>, grads: &B::Gradients) {
+    /// Adds this section's parameter gradients from a backward pass over a graph built on
+    /// `weights` (the section's own backward, or a whole-model graph) to the accumulation
+    /// window, and counts one backward.
+    pub(crate) fn accumulate(&mut self, weights: &SectionModel<B>, grads: &B::Gradients) {
         for (name, g) in params::collect_grads(weights, &self.spec, grads) {
             let sum = match self.grads.remove(&name) {
                 Some(acc) => acc + g,

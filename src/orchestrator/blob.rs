@@ -19,6 +19,7 @@ use serde::Deserialize;
 use super::http_error::HttpError;
 use super::state::AppState;
 use crate::storage::ObjectKey;
+use crate::storage::traffic::{self, TrafficDir};
 
 /// The token in the query string.
 #[derive(Debug, Deserialize)]
@@ -95,6 +96,7 @@ pub async fn get_blob(
         let range = parse_range(range, size)?;
         let content_range = format!("bytes {}-{}/{size}", range.start, range.end - 1);
         let bytes = state.storage.get_range(&key, range).await?;
+        traffic::served().record_key(key.as_str(), TrafficDir::Down, bytes.len() as u64);
         return Ok((
             StatusCode::PARTIAL_CONTENT,
             [
@@ -106,6 +108,7 @@ pub async fn get_blob(
             .into_response());
     }
     let bytes = state.storage.get(&key).await?;
+    traffic::served().record_key(key.as_str(), TrafficDir::Down, bytes.len() as u64);
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
@@ -165,7 +168,8 @@ pub async fn put_blob(
             return Err(e.into());
         }
     }
-    let (hash, _) = writer.finish().await?;
+    let (hash, len) = writer.finish().await?;
+    traffic::served().record_key(key.as_str(), TrafficDir::Up, len);
     Ok((StatusCode::OK, [(header::ETAG, format!("\"{hash}\""))]).into_response())
 }
 

@@ -5,6 +5,8 @@ use std::fmt::Write as _;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::api::MinerUsage;
+
 /// Upper bounds (seconds) of the request-latency histogram buckets.
 pub const LATENCY_BUCKETS: [f64; 10] =
     [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0];
@@ -27,6 +29,8 @@ pub struct Metrics {
     pub refused: AtomicU64,
     /// Assignments that missed their deadline.
     pub expired: AtomicU64,
+    /// Each miner's latest self-reported usage (section, usage), by hotkey.
+    usage: Mutex<BTreeMap<String, (usize, MinerUsage)>>,
 }
 
 impl Metrics {
@@ -49,7 +53,69 @@ impl Metrics {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Prometheus text of the request counters and latency histograms.
+    /// Keeps `hotkey`'s latest usage report (from its heartbeat).
+    pub fn record_usage(&self, hotkey: &str, section: usize, usage: &MinerUsage) {
+        let mut map = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        map.insert(hotkey.to_string(), (section, usage.clone()));
+    }
+
+    /// Prometheus text of the miners' self-reported utilization, time by activity and bytes.
+    pub fn render_usage(&self, out: &mut String) {
+        let map = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        if map.is_empty() {
+            return;
+        }
+        out.push_str(
+            "# HELP iota_miner_utilization Compute time over wall time since the miner's first assignment (self-reported at heartbeats).\n\
+             # TYPE iota_miner_utilization gauge\n",
+        );
+        for (hotkey, (section, u)) in map.iter() {
+            let ratio = if u.wall_s > 0.0 {
+                u.compute_s / u.wall_s
+            } else {
+                0.0
+            };
+            let _ = writeln!(
+                out,
+                "iota_miner_utilization{{miner=\"{hotkey}\",section=\"{section}\"}} {ratio}"
+            );
+        }
+        out.push_str(
+            "# HELP iota_miner_seconds_total Miner wall time by activity (self-reported).\n\
+             # TYPE iota_miner_seconds_total counter\n",
+        );
+        for (hotkey, (section, u)) in map.iter() {
+            for (activity, v) in [
+                ("wall", u.wall_s),
+                ("compute", u.compute_s),
+                ("download", u.download_s),
+                ("upload", u.upload_s),
+                ("orchestrator", u.orchestrator_s),
+                ("idle", u.idle_s),
+                ("merge", u.merge_s),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "iota_miner_seconds_total{{miner=\"{hotkey}\",section=\"{section}\",activity=\"{activity}\"}} {v}"
+                );
+            }
+        }
+        out.push_str(
+            "# HELP iota_miner_bytes_total Bytes a miner moved through storage URLs (self-reported).\n\
+             # TYPE iota_miner_bytes_total counter\n",
+        );
+        for (hotkey, (section, u)) in map.iter() {
+            for (dir, v) in [("up", u.bytes_up), ("down", u.bytes_down)] {
+                let _ = writeln!(
+                    out,
+                    "iota_miner_bytes_total{{miner=\"{hotkey}\",section=\"{section}\",dir=\"{dir}\"}} {v}"
+                );
+            }
+        }
+    }
+
+    /// Prometheus text of the request counters and latency histograms, the storage traffic
+    /// counters and the miners' usage.
     pub fn render_requests(&self, out: &mut String) {
         let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         out.push_str("# HELP iota_requests_total HTTP requests by route and status.\n");
@@ -107,6 +173,17 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", counter.load(Ordering::Relaxed));
         }
+        out.push_str(
+            "# HELP iota_store_bytes_total Bytes this orchestrator's store read (down) and wrote (up), by object kind; includes what /blob served.\n\
+             # TYPE iota_store_bytes_total counter\n",
+        );
+        crate::storage::traffic::global().render("iota_store", "", out);
+        out.push_str(
+            "# HELP iota_blob_bytes_total Bytes clients uploaded (up) and downloaded (down) through /blob, by object kind.\n\
+             # TYPE iota_blob_bytes_total counter\n",
+        );
+        crate::storage::traffic::served().render("iota_blob", "", out);
+        self.render_usage(out);
     }
 }
 

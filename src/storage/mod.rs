@@ -18,6 +18,7 @@ pub mod retry;
 pub mod store;
 pub mod store_config;
 pub mod store_error;
+pub mod traffic;
 pub mod transfer;
 
 pub use crate::codec::{

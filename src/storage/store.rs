@@ -19,6 +19,7 @@ use url::Url;
 use super::key::ObjectKey;
 use super::store_config::{self, BackendKind, StorageConfig};
 use super::store_error::{StorageError, StorageResult};
+use super::traffic::{self, TrafficDir};
 use crate::codec::payload_hash;
 
 /// Payloads larger than this are uploaded in parts by default (8 MiB).
@@ -182,10 +183,12 @@ impl Storage {
         let path = self.path(key);
         let backend_err = |e| StorageError::from_backend(key.as_str(), e);
         if bytes.len() <= self.multipart_threshold {
+            let len = bytes.len() as u64;
             self.store
                 .put(&path, PutPayload::from(bytes))
                 .await
                 .map_err(backend_err)?;
+            traffic::global().record_key(key.as_str(), TrafficDir::Up, len);
             return Ok(hash);
         }
 
@@ -201,6 +204,7 @@ impl Storage {
         }
         let upload = self.store.put_multipart(&path).await.map_err(backend_err)?;
         let mut writer = WriteMultipart::new_with_chunk_size(upload, self.part_size);
+        let len = bytes.len() as u64;
         let mut rest = bytes;
         while !rest.is_empty() {
             if let Err(e) = writer.wait_for_capacity(PART_CONCURRENCY).await {
@@ -214,6 +218,7 @@ impl Storage {
         }
         // `finish` aborts the upload itself when a part or the completion fails.
         writer.finish().await.map_err(backend_err)?;
+        traffic::global().record_key(key.as_str(), TrafficDir::Up, len);
         Ok(hash)
     }
 
@@ -242,7 +247,9 @@ impl Storage {
     pub async fn get(&self, key: &ObjectKey) -> StorageResult<Bytes> {
         let backend_err = |e| StorageError::from_backend(key.as_str(), e);
         let result = self.store.get(&self.path(key)).await.map_err(backend_err)?;
-        result.bytes().await.map_err(backend_err)
+        let bytes = result.bytes().await.map_err(backend_err)?;
+        traffic::global().record_key(key.as_str(), TrafficDir::Down, bytes.len() as u64);
+        Ok(bytes)
     }
 
     /// The whole object under `key`, checked against the BLAKE3 hash its producer reported
@@ -315,6 +322,7 @@ impl Storage {
                 got: bytes.len() as u64,
             });
         }
+        traffic::global().record_key(key.as_str(), TrafficDir::Down, expected);
         Ok(bytes)
     }
 
@@ -554,6 +562,7 @@ impl ObjectWriter {
                     .map_err(backend_err)?;
             }
         }
+        traffic::global().record_key(self.key.as_str(), TrafficDir::Up, self.written);
         Ok((hash, self.written))
     }
 }

@@ -1,7 +1,8 @@
 //! Uploading to and downloading from presigned URLs: what miners and validators use, since
 //! they hold no bucket credentials.
 //!
-//! Every transfer retries transient failures as described on [`RetryPolicy`]. URLs in errors
+//! Every successful transfer is counted in [`super::traffic::global`] by the kind of object
+//! its URL names. Every transfer retries transient failures as described on [`RetryPolicy`]. URLs in errors
 //! and logs have their query string removed, because a presigned URL's query is its
 //! credential.
 
@@ -16,6 +17,7 @@ use url::Url;
 
 use super::retry::{RetryPolicy, is_transient_error, is_transient_status};
 use super::store_error::{StorageError, StorageResult};
+use super::traffic::{self, TrafficDir};
 
 /// How long to wait for a TCP/TLS connection before counting the attempt as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -56,6 +58,7 @@ impl UrlClient {
     /// [`StorageError::HttpStatus`] for a non-2xx answer (at once for a non-transient 4xx,
     /// after the retries otherwise); [`StorageError::Http`] when the transport keeps failing.
     pub async fn upload(&self, url: &Url, bytes: Bytes) -> StorageResult<()> {
+        let len = bytes.len() as u64;
         self.send(url, || {
             self.http
                 .put(url.clone())
@@ -63,6 +66,7 @@ impl UrlClient {
                 .body(bytes.clone())
         })
         .await?;
+        traffic::global().record_key(url.path(), TrafficDir::Up, len);
         Ok(())
     }
 
@@ -76,7 +80,9 @@ impl UrlClient {
     /// (a range starting past the end gets status 416).
     pub async fn download(&self, url: &Url, range: Option<Range<u64>>) -> StorageResult<Bytes> {
         let Some(range) = range else {
-            return self.send(url, || self.http.get(url.clone())).await;
+            let body = self.send(url, || self.http.get(url.clone())).await?;
+            traffic::global().record_key(url.path(), TrafficDir::Down, body.len() as u64);
+            return Ok(body);
         };
         if range.end < range.start {
             return Err(StorageError::InvalidRange {
@@ -102,6 +108,7 @@ impl UrlClient {
                 got: body.len() as u64,
             });
         }
+        traffic::global().record_key(url.path(), TrafficDir::Down, expected);
         Ok(body)
     }
 

@@ -6,6 +6,7 @@ pub mod learning;
 pub mod merge;
 pub mod model;
 pub mod network;
+pub mod step;
 
 /// Arguments of `iota bench`.
 #[derive(Debug, Args)]
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     Merge(merge::BenchMergeArgs),
     /// Single-process chain against a local network: tokens/s, wire bytes, request latency.
     Network(network::BenchNetworkArgs),
+    /// One training step of a preset: whole graph vs section chain, per-op times, and an
+    /// optional PyTorch twin run interleaved.
+    Step(step::BenchStepArgs),
     /// `iota train` against a local network at equal tokens: eval loss at every merge, the
     /// final gap, throughput.
     Learning(learning::BenchLearningArgs),
@@ -38,6 +42,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Model(a) => model::run(a),
         BenchCommand::Merge(a) => merge::run(a),
         BenchCommand::Network(a) => network::run(a),
+        BenchCommand::Step(a) => step::run(a),
         BenchCommand::Learning(a) => learning::run(a),
     }
 }

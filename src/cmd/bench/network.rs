@@ -9,13 +9,21 @@
 //! - network: steady state only, from the first status poll that shows a completed sample to
 //!   the last poll (the `--metrics-out` lines of `iota local`), so process start-up and miner
 //!   registration are left out.
-//! - wire bytes: activation + gradient bytes the chain encodes with the wire codec at every
-//!   boundary (the network's miners upload the same encodings); computed, not counted on the
-//!   network.
+//! - single process: uses every core of the machine (the network's processes share the same
+//!   cores: `--threads` compute threads per miner).
+//! - bytes: counted where they move ([`crate::storage::traffic`]). Each miner counts every
+//!   `PUT` and `GET` it makes (its stats file, `iota mine --stats-out`); the orchestrator
+//!   counts what its store reads and writes, and what its `/blob` endpoint serves (`/metrics`),
+//!   so its own traffic (token writes, read-back checks of uploads) is the store's minus the
+//!   served part. Miner bytes are divided by the samples completed at the end, the
+//!   orchestrator's by the samples completed between the first and the last scrape.
+//! - utilization: each miner's compute time over its wall time since its first assignment,
+//!   and where the rest went (its stats file).
 //! - latency: from the orchestrator's `/metrics` request histogram (all routes except
 //!   `/metrics` and `/api/status`), scraped during the run; a percentile is the upper bound of
 //!   the bucket it falls in.
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -30,9 +38,11 @@ use clap::Args;
 use crate::cmd::model::human_bytes;
 use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::miner::utilization::UtilizationReport;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::pipeline::Pipeline;
 use crate::model::{ModelConfig, OptimizerConfig};
+use crate::storage::traffic::{TrafficDir, TrafficKind};
 
 /// Arguments of `iota bench network`.
 #[derive(Debug, Args)]
@@ -207,6 +217,60 @@ impl BackendTask for Task {
 struct Network {
     span: Span,
     histogram: Vec<(f64, u64)>,
+    /// Samples completed by the end.
+    completed: u64,
+    /// Each miner's last report.
+    miners: Vec<UtilizationReport>,
+    /// The orchestrator's own traffic per completed sample: `(kind, dir, bytes)`.
+    orchestrator: Vec<(String, String, f64)>,
+}
+
+/// Counter values `name{...kind="K",dir="D"} V` of Prometheus text, summed by (kind, dir).
+pub fn traffic_counters(prometheus: &str, name: &str) -> BTreeMap<(String, String), f64> {
+    let mut out = BTreeMap::new();
+    for line in prometheus.lines() {
+        let Some(rest) = line.strip_prefix(name).and_then(|r| r.strip_prefix('{')) else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(key)?.strip_prefix("=\"")?.strip_suffix('"'))
+                .map(str::to_string)
+        };
+        let (Some(kind), Some(dir), Ok(v)) =
+            (label("kind"), label("dir"), value.trim().parse::<f64>())
+        else {
+            continue;
+        };
+        *out.entry((kind, dir)).or_insert(0.0) += v;
+    }
+    out
+}
+
+/// The value of an unlabelled or singly-labelled sample line (`name{label} V` or `name V`).
+fn sample_value(prometheus: &str, name_and_labels: &str) -> Option<f64> {
+    prometheus.lines().find_map(|l| {
+        l.strip_prefix(name_and_labels)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The orchestrator's own bytes (store minus what `/blob` served) in a scrape.
+fn own_traffic(prometheus: &str) -> BTreeMap<(String, String), f64> {
+    let mut own = traffic_counters(prometheus, "iota_store_bytes_total");
+    for (k, v) in traffic_counters(prometheus, "iota_blob_bytes_total") {
+        if let Some(x) = own.get_mut(&k) {
+            *x = (*x - v).max(0.0);
+        }
+    }
+    own
 }
 
 /// `GET /metrics` from `addr` with a plain HTTP/1.0 request; the body on success.
@@ -255,11 +319,16 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
     // Scrape the histogram while the network runs: `iota local` stops the orchestrator when
     // it is done, so the last scrape is the one kept.
     let mut last_scrape = None;
+    let mut first_busy_scrape: Option<String> = None;
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for iota local")? {
             break status;
         }
         if let Some(text) = scrape(listen) {
+            let completed = sample_value(&text, "iota_samples_total{outcome=\"completed\"}");
+            if first_busy_scrape.is_none() && completed.unwrap_or(0.0) > 0.0 {
+                first_busy_scrape = Some(text.clone());
+            }
             last_scrape = Some(text);
         }
         std::thread::sleep(Duration::from_millis(300));
@@ -282,10 +351,138 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
     let span = steady_state(&text).context(
         "the network completed too few samples to measure a steady state (raise --samples)",
     )?;
+    let completed = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["completed"].as_u64())
+        .max()
+        .unwrap_or(0);
+    let mut orchestrator = Vec::new();
+    if let (Some(first), Some(last)) = (&first_busy_scrape, &last_scrape) {
+        let done = |t: &str| sample_value(t, "iota_samples_total{outcome=\"completed\"}");
+        let samples = done(last).unwrap_or(0.0) - done(first).unwrap_or(0.0);
+        if samples > 0.0 {
+            let before = own_traffic(first);
+            for ((kind, dir), v) in own_traffic(last) {
+                let delta = v - before
+                    .get(&(kind.clone(), dir.clone()))
+                    .copied()
+                    .unwrap_or(0.0);
+                orchestrator.push((kind, dir, delta / samples));
+            }
+        }
+    }
+    let mut miners = Vec::new();
+    let stats = dir.join("net/stats");
+    for entry in fs::read_dir(&stats).with_context(|| format!("reading {}", stats.display()))? {
+        let path = entry.context("listing miner stats")?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let report: UtilizationReport = serde_json::from_slice(
+                &fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+            )
+            .with_context(|| format!("parsing {}", path.display()))?;
+            miners.push(report);
+        }
+    }
+    miners.sort_by_key(|m| m.section);
     let histogram = last_scrape
         .map(|t| latency_histogram(&t, &["/metrics", "/api/status"]))
         .unwrap_or_default();
-    Ok(Network { span, histogram })
+    Ok(Network {
+        span,
+        histogram,
+        completed,
+        miners,
+        orchestrator,
+    })
+}
+
+/// Bytes per completed sample by kind, miners (counted by each miner) and orchestrator
+/// (counted by its store).
+fn print_traffic(net: &Network, chain_bytes: usize, cfg: &ModelConfig) {
+    let samples = net.completed.max(1) as f64;
+    let mut miners: BTreeMap<(TrafficKind, bool), u64> = BTreeMap::new();
+    for m in &net.miners {
+        for t in &m.traffic {
+            *miners.entry((t.kind, t.dir == TrafficDir::Up)).or_insert(0) += t.count.bytes;
+        }
+    }
+    println!(
+        "\nbytes per completed sample, counted   up (PUT)    down (GET)   ({} samples completed)",
+        net.completed
+    );
+    let mut total = 0.0;
+    for kind in TrafficKind::ALL {
+        let up = miners.get(&(kind, true)).copied().unwrap_or(0) as f64 / samples;
+        let down = miners.get(&(kind, false)).copied().unwrap_or(0) as f64 / samples;
+        if up + down > 0.0 {
+            total += up + down;
+            println!(
+                "miners: {:<28} {:>10}  {:>10}",
+                kind.label(),
+                human_bytes(up.round() as usize),
+                human_bytes(down.round() as usize)
+            );
+        }
+    }
+    for kind in TrafficKind::ALL {
+        let get = |dir: &str| {
+            net.orchestrator
+                .iter()
+                .find(|(k, d, _)| k == kind.label() && d == dir)
+                .map_or(0.0, |x| x.2)
+        };
+        let (up, down) = (get("up"), get("down"));
+        if up + down > 0.0 {
+            total += up + down;
+            let what = if down > 0.0 {
+                "writes / read-backs"
+            } else {
+                "writes"
+            };
+            println!(
+                "orchestrator: {:<22} {:>10}  {:>10}",
+                format!("{} ({what})", kind.label()),
+                human_bytes(up.round() as usize),
+                human_bytes(down.round() as usize)
+            );
+        }
+    }
+    println!(
+        "all storage traffic per sample        {:>10}",
+        human_bytes(total.round() as usize)
+    );
+    println!(
+        "codec size in the chain               {:>10}  (activations + gradients over {} boundaries, {}; for comparison)",
+        human_bytes(chain_bytes),
+        cfg.n_sections().saturating_sub(1),
+        WireDtype::default()
+    );
+}
+
+/// Each miner's utilization and where the rest of its time went.
+fn print_utilization(net: &Network) {
+    println!(
+        "\nminer  section  utilization  compute s  download s  upload s  orchestrator s  idle s  merge s  other s  wall s"
+    );
+    for (i, m) in net.miners.iter().enumerate() {
+        let u = &m.usage;
+        let other = u.wall_s
+            - (u.compute_s + u.download_s + u.upload_s + u.orchestrator_s + u.idle_s + u.merge_s);
+        println!(
+            "{i:<5}  {:<7}  {:>10.1}%  {:>9.2}  {:>10.2}  {:>8.2}  {:>14.2}  {:>6.2}  {:>7.2}  {:>7.2}  {:>6.2}",
+            m.section.map_or("-".into(), |s| s.to_string()),
+            100.0 * m.utilization,
+            u.compute_s,
+            u.download_s,
+            u.upload_s,
+            u.orchestrator_s,
+            u.idle_s,
+            u.merge_s,
+            other.max(0.0),
+            u.wall_s
+        );
+    }
 }
 
 fn fmt_ms(bound: Option<f64>) -> String {
@@ -308,14 +505,15 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
     cfg.max_seq_len = cfg.max_seq_len.max(args.seq_len);
     let tokens_per_sample = args.batch_size * args.seq_len;
     println!(
-        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each)",
+        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each); single process on all {} cores",
         cfg.name,
         args.samples,
         args.batch_size,
         args.seq_len,
         cfg.n_sections(),
         args.miners_per_section.max(1),
-        args.threads.max(1)
+        args.threads.max(1),
+        rayon::current_num_threads()
     );
     let task = Task {
         cfg: cfg.clone(),
@@ -349,12 +547,8 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
         "network / single            {:>27.3}",
         net_tps / single_tps.max(1e-9)
     );
-    println!(
-        "wire bytes per sample       {} (activations + gradients over {} boundaries, encoded {}; computed in the chain, not counted on the network)",
-        human_bytes(single.wire_bytes_per_sample),
-        cfg.n_sections().saturating_sub(1),
-        WireDtype::default()
-    );
+    print_traffic(&net, single.wire_bytes_per_sample, &cfg);
+    print_utilization(&net);
     let total: u64 = net.histogram.last().map_or(0, |b| b.1);
     println!(
         "orchestrator latency        p50 {}  p99 {}  ({} requests, /metrics histogram bucket bounds)",
@@ -397,6 +591,23 @@ mod tests {
             }
             .tokens_per_s(10),
             0.0
+        );
+    }
+
+    #[test]
+    fn traffic_counters_sum_by_kind_and_dir() {
+        let text = "iota_store_bytes_total{kind=\"tokens\",dir=\"up\"} 100\n\
+            iota_store_bytes_total{kind=\"activations\",dir=\"down\"} 300\n\
+            iota_blob_bytes_total{kind=\"activations\",dir=\"down\"} 200\n\
+            iota_store_requests_total{kind=\"tokens\",dir=\"up\"} 4\n\
+            iota_samples_total{outcome=\"completed\"} 7\n";
+        let own = own_traffic(text);
+        assert_eq!(own[&("tokens".into(), "up".into())], 100.0);
+        assert_eq!(own[&("activations".into(), "down".into())], 100.0);
+        assert_eq!(own.len(), 2);
+        assert_eq!(
+            sample_value(text, "iota_samples_total{outcome=\"completed\"}"),
+            Some(7.0)
         );
     }
 

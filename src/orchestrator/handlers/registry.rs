@@ -61,6 +61,22 @@ pub async fn heartbeat(
             "weights_hash must be 64 hex digits (the BLAKE3 hash of the adopted state)",
         ));
     }
+    if let Some(u) = &req.body.usage {
+        let seconds = [
+            u.wall_s,
+            u.compute_s,
+            u.download_s,
+            u.upload_s,
+            u.orchestrator_s,
+            u.idle_s,
+            u.merge_s,
+        ];
+        if seconds.iter().any(|s| !s.is_finite() || *s < 0.0) {
+            return Err(HttpError::bad_request(
+                "usage seconds must be finite and non-negative",
+            ));
+        }
+    }
     state.repo.touch(&req.hotkey, state.now_ms())?;
     state.repo.set_weights(
         &req.hotkey,
@@ -71,11 +87,11 @@ pub async fn heartbeat(
             .as_deref(),
     )?;
     let info = state.repo.phase_info()?;
-    let penalties = state
-        .repo
-        .miner(&req.hotkey)?
-        .map(|m| m.penalties)
-        .unwrap_or(0);
+    let miner = state.repo.miner(&req.hotkey)?;
+    if let (Some(usage), Some(m)) = (&req.body.usage, &miner) {
+        state.metrics.record_usage(&req.hotkey, m.section, usage);
+    }
+    let penalties = miner.map(|m| m.penalties).unwrap_or(0);
     Ok(Json(HeartbeatResponse {
         phase: info.phase,
         epoch: info.epoch,

@@ -19,11 +19,13 @@ use crate::storage::traffic::{self, TrafficCount, TrafficDir, TrafficKind};
 pub enum Activity {
     /// Forward, backward and optimizer steps (including tensor conversions).
     Compute,
-    /// Fetching, hash-checking and decoding inputs.
+    /// Waiting for inputs still being fetched, hash-checked and decoded (fetches run beside
+    /// the compute; only the wait that is not hidden behind it counts).
     Download,
-    /// Encoding, hashing and uploading results.
+    /// Waiting for results still being encoded, uploaded and submitted (deliveries run
+    /// beside the compute; only the wait that is not hidden behind it counts).
     Upload,
-    /// Requests to the orchestrator on the work path (`work`, `submit`, `release`).
+    /// Waiting on the orchestrator's answers on the work path (`work`, `release`).
     Orchestrator,
     /// Sleeping because no work was offered.
     Idle,

@@ -1,36 +1,41 @@
 //! The miner loop, generic over the burn backend.
 //!
-//! One process works its assignments one after another (the compute is CPU or GPU bound
-//! anyway); a background task sends heartbeats. Stopping (Ctrl-C or [`MinerOptions::stop`])
-//! finishes the assignment under way, hands the rest of the batch back with `/api/release`,
-//! and returns a [`MinerReport`].
+//! One process computes its assignments one after another (the compute is CPU or GPU bound
+//! anyway) while its transfers run beside it ([`transfer`]): the inputs of every assignment
+//! in a batch are fetched as soon as the batch arrives, each result is uploaded and submitted
+//! while the next computes, and the next `/api/work` poll goes out while the batch's last
+//! assignment computes. A background task sends heartbeats. Stopping (Ctrl-C or
+//! [`MinerOptions::stop`]) finishes the assignment under way and its delivery, hands the rest
+//! back with `/api/release`, and returns a [`MinerReport`].
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use burn::tensor::backend::AutodiffBackend;
-use bytes::Bytes;
 use indicatif::{ProgressBar, ProgressStyle};
 use thiserror::Error;
-use url::Url;
+use tokio::task::JoinHandle;
 
 use super::adversary::Adversary;
 use super::cache::CachedInput;
 use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
-use super::payload::{self, PayloadError};
+use super::payload::PayloadError;
 use super::utilization::{Activity, Utilization};
 
 mod merging;
+mod transfer;
 use crate::api::client::{ApiClient, ClientError, patient_policy};
 use crate::api::{
-    Assignment, BlobRef, HeartbeatRequest, MinerSettings, MinerUsage, Phase, RegisterRequest,
-    ReleaseRequest, SubmitRequest, Timings, WorkKind, WorkRequest,
+    Assignment, HeartbeatRequest, MinerSettings, MinerUsage, Phase, RegisterRequest,
+    ReleaseRequest, SubmitRequest, Timings, WorkKind, WorkRequest, WorkResponse,
 };
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::{ModelError, Section, StepOutcome};
-use crate::storage::{StorageError, encode, payload_hash, upload_to_url};
+use crate::storage::StorageError;
 use crate::wallet::Hotkey;
+use transfer::{Delivered, Fetched, Inputs, Outcome};
 
 /// Longest wait between two empty answers to `/api/work`.
 const IDLE_WAIT: Duration = Duration::from_millis(150);
@@ -88,11 +93,11 @@ pub struct MinerOptions {
     pub progress: bool,
     /// Set to stop the miner cleanly; Ctrl-C sets it too.
     pub stop: Arc<AtomicBool>,
-    /// A hostile behaviour, for tests only (`None`: honest).
-    pub adversary: Option<Adversary>,
     /// Where to write the utilization and traffic report (JSON, rewritten about once a
     /// second and when the miner stops).
     pub stats_out: Option<std::path::PathBuf>,
+    /// A hostile behaviour, for tests only (`None`: honest).
+    pub adversary: Option<Adversary>,
 }
 
 /// What a miner did before it stopped.
@@ -211,7 +216,14 @@ struct Worker<B: AutodiffBackend> {
     stats_out: Option<std::path::PathBuf>,
     /// When it was last written and sent to the heartbeat task.
     stats_written: Instant,
+    /// Results being uploaded and submitted, oldest first.
+    deliveries: VecDeque<JoinHandle<Delivered>>,
+    /// A `/api/work` poll sent while the last assignment in hand computed.
+    next_poll: Option<JoinHandle<Result<WorkResponse, ClientError>>>,
 }
+
+/// An assignment and the task fetching its inputs.
+type Fetching = (Assignment, JoinHandle<Result<Fetched, MinerError>>);
 
 async fn mine<B: AutodiffBackend>(
     options: MinerOptions,
@@ -287,10 +299,12 @@ async fn mine<B: AutodiffBackend>(
         held_epoch: 0,
         view,
         uploaded_epoch: None,
-        adversary: options.adversary,
         util: Utilization::for_section(reg.section),
         stats_out: options.stats_out.clone(),
+        adversary: options.adversary,
         stats_written: Instant::now(),
+        deliveries: VecDeque::new(),
+        next_poll: None,
     };
     if let Some(checkpoint) = &reg.checkpoint {
         // A late joiner starts from the section's merged state.
@@ -335,13 +349,17 @@ impl<B: AutodiffBackend> Worker<B> {
         let mut idle_wait = IDLE_WAIT_MIN;
         while !stop.load(Ordering::SeqCst) {
             self.write_stats(false);
-            let max = if self.engine.section().spec().is_tail {
-                self.settings.max_in_flight.max(1)
-            } else {
-                self.engine.free_slots().max(1)
-            };
+            self.collect_deliveries(false).await;
             let asked = Instant::now();
-            let answer = self.client.work(&WorkRequest { max }).await;
+            let answer = match self.next_poll.take() {
+                Some(poll) => poll
+                    .await
+                    .map_err(|e| MinerError::Runtime(format!("work poll task: {e}")))?,
+                None => {
+                    let max = self.work_wanted(0).max(1);
+                    self.client.work(&WorkRequest { max }).await
+                }
+            };
             let polled = asked.elapsed();
             let work = match answer {
                 Ok(work) => work,
@@ -375,7 +393,9 @@ impl<B: AutodiffBackend> Worker<B> {
                 Err(e) => return Err(e.into()),
             };
             if work.phase != Phase::Training || work.epoch > self.held_epoch {
-                // The run is merging, or merged since: take part, adopt, then go on.
+                // The run is merging, or merged since: finish what is under way, take part,
+                // adopt, then go on.
+                self.collect_deliveries(true).await;
                 let t = Instant::now();
                 self.merge_round(stop).await;
                 self.util.add(Activity::Merge, t.elapsed());
@@ -392,50 +412,125 @@ impl<B: AutodiffBackend> Worker<B> {
             idle_wait = IDLE_WAIT_MIN;
             self.util.start();
             self.util.add(Activity::Orchestrator, polled);
-            let mut pending = work.assignments.into_iter();
-            while let Some(assignment) = pending.next() {
-                self.handle(&assignment).await;
-                if stop.load(Ordering::SeqCst) {
-                    let rest: Vec<u64> = pending.by_ref().map(|a| a.id).collect();
-                    self.release(rest).await;
-                }
+            self.work_batch(work.assignments, stop).await;
+        }
+        self.collect_deliveries(true).await;
+        if let Some(poll) = self.next_poll.take() {
+            // Stopped with a poll out: hand back whatever it brought.
+            if let Ok(Ok(work)) = poll.await {
+                self.release(work.assignments.iter().map(|a| a.id).collect())
+                    .await;
             }
         }
         Ok(())
     }
 
-    /// Does one assignment and submits it; a failure is logged and the work handed back.
-    async fn handle(&mut self, assignment: &Assignment) {
+    /// How many assignments to ask for, with `forwards_in_hand` forwards received and not yet
+    /// computed: the tail keeps up to `max_in_flight`; other sections as many as the engine
+    /// has slots to keep their inputs in.
+    fn work_wanted(&self, forwards_in_hand: usize) -> usize {
+        if self.engine.section().spec().is_tail {
+            self.settings.max_in_flight.max(1)
+        } else {
+            self.engine.free_slots().saturating_sub(forwards_in_hand)
+        }
+    }
+
+    /// Works one batch: every input is fetched at once, the assignments compute in order, each
+    /// result is delivered in the background, and the next poll goes out while the last one
+    /// computes. When `stop` is set, what has not started computing is handed back.
+    async fn work_batch(&mut self, batch: Vec<Assignment>, stop: &AtomicBool) {
         if self.adversary.is_some_and(Adversary::abandons_work) {
             return;
         }
-        let submit = match self.process(assignment).await {
-            Ok(submit) => {
-                let t = &submit.timings;
-                self.util.add_ms(Activity::Download, t.download_ms);
-                self.util.add_ms(Activity::Compute, t.compute_ms);
-                self.util.add_ms(Activity::Upload, t.upload_ms);
-                submit
-            }
-            Err(e) => {
-                let advice = e
-                    .advice()
-                    .map(|a| format!(". What to do: {a}"))
-                    .unwrap_or_default();
-                tracing::warn!(
-                    id = assignment.id,
-                    sample = assignment.sample_id,
-                    "assignment failed: {e}{advice}"
-                );
-                self.release(vec![assignment.id]).await;
+        let spec = self.engine.section().spec().clone();
+        let mut fetching: VecDeque<Fetching> = batch
+            .into_iter()
+            .map(|a| {
+                let task = tokio::spawn(transfer::fetch(a.clone(), spec.is_head, spec.is_tail));
+                (a, task)
+            })
+            .collect();
+        while let Some((assignment, task)) = fetching.pop_front() {
+            if stop.load(Ordering::SeqCst) {
+                let mut ids = vec![assignment.id];
+                task.abort();
+                for (a, task) in fetching.drain(..) {
+                    task.abort();
+                    ids.push(a.id);
+                }
+                self.release(ids).await;
                 return;
             }
-        };
+            let t = Instant::now();
+            let fetched = match task.await {
+                Ok(fetched) => fetched,
+                Err(e) => Err(MinerError::Runtime(format!("fetch task: {e}"))),
+            };
+            self.util.add(Activity::Download, t.elapsed());
+            if fetching.is_empty() && self.next_poll.is_none() {
+                let forwards = usize::from(assignment.kind == WorkKind::Forward);
+                let max = self.work_wanted(forwards);
+                if max > 0 {
+                    let client = self.client.clone();
+                    self.next_poll = Some(tokio::spawn(async move {
+                        client.work(&WorkRequest { max }).await
+                    }));
+                }
+            }
+            match fetched.and_then(|f| self.compute(&assignment, f)) {
+                Ok((out, submit)) => {
+                    let task = tokio::spawn(transfer::deliver(
+                        self.client.clone(),
+                        assignment,
+                        out,
+                        self.settings.wire,
+                        submit,
+                    ));
+                    self.deliveries.push_back(task);
+                }
+                Err(e) => {
+                    let advice = e
+                        .advice()
+                        .map(|a| format!(". What to do: {a}"))
+                        .unwrap_or_default();
+                    tracing::warn!(
+                        id = assignment.id,
+                        sample = assignment.sample_id,
+                        "assignment failed: {e}{advice}"
+                    );
+                    self.release(vec![assignment.id]).await;
+                }
+            }
+            self.collect_deliveries(false).await;
+        }
+    }
+
+    /// Takes in the deliveries that are done (all of them when `all`, waiting as long as it
+    /// takes; also when more than `max_in_flight` are under way, the oldest).
+    async fn collect_deliveries(&mut self, all: bool) {
         let t = Instant::now();
-        let answer = self.client.submit(&submit).await;
-        self.util.add(Activity::Orchestrator, t.elapsed());
-        match answer {
-            Ok(resp) if resp.accepted => match assignment.kind {
+        while let Some(oldest) = self.deliveries.front() {
+            let must = all || self.deliveries.len() > self.settings.max_in_flight.max(1);
+            if !must && !oldest.is_finished() {
+                break;
+            }
+            let Some(task) = self.deliveries.pop_front() else {
+                break;
+            };
+            match task.await {
+                Ok(delivered) => self.delivered(delivered).await,
+                Err(e) => tracing::warn!("delivery task: {e}"),
+            }
+        }
+        self.util.add(Activity::Upload, t.elapsed());
+    }
+
+    /// Counts a delivered result; one that could not be uploaded is handed back.
+    async fn delivered(&mut self, d: Delivered) {
+        let assignment = d.assignment;
+        match d.outcome {
+            Outcome::Answered(resp) if resp.accepted => match assignment.kind {
                 WorkKind::Eval => self.report.evals += 1,
                 WorkKind::Forward if !self.engine.section().spec().is_tail => {
                     self.report.forwards += 1;
@@ -450,7 +545,7 @@ impl<B: AutodiffBackend> Worker<B> {
                     self.counters.backwards.fetch_add(1, Ordering::Relaxed);
                 }
             },
-            Ok(resp) => {
+            Outcome::Answered(resp) => {
                 self.report.refused += 1;
                 tracing::warn!(
                     id = assignment.id,
@@ -458,9 +553,21 @@ impl<B: AutodiffBackend> Worker<B> {
                     resp.reason.unwrap_or_default()
                 );
             }
-            Err(e) => {
+            Outcome::SubmitFailed(e) => {
                 self.report.refused += 1;
                 tracing::warn!(id = assignment.id, "submit failed: {e}");
+            }
+            Outcome::NotUploaded(e) => {
+                let advice = e
+                    .advice()
+                    .map(|a| format!(". What to do: {a}"))
+                    .unwrap_or_default();
+                tracing::warn!(
+                    id = assignment.id,
+                    sample = assignment.sample_id,
+                    "assignment failed: {e}{advice}"
+                );
+                self.release(vec![assignment.id]).await;
             }
         }
         self.show();
@@ -527,29 +634,20 @@ impl<B: AutodiffBackend> Worker<B> {
         ));
     }
 
-    /// Downloads, computes and uploads one assignment; returns what to submit.
-    async fn process(&mut self, a: &Assignment) -> Result<SubmitRequest, MinerError> {
-        let t0 = Instant::now();
-        let spec = self.engine.section().spec().clone();
-        match a.kind {
-            WorkKind::Forward => {
-                let input = self.fetch_input(&a.input, spec.is_head).await?;
-                let targets = if spec.is_tail {
-                    let blob = a.targets.as_ref().ok_or_else(|| MinerError::Malformed {
-                        id: a.id,
-                        reason: "tail forward without targets".into(),
-                    })?;
-                    let shape = payload::shape_of::<2>(blob)?;
-                    let ids = payload::decode_tokens(&payload::fetch(blob).await?, shape)?;
-                    Some((ids, shape))
-                } else {
-                    None
-                };
-                let download_ms = elapsed_ms(t0);
-                let t1 = Instant::now();
+    /// Runs one assignment's compute on its fetched inputs; returns the output to upload and
+    /// the submit to send once it is uploaded (hash, size and upload time filled in then).
+    fn compute(
+        &mut self,
+        a: &Assignment,
+        fetched: Fetched,
+    ) -> Result<(Option<Activations>, SubmitRequest), MinerError> {
+        let t1 = Instant::now();
+        let spec_tail = self.engine.section().spec().is_tail;
+        let (out, loss) = match fetched.inputs {
+            Inputs::Forward { input, targets } => {
                 let [b, s] = input_dims(&input);
                 let kept = self.adversary.map(|_| input.clone());
-                let (out, loss) = match targets {
+                let done = match targets {
                     Some((ids, shape)) => {
                         let tail = self.engine.train_tail(a.sample_id, input, &ids, shape)?;
                         self.count_step(tail.step.as_ref());
@@ -559,96 +657,52 @@ impl<B: AutodiffBackend> Worker<B> {
                     None => (self.engine.forward(a.sample_id, input)?.output, None),
                 };
                 self.tokens += (b * s) as u64;
-                let compute_ms = elapsed_ms(t1);
                 let out = match self.adversary {
-                    Some(adv) => adv.tamper(a.sample_id, kept.as_ref(), out),
-                    None => out,
+                    Some(adv) => adv.tamper(a.sample_id, kept.as_ref(), done.0),
+                    None => done.0,
                 };
-                let (hash, size, upload_ms) = self.upload(a, Some(out)).await?;
-                Ok(SubmitRequest {
-                    assignment_id: a.id,
-                    output_hash: hash,
-                    output_bytes: size,
-                    loss,
-                    timings: Timings {
-                        download_ms,
-                        compute_ms,
-                        upload_ms,
-                    },
-                })
+                (Some(out), done.1)
             }
-            WorkKind::Eval => {
-                let input = self.fetch_input(&a.input, spec.is_head).await?;
-                let targets = match &a.targets {
-                    Some(blob) if spec.is_tail => {
-                        let shape = payload::shape_of::<2>(blob)?;
-                        Some((
-                            payload::decode_tokens(&payload::fetch(blob).await?, shape)?,
-                            shape,
-                        ))
-                    }
-                    _ => None,
-                };
-                let download_ms = elapsed_ms(t0);
-                let t1 = Instant::now();
-                let (out, loss) = match (spec.is_tail, targets) {
-                    (true, Some((ids, shape))) => {
-                        (None, Some(self.engine.eval_tail(&input, &ids, shape)?))
-                    }
-                    (true, None) => {
-                        return Err(MinerError::Malformed {
-                            id: a.id,
-                            reason: "tail evaluation without targets".into(),
-                        });
-                    }
-                    (false, _) => (Some(self.engine.eval_forward(&input)?), None),
-                };
-                let compute_ms = elapsed_ms(t1);
-                let (hash, size, upload_ms) = self.upload(a, out).await?;
-                Ok(SubmitRequest {
-                    assignment_id: a.id,
-                    output_hash: hash,
-                    output_bytes: size,
-                    loss,
-                    timings: Timings {
-                        download_ms,
-                        compute_ms,
-                        upload_ms,
-                    },
-                })
-            }
-            WorkKind::Backward => {
-                let shape = payload::shape_of::<3>(&a.input)?;
-                let data = payload::decode_tensor(&payload::fetch(&a.input).await?, shape)?;
-                let download_ms = elapsed_ms(t0);
-                let t1 = Instant::now();
+            Inputs::Eval { input, targets } => match (spec_tail, targets) {
+                (true, Some((ids, shape))) => {
+                    (None, Some(self.engine.eval_tail(&input, &ids, shape)?))
+                }
+                (true, None) => {
+                    return Err(MinerError::Malformed {
+                        id: a.id,
+                        reason: "tail evaluation without targets".into(),
+                    });
+                }
+                (false, _) => (Some(self.engine.eval_forward(&input)?), None),
+            },
+            Inputs::Backward(upstream) => {
                 let kept = self.adversary.map(|_| CachedInput::Hidden {
-                    data: data.clone(),
-                    shape,
+                    data: upstream.data.clone(),
+                    shape: upstream.shape,
                 });
-                let done = self
-                    .engine
-                    .backward(a.sample_id, Activations { data, shape })?;
+                let done = self.engine.backward(a.sample_id, upstream)?;
                 self.count_step(done.step.as_ref());
-                let compute_ms = elapsed_ms(t1);
                 let grad = match self.adversary {
                     Some(adv) => done.grad.map(|g| adv.tamper(a.sample_id, kept.as_ref(), g)),
                     None => done.grad,
                 };
-                let (hash, size, upload_ms) = self.upload(a, grad).await?;
-                Ok(SubmitRequest {
-                    assignment_id: a.id,
-                    output_hash: hash,
-                    output_bytes: size,
-                    loss: None,
-                    timings: Timings {
-                        download_ms,
-                        compute_ms,
-                        upload_ms,
-                    },
-                })
+                (grad, None)
             }
-        }
+        };
+        let compute_ms = elapsed_ms(t1);
+        self.util.add_ms(Activity::Compute, compute_ms);
+        let submit = SubmitRequest {
+            assignment_id: a.id,
+            output_hash: None,
+            output_bytes: None,
+            loss,
+            timings: Timings {
+                download_ms: fetched.download_ms,
+                compute_ms,
+                upload_ms: 0,
+            },
+        };
+        Ok((out, submit))
     }
 
     /// Counts a step the engine took after a backward.
@@ -663,38 +717,6 @@ impl<B: AutodiffBackend> Worker<B> {
             }
             Some(StepOutcome::NoGradients) | None => {}
         }
-    }
-
-    async fn fetch_input(&self, blob: &BlobRef, head: bool) -> Result<CachedInput, MinerError> {
-        let bytes = payload::fetch(blob).await?;
-        if head {
-            let shape = payload::shape_of::<2>(blob)?;
-            let ids = payload::decode_tokens(&bytes, shape)?;
-            Ok(CachedInput::Tokens { ids, shape })
-        } else {
-            let shape = payload::shape_of::<3>(blob)?;
-            let data = payload::decode_tensor(&bytes, shape)?;
-            Ok(CachedInput::Hidden { data, shape })
-        }
-    }
-
-    /// Encodes `out` and uploads it to the assignment's output URL; returns hash, size and
-    /// time taken. Nothing to upload (the head's backward) gives `None`s.
-    async fn upload(
-        &self,
-        a: &Assignment,
-        out: Option<Activations>,
-    ) -> Result<(Option<String>, Option<u64>, u64), MinerError> {
-        let (Some(out), Some(target)) = (out, a.output.as_ref()) else {
-            return Ok((None, None, 0));
-        };
-        let t0 = Instant::now();
-        let bytes = encode(&out.shape, &out.data, self.settings.wire).map_err(ModelError::from)?;
-        let hash = payload_hash(&bytes);
-        let size = bytes.len() as u64;
-        let url = Url::parse(&target.url).map_err(|e| PayloadError::BadUrl(e.to_string()))?;
-        upload_to_url(&url, Bytes::from(bytes)).await?;
-        Ok((Some(hash), Some(size), elapsed_ms(t0)))
     }
 }
 

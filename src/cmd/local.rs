@@ -21,6 +21,7 @@ use serde_json::json;
 use crate::api::client::ApiClient;
 use crate::api::{MergeStatus, MetagraphView, StatusResponse};
 use crate::merge::MergeOp;
+use crate::miner::adversary::Adversary;
 use crate::model::backend::DeviceKind;
 use crate::model::config::even_sections;
 use crate::model::{LrSchedule, ModelConfig};
@@ -104,6 +105,15 @@ pub struct LocalArgs {
     /// the last finished epoch.
     #[arg(long, default_value_t = 180)]
     pub validator_wait_s: u64,
+    /// Test harness only: hostile miners, one per listed kind (`miner0` gets the first).
+    #[arg(long, hide = true, value_delimiter = ',')]
+    pub adversaries: Vec<Adversary>,
+    /// Test harness only: the generated config's `validation` section, as JSON.
+    #[arg(long, hide = true)]
+    pub validation: Option<String>,
+    /// Test harness only: forward deadline in seconds (the backward gets twice as long).
+    #[arg(long, hide = true, default_value_t = 20)]
+    pub deadline_s: u64,
 }
 
 /// Child processes, killed and reaped on drop.
@@ -219,13 +229,17 @@ pub fn generated_config(
         "max_in_flight": 4,
         "local_steps": 1,
         "schedule": schedule_for(args),
-        "deadlines": { "forward_s": 20, "backward_s": 40 },
+        "deadlines": { "forward_s": args.deadline_s, "backward_s": 2 * args.deadline_s },
         "heartbeat_s": 2,
         "batches_before_merging": args.merge_every,
         "max_samples": args.samples,
         "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
         "validators": validators,
     });
+    let mut config = config;
+    if let Some(text) = &args.validation {
+        config["validation"] = serde_json::from_str(text).context("parsing --validation")?;
+    }
     Ok(config)
 }
 
@@ -370,6 +384,10 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
             "--stats-out".into(),
             stats_dir.join(format!("{name}.json")).display().to_string(),
         ];
+        let mut mine = mine;
+        if let Some(kind) = args.adversaries.get(i) {
+            mine.extend(["--adversary".to_string(), kind.to_string()]);
+        }
         let log = dir.join(format!("logs/{name}.log"));
         children.push(name, spawn_self(&mine, &log)?);
     }

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::profile::{NodeArgs, Role};
+use crate::miner::adversary::Adversary;
 use crate::miner::{MinerOptions, run_miner};
 
 /// Arguments of `iota mine`. Unset flags come from `IOTA_*` variables, then the settings
@@ -27,6 +28,9 @@ pub struct MineArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
+    /// Test harness only: behave as this kind of hostile miner (see `miner::adversary`).
+    #[arg(long, hide = true)]
+    pub adversary: Option<Adversary>,
     /// Write where the miner's time goes (compute, download, upload, orchestrator, idle,
     /// merge) and the bytes it moved, as JSON, to FILE (rewritten about once a second).
     #[arg(long, value_name = "FILE")]
@@ -91,6 +95,7 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
             .unwrap_or(4),
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
+        adversary: args.adversary,
         stats_out: args.stats_out,
     })?;
     eprintln!(

@@ -6,6 +6,7 @@
 //! submit it. Forward inputs are cached by sample id until their backward
 //! ([`cache::InputCache`]); the optimizer steps every `local_steps` backwards.
 //!
+//! - [`adversary`]: hostile behaviours for tests (hidden `--adversary`).
 //! - [`advice`]: what to do about each [`MinerError`] (one sentence for the operator).
 //! - [`cache`]: the bounded forward-input cache.
 //! - [`engine`]: the compute without a network (forward, backward with weight stashing,
@@ -17,6 +18,7 @@
 //! - [`utilization`]: where the miner's wall time goes (compute against I/O and waiting).
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
+pub mod adversary;
 pub mod advice;
 pub mod cache;
 pub mod engine;

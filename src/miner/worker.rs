@@ -18,6 +18,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use thiserror::Error;
 use tokio::task::JoinHandle;
 
+use super::adversary::Adversary;
 use super::cache::CachedInput;
 use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
 use super::payload::PayloadError;
@@ -95,6 +96,8 @@ pub struct MinerOptions {
     /// Where to write the utilization and traffic report (JSON, rewritten about once a
     /// second and when the miner stops).
     pub stats_out: Option<std::path::PathBuf>,
+    /// A hostile behaviour, for tests only (`None`: honest).
+    pub adversary: Option<Adversary>,
 }
 
 /// What a miner did before it stopped.
@@ -205,6 +208,8 @@ struct Worker<B: AutodiffBackend> {
     view: super::status_line::SharedView,
     /// Merge epoch whose upload was already submitted.
     uploaded_epoch: Option<u64>,
+    /// Hostile behaviour (tests only).
+    adversary: Option<Adversary>,
     /// Where the wall time went.
     util: Utilization,
     /// Where to write it (`--stats-out`).
@@ -259,7 +264,11 @@ async fn mine<B: AutodiffBackend>(
         settings.optimizer,
         &device,
     )?;
-    let engine = Engine::new(section, EngineSettings::for_miner(&settings));
+    let mut engine_settings = EngineSettings::for_miner(&settings);
+    if options.adversary.is_some_and(Adversary::never_steps) {
+        engine_settings.local_steps = u64::MAX;
+    }
+    let engine = Engine::new(section, engine_settings);
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
     let view = super::status_line::SharedView::default();
@@ -292,6 +301,7 @@ async fn mine<B: AutodiffBackend>(
         uploaded_epoch: None,
         util: Utilization::for_section(reg.section),
         stats_out: options.stats_out.clone(),
+        adversary: options.adversary,
         stats_written: Instant::now(),
         deliveries: VecDeque::new(),
         next_poll: None,
@@ -430,6 +440,9 @@ impl<B: AutodiffBackend> Worker<B> {
     /// result is delivered in the background, and the next poll goes out while the last one
     /// computes. When `stop` is set, what has not started computing is handed back.
     async fn work_batch(&mut self, batch: Vec<Assignment>, stop: &AtomicBool) {
+        if self.adversary.is_some_and(Adversary::abandons_work) {
+            return;
+        }
         let spec = self.engine.section().spec().clone();
         let mut fetching: VecDeque<Fetching> = batch
             .into_iter()
@@ -633,6 +646,7 @@ impl<B: AutodiffBackend> Worker<B> {
         let (out, loss) = match fetched.inputs {
             Inputs::Forward { input, targets } => {
                 let [b, s] = input_dims(&input);
+                let kept = self.adversary.map(|_| input.clone());
                 let done = match targets {
                     Some((ids, shape)) => {
                         let tail = self.engine.train_tail(a.sample_id, input, &ids, shape)?;
@@ -643,7 +657,11 @@ impl<B: AutodiffBackend> Worker<B> {
                     None => (self.engine.forward(a.sample_id, input)?.output, None),
                 };
                 self.tokens += (b * s) as u64;
-                (Some(done.0), done.1)
+                let out = match self.adversary {
+                    Some(adv) => adv.tamper(a.sample_id, kept.as_ref(), done.0),
+                    None => done.0,
+                };
+                (Some(out), done.1)
             }
             Inputs::Eval { input, targets } => match (spec_tail, targets) {
                 (true, Some((ids, shape))) => {
@@ -658,9 +676,17 @@ impl<B: AutodiffBackend> Worker<B> {
                 (false, _) => (Some(self.engine.eval_forward(&input)?), None),
             },
             Inputs::Backward(upstream) => {
+                let kept = self.adversary.map(|_| CachedInput::Hidden {
+                    data: upstream.data.clone(),
+                    shape: upstream.shape,
+                });
                 let done = self.engine.backward(a.sample_id, upstream)?;
                 self.count_step(done.step.as_ref());
-                (done.grad, None)
+                let grad = match self.adversary {
+                    Some(adv) => done.grad.map(|g| adv.tamper(a.sample_id, kept.as_ref(), g)),
+                    None => done.grad,
+                };
+                (grad, None)
             }
         };
         let compute_ms = elapsed_ms(t1);

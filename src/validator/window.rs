@@ -7,7 +7,7 @@
 //! | free-riding (missed deadlines over `free_rider`) | ledger | flag |
 //! | merge verification flagged a copy `disagreed` / `invalid` | ledger | flag |
 //! | CLASP outlier ([`super::clasp`]) | ledger pathways and losses | flag; CLASP factor |
-//! | replay of `miners_per_epoch` tracked miners ([`super::replay`]); after epoch 0 only up to the first optimizer step | objects | flag |
+//! | replay of `miners_per_epoch` tracked miners ([`super::replay`]) | objects | flag |
 //! | upload identical to the epoch's start (did not train) | uploads | flag |
 //! | copy of another uploader's state ([`super::uploads`]) | uploads | flag (the later one) |
 //! | merged partitions recomputed ([`super::merge_check`]) | uploads, copies | flag; missing ones a penalty |
@@ -364,26 +364,22 @@ pub async fn replay_miner<B: AutodiffBackend>(
     let spec = section.spec().clone();
     let mut engine = Engine::new(section, Replayer::<B>::engine_settings(&ctx.settings));
     engine
-        .adopt_flat(&layout, &start, None)
+        .adopt_flat(
+            &layout,
+            &start,
+            work.start.as_ref().map(|c| c.optimizer_step),
+        )
         .map_err(|e| match e {
             EngineError::Model(m) => ReplayError::Model(m),
             other => ReplayError::Model(crate::model::ModelError::Params(other.to_string())),
         })?;
     let mut replayer = Replayer::new(engine, *r);
     let n = ((work.items.len() as f64) * r.fraction).ceil() as usize;
-    // After a merge the checkpoint carries parameters and AdamW moments but not AdamW's step
-    // count, which each miner keeps from its own history (bias corrections): a replay cannot
-    // know it, so it checks only the work done before the epoch's first optimizer step, at
-    // the checkpoint's weights, which does not depend on it.
-    let merged_start = work.start.is_some();
-    let mut done = 0;
+    // After a merge the checkpoint carries AdamW's step count (`optimizer_step`), which every
+    // miner of the section adopts with the weights, so later epochs replay in full too.
     for item in work.items.iter().take(n) {
         let item = load_item(item, spec.is_head, spec.is_tail).await?;
         replayer.apply(item)?;
-        done += 1;
-        if merged_start && replayer.stats().steps > 0 {
-            break;
-        }
     }
     let stats = replayer.stats().clone();
     let mut flags = Vec::new();
@@ -406,14 +402,7 @@ pub async fn replay_miner<B: AutodiffBackend>(
             .min_magnitude_ratio
             .map_or("-".into(), |c| format!("{c:.6}")),
     );
-    if done < n {
-        note.push_str(&format!(
-            "; stopped at the first optimizer step ({done} of {n} items): the merged checkpoint \
-             does not carry AdamW's step count, so later work cannot be replayed exactly"
-        ));
-    }
-    if done == work.items.len()
-        && !merged_start
+    if n == work.items.len()
         && let Some(upload) = &work.upload
     {
         let uploaded = fetch_flat(upload).await?;

@@ -426,6 +426,9 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         merge_op: args.merge_op,
         validators: 0,
         validator_wait_s: 0,
+        adversaries: Vec::new(),
+        validation: None,
+        deadline_s: 20,
     };
     let mut config = generated_config(&local, dir, listen)?;
     config["max_in_flight"] = json!(args.max_in_flight);

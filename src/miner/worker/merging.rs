@@ -129,6 +129,10 @@ impl<B: AutodiffBackend> Worker<B> {
         partitions: &[PartitionTask],
     ) -> Result<(), MinerError> {
         for task in partitions {
+            let task = match self.adversary {
+                Some(adv) => &adv.merge_task(task),
+                None => task,
+            };
             let submit = match merge_partition_task(epoch, op, task).await {
                 Ok(submit) => submit,
                 Err(e) => {

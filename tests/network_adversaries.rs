@@ -1,0 +1,167 @@
+//! End to end: hostile miners among honest ones in `iota local` (tiny preset, 2 sections x 3
+//! miner processes, one validator process replaying every miner). Each adversary (see
+//! `iota::miner::adversary`) must be flagged within the first two epochs and ranked below
+//! every honest miner, and no honest miner may be flagged. Each test prints its row of the
+//! confusion table (kind x flagged / ranked below the honest) on stderr.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// The windows the validator kept on disk, by epoch.
+fn windows(state: &Path) -> BTreeMap<u64, Value> {
+    let mut found = BTreeMap::new();
+    let Ok(runs) = std::fs::read_dir(state) else {
+        return found;
+    };
+    for run in runs {
+        for file in std::fs::read_dir(run.unwrap().path()).unwrap() {
+            let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
+            let w: Value = serde_json::from_str(&text).unwrap();
+            found.insert(w["epoch"].as_u64().unwrap(), w);
+        }
+    }
+    found
+}
+
+/// The hotkey address a miner printed in its log.
+fn hotkey_of(dir: &Path, miner: &str) -> String {
+    let log = std::fs::read_to_string(dir.join(format!("logs/{miner}.log"))).unwrap();
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("iota mine: hotkey "))
+        .unwrap_or_else(|| panic!("{miner} never printed its hotkey:\n{log}"));
+    line["iota mine: hotkey ".len()..]
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+/// Runs a network with `kinds` as `miner0..`, then checks and prints the outcome per kind.
+fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let validation = r#"{"replay": {"miners_per_epoch": 6}, "merge_checks": 64}"#;
+    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args([
+            "local",
+            "--preset",
+            "tiny",
+            "--sections",
+            "2",
+            "--miners-per-section",
+            "3",
+            "--validators",
+            "1",
+            "--seq-len",
+            "32",
+            "--batch-size",
+            "2",
+            "--poll-ms",
+            "250",
+            "--merge-every",
+            "16",
+            "--samples",
+            "40",
+            "--validator-wait-s",
+            "120",
+            "--validation",
+            validation,
+            "--adversaries",
+            &kinds.join(","),
+        ])
+        .args(extra)
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "iota local failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let w = windows(&dir.path().join("validators/validator0"));
+    let validator_log =
+        std::fs::read_to_string(dir.path().join("logs/validator0.log")).unwrap_or_default();
+    assert!(
+        w.contains_key(&0) && w.contains_key(&1),
+        "windows {:?}\n{stdout}\n{validator_log}",
+        w.keys()
+    );
+    let adversaries: BTreeMap<String, &str> = kinds
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (hotkey_of(dir.path(), &format!("miner{i}")), *k))
+        .collect();
+    let mut caught: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for epoch in [0, 1] {
+        let miners = w[&epoch]["miners"].as_array().unwrap();
+        let honest_min = miners
+            .iter()
+            .filter(|m| !adversaries.contains_key(m["hotkey"].as_str().unwrap()))
+            .map(|m| m["weight"]["weight"].as_f64().unwrap())
+            .fold(f64::INFINITY, f64::min);
+        for m in miners {
+            let hotkey = m["hotkey"].as_str().unwrap();
+            let flags: Vec<String> = m["weight"]["parts"]["flags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|f| f.as_str().unwrap().to_string())
+                .collect();
+            let weight = m["weight"]["weight"].as_f64().unwrap();
+            match adversaries.get(hotkey) {
+                None => {
+                    assert!(
+                        flags.is_empty(),
+                        "epoch {epoch}: honest miner {hotkey} flagged: {flags:?}"
+                    );
+                    assert!(weight > 0.0, "epoch {epoch}: honest {hotkey} got nothing");
+                }
+                Some(kind) => {
+                    assert!(
+                        weight < honest_min,
+                        "epoch {epoch}: {kind} ({hotkey}) weight {weight} not below the honest {honest_min}"
+                    );
+                    if !flags.is_empty() {
+                        caught
+                            .entry(kind)
+                            .or_default()
+                            .push(format!("epoch {epoch}: {}", flags.join(" | ")));
+                    }
+                }
+            }
+        }
+    }
+    for kind in kinds {
+        let found = caught.get(kind);
+        eprintln!(
+            "confusion: {kind:<13} flagged {:<3} ranked below honest yes  {}",
+            if found.is_some() { "yes" } else { "NO" },
+            found.map(|f| f.join(" || ")).unwrap_or_default()
+        );
+    }
+    for kind in kinds {
+        assert!(
+            caught.contains_key(kind),
+            "{kind} was never flagged in epochs 0-1:\n{}",
+            serde_json::to_string_pretty(&w[&0]).unwrap()
+        );
+    }
+}
+
+#[test]
+fn noisy_scaled_and_lazy_miners_are_flagged_and_ranked_last() {
+    adversaries_are_caught(&["noisy", "scaled", "lazy"], &[]);
+}
+
+#[test]
+fn stale_free_riding_and_lying_merging_miners_are_flagged_and_ranked_last() {
+    adversaries_are_caught(
+        &["stale", "free-rider", "lying-merger"],
+        &["--deadline-s", "3"],
+    );
+}

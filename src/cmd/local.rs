@@ -387,6 +387,11 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         let mut mine = mine;
         if let Some(kind) = args.adversaries.get(i) {
             mine.extend(["--adversary".to_string(), kind.to_string()]);
+            if *kind == Adversary::Copier {
+                // It reads the generated config's local store (data_dir/objects).
+                let store = dir.join("state/objects").display().to_string();
+                mine.extend(["--copy-from".to_string(), store]);
+            }
         }
         let log = dir.join(format!("logs/{name}.log"));
         children.push(name, spawn_self(&mine, &log)?);

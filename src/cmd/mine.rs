@@ -31,6 +31,9 @@ pub struct MineArgs {
     /// Test harness only: behave as this kind of hostile miner (see `miner::adversary`).
     #[arg(long, hide = true)]
     pub adversary: Option<Adversary>,
+    /// Test harness only: the object store directory a `copier` reads other uploads from.
+    #[arg(long, hide = true)]
+    pub copy_from: Option<String>,
     /// Write where the miner's time goes (compute, download, upload, orchestrator, idle,
     /// merge) and the bytes it moved, as JSON, to FILE (rewritten about once a second).
     #[arg(long, value_name = "FILE")]
@@ -96,6 +99,7 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
         adversary: args.adversary,
+        copy_from: args.copy_from,
         stats_out: args.stats_out,
     })?;
     eprintln!(

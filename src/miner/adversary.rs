@@ -11,6 +11,7 @@
 //! | `stale` | never steps its optimizer (it uploads the state it started the epoch from) |
 //! | `free-rider` | takes work and never finishes it (no result, no release) |
 //! | `lying-merger` | submits, for every partition it merges, its first source's values instead of the merge |
+//! | `copier` | uploads, for the merge, another miner's accepted state read from the store, moved 2% towards its own ([`super::copier`]) |
 
 use std::fmt;
 use std::str::FromStr;
@@ -34,16 +35,19 @@ pub enum Adversary {
     FreeRider,
     /// Wrong merged partitions.
     LyingMerger,
+    /// Another miner's merge upload re-uploaded as its own.
+    Copier,
 }
 
 /// Every kind, in the order of the module docs.
-pub const ALL: [Adversary; 6] = [
+pub const ALL: [Adversary; 7] = [
     Adversary::Noisy,
     Adversary::Scaled,
     Adversary::Lazy,
     Adversary::Stale,
     Adversary::FreeRider,
     Adversary::LyingMerger,
+    Adversary::Copier,
 ];
 
 impl fmt::Display for Adversary {
@@ -55,6 +59,7 @@ impl fmt::Display for Adversary {
             Self::Stale => "stale",
             Self::FreeRider => "free-rider",
             Self::LyingMerger => "lying-merger",
+            Self::Copier => "copier",
         })
     }
 }
@@ -116,7 +121,7 @@ impl Adversary {
                 }
                 _ => out.data.iter_mut().for_each(|v| *v = 0.0),
             },
-            Self::Stale | Self::FreeRider | Self::LyingMerger => {}
+            Self::Stale | Self::FreeRider | Self::LyingMerger | Self::Copier => {}
         }
         out
     }

@@ -9,6 +9,7 @@
 //! - [`adversary`]: hostile behaviours for tests (hidden `--adversary`).
 //! - [`advice`]: what to do about each [`MinerError`] (one sentence for the operator).
 //! - [`cache`]: the bounded forward-input cache.
+//! - [`copier`]: the copier adversary's read access to other miners' uploads (tests only).
 //! - [`engine`]: the compute without a network (forward, backward with weight stashing,
 //!   local steps with the learning rate of the run's global progress, evaluation), which a
 //!   validator can drive the same way to replay a miner's work.
@@ -21,6 +22,7 @@
 pub mod adversary;
 pub mod advice;
 pub mod cache;
+pub mod copier;
 pub mod engine;
 pub mod participant;
 pub mod payload;

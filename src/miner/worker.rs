@@ -20,6 +20,7 @@ use tokio::task::JoinHandle;
 
 use super::adversary::Adversary;
 use super::cache::CachedInput;
+use super::copier::Copier;
 use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
 use super::payload::PayloadError;
 use super::utilization::{Activity, Utilization};
@@ -98,6 +99,9 @@ pub struct MinerOptions {
     pub stats_out: Option<std::path::PathBuf>,
     /// A hostile behaviour, for tests only (`None`: honest).
     pub adversary: Option<Adversary>,
+    /// The object store directory a copier reads other miners' uploads from (tests only;
+    /// required with [`Adversary::Copier`]).
+    pub copy_from: Option<String>,
 }
 
 /// What a miner did before it stopped.
@@ -210,6 +214,10 @@ struct Worker<B: AutodiffBackend> {
     uploaded_epoch: Option<u64>,
     /// Hostile behaviour (tests only).
     adversary: Option<Adversary>,
+    /// Stamps each compute's start (the order validators replay the work in).
+    compute_clock: ComputeClock,
+    /// Where a copier finds the uploads it copies (tests only).
+    copier: Option<Copier>,
     /// Where the wall time went.
     util: Utilization,
     /// Where to write it (`--stats-out`).
@@ -220,6 +228,23 @@ struct Worker<B: AutodiffBackend> {
     deliveries: VecDeque<JoinHandle<Delivered>>,
     /// A `/api/work` poll sent while the last assignment in hand computed.
     next_poll: Option<JoinHandle<Result<WorkResponse, ClientError>>>,
+}
+
+/// Microseconds since the Unix epoch, strictly increasing from one call to the next (a clock
+/// that stands still or steps back still yields a later stamp than the last).
+#[derive(Debug, Default)]
+struct ComputeClock {
+    last: u64,
+}
+
+impl ComputeClock {
+    fn tick(&mut self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
+        self.last = now.max(self.last.saturating_add(1));
+        self.last
+    }
 }
 
 /// An assignment and the task fetching its inputs.
@@ -269,6 +294,18 @@ async fn mine<B: AutodiffBackend>(
         engine_settings.local_steps = u64::MAX;
     }
     let engine = Engine::new(section, engine_settings);
+    let copier = match (options.adversary, &options.copy_from) {
+        (Some(Adversary::Copier), Some(dir)) => Some(
+            Copier::open(dir, &reg.run, options.hotkey.address().as_str())
+                .map_err(MinerError::Runtime)?,
+        ),
+        (Some(Adversary::Copier), None) => {
+            return Err(MinerError::Runtime(
+                "the copier needs the object store directory (--copy-from)".into(),
+            ));
+        }
+        _ => None,
+    };
     tracing::info!(section = reg.section, run = %reg.run, "miner registered");
     let counters = Arc::new(Counters::default());
     let view = super::status_line::SharedView::default();
@@ -302,6 +339,8 @@ async fn mine<B: AutodiffBackend>(
         util: Utilization::for_section(reg.section),
         stats_out: options.stats_out.clone(),
         adversary: options.adversary,
+        copier,
+        compute_clock: ComputeClock::default(),
         stats_written: Instant::now(),
         deliveries: VecDeque::new(),
         next_poll: None,
@@ -642,6 +681,7 @@ impl<B: AutodiffBackend> Worker<B> {
         fetched: Fetched,
     ) -> Result<(Option<Activations>, SubmitRequest), MinerError> {
         let t1 = Instant::now();
+        let started_us = self.compute_clock.tick();
         let spec_tail = self.engine.section().spec().is_tail;
         let (out, loss) = match fetched.inputs {
             Inputs::Forward { input, targets } => {
@@ -700,6 +740,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 download_ms: fetched.download_ms,
                 compute_ms,
                 upload_ms: 0,
+                computed_at_us: Some(started_us),
             },
         };
         Ok((out, submit))

@@ -1,12 +1,14 @@
 //! Helpers shared by the integration tests: a real S3-compatible server (s3s-fs) started on a
 //! free loopback port with a temporary directory, killed when dropped; [`net`] (clock, ports,
-//! plain GETs, pollers); [`signed`] (signed POSTs); [`api_harness`] (the router in-process).
+//! plain GETs, pollers); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
+//! `iota local` run left on disk).
 //!
 //! s3s-fs must be installed (tests fail, not skip, when it is missing):
 //! `cargo install s3s-fs@0.14.1 --features binary --locked`.
 #![allow(dead_code)]
 
 pub mod api_harness;
+pub mod local_run;
 pub mod net;
 pub mod procs;
 pub mod signed;

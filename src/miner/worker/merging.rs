@@ -89,7 +89,11 @@ impl<B: AutodiffBackend> Worker<B> {
         layout: &FlatLayout,
         target: &BlobRef,
     ) -> Result<(), MinerError> {
-        let flat = self.engine.section().export_flat(layout)?;
+        let mut flat = self.engine.section().export_flat(layout)?;
+        if let Some(copier) = &self.copier {
+            let section = u32::try_from(self.report.section).unwrap_or(u32::MAX);
+            flat = copier.disguise(section, epoch, flat).await;
+        }
         let bytes = f32_to_le_bytes(&flat);
         let manifest = UploadManifest {
             layout: layout.clone(),

@@ -49,10 +49,14 @@ CREATE INDEX IF NOT EXISTS standing_miner ON standing (miner);
 /// `samples.kind`: `train` (a training sample unit) or `eval` (an evaluation sample of the
 /// weights an epoch started with, forward-only; see `repo::eval`).
 ///
+/// `assignments.computed_at_us`: when the miner says it started the compute (its own
+/// clock, strictly increasing per miner): the order validators replay its work in.
+///
 /// `checkpoints.optimizer_step`: the AdamW step count that goes with the merged moments (see
 /// `SectionOutcome::optimizer_step`).
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 12] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 13] = [
     ("assignments", "input_from", "INTEGER"),
+    ("assignments", "computed_at_us", "INTEGER"),
     ("assignments", "output_key", "TEXT"),
     ("assignments", "delivered_at", "INTEGER"),
     ("miners", "strikes", "INTEGER NOT NULL DEFAULT 0"),

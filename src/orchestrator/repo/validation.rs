@@ -301,9 +301,10 @@ impl Repository {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Ids of `miner`'s accepted assignments in `epoch`, in the order it did them: by
-    /// acceptance time, a batch's backwards before its forwards (a miner works a batch in
-    /// that order), then by id.
+    /// Ids of `miner`'s accepted assignments in `epoch`, in the order it did them: by the
+    /// compute start it reported (results are submitted out of compute order when uploads
+    /// run beside the compute), then (older miners) by acceptance time, a batch's backwards
+    /// before its forwards, then by id.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
@@ -311,7 +312,8 @@ impl Repository {
         let conn = self.lock();
         let mut stmt = conn.prepare(
             "SELECT id FROM assignments WHERE epoch = ?1 AND miner = ?2 AND state = 'done' \
-             AND kind != 'eval' ORDER BY finished_at, kind = 'forward', id",
+             AND kind != 'eval' \
+             ORDER BY computed_at_us IS NULL, computed_at_us, finished_at, kind = 'forward', id",
         )?;
         let rows = stmt.query_map(params![to_i64(epoch), miner], |r| r.get::<_, i64>(0))?;
         Ok(rows.map(|r| r.map(to_u64)).collect::<Result<_, _>>()?)

@@ -1,8 +1,9 @@
 //! The validator endpoints and the local metagraph, driven through the orchestrator's router
 //! with real hotkeys and a hand-moved clock: only listed validators get in, the ledger and a
 //! miner's work come back in order with downloadable objects, weight vectors are checked,
-//! signed, combined by stake with a dissenter visible, survive a restart, and an epoch's
-//! objects stay until every validator has published for it.
+//! signed, combined by stake with a dissenter visible, survive a restart, an epoch's
+//! objects stay until every validator has published for it, and validators' agreed flags
+//! exclude a repeat offender from routing while one lying validator's flags exclude nobody.
 
 mod common;
 
@@ -231,6 +232,71 @@ async fn ledger_and_work_come_back_in_order_with_downloadable_objects() {
         .send(h.signed("/api/validator/samples", &too_many, &val))
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// `weights(..)` with `flagged` miners flagged (and paid nothing).
+fn flagging(epoch: u64, w: &[(&Hotkey, f64)], flagged: &Hotkey, why: &str) -> WeightSubmission {
+    let mut sub = weights(epoch, 0.0, w);
+    for m in &mut sub.weights {
+        if m.hotkey == flagged.address().to_string() {
+            m.parts.flags = vec![why.to_string()];
+        }
+    }
+    sub
+}
+
+#[tokio::test]
+async fn agreed_flags_exclude_a_repeat_offender_and_one_lying_validator_excludes_nobody() {
+    let h = harness_with(validator_config(), Repository::open_in_memory().unwrap());
+    let (alice, bob) = (key("//Alice"), key("//Bob"));
+    let vals: Vec<Hotkey> = VALIDATORS.iter().map(|(uri, _)| key(uri)).collect();
+    h.register(&alice).await;
+    h.register(&bob).await;
+    let decisions = |m: &Hotkey| -> Vec<String> {
+        h.state
+            .repo
+            .standing_of(&m.address().to_string())
+            .unwrap()
+            .into_iter()
+            .map(|d| d.decision)
+            .collect()
+    };
+    for epoch in 0..2 {
+        h.train(&[&alice, &bob]).await;
+        h.skip_merge().await;
+        // Val1 (stake 3) and Val2 (stake 1) flag bob: 4/5 of the stake, two validators.
+        // Val3 (stake 1) lies about alice every time.
+        let honest = flagging(epoch, &[(&alice, 1.0), (&bob, 0.0)], &bob, "replay failed");
+        let lie = flagging(epoch, &[(&alice, 0.0), (&bob, 1.0)], &alice, "made up");
+        for (v, sub) in vals.iter().zip([&honest, &honest, &lie]) {
+            let r: SubmitResponse = h.call(h.signed("/api/weights", sub, v)).await;
+            assert!(r.accepted, "{r:?}");
+        }
+        // Republishing an epoch counts nothing twice.
+        let r: SubmitResponse = h.call(h.signed("/api/weights", &honest, &vals[0])).await;
+        assert!(r.accepted, "{r:?}");
+        if epoch == 0 {
+            assert_eq!(decisions(&bob), vec!["flagged"], "one flagged window only");
+            assert!(!h.work(&bob, 1).await.is_empty(), "bob still gets work");
+        }
+    }
+    assert_eq!(decisions(&bob), vec!["flagged", "flagged", "excluded"]);
+    let last = h
+        .state
+        .repo
+        .standing_of(&bob.address().to_string())
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert!(last.reason.contains("80%") && last.reason.contains("replay failed"));
+    assert!(last.until_ms.is_some());
+    assert!(
+        h.work(&bob, 4).await.is_empty(),
+        "an excluded miner gets no work"
+    );
+    // The lone liar's flags never reached the quorum: alice has no decision and works.
+    assert!(decisions(&alice).is_empty(), "{:?}", decisions(&alice));
+    assert!(!h.work(&alice, 1).await.is_empty());
 }
 
 #[tokio::test]

@@ -195,13 +195,6 @@ pub struct Timings {
     pub compute_ms: u64,
     /// Uploading the result.
     pub upload_ms: u64,
-    /// When the compute started, in microseconds since the Unix epoch, strictly increasing
-    /// over one miner's work (absent from older miners). Results reach the orchestrator out
-    /// of compute order when uploads run beside the compute, so this is the order a
-    /// validator replays a miner's work in. A miner that lies about it only breaks the
-    /// replay of its own work.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub computed_at_us: Option<u64>,
 }
 
 /// `POST /api/submit`.

@@ -345,6 +345,15 @@ pub struct ValidationSettings {
     /// Seconds an epoch's objects are kept for validators after they could be deleted.
     #[serde(default = "retain_s")]
     pub retain_s: u64,
+    /// Share of the validators (by stake or equally, as `combine`) above which their flags
+    /// on a miner for one epoch count as agreed (and at least two must agree when two or
+    /// more are configured); see `orchestrator::flag_quorum`.
+    #[serde(default = "half")]
+    pub flag_quorum: f64,
+    /// Agreed flagged epochs that exclude a miner from routing for `penalties.exclusion_s`
+    /// (0: validator flags never act on routing).
+    #[serde(default = "two")]
+    pub exclude_after_flags: u32,
 }
 
 fn copy_cosine() -> f64 {
@@ -362,6 +371,9 @@ fn dissent_l1() -> f64 {
 fn retain_s() -> u64 {
     600
 }
+fn two() -> u32 {
+    2
+}
 
 impl Default for ValidationSettings {
     fn default() -> Self {
@@ -377,6 +389,8 @@ impl Default for ValidationSettings {
             combine: Combine::default(),
             dissent_l1: dissent_l1(),
             retain_s: retain_s(),
+            flag_quorum: half(),
+            exclude_after_flags: two(),
         }
     }
 }
@@ -413,6 +427,7 @@ impl ValidationSettings {
         for (key, v) in [
             ("validation.copy_cosine", self.copy_cosine),
             ("validation.burn", self.burn),
+            ("validation.flag_quorum", self.flag_quorum),
             (
                 "validation.free_rider.missed_ratio",
                 self.free_rider.missed_ratio,

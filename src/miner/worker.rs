@@ -214,8 +214,6 @@ struct Worker<B: AutodiffBackend> {
     uploaded_epoch: Option<u64>,
     /// Hostile behaviour (tests only).
     adversary: Option<Adversary>,
-    /// Stamps each compute's start (the order validators replay the work in).
-    compute_clock: ComputeClock,
     /// Where a copier finds the uploads it copies (tests only).
     copier: Option<Copier>,
     /// Where the wall time went.
@@ -230,23 +228,6 @@ struct Worker<B: AutodiffBackend> {
     last_submit: Option<tokio::sync::oneshot::Receiver<()>>,
     /// A `/api/work` poll sent while the last assignment in hand computed.
     next_poll: Option<JoinHandle<Result<WorkResponse, ClientError>>>,
-}
-
-/// Microseconds since the Unix epoch, strictly increasing from one call to the next (a clock
-/// that stands still or steps back still yields a later stamp than the last).
-#[derive(Debug, Default)]
-struct ComputeClock {
-    last: u64,
-}
-
-impl ComputeClock {
-    fn tick(&mut self) -> u64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-        self.last = now.max(self.last.saturating_add(1));
-        self.last
-    }
 }
 
 /// An assignment and the task fetching its inputs.
@@ -342,7 +323,6 @@ async fn mine<B: AutodiffBackend>(
         stats_out: options.stats_out.clone(),
         adversary: options.adversary,
         copier,
-        compute_clock: ComputeClock::default(),
         stats_written: Instant::now(),
         deliveries: VecDeque::new(),
         last_submit: None,
@@ -690,7 +670,6 @@ impl<B: AutodiffBackend> Worker<B> {
         fetched: Fetched,
     ) -> Result<(Option<Activations>, SubmitRequest), MinerError> {
         let t1 = Instant::now();
-        let started_us = self.compute_clock.tick();
         let spec_tail = self.engine.section().spec().is_tail;
         let (out, loss) = match fetched.inputs {
             Inputs::Forward { input, targets } => {
@@ -749,7 +728,6 @@ impl<B: AutodiffBackend> Worker<B> {
                 download_ms: fetched.download_ms,
                 compute_ms,
                 upload_ms: 0,
-                computed_at_us: Some(started_us),
             },
         };
         Ok((out, submit))

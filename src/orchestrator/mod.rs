@@ -9,7 +9,8 @@
 //! - [`blob`] / [`blob_token`]: the local-storage blob endpoint and its tokens.
 //! - [`validation_handlers`] / [`metagraph`] / [`retention`]: what validators read and
 //!   publish, the local metagraph (`/api/weights`), and how long an epoch's objects are kept
-//!   for them; their durable state is in [`repo`] too.
+//!   for them; their durable state is in [`repo`] too. [`flag_quorum`]: validators' agreed
+//!   flags, which exclude repeat offenders from routing.
 //! - [`metrics`]: Prometheus counters; [`state`]: the shared [`AppState`];
 //!   [`server`]: the router, the deadline task, graceful shutdown.
 
@@ -21,6 +22,7 @@ pub mod cycle;
 pub mod cycle_error;
 pub mod dashboard;
 pub mod finalize;
+pub mod flag_quorum;
 pub mod handlers;
 pub mod http_error;
 pub mod merge_handlers;

@@ -4,6 +4,7 @@
 //! weight vectors; everything but `GET /api/weights` is signed by a hotkey the run config
 //! lists under `validators`.
 
+use super::flag_quorum::{self, agreed_flags};
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -383,10 +384,44 @@ pub async fn publish(
         signed_ms: req.signature.1,
     })?;
     tracing::info!(validator = %req.hotkey, epoch = req.body.epoch, "weights published");
+    act_on_flags(&state, req.body.epoch)?;
     Ok(Json(SubmitResponse {
         accepted: true,
         reason: None,
     }))
+}
+
+/// Counts a flagged window for every miner the validators that published `epoch` agree to
+/// flag ([`flag_quorum`]), excluding repeat offenders from routing.
+fn act_on_flags(state: &AppState, epoch: u64) -> Result<(), HttpError> {
+    let v = &state.config.validation;
+    let published: Vec<(String, WeightSubmission)> = state
+        .repo
+        .weights_of_epoch(epoch)?
+        .into_iter()
+        .filter_map(|row| Some((row.validator, serde_json::from_str(&row.body).ok()?)))
+        .collect();
+    let exclusion_ms = state.config.penalties.exclusion_s.saturating_mul(1000);
+    for flag in agreed_flags(
+        &state.config.validators,
+        v.combine,
+        v.flag_quorum,
+        &published,
+    ) {
+        let reason = flag.reason(epoch);
+        let excluded = state.repo.flag_window(
+            &flag.miner,
+            epoch,
+            &reason,
+            v.exclude_after_flags,
+            exclusion_ms,
+            state.now_ms(),
+        )?;
+        if excluded {
+            tracing::warn!(miner = %flag.miner, epoch, %reason, "excluded for validator flags");
+        }
+    }
+    Ok(())
 }
 
 /// `GET /api/weights`.

@@ -216,8 +216,7 @@ impl Repository {
             let output_hash = result.output_hash.clone().unwrap_or_default();
             tx.execute(
                 "UPDATE assignments SET state = 'done', output_hash = ?2, finished_at = ?3, \
-                 download_ms = ?4, compute_ms = ?5, upload_ms = ?6, output_key = ?7, \
-                 computed_at_us = ?8 WHERE id = ?1",
+                 download_ms = ?4, compute_ms = ?5, upload_ms = ?6, output_key = ?7 WHERE id = ?1",
                 params![
                     to_i64(id),
                     result.output_hash,
@@ -225,8 +224,7 @@ impl Repository {
                     to_i64(result.timings.download_ms),
                     to_i64(result.timings.compute_ms),
                     to_i64(result.timings.upload_ms),
-                    result.output_key,
-                    result.timings.computed_at_us.map(to_i64)
+                    result.output_key
                 ],
             )?;
             clear(tx, hotkey, now_ms)?;

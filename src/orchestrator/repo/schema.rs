@@ -49,14 +49,15 @@ CREATE INDEX IF NOT EXISTS standing_miner ON standing (miner);
 /// `samples.kind`: `train` (a training sample unit) or `eval` (an evaluation sample of the
 /// weights an epoch started with, forward-only; see `repo::eval`).
 ///
-/// `assignments.computed_at_us`: when the miner says it started the compute (its own
-/// clock, strictly increasing per miner): the order validators replay its work in.
+/// `miners.flag_excluded_until` / `flag_excluded_epoch`: an exclusion for validator flags
+/// (`repo::standing::flag_window`), kept apart from the strikes an accepted result clears.
 ///
 /// `checkpoints.optimizer_step`: the AdamW step count that goes with the merged moments (see
 /// `SectionOutcome::optimizer_step`).
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 13] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 14] = [
+    ("miners", "flag_excluded_until", "INTEGER"),
+    ("miners", "flag_excluded_epoch", "INTEGER"),
     ("assignments", "input_from", "INTEGER"),
-    ("assignments", "computed_at_us", "INTEGER"),
     ("assignments", "output_key", "TEXT"),
     ("assignments", "delivered_at", "INTEGER"),
     ("miners", "strikes", "INTEGER NOT NULL DEFAULT 0"),
@@ -114,4 +115,7 @@ CREATE TABLE IF NOT EXISTS upload_times (
     PRIMARY KEY (epoch, miner));
 CREATE TABLE IF NOT EXISTS kept_objects (
     prefix TEXT PRIMARY KEY, epoch INTEGER NOT NULL, eligible_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS flagged_windows (
+    miner TEXT NOT NULL, epoch INTEGER NOT NULL, at INTEGER NOT NULL, reason TEXT NOT NULL,
+    PRIMARY KEY (miner, epoch));
 ";

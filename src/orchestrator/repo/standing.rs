@@ -9,7 +9,13 @@
 //!   only it has their inputs). At `exclude_after` strikes it is **excluded** for `exclusion_s`
 //!   and does not hold a seat in its section meanwhile.
 //! - An accepted result clears the strikes (they count consecutive failures).
-//! - Every decision (`backoff`, `excluded`, `cleared`) is a row of the `standing` ledger table.
+//! - Every decision (`backoff`, `excluded`, `cleared`, `flagged`) is a row of the `standing`
+//!   ledger table.
+//! - **Validator flags** ([`Repository::flag_window`]): an epoch in which validators that agree
+//!   (`orchestrator::flag_quorum`) flagged the miner is a *flagged window*; at
+//!   `validation.exclude_after_flags` of them since its last such exclusion the miner is
+//!   excluded for `exclusion_s`. Results keep being accepted from a cheating miner, so this
+//!   exclusion is kept apart from the strikes (an accepted result does not lift it).
 //! - A miner not seen for `miner_ttl_s` is **expired**: it keeps its registration (and its
 //!   section, if there is room when it returns) but no longer holds a seat.
 
@@ -49,9 +55,10 @@ pub struct StandingDecision {
     pub miner: String,
     /// When, ms since the Unix epoch.
     pub at_ms: u64,
-    /// `backoff`, `excluded` or `cleared`.
+    /// `backoff`, `excluded`, `cleared` or `flagged`.
     pub decision: String,
-    /// Strikes in a row after the decision.
+    /// Strikes in a row after the decision (for `flagged`, and `excluded` after it: flagged
+    /// windows since the last exclusion for flags).
     pub strikes: u32,
     /// Until when it gets no new work (none for `cleared`).
     pub until_ms: Option<u64>,
@@ -62,7 +69,8 @@ pub struct StandingDecision {
 /// SQL condition (on table `miners`, parameter `?now`) of a miner holding a seat: seen within
 /// the TTL and not excluded. Parameters: `?1` now, `?2` TTL, `?3` strikes that exclude.
 pub(super) const HOLDS_SEAT: &str = "last_seen >= ?1 - ?2 \
-     AND NOT (strikes >= ?3 AND COALESCE(benched_until, 0) > ?1)";
+     AND NOT (strikes >= ?3 AND COALESCE(benched_until, 0) > ?1) \
+     AND COALESCE(flag_excluded_until, 0) <= ?1";
 
 impl Standing {
     /// How long the miner is kept from new work after its `strikes`-th strike, and whether
@@ -200,13 +208,64 @@ impl Repository {
         let conn = self.lock();
         benched_until(&conn, hotkey).map(|until| until.is_none_or(|u| u <= now_ms))
     }
+
+    /// Records that agreeing validators flagged `hotkey` in `epoch` (once per epoch; a repeat
+    /// changes nothing) and, at `exclude_after` flagged windows (0: never) since its last
+    /// exclusion for flags, excludes it until `now_ms + exclusion_ms`. Returns whether this
+    /// call excluded it.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn flag_window(
+        &self,
+        hotkey: &str,
+        epoch: u64,
+        reason: &str,
+        exclude_after: u32,
+        exclusion_ms: u64,
+        now_ms: u64,
+    ) -> Result<bool, RepoError> {
+        self.write(|tx| {
+            let new = tx.execute(
+                "INSERT OR IGNORE INTO flagged_windows (miner, epoch, at, reason) \
+                 VALUES (?1, ?2, ?3, ?4)",
+                params![hotkey, to_i64(epoch), to_i64(now_ms), reason],
+            )?;
+            if new == 0 {
+                return Ok(false);
+            }
+            let windows: i64 = tx.query_row(
+                "SELECT COUNT(*) FROM flagged_windows WHERE miner = ?1 AND epoch > COALESCE(\
+                 (SELECT flag_excluded_epoch FROM miners WHERE hotkey = ?1), -1)",
+                [hotkey],
+                |r| r.get(0),
+            )?;
+            let windows = u32::try_from(windows).unwrap_or(u32::MAX);
+            record(tx, hotkey, now_ms, "flagged", windows, None, reason)?;
+            if exclude_after == 0 || windows < exclude_after {
+                return Ok(false);
+            }
+            let until = now_ms.saturating_add(exclusion_ms);
+            tx.execute(
+                "UPDATE miners SET flag_excluded_until = ?2, flag_excluded_epoch = ?3 \
+                 WHERE hotkey = ?1",
+                params![hotkey, to_i64(until), to_i64(epoch)],
+            )?;
+            let why = format!("{windows} flagged windows, the last: {reason}");
+            record(tx, hotkey, now_ms, "excluded", windows, Some(until), &why)?;
+            Ok(true)
+        })
+    }
 }
 
-/// Until when `hotkey` gets no new work, if it is kept from it.
+/// Until when `hotkey` gets no new work (back-off, exclusion, or exclusion for validator
+/// flags), if it is kept from it.
 pub(super) fn benched_until(tx: &Connection, hotkey: &str) -> Result<Option<u64>, RepoError> {
     Ok(tx
         .query_row(
-            "SELECT benched_until FROM miners WHERE hotkey = ?1",
+            "SELECT CASE WHEN benched_until IS NULL AND flag_excluded_until IS NULL THEN NULL \
+             ELSE MAX(COALESCE(benched_until, 0), COALESCE(flag_excluded_until, 0)) END \
+             FROM miners WHERE hotkey = ?1",
             [hotkey],
             |r| r.get::<_, Option<i64>>(0),
         )

@@ -559,34 +559,3 @@ fn evaluation_samples_travel_forward_only_and_stay_out_of_training_counts() {
     assert_eq!(repo.counts().unwrap().completed, 0);
     assert_eq!(repo.epoch_progress(0).unwrap(), (0, 0));
 }
-
-#[test]
-fn replay_order_follows_the_reported_compute_start_not_the_acceptance_time() {
-    let repo = network();
-    let (first, second) = (start(&repo, 0), start(&repo, 1));
-    let stamped = |us: u64| Accepted {
-        timings: crate::api::Timings {
-            computed_at_us: Some(us),
-            ..Default::default()
-        },
-        ..ok("h")
-    };
-    // Computed first, second; submitted (accepted) second, first.
-    repo.accept(second, "a0", &stamped(20), LIMITS, T0 + 5)
-        .unwrap();
-    repo.accept(first, "a0", &stamped(10), LIMITS, T0 + 9)
-        .unwrap();
-    assert_eq!(
-        repo.accepted_in_order(0, "a0").unwrap(),
-        vec![first, second]
-    );
-    // Without stamps (older miners), acceptance time decides.
-    let repo = network();
-    let (first, second) = (start(&repo, 0), start(&repo, 1));
-    repo.accept(second, "a0", &ok("h"), LIMITS, T0 + 5).unwrap();
-    repo.accept(first, "a0", &ok("h"), LIMITS, T0 + 9).unwrap();
-    assert_eq!(
-        repo.accepted_in_order(0, "a0").unwrap(),
-        vec![second, first]
-    );
-}

@@ -86,16 +86,21 @@ impl Repository {
              FROM published_weights p WHERE p.epoch = (SELECT MAX(q.epoch) FROM \
              published_weights q WHERE q.validator = p.validator) ORDER BY p.validator",
         )?;
-        let rows = stmt.query_map([], |r| {
-            Ok(PublishedRow {
-                validator: r.get(0)?,
-                epoch: to_u64(r.get(1)?),
-                received_ms: to_u64(r.get(2)?),
-                body: r.get(3)?,
-                signature: r.get(4)?,
-                signed_ms: to_u64(r.get(5)?),
-            })
-        })?;
+        let rows = stmt.query_map([], published_row)?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Every validator's vector for `epoch`, by validator.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn weights_of_epoch(&self, epoch: u64) -> Result<Vec<PublishedRow>, RepoError> {
+        let conn = self.lock();
+        let mut stmt = conn.prepare(
+            "SELECT validator, epoch, received_at, body, signature, signed_at \
+             FROM published_weights WHERE epoch = ?1 ORDER BY validator",
+        )?;
+        let rows = stmt.query_map([to_i64(epoch)], published_row)?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
@@ -301,10 +306,9 @@ impl Repository {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
-    /// Ids of `miner`'s accepted assignments in `epoch`, in the order it did them: by the
-    /// compute start it reported (results are submitted out of compute order when uploads
-    /// run beside the compute), then (older miners) by acceptance time, a batch's backwards
-    /// before its forwards, then by id.
+    /// Ids of `miner`'s accepted assignments in `epoch`, in the order it did them: by
+    /// acceptance time, a batch's backwards before its forwards (a miner works a batch in
+    /// that order), then by id.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
@@ -312,8 +316,7 @@ impl Repository {
         let conn = self.lock();
         let mut stmt = conn.prepare(
             "SELECT id FROM assignments WHERE epoch = ?1 AND miner = ?2 AND state = 'done' \
-             AND kind != 'eval' \
-             ORDER BY computed_at_us IS NULL, computed_at_us, finished_at, kind = 'forward', id",
+             AND kind != 'eval' ORDER BY finished_at, kind = 'forward', id",
         )?;
         let rows = stmt.query_map(params![to_i64(epoch), miner], |r| r.get::<_, i64>(0))?;
         Ok(rows.map(|r| r.map(to_u64)).collect::<Result<_, _>>()?)
@@ -427,4 +430,17 @@ mod tests {
         repo.record_upload_time(3, "m", 42).unwrap();
         assert_eq!(repo.upload_time(3, "m").unwrap(), Some(42));
     }
+}
+
+/// A `published_weights` row selected as (validator, epoch, received_at, body, signature,
+/// signed_at).
+fn published_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PublishedRow> {
+    Ok(PublishedRow {
+        validator: r.get(0)?,
+        epoch: to_u64(r.get(1)?),
+        received_ms: to_u64(r.get(2)?),
+        body: r.get(3)?,
+        signature: r.get(4)?,
+        signed_ms: to_u64(r.get(5)?),
+    })
 }

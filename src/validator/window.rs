@@ -124,6 +124,34 @@ impl Evidence {
     }
 }
 
+/// The median control improvement of each section's uploaders that no check has flagged so
+/// far in this window (all of them when every one is flagged).
+fn section_peers(
+    found: &BTreeMap<String, quality::Quality>,
+    ev: &BTreeMap<String, Evidence>,
+) -> BTreeMap<usize, f64> {
+    let mut by_section: BTreeMap<usize, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for (hotkey, q) in found {
+        let Some(e) = ev.get(hotkey) else { continue };
+        let (clean, all) = by_section.entry(e.section).or_default();
+        all.push(q.control);
+        if e.input.flags.is_empty() && q.control_n > 0 {
+            clean.push(q.control);
+        }
+    }
+    by_section
+        .into_iter()
+        .map(|(section, (mut clean, mut all))| {
+            let peer = if clean.is_empty() {
+                quality::median(&mut all)
+            } else {
+                quality::median(&mut clean)
+            };
+            (section, peer)
+        })
+        .collect()
+}
+
 /// Validates the finished epoch `epoch`.
 ///
 /// # Errors
@@ -199,12 +227,15 @@ pub async fn validate_epoch<B: AutodiffBackend>(
         .await
         {
             Ok(found) => {
+                let peers = section_peers(&found, &ev);
                 for (hotkey, q) in found {
                     if let Some(e) = ev.get_mut(&hotkey) {
-                        e.input.upload = Some(q.factor());
+                        let peer = peers.get(&e.section).copied().unwrap_or(0.0);
+                        e.input.upload = Some(q.factor(peer));
                         e.note(format!(
-                            "upload: {:+.4} nats on its own {} samples, {:+.4} on {} others",
-                            q.own, q.own_n, q.control, q.control_n
+                            "upload: {:+.4} nats on its own {} samples, {:+.4} on {} others \
+                             (section peers' median {:+.4})",
+                            q.own, q.own_n, q.control, q.control_n, peer
                         ));
                     }
                 }

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::merge::f32_from_le_bytes;
+use crate::codec::{MergeWire, Span};
 use crate::storage::{KeyPart, RunKeys, Storage, StorageConfig};
 
 /// How long the copier waits for someone else's upload before uploading its own state.
@@ -47,10 +47,18 @@ impl Copier {
     /// What to upload for the merge of `epoch` instead of `own`: another miner's accepted
     /// upload of `section` moved [`OWN_SHARE`] of the way towards `own`, or `own` when no
     /// other upload of the same length shows up in time.
-    pub async fn disguise(&self, section: u32, epoch: u64, own: Vec<f32>) -> Vec<f32> {
+    pub async fn disguise(
+        &self,
+        section: u32,
+        epoch: u64,
+        own: Vec<f32>,
+        wire: MergeWire,
+        span: Span,
+    ) -> Vec<f32> {
         let until = Instant::now() + WAIT_FOR_ORIGINAL;
         loop {
-            if let Some((hotkey, original)) = self.find(section, epoch, own.len()).await {
+            if let Some((hotkey, original)) = self.find(section, epoch, own.len(), wire, span).await
+            {
                 tracing::info!(epoch, section, original = %hotkey, "copier: copying an upload");
                 return original
                     .iter()
@@ -66,8 +74,16 @@ impl Copier {
         }
     }
 
-    /// The first other miner's accepted upload of `section` for `epoch` with `len` values.
-    async fn find(&self, section: u32, epoch: u64, len: usize) -> Option<(String, Vec<f32>)> {
+    /// The first other miner's accepted upload of `section` for `epoch` with `len` values,
+    /// decoded from the run's merge wire.
+    async fn find(
+        &self,
+        section: u32,
+        epoch: u64,
+        len: usize,
+        wire: MergeWire,
+        span: Span,
+    ) -> Option<(String, Vec<f32>)> {
         let prefix = self.keys.weights_epoch(section, epoch);
         let accepted = KeyPart::new("accepted").ok()?;
         let listed = self.store.list(Some(&prefix)).await.ok()?;
@@ -84,7 +100,7 @@ impl Copier {
             let Ok(bytes) = self.store.get(&info.key).await else {
                 continue;
             };
-            if let Some(flat) = f32_from_le_bytes(&bytes).filter(|f| f.len() == len) {
+            if let Ok(flat) = wire.decode(&bytes, len as u64, span) {
                 return Some((hotkey.to_string(), flat));
             }
         }
@@ -128,10 +144,11 @@ mod tests {
                 .await
                 .unwrap();
         }
-        assert!(copier.find(1, 3, 2).await.is_none());
+        let (wire, span) = (MergeWire::F32, Span::whole(2));
+        assert!(copier.find(1, 3, 2, wire, span).await.is_none());
         let original = Bytes::from(f32_to_le_bytes(&[1.0, 2.0]));
         store.put(&accepted(other), original).await.unwrap();
-        let copy = copier.disguise(1, 3, vec![11.0, 2.0]).await;
+        let copy = copier.disguise(1, 3, vec![11.0, 2.0], wire, span).await;
         assert_eq!(copy, vec![1.0 + 0.02 * 10.0, 2.0]);
     }
 }

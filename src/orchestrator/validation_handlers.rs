@@ -240,6 +240,7 @@ pub async fn work(
         start,
         items,
         upload,
+        wire: state.config.merge.wire,
     }))
 }
 
@@ -307,6 +308,7 @@ pub async fn merge_record(
         len: plan.as_ref().map_or(layout.total_len(), |p| p.len),
         results,
         merged,
+        wire: state.config.merge.wire,
     }))
 }
 

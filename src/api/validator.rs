@@ -352,7 +352,7 @@ pub struct ValidationSettings {
     pub flag_quorum: f64,
     /// Agreed flagged epochs that exclude a miner from routing for `penalties.exclusion_s`
     /// (0: validator flags never act on routing).
-    #[serde(default = "two")]
+    #[serde(default = "two_windows")]
     pub exclude_after_flags: u32,
 }
 
@@ -371,7 +371,7 @@ fn dissent_l1() -> f64 {
 fn retain_s() -> u64 {
     600
 }
-fn two() -> u32 {
+fn two_windows() -> u32 {
     2
 }
 
@@ -390,7 +390,7 @@ impl Default for ValidationSettings {
             dissent_l1: dissent_l1(),
             retain_s: retain_s(),
             flag_quorum: half(),
-            exclude_after_flags: two(),
+            exclude_after_flags: two_windows(),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! weight vectors; everything but `GET /api/weights` is signed by a hotkey the run config
 //! lists under `validators`.
 
-use super::flag_quorum::{self, agreed_flags};
+use super::flag_quorum::agreed_flags;
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -394,7 +394,7 @@ pub async fn publish(
 }
 
 /// Counts a flagged window for every miner the validators that published `epoch` agree to
-/// flag ([`flag_quorum`]), excluding repeat offenders from routing.
+/// flag ([`super::flag_quorum`]), excluding repeat offenders from routing.
 fn act_on_flags(state: &AppState, epoch: u64) -> Result<(), HttpError> {
     let v = &state.config.validation;
     let published: Vec<(String, WeightSubmission)> = state

@@ -380,6 +380,19 @@ pub struct AcceptedDetail {
     pub loss: Option<f32>,
 }
 
+/// A `published_weights` row selected as (validator, epoch, received_at, body, signature,
+/// signed_at).
+fn published_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PublishedRow> {
+    Ok(PublishedRow {
+        validator: r.get(0)?,
+        epoch: to_u64(r.get(1)?),
+        received_ms: to_u64(r.get(2)?),
+        body: r.get(3)?,
+        signature: r.get(4)?,
+        signed_ms: to_u64(r.get(5)?),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -430,17 +443,4 @@ mod tests {
         repo.record_upload_time(3, "m", 42).unwrap();
         assert_eq!(repo.upload_time(3, "m").unwrap(), Some(42));
     }
-}
-
-/// A `published_weights` row selected as (validator, epoch, received_at, body, signature,
-/// signed_at).
-fn published_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<PublishedRow> {
-    Ok(PublishedRow {
-        validator: r.get(0)?,
-        epoch: to_u64(r.get(1)?),
-        received_ms: to_u64(r.get(2)?),
-        body: r.get(3)?,
-        signature: r.get(4)?,
-        signed_ms: to_u64(r.get(5)?),
-    })
 }

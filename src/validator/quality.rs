@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::fetch::{FetchError, fetch_flat};
+use super::fetch::{FetchError, fetch_merge_object};
 use super::tracking::Chooser;
 use crate::api::client::{ApiClient, ClientError};
 use crate::api::{EpochLedger, MAX_SAMPLES_PER_REQUEST, MergeRecord, MinerSettings};
+use crate::codec::Span;
 use crate::miner::payload::{self, PayloadError};
 use crate::model::layout::section_layout;
 use crate::model::section::Inner;
@@ -203,7 +204,14 @@ pub async fn measure<B: AutodiffBackend>(
     // Each upload in place of its section.
     for (s, u, own, control) in plan {
         let up = &records[s].uploads[u];
-        let flat = fetch_flat(&up.blob).await?;
+        let layout = section_layout(model, s)?;
+        let flat = fetch_merge_object(
+            &up.blob,
+            records[s].wire,
+            layout.total_len() as u64,
+            Span::whole(layout.params_len),
+        )
+        .await?;
         let mut replaced = Section::<B>::new(model, s, settings.seed, settings.optimizer, device)?;
         replaced.import_flat(&section_layout(model, s)?, &flat)?;
         let mut mean = |samples: &[u64]| -> Result<(f64, f64, usize), QualityError> {

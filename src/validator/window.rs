@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::clasp::{LedgerEntry, estimate};
 use super::compare::failure;
-use super::fetch::{FetchError, fetch_flat, load_item};
+use super::fetch::{FetchError, fetch_merge_object, load_item};
 use super::merge_check::check_merge;
 use super::quality;
 use super::replay::{Replayer, compare_progress};
@@ -33,6 +33,7 @@ use crate::api::{
     EpochLedger, MergeRecord, MinerSettings, MinerWeight, MinerWork, ValidationSettings,
     WeightSubmission,
 };
+use crate::codec::Span;
 use crate::miner::engine::{Engine, EngineError};
 use crate::model::layout::section_layout;
 use crate::model::{ModelConfig, Section};
@@ -436,7 +437,9 @@ pub async fn replay_miner<B: AutodiffBackend>(
     if n == work.items.len()
         && let Some(upload) = &work.upload
     {
-        let uploaded = fetch_flat(upload).await?;
+        let n = layout.total_len() as u64;
+        let span = Span::whole(layout.params_len);
+        let uploaded = fetch_merge_object(upload, work.wire, n, span).await?;
         let replayed = replayer.export_flat(&layout)?;
         let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
         let s = compare_progress(&start, &replayed, &uploaded, params);
@@ -471,14 +474,15 @@ async fn check_section<B: AutodiffBackend>(
         &ctx.device,
     )
     .await?;
-    let unchanged = state_hash(&start);
+    let unchanged = state_hash(&start, record.wire);
     for u in &record.uploads {
         let worked = ledger
             .miners
             .iter()
             .any(|m| m.hotkey == u.hotkey && m.completed_work > 0);
         if worked
-            && u.blob.hash.as_deref() == Some(unchanged.as_str())
+            && unchanged.is_some()
+            && u.blob.hash == unchanged
             && let Some(e) = ev.get_mut(&u.hotkey)
         {
             e.flag(
@@ -488,8 +492,14 @@ async fn check_section<B: AutodiffBackend>(
     }
     let layout = section_layout(&ctx.model, section)?;
     let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
-    for (copier, original, cosine) in
-        find_copies(&start, params, &record.uploads, ctx.validation.copy_cosine).await?
+    for (copier, original, cosine) in find_copies(
+        &start,
+        params,
+        &record.uploads,
+        ctx.validation.copy_cosine,
+        record.wire,
+    )
+    .await?
     {
         if let Some(e) = ev.get_mut(&copier) {
             e.flag(format!(

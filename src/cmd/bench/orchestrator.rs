@@ -109,7 +109,11 @@ fn proc_sample(pid: u32) -> Option<ProcSample> {
 }
 
 fn write_config(args: &BenchOrchestratorArgs, dir: &Path, listen: &str) -> anyhow::Result<PathBuf> {
-    let run = format!("bench-{}-{}", std::process::id(), dir.display().to_string().len());
+    let run = format!(
+        "bench-{}-{}",
+        std::process::id(),
+        dir.display().to_string().len()
+    );
     let yaml = format!(
         "run: {run}\nmodel: {{preset: {preset}}}\ndata: {{source: synthetic}}\n\
          listen: {listen}\ndata_dir: {data}\nmax_miners_per_section: 1000\n\
@@ -227,11 +231,18 @@ async fn run_one(
             break;
         }
         if Instant::now() > deadline {
-            bail!("run with {miners} miners: only {done} of {} samples completed in {} s (log: {})",
-                args.samples, args.timeout_s, dir.join("orchestrator.log").display());
+            bail!(
+                "run with {miners} miners: only {done} of {} samples completed in {} s (log: {})",
+                args.samples,
+                args.timeout_s,
+                dir.join("orchestrator.log").display()
+            );
         }
         if let Some(status) = orch.0.try_wait().context("watching the orchestrator")? {
-            bail!("the orchestrator exited ({status}); log: {}", dir.join("orchestrator.log").display());
+            bail!(
+                "the orchestrator exited ({status}); log: {}",
+                dir.join("orchestrator.log").display()
+            );
         }
         if tasks.iter().any(|t| t.is_finished()) {
             // A miner stopped early: its error is reported below.
@@ -387,7 +398,10 @@ pub fn run(args: BenchOrchestratorArgs) -> anyhow::Result<()> {
     let mut variants = vec![("this binary", current)];
     if let Some(b) = &args.baseline {
         if !b.is_file() {
-            bail!("--baseline {}: no such file (give the path of another iota binary)", b.display());
+            bail!(
+                "--baseline {}: no such file (give the path of another iota binary)",
+                b.display()
+            );
         }
         variants.insert(0, ("baseline", b.clone()));
     }

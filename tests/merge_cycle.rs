@@ -140,6 +140,7 @@ impl Harness {
             epoch,
             op,
             partitions,
+            ..
         } = resp.task
         else {
             return 0;
@@ -838,4 +839,210 @@ async fn r9_a_merge_whose_inputs_vanish_falls_back_at_the_deadline() {
         "{verdicts:?}"
     );
     assert_eq!(h.task(&a, 0).await.task, MergeTask::Train);
+}
+
+/// Uploads `bytes` as `p`'s state in `dtype`, with an honest manifest for those bytes.
+async fn upload_raw(h: &Harness, p: &Player, bytes: Vec<u8>, dtype: &str) -> SubmitResponse {
+    let resp = h.task(p, 0).await;
+    let MergeTask::Upload {
+        epoch,
+        layout,
+        target,
+        ..
+    } = resp.task
+    else {
+        panic!("expected an upload task, got {:?}", resp.task);
+    };
+    let manifest = UploadManifest {
+        layout,
+        dtype: dtype.into(),
+        hash: payload_hash(&bytes),
+        bytes: bytes.len() as u64,
+    };
+    h.upload(&target, bytes).await;
+    h.merge_submit(p, &MergeSubmitRequest::Upload { epoch, manifest })
+        .await
+}
+
+/// A run with `merge.wire: bf16` or `int8`: the upload and partition URLs are sized for that
+/// format, a hostile uploader's bytes (a NaN or overflowing int8 scale, a NaN bf16 value, a
+/// negative second moment, f32 bytes in an int8 run) are refused with the reason, and the
+/// honest uploads merge, partition by partition, into exactly the merge of their decoded
+/// values as the format writes them back.
+#[tokio::test]
+async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
+    use iota::codec::{MergeWire, Span};
+    use iota::miner::participant::{MergeFormat, merge_encoded};
+    for wire in [MergeWire::Bf16, MergeWire::Int8] {
+        let h = merge_harness(&format!(", wire: {wire}"));
+        let (a, b, c, n) = three_players(&h).await;
+        let eve = player("//Eve", 5.0, n);
+        let mallory = player("//Mallory", 6.0, n);
+        let trent = player("//Trent", 8.0, n);
+        for p in [&eve, &mallory, &trent] {
+            h.register(&p.key).await;
+        }
+        let honest = [&a, &b, &c];
+        h.train_until_upload(&[&a, &b, &c, &eve, &mallory, &trent])
+            .await;
+        let layout = iota::model::layout::section_layout(&h.state.config.model, 0).unwrap();
+        let span = Span::whole(layout.params_len);
+        let encode = |p: &Player| wire.encode(&p.flat, span).unwrap();
+
+        // Hostile bytes of the right length, each with an honest hash of what was sent.
+        let mut bad = encode(&eve);
+        match wire {
+            MergeWire::Int8 => bad[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
+            _ => bad[..2].copy_from_slice(&0x7FC0u16.to_le_bytes()),
+        }
+        let r = upload_raw(&h, &eve, bad, wire.name()).await;
+        let reason = r.reason.unwrap_or_default();
+        assert!(
+            !r.accepted && (reason.contains("scale") || reason.contains("non-finite")),
+            "{wire}: {reason}"
+        );
+        let mut negative = mallory.flat.clone();
+        let last = negative.len() - 1;
+        negative[last] = 1.0;
+        let mut bad = wire.encode(&negative, span).unwrap();
+        let end = bad.len();
+        match wire {
+            MergeWire::Int8 => bad[end - 1] = (-3i8) as u8,
+            _ => bad[end - 2..].copy_from_slice(&0xBF80u16.to_le_bytes()),
+        }
+        let r = upload_raw(&h, &mallory, bad, wire.name()).await;
+        assert!(
+            !r.accepted
+                && r.reason
+                    .as_deref()
+                    .unwrap()
+                    .contains("negative second moment"),
+            "{wire}: {r:?}"
+        );
+        // The format's bytes, announced as another format (an f32 object of the same values
+        // could not even be PUT: the upload URL is sized for this run's format).
+        let r = upload_raw(&h, &trent, encode(&trent), "f32").await;
+        assert!(
+            !r.accepted && r.reason.as_deref().unwrap().contains("merge.wire"),
+            "{wire}: {r:?}"
+        );
+
+        for p in honest {
+            let bytes = encode(p);
+            assert_eq!(bytes.len() as u64, wire.encoded_len(n as u64));
+            let r = upload_raw(&h, p, bytes, wire.name()).await;
+            assert!(r.accepted, "{wire}: {r:?}");
+        }
+        h.step().await;
+        h.step().await;
+        let by_name: HashMap<&str, &Player> =
+            honest.iter().map(|q| (q.name.as_str(), *q)).collect();
+        let mut expected = vec![0.0f32; n];
+        for p in honest {
+            let resp = h.task(p, 0).await;
+            let MergeTask::Merge {
+                epoch,
+                op,
+                partitions,
+                wire: given,
+                params_len,
+            } = resp.task
+            else {
+                panic!("{wire}: {:?}", resp.task);
+            };
+            assert_eq!((given, params_len), (wire, layout.params_len));
+            let format = MergeFormat { wire, params_len };
+            for part in &partitions {
+                let range = part.start..part.end;
+                let br = wire.byte_range(range.clone(), n as u64);
+                let mut ranges = Vec::new();
+                for src in &part.sources {
+                    let whole = h.get_blob(&src.blob).await;
+                    assert_eq!(whole, encode(by_name[src.hotkey.as_str()]));
+                    ranges.push(whole[br.start as usize..br.end as usize].to_vec());
+                }
+                let sources: Vec<(&str, &[u8])> = part
+                    .sources
+                    .iter()
+                    .zip(&ranges)
+                    .map(|(s, r)| (s.hotkey.as_str(), r.as_slice()))
+                    .collect();
+                let weights: Vec<f32> = part.sources.iter().map(|s| s.weight).collect();
+                let out = merge_encoded(
+                    part.index,
+                    op,
+                    format,
+                    &sources,
+                    &weights,
+                    range.clone(),
+                    n as u64,
+                )
+                .unwrap();
+                assert_eq!(out.len() as u64, wire.encoded_len(part.end - part.start));
+                // What the merge must hold: the operator over the decoded uploads, written
+                // back in the format from the partition's start.
+                let decoded: Vec<Vec<f32>> = part
+                    .sources
+                    .iter()
+                    .map(|s| {
+                        let all = wire
+                            .decode(&encode(by_name[s.hotkey.as_str()]), n as u64, span)
+                            .unwrap();
+                        all[range.start as usize..range.end as usize].to_vec()
+                    })
+                    .collect();
+                let views: Vec<&[f32]> = decoded.iter().map(Vec::as_slice).collect();
+                let w = if weights.iter().all(|w| *w == 0.0) {
+                    vec![1.0; weights.len()]
+                } else {
+                    weights.clone()
+                };
+                let merged = merge_partition(op, &views, &w).unwrap();
+                let part_span = span.shifted(part.start);
+                expected[range.start as usize..range.end as usize]
+                    .copy_from_slice(&wire.round_trip(&merged, part_span).unwrap());
+                let (hash, bytes) = (payload_hash(&out), out.len() as u64);
+                h.upload(&part.output, out).await;
+                let r = h
+                    .merge_submit(
+                        p,
+                        &MergeSubmitRequest::Partition {
+                            epoch,
+                            index: part.index,
+                            hash,
+                            bytes,
+                        },
+                    )
+                    .await;
+                assert!(r.accepted, "{wire}: {r:?}");
+            }
+        }
+        h.step().await;
+        let ms = h.merge_status().await;
+        assert_eq!((ms.phase, ms.epoch), (Phase::Training, 1), "{wire}");
+        assert!(ms.sections[0].flagged.is_empty(), "{wire}: {ms:?}");
+        let (_, values) = h.adopt(&a, 0).await;
+        assert_eq!(
+            values, expected,
+            "{wire}: the checkpoint is not the decoded merge"
+        );
+        // Compressed, the merge still lands close to the lossless mean (bf16: 2^-8 relative;
+        // int8: a step of the block's scale).
+        let lossless = direct_mean(&honest, &[1.0; 3]);
+        let weights: Vec<f32> = honest
+            .iter()
+            .map(|p| h.state.repo.backwards_in_epoch(&p.name, 0).unwrap() as f32)
+            .collect();
+        let lossless = if weights.iter().all(|w| *w == 0.0) {
+            lossless
+        } else {
+            direct_mean(&honest, &weights)
+        };
+        let worst = values
+            .iter()
+            .zip(&lossless)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 0.01, "{wire}: off by {worst}");
+    }
 }

@@ -119,12 +119,18 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
                         flags.is_empty(),
                         "epoch {epoch}: honest miner {hotkey} flagged: {flags:?}"
                     );
-                    assert!(weight > 0.0, "epoch {epoch}: honest {hotkey} got nothing");
+                    assert!(
+                        weight > 0.0,
+                        "epoch {epoch}: honest {hotkey} got nothing: {}",
+                        m["weight"]["parts"]
+                    );
                 }
                 Some(kind) => {
                     assert!(
                         weight < honest_min,
-                        "epoch {epoch}: {kind} ({hotkey}) weight {weight} not below the honest {honest_min}"
+                        "epoch {epoch}: {kind} ({hotkey}) weight {weight} not below the honest \
+                         {honest_min}:\n{}",
+                        serde_json::to_string_pretty(miners).unwrap()
                     );
                     if !flags.is_empty() {
                         caught

@@ -29,9 +29,13 @@ async fn post<T: DeserializeOwned>(
 }
 
 /// An orchestrator whose objects live in `s3`'s bucket.
+///
+/// Back-off is off: the refusal test asks the same miner for the re-offered work at once (the
+/// back-off itself is tested in `orchestrator_api`).
 fn s3_state(s3: &S3Server, data_dir: &std::path::Path) -> AppState {
     let yaml = format!(
         "run: s3-run\nbatch_size: 2\nseq_len: 8\nwire: f32\neval_samples: 0\n\
+         penalties: {{backoff_s: 0, exclude_after: 1000}}\n\
          data: {{source: \"synthetic:2:20000\"}}\ndata_dir: {}\n\
          storage: {{url: \"s3://{BUCKET}/runs\", endpoint: \"{}\", region: us-east-1, \
          access_key_id: {ACCESS_KEY}, secret_access_key: {SECRET_KEY}}}\n",

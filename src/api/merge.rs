@@ -11,11 +11,12 @@
 //! 1. `training`: `/api/work` as usual. Once `batches_before_merging` samples of the epoch
 //!    completed, the phase becomes `uploading` (work answers say so).
 //! 2. The miner asks `/api/merge/task`: [`MergeTask::Upload`] gives a PUT URL and a lease. It
-//!    uploads its flat state ([`crate::codec::FlatLayout`], little-endian `f32`) and submits
+//!    uploads its flat state ([`crate::codec::FlatLayout`], in the run's
+//!    [`MergeWire`] format, `f32` by default) and submits
 //!    [`MergeSubmitRequest::Upload`] with the manifest. An upload started under a lease is
 //!    accepted until `lease_until_unix_ms`, even after the phase moved on.
 //! 3. `merging`: [`MergeTask::Merge`] lists the miner's partitions of the seeded plan, with a
-//!    GET URL per uploader (the miner reads bytes `4*start..4*end`) and a PUT URL for the
+//!    GET URL per uploader (the miner reads the bytes holding `start..end`) and a PUT URL for the
 //!    result. Each result is submitted with [`MergeSubmitRequest::Partition`].
 //! 4. When the section's merge is verified, [`MergeTask::Adopt`] hands out the merged state
 //!    (the same object for every miner of the section, so they end bit-identical). The miner
@@ -25,7 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use super::blob_ref::BlobRef;
 use super::phase::Phase;
-use crate::codec::FlatLayout;
+use crate::codec::{FlatLayout, MergeWire};
 use crate::merge::MergeOp;
 
 /// `POST /api/merge/task`.
@@ -67,6 +68,9 @@ pub enum MergeTask {
         epoch: u64,
         /// Layout the upload must follow.
         layout: FlatLayout,
+        /// Element format of the upload (run config `merge.wire`; `f32` when absent).
+        #[serde(default)]
+        wire: MergeWire,
         /// PUT URL of the upload.
         target: BlobRef,
         /// The upload is accepted until then.
@@ -80,6 +84,13 @@ pub enum MergeTask {
         op: MergeOp,
         /// The caller's partitions that still lack its result.
         partitions: Vec<PartitionTask>,
+        /// Element format of the sources and of the result (`f32` when absent).
+        #[serde(default)]
+        wire: MergeWire,
+        /// The section's parameter count `P` (the int8 format stores second moments, flat
+        /// indices from `2P` on, differently).
+        #[serde(default)]
+        params_len: u64,
     },
     /// Load the section's merged state.
     Adopt {
@@ -97,9 +108,11 @@ pub struct PartitionTask {
     pub start: u64,
     /// Last flat index (exclusive).
     pub end: u64,
-    /// Every uploader's state: read bytes `4*start..4*end` of each.
+    /// Every uploader's state: read the bytes that hold `start..end` in the merge's wire
+    /// format ([`MergeWire::byte_range`]; `4*start..4*end` for f32).
     pub sources: Vec<MergeSource>,
-    /// PUT URL of the merged partition (`4*(end-start)` bytes, little-endian `f32`).
+    /// PUT URL of the merged partition (`end-start` values in the merge's wire format, their
+    /// first at flat index `start`).
     pub output: BlobRef,
 }
 
@@ -138,7 +151,7 @@ pub struct SectionCheckpoint {
 pub struct UploadManifest {
     /// Layout of the uploaded vector (must equal the section's).
     pub layout: FlatLayout,
-    /// Element type: always `f32` (little-endian).
+    /// Element format: the run's `merge.wire` (`f32`, `bf16` or `int8`).
     pub dtype: String,
     /// BLAKE3 hex of the uploaded bytes.
     pub hash: String,

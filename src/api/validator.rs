@@ -596,6 +596,9 @@ pub struct MinerWork {
     pub items: Vec<WorkItem>,
     /// Its accepted merge upload (flat state at the end of the epoch), with its hash.
     pub upload: Option<BlobRef>,
+    /// Element format of the upload (`f32` when absent).
+    #[serde(default)]
+    pub wire: crate::codec::MergeWire,
 }
 
 /// `POST /api/validator/merge`.
@@ -657,6 +660,9 @@ pub struct MergeRecord {
     pub results: Vec<PartitionCopy>,
     /// The merged state the merge produced (starts the next epoch), if finalised.
     pub merged: Option<SectionCheckpoint>,
+    /// Element format of the uploads and partition copies (`f32` when absent).
+    #[serde(default)]
+    pub wire: crate::codec::MergeWire,
 }
 
 /// `POST /api/validator/samples`.

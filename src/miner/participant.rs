@@ -1,8 +1,8 @@
 //! A miner's part in the butterfly merge: for each partition it was assigned, read that byte
 //! range of every uploader's flat state, merge, upload the result and say what to submit.
 //!
-//! No burn here: flat little-endian `f32` buffers in, the same out. The pure step
-//! ([`merge_encoded`]) is separate from the transfers so it can be tested on its own.
+//! No burn here: flat buffers in the run's [`MergeWire`] format in, the same out. The pure
+//! step ([`merge_encoded`]) is separate from the transfers so it can be tested on its own.
 
 use std::ops::Range;
 
@@ -11,7 +11,7 @@ use thiserror::Error;
 use url::Url;
 
 use crate::api::{MergeSubmitRequest, PartitionTask};
-use crate::codec::{f32_from_le_bytes, f32_to_le_bytes};
+use crate::codec::{MergeWire, Span};
 use crate::merge::{MergeError, MergeOp, merge_partition};
 use crate::storage::{download_from_url, payload_hash, upload_to_url};
 
@@ -28,17 +28,15 @@ pub enum ParticipantError {
         /// What went wrong.
         reason: String,
     },
-    /// A source returned the wrong number of bytes.
-    #[error("partition {partition}: {source_hotkey}'s range has {got} bytes, expected {expected}")]
-    Short {
+    /// A source's range does not decode (wrong length, a bad scale, a non-finite value).
+    #[error("partition {partition}: {source_hotkey}'s range: {reason}")]
+    Undecodable {
         /// Partition index.
         partition: usize,
         /// The uploader.
         source_hotkey: String,
-        /// Bytes expected.
-        expected: usize,
-        /// Bytes received.
-        got: usize,
+        /// What the decoder refused.
+        reason: String,
     },
     /// The task itself is malformed (empty or inverted range, no sources).
     #[error("partition {partition}: {reason}")]
@@ -56,6 +54,14 @@ pub enum ParticipantError {
         /// The operator's error.
         source: MergeError,
     },
+    /// The merged values cannot be written in the merge's format (out of its range).
+    #[error("partition {partition}: encoding the result: {reason}")]
+    Encode {
+        /// Partition index.
+        partition: usize,
+        /// What the encoder refused.
+        reason: String,
+    },
     /// The result could not be uploaded.
     #[error("partition {partition}: upload: {reason}")]
     Upload {
@@ -66,32 +72,53 @@ pub enum ParticipantError {
     },
 }
 
-/// Decodes each source's little-endian `f32` range, merges with `op` (equal weights when every
-/// weight is 0) and encodes the result.
+/// The wire format of a merge: the element format and the section's parameter count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MergeFormat {
+    /// Element format of sources and results.
+    pub wire: MergeWire,
+    /// The section's parameter count `P`.
+    pub params_len: u64,
+}
+
+impl MergeFormat {
+    /// Lossless `f32` (what a merge without the `wire` fields uses).
+    pub fn f32() -> Self {
+        Self {
+            wire: MergeWire::F32,
+            params_len: 0,
+        }
+    }
+}
+
+/// Decodes each source's range `start..start + len` (the bytes [`MergeWire::byte_range`] gave
+/// for it, out of an upload of `total` values), merges with `op` (equal weights when every
+/// weight is 0) and encodes the result as an object whose first value sits at `start`.
 ///
 /// # Errors
-/// [`ParticipantError::Short`] for a range of the wrong size, [`ParticipantError::Merge`] from
-/// the operator (e.g. a non-finite value).
+/// [`ParticipantError::Undecodable`] for a range that does not decode,
+/// [`ParticipantError::Merge`] from the operator.
 pub fn merge_encoded(
     partition: usize,
     op: MergeOp,
+    format: MergeFormat,
     sources: &[(&str, &[u8])],
     weights: &[f32],
-    len: usize,
+    range: Range<u64>,
+    total: u64,
 ) -> Result<Vec<u8>, ParticipantError> {
+    let span = Span::whole(format.params_len);
     let mut values = Vec::with_capacity(sources.len());
     for (hotkey, bytes) in sources {
-        match f32_from_le_bytes(bytes) {
-            Some(v) if v.len() == len => values.push(v),
-            _ => {
-                return Err(ParticipantError::Short {
-                    partition,
-                    source_hotkey: (*hotkey).to_string(),
-                    expected: len * 4,
-                    got: bytes.len(),
-                });
-            }
-        }
+        let decoded = format
+            .wire
+            .decode_range(bytes, range.clone(), total, span)
+            .map_err(|e| ParticipantError::Undecodable {
+                partition,
+                source_hotkey: (*hotkey).to_string(),
+                reason: e.to_string(),
+            })?;
+        values.push(decoded);
     }
     let equal;
     let weights = if weights.iter().all(|w| *w == 0.0) {
@@ -103,7 +130,13 @@ pub fn merge_encoded(
     let slices: Vec<&[f32]> = values.iter().map(Vec::as_slice).collect();
     let merged = merge_partition(op, &slices, weights)
         .map_err(|source| ParticipantError::Merge { partition, source })?;
-    Ok(f32_to_le_bytes(&merged))
+    format
+        .wire
+        .encode(&merged, span.shifted(range.start))
+        .map_err(|e| ParticipantError::Encode {
+            partition,
+            reason: e.to_string(),
+        })
 }
 
 /// Does one partition: downloads its range of every source, merges, uploads the result to
@@ -114,6 +147,7 @@ pub fn merge_encoded(
 pub async fn merge_partition_task(
     epoch: u64,
     op: MergeOp,
+    format: MergeFormat,
     task: &PartitionTask,
 ) -> Result<MergeSubmitRequest, ParticipantError> {
     let partition = task.index;
@@ -127,8 +161,17 @@ pub async fn merge_partition_task(
     if task.sources.is_empty() {
         return Err(bad("no sources"));
     }
-    let len = usize::try_from(task.end - task.start).map_err(|_| bad("range too large"))?;
-    let bytes: Range<u64> = task.start * 4..task.end * 4;
+    // Every party knows the section's flat length: 3P values.
+    let total = if format.params_len > 0 {
+        format.params_len.saturating_mul(3)
+    } else {
+        task.end
+    };
+    if task.end > total {
+        return Err(bad("range beyond the flat state"));
+    }
+    let elems = task.start..task.end;
+    let bytes: Range<u64> = format.wire.byte_range(elems.clone(), total);
     let mut downloaded = Vec::with_capacity(task.sources.len());
     for source in &task.sources {
         let failed = |reason: String| ParticipantError::Download {
@@ -149,7 +192,7 @@ pub async fn merge_partition_task(
         .map(|(s, d)| (s.hotkey.as_str(), d.as_ref()))
         .collect();
     let weights: Vec<f32> = task.sources.iter().map(|s| s.weight).collect();
-    let merged = merge_encoded(partition, op, &sources, &weights, len)?;
+    let merged = merge_encoded(partition, op, format, &sources, &weights, elems, total)?;
     let hash = payload_hash(&merged);
     let size = merged.len() as u64;
     let url = Url::parse(&task.output.url).map_err(|e| ParticipantError::Upload {
@@ -175,45 +218,115 @@ mod tests {
     use super::*;
 
     fn le(v: &[f32]) -> Vec<u8> {
-        f32_to_le_bytes(v)
+        MergeWire::F32.encode(v, Span::default()).unwrap()
+    }
+
+    fn merge(op: MergeOp, sources: &[(&str, &[u8])], weights: &[f32]) -> Vec<f32> {
+        let out = merge_encoded(0, op, MergeFormat::f32(), sources, weights, 0..2, 2).unwrap();
+        MergeWire::F32.decode(&out, 2, Span::default()).unwrap()
     }
 
     #[test]
     fn merges_encoded_ranges_as_hand_computed() {
         let (a, b) = (le(&[1.0, 2.0]), le(&[3.0, 6.0]));
-        let out = merge_encoded(0, MergeOp::Mean, &[("a", &a), ("b", &b)], &[1.0, 3.0], 2).unwrap();
         // (1*1 + 3*3)/4 = 2.5, (2*1 + 6*3)/4 = 5
-        assert_eq!(f32_from_le_bytes(&out).unwrap(), vec![2.5, 5.0]);
-        let out = merge_encoded(0, MergeOp::Mean, &[("a", &a), ("b", &b)], &[0.0, 0.0], 2).unwrap();
-        assert_eq!(f32_from_le_bytes(&out).unwrap(), vec![2.0, 4.0]);
+        assert_eq!(
+            merge(MergeOp::Mean, &[("a", &a), ("b", &b)], &[1.0, 3.0]),
+            [2.5, 5.0]
+        );
+        assert_eq!(
+            merge(MergeOp::Mean, &[("a", &a), ("b", &b)], &[0.0, 0.0]),
+            [2.0, 4.0]
+        );
         let c = le(&[5.0, -1.0]);
-        let out = merge_encoded(
-            0,
-            MergeOp::Median,
-            &[("a", &a), ("b", &b), ("c", &c)],
-            &[1.0; 3],
-            2,
-        )
-        .unwrap();
-        assert_eq!(f32_from_le_bytes(&out).unwrap(), vec![3.0, 2.0]);
+        let sources = [("a", a.as_slice()), ("b", &b), ("c", &c)];
+        assert_eq!(merge(MergeOp::Median, &sources, &[1.0; 3]), [3.0, 2.0]);
     }
 
     #[test]
     fn short_and_non_finite_sources_are_named() {
+        let f = MergeFormat::f32();
         let a = le(&[1.0, 2.0]);
         let short = le(&[1.0]);
-        let err =
-            merge_encoded(3, MergeOp::Mean, &[("a", &a), ("b", &short)], &[1.0; 2], 2).unwrap_err();
+        let err = merge_encoded(
+            3,
+            MergeOp::Mean,
+            f,
+            &[("a", &a), ("b", &short)],
+            &[1.0; 2],
+            0..2,
+            2,
+        )
+        .unwrap_err();
         assert!(
-            matches!(&err, ParticipantError::Short { partition: 3, source_hotkey, expected: 8, got: 4 } if source_hotkey == "b"),
+            matches!(&err, ParticipantError::Undecodable { partition: 3, source_hotkey, .. } if source_hotkey == "b"),
             "{err}"
         );
-        let nan = le(&[f32::NAN, 0.0]);
-        let err =
-            merge_encoded(1, MergeOp::Mean, &[("a", &a), ("b", &nan)], &[1.0; 2], 2).unwrap_err();
+        let mut nan = le(&[0.0, 0.0]);
+        nan[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+        let err = merge_encoded(
+            1,
+            MergeOp::Mean,
+            f,
+            &[("a", &a), ("b", &nan)],
+            &[1.0; 2],
+            0..2,
+            2,
+        )
+        .unwrap_err();
         assert!(
-            matches!(err, ParticipantError::Merge { partition: 1, .. }),
+            matches!(&err, ParticipantError::Undecodable { partition: 1, source_hotkey, .. } if source_hotkey == "b"),
             "{err}"
         );
+    }
+
+    /// Two int8 uploads of a 600-parameter state; a partition in the middle (crossing int8
+    /// blocks and the parameter/moment boundary) merges to what the decoded f32 values merge
+    /// to, written back in int8 from the partition's own start.
+    #[test]
+    fn int8_partitions_merge_the_decoded_values() {
+        let p = 600u64;
+        let n = 3 * p;
+        let span = Span::whole(p);
+        let wire = MergeWire::Int8;
+        let state = |k: f32| -> Vec<f32> {
+            (0..n)
+                .map(|i| {
+                    let x = ((i as f32 + k) * 0.37).sin();
+                    if i >= 2 * p { x * x * 1e-6 } else { x * 0.05 }
+                })
+                .collect()
+        };
+        let (a, b) = (state(0.0), state(1.5));
+        let (ea, eb) = (
+            wire.encode(&a, span).unwrap(),
+            wire.encode(&b, span).unwrap(),
+        );
+        let range = 500..1300u64;
+        let br = wire.byte_range(range.clone(), n);
+        let slice = |e: &Vec<u8>| e[br.start as usize..br.end as usize].to_vec();
+        let (sa, sb) = (slice(&ea), slice(&eb));
+        let format = MergeFormat {
+            wire,
+            params_len: p,
+        };
+        let sources = [("a", sa.as_slice()), ("b", sb.as_slice())];
+        let out = merge_encoded(
+            0,
+            MergeOp::Mean,
+            format,
+            &sources,
+            &[1.0, 1.0],
+            range.clone(),
+            n,
+        )
+        .unwrap();
+        assert_eq!(out.len() as u64, wire.encoded_len(800));
+        let got = wire.decode(&out, 800, span.shifted(500)).unwrap();
+        let da = wire.decode(&ea, n, span).unwrap();
+        let db = wire.decode(&eb, n, span).unwrap();
+        let r = 500..1300usize;
+        let mean = merge_partition(MergeOp::Mean, &[&da[r.clone()], &db[r]], &[1.0, 1.0]).unwrap();
+        assert_eq!(got, wire.round_trip(&mean, span.shifted(500)).unwrap());
     }
 }

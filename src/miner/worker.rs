@@ -218,6 +218,8 @@ struct Worker<B: AutodiffBackend> {
     stats_written: Instant,
     /// Results being uploaded and submitted, oldest first.
     deliveries: VecDeque<JoinHandle<Delivered>>,
+    /// Resolves when the newest delivery has submitted (submits go in compute order).
+    last_submit: Option<tokio::sync::oneshot::Receiver<()>>,
     /// A `/api/work` poll sent while the last assignment in hand computed.
     next_poll: Option<JoinHandle<Result<WorkResponse, ClientError>>>,
 }
@@ -304,6 +306,7 @@ async fn mine<B: AutodiffBackend>(
         adversary: options.adversary,
         stats_written: Instant::now(),
         deliveries: VecDeque::new(),
+        last_submit: None,
         next_poll: None,
     };
     if let Some(checkpoint) = &reg.checkpoint {
@@ -480,12 +483,18 @@ impl<B: AutodiffBackend> Worker<B> {
             }
             match fetched.and_then(|f| self.compute(&assignment, f)) {
                 Ok((out, submit)) => {
+                    let (done, next) = tokio::sync::oneshot::channel();
+                    let turn = transfer::SubmitTurn {
+                        after: self.last_submit.replace(next),
+                        done,
+                    };
                     let task = tokio::spawn(transfer::deliver(
                         self.client.clone(),
                         assignment,
                         out,
                         self.settings.wire,
                         submit,
+                        turn,
                     ));
                     self.deliveries.push_back(task);
                 }

@@ -55,6 +55,7 @@ use thiserror::Error;
 
 use super::repo::Standing;
 use crate::api::ValidationSettings;
+use crate::codec::MergeWire;
 use crate::data::DataSpec;
 use crate::merge::{MergeOp, OuterStep};
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig};
@@ -158,6 +159,10 @@ pub struct MergeConfig {
     /// ([`super::outliers`]; applies with 3 or more uploads).
     #[serde(default = "default_outlier_factor")]
     pub outlier_factor: f64,
+    /// Element format of the uploads and merged partitions: `f32` (lossless, default),
+    /// `bf16` or `int8` (blocks of 256 with one scale; see [`crate::codec::merge_wire`]).
+    #[serde(default)]
+    pub wire: MergeWire,
 }
 
 fn default_replication() -> usize {
@@ -195,6 +200,7 @@ impl Default for MergeConfig {
             tolerance: default_tolerance(),
             outer: None,
             outlier_factor: default_outlier_factor(),
+            wire: MergeWire::default(),
         }
     }
 }

@@ -12,6 +12,7 @@
 use super::cycle_error::CycleError;
 use super::repo::{PlanRow, ResultRow, SectionOutcome};
 use super::state::AppState;
+use crate::codec::{MergeWire, Span};
 use crate::merge::{
     FlagReason, MergePlan, MergedCopy, Partition, Tolerance, Verdict, f32_from_le_bytes,
     f32_to_le_bytes, judge_against_recomputed, merge_partition, nesterov_outer_step, values_hash,
@@ -75,7 +76,7 @@ pub async fn finalize_section(
     let mut outcome = SectionOutcome::default();
     for part in plan.partitions() {
         let range = part.range();
-        let copies = load_copies(state, epoch, section, part, results).await;
+        let copies = load_copies(state, epoch, section, part, results, layout.params_len).await;
         let views: Vec<MergedCopy<'_>> = copies
             .iter()
             .map(|c| MergedCopy {
@@ -216,19 +217,23 @@ async fn load_copies(
     section: usize,
     part: &Partition,
     results: &[ResultRow],
+    params_len: u64,
 ) -> Vec<Loaded> {
+    let wire = state.config.merge.wire;
+    let len = part.range().len() as u64;
+    let span = Span {
+        start: part.range().start as u64,
+        params_len,
+    };
     let mut out = Vec::new();
     for r in results.iter().filter(|r| r.partition == part.index()) {
         let values = match state.partition_key(section, epoch, part.index(), &r.merger) {
             // Exactly the partition's size, and the hash it was accepted with: a copy replaced
             // after it was submitted is neither read whole nor used.
-            Ok(key) => match state
-                .storage
-                .get_exact(&key, part.range().len() as u64 * 4)
-                .await
-            {
+            Ok(key) => match state.storage.get_exact(&key, wire.encoded_len(len)).await {
+                // A copy that does not decode (a bad scale, a non-finite value) is invalid.
                 Ok(bytes) if payload_hash(&bytes).eq_ignore_ascii_case(&r.hash) => {
-                    f32_from_le_bytes(&bytes).unwrap_or_default()
+                    wire.decode(&bytes, len, span).unwrap_or_default()
                 }
                 Ok(_) => Vec::new(),
                 Err(e) => {
@@ -262,6 +267,8 @@ async fn recompute(
         keys.push(state.accepted_upload_key(section, epoch, miner)?);
     }
     let weights: Vec<f32> = sources.iter().map(|(_, w)| *w).collect();
+    let n = row.len as u64;
+    let span = Span::whole(n / 3);
     // Coordinate-wise operators: merge a chunk at a time, so memory stays at one chunk per
     // uploader however large the partition.
     let mut out = Vec::with_capacity(range.len());
@@ -270,13 +277,46 @@ async fn recompute(
         let end = (start + RECOMPUTE_CHUNK).min(range.end);
         let mut slices = Vec::with_capacity(keys.len());
         for key in &keys {
-            slices.push(read_values(state, key, start..end).await?);
+            slices.push(read_upload(state, key, start..end, n, span).await?);
         }
         let views: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
         out.extend(merge_partition(state.config.merge.op, &views, &weights)?);
         start = end;
     }
-    Ok(out)
+    // An honest merger's copy went through the run's wire format: so does the recomputation,
+    // so the two are equal value for value, and the checkpoint holds what the copies hold.
+    let part_span = span.shifted(range.start as u64);
+    state
+        .config
+        .merge
+        .wire
+        .round_trip(&out, part_span)
+        .map_err(|e| CycleError::BadObject {
+            key: format!("partition {} recomputed", part.index()),
+            reason: e.to_string(),
+        })
+}
+
+/// Values `range` (flat indices) of an accepted upload of `n` values in the run's merge wire
+/// format (checked when it was accepted; decoded strictly again here).
+async fn read_upload(
+    state: &AppState,
+    key: &ObjectKey,
+    range: std::ops::Range<usize>,
+    n: u64,
+    span: Span,
+) -> Result<Vec<f32>, CycleError> {
+    let wire: MergeWire = state.config.merge.wire;
+    let elems = range.start as u64..range.end as u64;
+    let bytes = state
+        .storage
+        .get_range(key, wire.byte_range(elems.clone(), n))
+        .await?;
+    wire.decode_range(&bytes, elems, n, span)
+        .map_err(|e| CycleError::BadObject {
+            key: key.as_str().to_string(),
+            reason: e.to_string(),
+        })
 }
 
 /// The uploaders that take part in the merge with their weights: those with a positive weight

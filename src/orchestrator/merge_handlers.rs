@@ -13,14 +13,14 @@ use super::repo::{PhaseInfo, UploadRow, UploadState};
 use super::state::AppState;
 use super::wire::{get_url, put_url};
 use crate::api::*;
-use crate::merge::f32_from_le_bytes;
+use crate::codec::Span;
 use crate::model::layout::section_layout;
 use crate::storage::{StatePart, StorageError, payload_hash};
 
 /// How long a miner waits before asking again when there is nothing to do.
 const RETRY_MS: u64 = 500;
-/// Bytes read at a time when checking an upload (a multiple of 4).
-const CHECK_CHUNK: u64 = 8 << 20;
+/// Values read at a time when checking an upload (a whole number of int8 blocks).
+const CHECK_CHUNK: u64 = 2 << 20;
 /// Validity of a checkpoint download URL.
 const CHECKPOINT_URL_MS: u64 = 3_600_000;
 
@@ -149,6 +149,7 @@ async fn next_task(
         .map(|u| (u.miner, u.hash))
         .collect();
     let deadline = info.deadline_ms.unwrap_or(now);
+    let wire = state.config.merge.wire;
     let mut partitions = Vec::new();
     for part in plan.partitions_for(hotkey) {
         if done
@@ -187,7 +188,7 @@ async fn next_task(
             end: range.end as u64,
             sources,
             output: BlobRef {
-                url: put_url(state, &out, deadline, range.len() as u64 * 4).await?,
+                url: put_url(state, &out, deadline, wire.encoded_len(range.len() as u64)).await?,
                 hash: None,
                 shape: Some(vec![range.len()]),
                 expires_unix_ms: deadline,
@@ -201,6 +202,8 @@ async fn next_task(
         epoch,
         op: state.config.merge.op,
         partitions,
+        wire,
+        params_len: plan.flat_len() as u64 / 3,
     })
 }
 
@@ -215,10 +218,18 @@ async fn upload_task(
         .upload_key(section, epoch, hotkey)
         .map_err(HttpError::internal)?;
     let layout = section_layout(&state.config.model, section).map_err(HttpError::internal)?;
+    let wire = state.config.merge.wire;
     Ok(MergeTask::Upload {
         epoch,
+        wire,
         target: BlobRef {
-            url: put_url(state, &key, lease_until, layout.total_bytes()).await?,
+            url: put_url(
+                state,
+                &key,
+                lease_until,
+                wire.encoded_len(layout.total_len() as u64),
+            )
+            .await?,
             hash: None,
             shape: Some(vec![layout.total_len()]),
             expires_unix_ms: lease_until,
@@ -319,7 +330,7 @@ pub async fn submit(
                     "partition {index} is not assigned to this miner"
                 )));
             };
-            let expected = part.len() as u64 * 4;
+            let expected = state.config.merge.wire.encoded_len(part.len() as u64);
             let key = state
                 .partition_key(section, *epoch, *index, &req.hotkey)
                 .map_err(HttpError::internal)?;
@@ -380,14 +391,19 @@ async fn check_upload(
     if let Err(e) = layout.expect_same(&manifest.layout) {
         return Ok(Err(format!("wrong layout: {e}")));
     }
-    if manifest.dtype != "f32" {
-        return Ok(Err(format!("dtype {} is not f32", manifest.dtype)));
-    }
-    if manifest.bytes != layout.total_bytes() {
+    let wire = state.config.merge.wire;
+    if manifest.dtype != wire.name() {
         return Ok(Err(format!(
-            "manifest says {} bytes, the layout needs {}",
+            "dtype {} is not this run's merge.wire {wire}",
+            manifest.dtype
+        )));
+    }
+    let n = layout.total_len() as u64;
+    let total = wire.encoded_len(n);
+    if manifest.bytes != total {
+        return Ok(Err(format!(
+            "manifest says {} bytes, the layout needs {total} in {wire}",
             manifest.bytes,
-            layout.total_bytes()
         )));
     }
     let key = state
@@ -398,10 +414,9 @@ async fn check_upload(
         Err(StorageError::NotFound { .. }) => return Ok(Err("nothing was uploaded".into())),
         Err(e) => return Err(HttpError::internal(e)),
     };
-    if size != layout.total_bytes() {
+    if size != total {
         return Ok(Err(format!(
-            "the object has {size} bytes, the layout needs {}",
-            layout.total_bytes()
+            "the object has {size} bytes, the layout needs {total} in {wire}"
         )));
     }
     let accepted = state
@@ -415,13 +430,17 @@ async fn check_upload(
     let reference = Reference::of(state, section)
         .await
         .map_err(HttpError::internal)?;
-    // Read in chunks, so a large section is never held whole.
+    // Read in chunks of whole int8 blocks (so consecutive chunks tile the object's bytes and
+    // hash like the whole), so a large section is never held whole. Decoding refuses
+    // non-finite values, bad scales and negative second moments.
+    let span = Span::whole(layout.params_len);
     let mut hasher = blake3::Hasher::new();
     let mut distance = DistanceSum::default();
-    let mut offset = 0u64;
-    while offset < size {
-        let end = (offset + CHECK_CHUNK).min(size);
-        let chunk = match state.storage.get_range(&accepted, offset..end).await {
+    let mut start = 0u64;
+    while start < n {
+        let end = (start + CHECK_CHUNK).min(n);
+        let bytes = wire.byte_range(start..end, n);
+        let chunk = match state.storage.get_range(&accepted, bytes).await {
             Ok(chunk) => chunk,
             Err(StorageError::LengthMismatch { .. }) => {
                 return Ok(Err("the upload changed while it was checked".into()));
@@ -429,26 +448,26 @@ async fn check_upload(
             Err(e) => return Err(HttpError::internal(e)),
         };
         hasher.update(&chunk);
-        let values = f32_from_le_bytes(&chunk).unwrap_or_default();
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            let index = offset / 4 + i as u64;
-            let within = index % layout.params_len.max(1);
-            let name = layout
-                .tensors
-                .iter()
-                .rev()
-                .find(|t| t.offset <= within)
-                .map_or("?", |t| t.name.as_str());
-            return Ok(Err(format!(
-                "non-finite value at flat index {index} (tensor `{name}`)"
-            )));
-        }
+        let values = match wire.decode_range(&chunk, start..end, n, span) {
+            Ok(values) => values,
+            Err(e) => {
+                let index = e.index().unwrap_or(start);
+                let within = index % layout.params_len.max(1);
+                let name = layout
+                    .tensors
+                    .iter()
+                    .rev()
+                    .find(|t| t.offset <= within)
+                    .map_or("?", |t| t.name.as_str());
+                return Ok(Err(format!("{e} (tensor `{name}`)")));
+            }
+        };
         let against = reference
-            .values(state, offset / 4..end / 4)
+            .values(state, start..end)
             .await
             .map_err(HttpError::internal)?;
-        distance.add(offset / 4, &values, &against, layout.params_len);
-        offset = end;
+        distance.add(start, &values, &against, layout.params_len);
+        start = end;
     }
     let actual = hasher.finalize().to_hex().to_string();
     if !actual.eq_ignore_ascii_case(&manifest.hash) {

@@ -239,6 +239,7 @@ pub async fn work(
         start,
         items,
         upload,
+        wire: state.config.merge.wire,
     }))
 }
 
@@ -306,6 +307,7 @@ pub async fn merge_record(
         len: plan.as_ref().map_or(layout.total_len(), |p| p.len),
         results,
         merged,
+        wire: state.config.merge.wire,
     }))
 }
 

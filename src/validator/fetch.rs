@@ -9,6 +9,7 @@ use url::Url;
 
 use super::replay::ReplayItem;
 use crate::api::{BlobRef, WorkItem, WorkKind};
+use crate::codec::{MergeWire, Span};
 use crate::merge::f32_from_le_bytes;
 use crate::miner::CachedInput;
 use crate::miner::payload::{self, PayloadError};
@@ -84,15 +85,36 @@ pub async fn fetch_flat(blob: &BlobRef) -> Result<Vec<f32>, FetchError> {
         .ok_or_else(|| FetchError::Malformed("a flat state's length is not a multiple of 4".into()))
 }
 
-/// Values `range` (flat indices) of the f32 object behind `blob` (not hash-checked: a part of
-/// an object cannot be).
+/// A whole merge object (an upload of `span.start == 0`, or a partition copy) of `n` values
+/// in `wire`, hash-checked and strictly decoded.
 ///
 /// # Errors
 /// [`FetchError`].
-pub async fn fetch_range(blob: &BlobRef, range: Range<usize>) -> Result<Vec<f32>, FetchError> {
+pub async fn fetch_merge_object(
+    blob: &BlobRef,
+    wire: MergeWire,
+    n: u64,
+    span: Span,
+) -> Result<Vec<f32>, FetchError> {
+    let bytes = payload::fetch(blob).await?;
+    wire.decode(&bytes, n, span)
+        .map_err(|e| FetchError::Malformed(e.to_string()))
+}
+
+/// Values `range` (flat indices) of the upload of `n` values in `wire` behind `blob` (not
+/// hash-checked: a part of an object cannot be).
+///
+/// # Errors
+/// [`FetchError`].
+pub async fn fetch_range(
+    blob: &BlobRef,
+    range: Range<usize>,
+    wire: MergeWire,
+    n: u64,
+) -> Result<Vec<f32>, FetchError> {
     let url = Url::parse(&blob.url).map_err(|e| PayloadError::BadUrl(e.to_string()))?;
-    let bytes = download_from_url(&url, Some(range.start as u64 * 4..range.end as u64 * 4)).await?;
-    f32_from_le_bytes(&bytes)
-        .filter(|v| v.len() == range.len())
-        .ok_or_else(|| FetchError::Malformed(format!("range {range:?} came back short")))
+    let elems = range.start as u64..range.end as u64;
+    let bytes = download_from_url(&url, Some(wire.byte_range(elems.clone(), n))).await?;
+    wire.decode_range(&bytes, elems, n, Span::whole(n / 3))
+        .map_err(|e| FetchError::Malformed(format!("range {range:?}: {e}")))
 }

@@ -6,9 +6,10 @@
 
 use std::collections::BTreeMap;
 
-use super::fetch::{FetchError, fetch_flat, fetch_range};
+use super::fetch::{FetchError, fetch_merge_object, fetch_range};
 use super::tracking::Chooser;
 use crate::api::MergeRecord;
+use crate::codec::Span;
 use crate::merge::{MergeError, PlanError, PlanSpec, Tolerance, merge_partition, values_agree};
 
 /// What the spot-checks found.
@@ -96,19 +97,30 @@ pub async fn check_merge(
             continue;
         };
         let range = part.range();
+        let n = record.len as u64;
         let mut slices = Vec::with_capacity(sources.len());
         for u in &sources {
-            slices.push(fetch_range(&u.blob, range.clone()).await?);
+            slices.push(fetch_range(&u.blob, range.clone(), record.wire, n).await?);
         }
         let views: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
-        let expected = merge_partition(record.op, &views, &weights)?;
+        // The copies went through the run's wire format; so does the recomputation.
+        let span = Span {
+            start: range.start as u64,
+            params_len: n / 3,
+        };
+        let merged = merge_partition(record.op, &views, &weights)?;
+        let expected = record
+            .wire
+            .round_trip(&merged, span)
+            .map_err(|e| FetchError::Malformed(format!("partition {}: {e}", part.index())))?;
         findings.checked.push(part.index());
         for copy in record
             .results
             .iter()
             .filter(|r| r.partition == part.index())
         {
-            let verdict = match fetch_flat(&copy.blob).await {
+            let len = range.len() as u64;
+            let verdict = match fetch_merge_object(&copy.blob, record.wire, len, span).await {
                 Ok(values) if values_agree(&values, &expected, tolerance) => None,
                 Ok(values) => Some(format!(
                     "merged partition {} differs from its sources (max relative difference {:.3e})",

@@ -11,10 +11,11 @@ use std::collections::{BTreeMap, HashMap};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::fetch::{FetchError, fetch_flat};
+use super::fetch::{FetchError, fetch_merge_object};
 use super::tracking::Chooser;
 use crate::api::client::{ApiClient, ClientError};
 use crate::api::{EpochLedger, MAX_SAMPLES_PER_REQUEST, MergeRecord, MinerSettings};
+use crate::codec::Span;
 use crate::miner::payload::{self, PayloadError};
 use crate::model::layout::section_layout;
 use crate::model::section::Inner;
@@ -36,18 +37,47 @@ pub struct Quality {
 }
 
 impl Quality {
-    /// The credit factor: 1 when the upload does not worsen the control samples; then falling
-    /// linearly to 0 at a 5% relative worsening.
-    pub fn factor(&self) -> f64 {
-        if self.control_n == 0 || self.base_control <= 0.0 {
-            return 1.0;
+    /// The credit factor, judged against the section's peers.
+    ///
+    /// Swapping one section's trained state into the otherwise untrained starting model can
+    /// raise the loss for honest uploads too: the sections co-adapted during the epoch, and
+    /// early in a run the mismatch costs tenths of a nat. Every honest uploader of a section
+    /// pays about the same, so `peer` is the median control improvement of the section's
+    /// unflagged uploaders. The factor is 1 when this upload does not worsen the control
+    /// samples, or worsens them no more than `peer` does; below the lower of 0 and `peer` it
+    /// falls linearly to 0 at 5% of the starting control loss. (An upload that improves less
+    /// than its peers is not penalised here: honest miners that did less work improve less.)
+    /// Apart from the peers, a worsening of more than 25% of the starting loss falls linearly
+    /// to 0 at 50% (a section with one uploader has only itself as a peer).
+    pub fn factor(&self, peer: f64) -> f64 {
+        if self.control_n == 0 || self.base_control <= 0.0 || !self.control.is_finite() {
+            return if self.control_n == 0 { 1.0 } else { 0.0 };
         }
-        let rel = self.control / self.base_control;
-        if rel >= 0.0 {
-            1.0
-        } else {
-            (1.0 + rel / 0.05).max(0.0)
-        }
+        let ramp = |rel: f64, start: f64, width: f64| {
+            if rel >= start {
+                1.0
+            } else {
+                (1.0 + (rel - start) / width).max(0.0)
+            }
+        };
+        let floor = if peer.is_finite() { peer.min(0.0) } else { 0.0 };
+        let against_peers = ramp((self.control - floor) / self.base_control, 0.0, 0.05);
+        let absolute = ramp(self.control / self.base_control, -0.25, 0.25);
+        against_peers.min(absolute)
+    }
+}
+
+/// The median of `values` (`0` when empty).
+pub fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
     }
 }
 
@@ -174,7 +204,14 @@ pub async fn measure<B: AutodiffBackend>(
     // Each upload in place of its section.
     for (s, u, own, control) in plan {
         let up = &records[s].uploads[u];
-        let flat = fetch_flat(&up.blob).await?;
+        let layout = section_layout(model, s)?;
+        let flat = fetch_merge_object(
+            &up.blob,
+            records[s].wire,
+            layout.total_len() as u64,
+            Span::whole(layout.params_len),
+        )
+        .await?;
         let mut replaced = Section::<B>::new(model, s, settings.seed, settings.optimizer, device)?;
         replaced.import_flat(&section_layout(model, s)?, &flat)?;
         let mut mean = |samples: &[u64]| -> Result<(f64, f64, usize), QualityError> {
@@ -254,18 +291,45 @@ fn to_vec<B: burn::tensor::backend::Backend>(t: Tensor<B, 3>) -> Result<Vec<f32>
 mod tests {
     use super::*;
 
-    #[test]
-    fn factor_is_hand_computed() {
-        let q = |control: f64| Quality {
+    fn q(control: f64) -> Quality {
+        Quality {
             own: 0.0,
             control,
             own_n: 4,
             control_n: 4,
             base_control: 2.0,
+        }
+    }
+
+    #[test]
+    fn factor_is_hand_computed_against_the_peers() {
+        assert_eq!(q(0.1).factor(0.0), 1.0);
+        // 0.05 nats below the peers on a base of 2 = 2.5%: halfway to 0.
+        assert!((q(-0.05).factor(0.0) - 0.5).abs() < 1e-12);
+        assert_eq!(q(-1.0).factor(0.0), 0.0);
+        // Honest uploads that all worsen the swapped-in model by 0.3 nats (co-adaptation)
+        // keep full credit; one 0.1 below them (5% of 2) gets none.
+        assert_eq!(q(-0.3).factor(-0.3), 1.0);
+        assert_eq!(q(-0.4).factor(-0.3), 0.0);
+        // Improving less than peers that improve is no fault (less work, less improvement).
+        assert_eq!(q(0.68).factor(1.18), 1.0);
+        assert!((q(-0.05).factor(1.18) - 0.5).abs() < 1e-12);
+        // Above the absolute bound whatever the peers: 0.75 nats = 37.5%, halfway to 0.
+        assert!((q(-0.75).factor(-0.75) - 0.5).abs() < 1e-12);
+        assert_eq!(q(-1.0).factor(-1.0), 0.0);
+        // Unmeasurable numbers give no credit; nothing measured gives full credit.
+        assert_eq!(q(f64::NAN).factor(0.0), 0.0);
+        let none = Quality {
+            control_n: 0,
+            ..q(-5.0)
         };
-        assert_eq!(q(0.1).factor(), 1.0);
-        // -0.05 nats on a base of 2 = -2.5%: halfway to 0.
-        assert!((q(-0.05).factor() - 0.5).abs() < 1e-12);
-        assert_eq!(q(-1.0).factor(), 0.0);
+        assert_eq!(none.factor(0.0), 1.0);
+    }
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&mut [3.0, -1.0, 2.0]), 2.0);
+        assert_eq!(median(&mut [4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&mut []), 0.0);
     }
 }

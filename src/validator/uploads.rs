@@ -6,7 +6,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::copy::CopyDetector;
 use super::fetch::{FetchError, fetch_flat, fetch_range};
 use crate::api::{MinerSettings, SectionCheckpoint, UploadSource};
-use crate::merge::f32_to_le_bytes;
+use crate::codec::{MergeWire, Span};
 use crate::model::layout::section_layout;
 use crate::model::{ModelConfig, ModelError, Section};
 use crate::storage::payload_hash;
@@ -44,9 +44,11 @@ pub async fn start_state<B: AutodiffBackend>(
     Ok(section.export_flat(&section_layout(model, index)?)?)
 }
 
-/// The hash an upload identical to `start` would have.
-pub fn state_hash(start: &[f32]) -> String {
-    payload_hash(&f32_to_le_bytes(start))
+/// The hash an upload identical to `start` would have in `wire` (`None` when `start` cannot
+/// be encoded, so no honest upload can equal it).
+pub fn state_hash(start: &[f32], wire: MergeWire) -> Option<String> {
+    let span = Span::whole(start.len() as u64 / 3);
+    wire.encode(start, span).ok().map(|b| payload_hash(&b))
 }
 
 /// A copy found among uploads: `(copier, original, cosine)`.
@@ -63,7 +65,9 @@ pub async fn find_copies(
     params_len: usize,
     uploads: &[UploadSource],
     threshold: f64,
+    wire: MergeWire,
 ) -> Result<Vec<Copy>, FetchError> {
+    let total = start.len() as u64;
     if uploads.len() < 2 {
         return Ok(Vec::new());
     }
@@ -74,7 +78,7 @@ pub async fn find_copies(
         let end = (at + COPY_CHUNK).min(n);
         let mut chunks = Vec::with_capacity(uploads.len());
         for u in uploads {
-            chunks.push(fetch_range(&u.blob, at..end).await?);
+            chunks.push(fetch_range(&u.blob, at..end, wire, total).await?);
         }
         let views: Vec<&[f32]> = chunks.iter().map(Vec::as_slice).collect();
         det.add(&start[at..end], &views);

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::clasp::{LedgerEntry, estimate};
 use super::compare::failure;
-use super::fetch::{FetchError, fetch_flat, load_item};
+use super::fetch::{FetchError, fetch_merge_object, load_item};
 use super::merge_check::check_merge;
 use super::quality;
 use super::replay::{Replayer, compare_progress};
@@ -33,6 +33,7 @@ use crate::api::{
     EpochLedger, MergeRecord, MinerSettings, MinerWeight, MinerWork, ValidationSettings,
     WeightSubmission,
 };
+use crate::codec::Span;
 use crate::miner::engine::{Engine, EngineError};
 use crate::model::layout::section_layout;
 use crate::model::{ModelConfig, Section};
@@ -123,6 +124,34 @@ impl Evidence {
     }
 }
 
+/// The median control improvement of each section's uploaders that no check has flagged so
+/// far in this window (all of them when every one is flagged).
+fn section_peers(
+    found: &BTreeMap<String, quality::Quality>,
+    ev: &BTreeMap<String, Evidence>,
+) -> BTreeMap<usize, f64> {
+    let mut by_section: BTreeMap<usize, (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for (hotkey, q) in found {
+        let Some(e) = ev.get(hotkey) else { continue };
+        let (clean, all) = by_section.entry(e.section).or_default();
+        all.push(q.control);
+        if e.input.flags.is_empty() && q.control_n > 0 {
+            clean.push(q.control);
+        }
+    }
+    by_section
+        .into_iter()
+        .map(|(section, (mut clean, mut all))| {
+            let peer = if clean.is_empty() {
+                quality::median(&mut all)
+            } else {
+                quality::median(&mut clean)
+            };
+            (section, peer)
+        })
+        .collect()
+}
+
 /// Validates the finished epoch `epoch`.
 ///
 /// # Errors
@@ -198,12 +227,15 @@ pub async fn validate_epoch<B: AutodiffBackend>(
         .await
         {
             Ok(found) => {
+                let peers = section_peers(&found, &ev);
                 for (hotkey, q) in found {
                     if let Some(e) = ev.get_mut(&hotkey) {
-                        e.input.upload = Some(q.factor());
+                        let peer = peers.get(&e.section).copied().unwrap_or(0.0);
+                        e.input.upload = Some(q.factor(peer));
                         e.note(format!(
-                            "upload: {:+.4} nats on its own {} samples, {:+.4} on {} others",
-                            q.own, q.own_n, q.control, q.control_n
+                            "upload: {:+.4} nats on its own {} samples, {:+.4} on {} others \
+                             (section peers' median {:+.4})",
+                            q.own, q.own_n, q.control, q.control_n, peer
                         ));
                     }
                 }
@@ -405,7 +437,9 @@ pub async fn replay_miner<B: AutodiffBackend>(
     if n == work.items.len()
         && let Some(upload) = &work.upload
     {
-        let uploaded = fetch_flat(upload).await?;
+        let n = layout.total_len() as u64;
+        let span = Span::whole(layout.params_len);
+        let uploaded = fetch_merge_object(upload, work.wire, n, span).await?;
         let replayed = replayer.export_flat(&layout)?;
         let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
         let s = compare_progress(&start, &replayed, &uploaded, params);
@@ -440,14 +474,15 @@ async fn check_section<B: AutodiffBackend>(
         &ctx.device,
     )
     .await?;
-    let unchanged = state_hash(&start);
+    let unchanged = state_hash(&start, record.wire);
     for u in &record.uploads {
         let worked = ledger
             .miners
             .iter()
             .any(|m| m.hotkey == u.hotkey && m.completed_work > 0);
         if worked
-            && u.blob.hash.as_deref() == Some(unchanged.as_str())
+            && unchanged.is_some()
+            && u.blob.hash == unchanged
             && let Some(e) = ev.get_mut(&u.hotkey)
         {
             e.flag(
@@ -457,8 +492,14 @@ async fn check_section<B: AutodiffBackend>(
     }
     let layout = section_layout(&ctx.model, section)?;
     let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
-    for (copier, original, cosine) in
-        find_copies(&start, params, &record.uploads, ctx.validation.copy_cosine).await?
+    for (copier, original, cosine) in find_copies(
+        &start,
+        params,
+        &record.uploads,
+        ctx.validation.copy_cosine,
+        record.wire,
+    )
+    .await?
     {
         if let Some(e) = ev.get_mut(&copier) {
             e.flag(format!(

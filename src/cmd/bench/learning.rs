@@ -17,7 +17,8 @@
 //!   included).
 //!
 //! Flags choose the network's variant (in-flight bound, local steps, weight stashing,
-//! look-ahead, learning-rate schedule, outer step, merge operator and interval), so every
+//! look-ahead, learning-rate schedule, outer step, merge operator, interval and wire format),
+//! so every
 //! ablation of the README's table is one command. `iota train` always runs with its
 //! defaults: it is the reference.
 
@@ -34,7 +35,7 @@ use serde_json::json;
 use super::network::steady_state;
 use crate::api::EvalSummary;
 use crate::cmd::local::{LocalArgs, generated_config};
-use crate::codec::WireDtype;
+use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::merge::MergeOp;
 use crate::model::ModelConfig;
@@ -95,6 +96,10 @@ pub struct BenchLearningArgs {
     /// Variant: merge operator.
     #[arg(long, value_name = "OP", default_value = "mean")]
     pub merge_op: MergeOp,
+    /// Variant: element format of the merge's uploads and partitions (run config
+    /// `merge.wire`): f32, bf16 or int8.
+    #[arg(long, value_name = "FORMAT", default_value = "f32")]
+    pub merge_wire: MergeWire,
     /// Keep both runs (configs, logs, checkpoints, metrics) in this directory.
     #[arg(long, value_name = "DIR")]
     pub dir: Option<PathBuf>,
@@ -201,6 +206,9 @@ impl BenchLearningArgs {
             self.merge_every,
             self.merge_op
         );
+        if self.merge_wire != MergeWire::F32 {
+            v.push_str(&format!(" --merge-wire {}", self.merge_wire));
+        }
         if self.no_weight_stashing {
             v.push_str(" --no-weight-stashing");
         }
@@ -436,6 +444,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["wire"] = json!(args.wire.to_string());
     config["weight_stashing"] = json!(!args.no_weight_stashing);
     config["lookahead"] = json!(args.lookahead);
+    config["merge"]["wire"] = json!(args.merge_wire.name());
     if let Some(beta1) = args.beta1 {
         config["optimizer"] = json!({ "beta1": beta1 });
     }

@@ -2,10 +2,13 @@
 //! butterfly plan over real object storage (a local directory), in one process. Prints, per N,
 //! the bytes each miner uploads and downloads divided by the section size, and the wall time.
 //!
-//! Each miner: uploads its flat f32 vector once; for every partition it is assigned, downloads
-//! that byte range from every other uploader, merges, uploads the result; finally downloads
-//! the whole merged vector (one copy of each partition). The merged vector is checked against
-//! the direct computation of the operator on the full vectors.
+//! Each miner: uploads its flat vector once in the chosen merge wire format (`--wire`: f32,
+//! bf16, int8; see [`crate::codec::merge_wire`]); for every partition it is assigned,
+//! downloads the bytes holding that range from every other uploader, merges, uploads the
+//! result in the same format; finally downloads the whole merged vector (one copy of each
+//! partition). Bytes are counted as they are written and read. The merged vector is checked
+//! against the operator applied directly to the decoded uploads (written back in the format
+//! partition by partition, as the mergers do).
 
 use std::time::Instant;
 
@@ -14,6 +17,7 @@ use bytes::Bytes;
 use clap::Args;
 
 use crate::cmd::model::{human_bytes, human_count};
+use crate::codec::{MergeWire, Span};
 use crate::merge::{MergeOp, PlanSpec, merge_partition};
 use crate::storage::{Hotkey, RunKeys, StatePart, Storage, StorageConfig};
 
@@ -37,11 +41,21 @@ pub struct BenchMergeArgs {
     /// Mergers per partition.
     #[arg(long, value_name = "R", default_value_t = 2)]
     pub replication: usize,
+    /// Element formats of uploads and partitions to measure, comma-separated.
+    #[arg(
+        long,
+        value_name = "FORMAT,..",
+        value_delimiter = ',',
+        default_value = "f32,bf16,int8"
+    )]
+    pub wire: Vec<MergeWire>,
 }
 
 /// One row of the result table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MergeRow {
+    /// Element format.
+    pub wire: MergeWire,
     /// Miners.
     pub miners: usize,
     /// Partitions in the plan.
@@ -56,14 +70,10 @@ pub struct MergeRow {
     pub seconds: f64,
 }
 
-fn to_bytes(v: &[f32]) -> Bytes {
-    Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>())
-}
-
-fn to_f32(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect()
+/// `values` (flat indices from `start` on) in `wire`.
+fn to_bytes(wire: MergeWire, values: &[f32], start: usize) -> anyhow::Result<Bytes> {
+    let span = Span::default().shifted(start as u64);
+    Ok(Bytes::from(wire.encode(values, span)?))
 }
 
 /// Simulates one merge of `miners` miners over `storage`.
@@ -76,6 +86,7 @@ pub async fn simulate(
     params: usize,
     op: MergeOp,
     replication: usize,
+    wire: MergeWire,
 ) -> anyhow::Result<MergeRow> {
     let keys = RunKeys::new(&format!("bench-{miners}"))?;
     let names: Vec<String> = (0..miners).map(|i| format!("miner{i:03}")).collect();
@@ -96,7 +107,7 @@ pub async fn simulate(
     let started = Instant::now();
     for (m, v) in vectors.iter().enumerate() {
         let key = keys.weights(0, 0, &hotkeys[m], StatePart::Parameters);
-        let bytes = to_bytes(v);
+        let bytes = to_bytes(wire, v, 0)?;
         up[m] += bytes.len() as u64;
         storage.put(&key, bytes).await?;
     }
@@ -104,25 +115,32 @@ pub async fn simulate(
         .with_replication(replication)
         .build()?;
     let index = |name: &str| names.iter().position(|n| n == name).unwrap_or(0);
+    let n = params as u64;
+    // What every uploader's vector is after its trip through the format.
+    let decoded: Vec<Vec<f32>> = vectors
+        .iter()
+        .map(|v| wire.round_trip(v, Span::default()))
+        .collect::<Result<_, _>>()?;
     for (p, partition) in plan.partitions().iter().enumerate() {
         let range = partition.range();
-        let byte_range = (range.start as u64 * 4)..(range.end as u64 * 4);
+        let elems = range.start as u64..range.end as u64;
+        let byte_range = wire.byte_range(elems.clone(), n);
         for merger in partition.mergers() {
             let me = index(merger);
             let mut slices = Vec::with_capacity(miners);
             for (u, hk) in hotkeys.iter().enumerate() {
                 if u == me {
-                    slices.push(vectors[u][range.clone()].to_vec());
+                    slices.push(decoded[u][range.clone()].to_vec());
                     continue;
                 }
                 let key = keys.weights(0, 0, hk, StatePart::Parameters);
                 let bytes = storage.get_range(&key, byte_range.clone()).await?;
                 down[me] += bytes.len() as u64;
-                slices.push(to_f32(&bytes));
+                slices.push(wire.decode_range(&bytes, elems.clone(), n, Span::default())?);
             }
             let refs: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
             let merged = merge_partition(op, &refs, &weights)?;
-            let bytes = to_bytes(&merged);
+            let bytes = to_bytes(wire, &merged, range.start)?;
             up[me] += bytes.len() as u64;
             storage
                 .put(
@@ -149,7 +167,8 @@ pub async fn simulate(
             if names[m] != *merger {
                 down[m] += bytes.len() as u64;
             }
-            full.extend(to_f32(&bytes));
+            let span = Span::default().shifted(partition.range().start as u64);
+            full.extend(wire.decode(&bytes, partition.len() as u64, span)?);
         }
         if m == 0 {
             assembled = full;
@@ -158,8 +177,13 @@ pub async fn simulate(
         }
     }
     let seconds = started.elapsed().as_secs_f64();
-    let refs: Vec<&[f32]> = vectors.iter().map(Vec::as_slice).collect();
-    let direct = merge_partition(op, &refs, &weights)?;
+    let mut direct = Vec::with_capacity(params);
+    for partition in plan.partitions() {
+        let range = partition.range();
+        let refs: Vec<&[f32]> = decoded.iter().map(|v| &v[range.clone()]).collect();
+        let merged = merge_partition(op, &refs, &weights)?;
+        direct.extend(wire.round_trip(&merged, Span::default().shifted(range.start as u64))?);
+    }
     if direct != assembled {
         bail!("the butterfly merge differs from the direct computation");
     }
@@ -167,6 +191,7 @@ pub async fn simulate(
     let section = (params * 4) as f64;
     let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64 / section;
     Ok(MergeRow {
+        wire,
         miners,
         partitions: plan.partitions().len(),
         up_ratio: mean(&up),
@@ -194,32 +219,40 @@ pub fn run(args: BenchMergeArgs) -> anyhow::Result<()> {
         args.op,
         args.replication
     );
-    println!("\nminers  partitions  up/S   down/S  max down/S  wall s");
-    for &n in &args.miners {
-        if n == 0 {
-            continue;
+    println!("\nwire  miners  partitions  up/S   down/S  max down/S  wall s");
+    for &wire in &args.wire {
+        for &n in &args.miners {
+            if n == 0 {
+                continue;
+            }
+            let row = rt.block_on(simulate(
+                &storage,
+                n,
+                args.params,
+                args.op,
+                args.replication,
+                wire,
+            ))?;
+            print_row(&row);
         }
-        let row = rt.block_on(simulate(
-            &storage,
-            n,
-            args.params,
-            args.op,
-            args.replication,
-        ))?;
-        println!(
-            "{:>6}  {:>10}  {:>5.2}  {:>6.2}  {:>10.2}  {:>6.2}",
-            row.miners,
-            row.partitions,
-            row.up_ratio,
-            row.down_ratio,
-            row.max_down_ratio,
-            row.seconds
-        );
     }
     println!(
-        "\n(up/S, down/S: bytes per miner divided by the section's bytes; the merged result matched the direct computation every time)"
+        "\n(up/S, down/S: bytes per miner, counted as written and read, divided by the section's f32 bytes S; the merged result matched the operator on the decoded uploads every time)"
     );
     Ok(())
+}
+
+fn print_row(row: &MergeRow) {
+    println!(
+        "{:>4}  {:>6}  {:>10}  {:>5.3}  {:>6.3}  {:>10.3}  {:>6.2}",
+        row.wire,
+        row.miners,
+        row.partitions,
+        row.up_ratio,
+        row.down_ratio,
+        row.max_down_ratio,
+        row.seconds
+    );
 }
 
 /// A temporary directory removed on drop.
@@ -254,10 +287,24 @@ mod tests {
             .build()
             .unwrap();
         let small = rt
-            .block_on(simulate(&storage, 4, 10_000, MergeOp::Mean, 2))
+            .block_on(simulate(
+                &storage,
+                4,
+                10_000,
+                MergeOp::Mean,
+                2,
+                MergeWire::F32,
+            ))
             .unwrap();
         let large = rt
-            .block_on(simulate(&storage, 16, 10_000, MergeOp::Mean, 2))
+            .block_on(simulate(
+                &storage,
+                16,
+                10_000,
+                MergeOp::Mean,
+                2,
+                MergeWire::F32,
+            ))
             .unwrap();
         for row in [&small, &large] {
             // Upload once (1) plus its merged partitions (~r/M); download ~r (partitions from
@@ -269,5 +316,40 @@ mod tests {
             (large.down_ratio - small.down_ratio).abs() < 0.6,
             "{small:?} {large:?}"
         );
+    }
+
+    #[test]
+    fn compressed_formats_move_the_bytes_their_format_says() {
+        let storage = Storage::in_memory();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let f32 = rt
+            .block_on(simulate(
+                &storage,
+                4,
+                10_000,
+                MergeOp::Mean,
+                2,
+                MergeWire::F32,
+            ))
+            .unwrap();
+        // Same plan, fewer bytes per value: bf16 exactly half; int8 one byte and a 4-byte
+        // scale per 256 values (0.2539 of f32), partition reads widened to whole blocks.
+        for (wire, low, high) in [
+            (MergeWire::Bf16, 0.499, 0.501),
+            (MergeWire::Int8, 0.25, 0.33),
+        ] {
+            let row = rt
+                .block_on(simulate(&storage, 4, 10_000, MergeOp::Mean, 2, wire))
+                .unwrap();
+            for (got, base) in [
+                (row.up_ratio, f32.up_ratio),
+                (row.down_ratio, f32.down_ratio),
+            ] {
+                let ratio = got / base;
+                assert!(ratio > low && ratio < high, "{wire}: {got} against {base}");
+            }
+        }
     }
 }

@@ -14,8 +14,9 @@ use crate::api::{
     BlobRef, MergeSubmitRequest, MergeTask, MergeTaskRequest, PartitionTask, SectionCheckpoint,
     UploadManifest,
 };
+use crate::codec::{MergeWire, Span};
 use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes, f32_to_le_bytes};
-use crate::miner::participant::merge_partition_task;
+use crate::miner::participant::{MergeFormat, merge_partition_task};
 use crate::miner::payload::{self, PayloadError};
 use crate::storage::{payload_hash, upload_to_url};
 
@@ -59,20 +60,26 @@ impl<B: AutodiffBackend> Worker<B> {
                     epoch,
                     layout,
                     target,
+                    wire,
                     ..
                 } => {
                     if self.uploaded_epoch == Some(epoch) {
                         tokio::time::sleep(MAX_POLL).await;
                         Ok(())
                     } else {
-                        self.upload_state(epoch, &layout, &target).await
+                        self.upload_state(epoch, &layout, &target, wire).await
                     }
                 }
                 MergeTask::Merge {
                     epoch,
                     op,
                     partitions,
-                } => self.merge_partitions(epoch, op, &partitions).await,
+                    wire,
+                    params_len,
+                } => {
+                    let format = MergeFormat { wire, params_len };
+                    self.merge_partitions(epoch, op, format, &partitions).await
+                }
                 MergeTask::Adopt { checkpoint } => self.adopt(&checkpoint).await,
             };
             if let Err(e) = result {
@@ -88,12 +95,15 @@ impl<B: AutodiffBackend> Worker<B> {
         epoch: u64,
         layout: &FlatLayout,
         target: &BlobRef,
+        wire: MergeWire,
     ) -> Result<(), MinerError> {
         let flat = self.engine.section().export_flat(layout)?;
-        let bytes = f32_to_le_bytes(&flat);
+        let bytes = wire
+            .encode(&flat, Span::whole(layout.params_len))
+            .map_err(|e| MinerError::Weights(format!("encoding the state in {wire}: {e}")))?;
         let manifest = UploadManifest {
             layout: layout.clone(),
-            dtype: "f32".into(),
+            dtype: wire.name().into(),
             hash: payload_hash(&bytes),
             bytes: bytes.len() as u64,
         };
@@ -126,6 +136,7 @@ impl<B: AutodiffBackend> Worker<B> {
         &mut self,
         epoch: u64,
         op: MergeOp,
+        format: MergeFormat,
         partitions: &[PartitionTask],
     ) -> Result<(), MinerError> {
         for task in partitions {
@@ -133,7 +144,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 Some(adv) => &adv.merge_task(task),
                 None => task,
             };
-            let submit = match merge_partition_task(epoch, op, task).await {
+            let submit = match merge_partition_task(epoch, op, format, task).await {
                 Ok(submit) => submit,
                 Err(e) => {
                     tracing::warn!(epoch, partition = task.index, "merge: {e}");

@@ -7,6 +7,7 @@
 use std::time::Instant;
 
 use bytes::Bytes;
+use tokio::sync::oneshot;
 use url::Url;
 
 use super::{MinerError, elapsed_ms};
@@ -121,16 +122,29 @@ pub(super) enum Outcome {
     SubmitFailed(ClientError),
 }
 
-/// Encodes `out` in `wire`, uploads it to the assignment's output URL, then submits `submit`
-/// completed with the output's hash, size and upload time. Nothing to upload (the head's
-/// backward) submits without an output.
+/// The order of a miner's submits. Validators replay a miner's work in the order the
+/// orchestrator accepted it, so results must be submitted in the order they were computed,
+/// even though their uploads run at once: each delivery submits only after the one before
+/// it has (or has given up), and lets the next one go when it is done.
+pub(super) struct SubmitTurn {
+    /// Resolves when the previous delivery is done (`None`: the first one).
+    pub after: Option<oneshot::Receiver<()>>,
+    /// Dropped when this delivery is done, which lets the next one submit.
+    pub done: oneshot::Sender<()>,
+}
+
+/// Encodes `out` in `wire`, uploads it to the assignment's output URL, then, on its `turn`,
+/// submits `submit` completed with the output's hash, size and upload time. Nothing to upload
+/// (the head's backward) submits without an output.
 pub(super) async fn deliver(
     client: ApiClient,
     assignment: Assignment,
     out: Option<Activations>,
     wire: WireDtype,
     mut submit: SubmitRequest,
+    turn: SubmitTurn,
 ) -> Delivered {
+    let SubmitTurn { after, done } = turn;
     match upload(&assignment, out, wire).await {
         Ok((hash, size, upload_ms)) => {
             submit.output_hash = hash;
@@ -144,10 +158,15 @@ pub(super) async fn deliver(
             };
         }
     }
+    if let Some(after) = after {
+        // An error only means the previous delivery ended without saying so (a panic).
+        let _ = after.await;
+    }
     let outcome = match client.submit(&submit).await {
         Ok(resp) => Outcome::Answered(resp),
         Err(e) => Outcome::SubmitFailed(e),
     };
+    drop(done);
     Delivered {
         assignment,
         outcome,

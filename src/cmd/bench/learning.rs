@@ -7,6 +7,9 @@
 //! - `iota train`: a child process with `--eval-every` set to the merge interval, so it
 //!   evaluates at the same token counts as the network's merges (the mean loss on the first
 //!   32 held-out windows, as always).
+//! - with M > 1 miners per section, also `iota train` as perfect M-way data parallelism would
+//!   train (batch M times larger, M times fewer steps, the same tokens): the bound that
+//!   averaging the miners of a section approaches at best, printed as its own column.
 //! - network: `iota local` with the same budget as `max_samples`. At the start of every epoch
 //!   the network evaluates the weights the epoch starts with (the merged model) on the same
 //!   held-out windows, through the network itself; the run ends with a merge of its last
@@ -17,8 +20,8 @@
 //!   included).
 //!
 //! Flags choose the network's variant (in-flight bound, local steps, weight stashing,
-//! look-ahead, learning-rate schedule, outer step, merge operator, interval and wire format),
-//! so every
+//! look-ahead, learning-rate schedule and the miners' rate scale, outer step, merge operator,
+//! interval and wire format), so every
 //! ablation of the README's table is one command. `iota train` always runs with its
 //! defaults: it is the reference.
 
@@ -90,6 +93,10 @@ pub struct BenchLearningArgs {
     /// Variant: constant learning rate after the warmup instead of `iota train`'s cosine.
     #[arg(long)]
     pub constant_lr: bool,
+    /// Variant: the miners' peak learning rate is `--lr` times this (default 1: `iota train`'s
+    /// rate; e.g. 1.414 = the square-root rule for 2 miners per section).
+    #[arg(long, value_name = "F")]
+    pub miner_lr_scale: Option<f64>,
     /// Variant: DiLoCo outer step `LR,MOMENTUM` on the merged parameters (e.g. 0.7,0.9).
     #[arg(long, value_name = "LR,MOMENTUM")]
     pub outer: Option<String>,
@@ -156,6 +163,11 @@ pub struct LearningSummary {
     pub entropy_floor: Option<f64>,
     /// `iota train`.
     pub train: RunResult,
+    /// `iota train` as perfect data parallelism over the section's miners would train: batch
+    /// `miners x batch`, `samples / miners` steps (evaluations mapped to samples); only with
+    /// more than one miner per section.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<RunResult>,
     /// The network.
     pub network: RunResult,
     /// Samples of the last point both evaluated.
@@ -171,6 +183,15 @@ pub struct LearningSummary {
     pub excess_ratio: Option<f64>,
 }
 
+impl LearningSummary {
+    /// Miners per section the data-parallel reference stands for (its batch over the sample's).
+    fn data_parallel_ways(&self) -> u64 {
+        self.data_parallel
+            .as_ref()
+            .map_or(1, |d| self.samples / d.completed.max(1))
+    }
+}
+
 /// The identity of an `iota train` reference run, for `--reuse-train`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct TrainKey {
@@ -184,14 +205,15 @@ struct TrainKey {
 }
 
 impl BenchLearningArgs {
-    fn train_key(&self) -> TrainKey {
+    /// `iota train` with `ways` times the batch for `1 / ways` of the steps (1: the reference).
+    fn train_key(&self, ways: u64) -> TrainKey {
         TrainKey {
             preset: self.preset.clone(),
-            samples: self.samples,
-            batch_size: self.batch_size,
+            samples: self.samples / ways,
+            batch_size: self.batch_size * ways as usize,
             seq_len: self.seq_len,
             lr: self.lr,
-            merge_every: self.merge_every,
+            merge_every: self.merge_every / ways,
             wire: self.wire.to_string(),
         }
     }
@@ -223,6 +245,9 @@ impl BenchLearningArgs {
         }
         if let Some(outer) = &self.outer {
             v.push_str(&format!(" --outer {outer}"));
+        }
+        if let Some(scale) = self.miner_lr_scale {
+            v.push_str(&format!(" --miner-lr-scale {scale}"));
         }
         v
     }
@@ -258,6 +283,11 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
     }
     if let Some(outer) = &args.outer {
         parse_outer(outer)?;
+    }
+    if let Some(scale) = args.miner_lr_scale
+        && !(scale.is_finite() && scale > 0.0)
+    {
+        bail!("--miner-lr-scale {scale}: expected a positive number");
     }
     let cfg = ModelConfig::preset(&args.preset)?;
     let (dir, temporary) = match &args.dir {
@@ -295,7 +325,15 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
 fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSummary> {
     let floor =
         Dataset::load(&DataSpec::default(), &Tokenizer::byte(), args.seq_len, 0)?.entropy_floor();
-    let train = run_train(args, &dir.join("train"))?;
+    let train = run_train(args, &dir.join("train"), 1)?;
+    // Perfect data parallelism over the section's miners, where the budget divides evenly.
+    let ways = args.miners_per_section as u64;
+    let data_parallel =
+        if ways > 1 && args.samples.is_multiple_of(ways) && args.merge_every.is_multiple_of(ways) {
+            Some(run_train(args, &dir.join("train-data-parallel"), ways)?)
+        } else {
+            None
+        };
     let network = run_network(args, &dir.join("network"))?;
     // The last evaluation of each; the network's may have seen a few samples fewer (samples
     // dropped on the way), never more.
@@ -320,6 +358,7 @@ fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSumma
         tokens_per_sample: (args.batch_size * args.seq_len) as u64,
         entropy_floor: floor,
         train,
+        data_parallel,
         network,
         final_samples,
         final_train,
@@ -329,13 +368,16 @@ fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSumma
     })
 }
 
-/// Runs (or reuses) the `iota train` reference in `dir`.
-fn run_train(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> {
+/// Runs (or reuses) in `dir` `iota train` on the budget with `ways` times the batch for
+/// `1 / ways` of the steps (1: the reference); evaluations are reported at the samples (of
+/// `--batch-size` windows) they had seen.
+fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<RunResult> {
+    let key = args.train_key(ways);
     let key_path = dir.join("reference.json");
     let result_path = dir.join("result.json");
     if args.reuse_train
-        && let (Ok(key), Ok(result)) = (fs::read(&key_path), fs::read(&result_path))
-        && serde_json::from_slice::<TrainKey>(&key).ok() == Some(args.train_key())
+        && let (Ok(saved), Ok(result)) = (fs::read(&key_path), fs::read(&result_path))
+        && serde_json::from_slice::<TrainKey>(&saved).ok() == Some(key.clone())
     {
         eprintln!("reusing the iota train run in {}", dir.display());
         return serde_json::from_slice(&result).context("reading the reused train result");
@@ -344,15 +386,18 @@ fn run_train(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> 
     let metrics = dir.join("metrics.jsonl");
     let summary = dir.join("summary.json");
     let exe = std::env::current_exe().context("locating the iota binary")?;
-    eprintln!("running iota train ({} steps)...", args.samples);
+    eprintln!(
+        "running iota train ({} steps of batch {})...",
+        key.samples, key.batch_size
+    );
     let out = Command::new(exe)
         .arg("train")
         .args(["--preset", &args.preset])
-        .args(["--steps", &args.samples.to_string()])
-        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--steps", &key.samples.to_string()])
+        .args(["--batch-size", &key.batch_size.to_string()])
         .args(["--seq-len", &args.seq_len.to_string()])
         .args(["--lr", &args.lr.to_string()])
-        .args(["--eval-every", &args.merge_every.to_string()])
+        .args(["--eval-every", &key.merge_every.to_string()])
         .args(["--wire", &args.wire.to_string()])
         .arg("--out")
         .arg(dir.join("checkpoint"))
@@ -387,7 +432,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> 
         let v: serde_json::Value = serde_json::from_str(line).context("a train metrics line")?;
         if let (Some(step), Some(eval)) = (v["step"].as_u64(), v["eval_loss"].as_f64()) {
             evals.push(EvalPoint {
-                samples: step,
+                samples: step * ways,
                 eval_loss: eval as f32,
             });
         }
@@ -398,7 +443,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> 
         completed: summary["step"].as_u64().unwrap_or(0),
         dropped: 0,
     };
-    fs::write(&key_path, serde_json::to_vec(&args.train_key())?)?;
+    fs::write(&key_path, serde_json::to_vec(&key)?)?;
     fs::write(&result_path, serde_json::to_vec(&result)?)?;
     Ok(result)
 }
@@ -451,6 +496,9 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     if args.constant_lr {
         config["schedule"]["total_steps"] = json!(u64::MAX);
         config["schedule"]["min_ratio"] = json!(1.0);
+    }
+    if let Some(scale) = args.miner_lr_scale {
+        config["schedule"]["peak"] = json!(args.lr * scale);
     }
     if let Some(outer) = &args.outer {
         let (lr, momentum) = parse_outer(outer)?;
@@ -520,24 +568,39 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
 }
 
 fn print_table(s: &LearningSummary) {
-    println!("\n samples     tokens  iota train  network    gap %");
+    let dp = |samples: u64| {
+        s.data_parallel
+            .as_ref()
+            .and_then(|d| d.at(samples))
+            .map_or_else(|| "-".to_string(), |l| format!("{l:.4}"))
+    };
+    println!("\n samples     tokens  iota train  network    gap %  data-parallel train");
     for p in &s.network.evals {
         let Some(train) = s.train.at(p.samples) else {
             continue;
         };
         println!(
-            "{:>8}  {:>9}  {:>10.4}  {:>7.4}  {:>+7.2}",
+            "{:>8}  {:>9}  {:>10.4}  {:>7.4}  {:>+7.2}  {:>19}",
             p.samples,
             p.samples * s.tokens_per_sample,
             train,
             p.eval_loss,
-            f64::from(p.eval_loss - train) / f64::from(train) * 100.0
+            f64::from(p.eval_loss - train) / f64::from(train) * 100.0,
+            dp(p.samples)
         );
     }
     println!(
         "\nfinal (after {} samples): iota train {:.4}, network {:.4}: {:+.2}%",
         s.final_samples, s.final_train, s.final_network, s.gap_pct
     );
+    if let Some(d) = s.data_parallel.as_ref().and_then(|d| d.at(s.final_samples)) {
+        let ways = s.data_parallel_ways();
+        println!(
+            "perfect {ways}-way data parallelism (iota train, batch x{ways}, steps / {ways}): {d:.4}, \
+             the network {:+.2}% from it",
+            f64::from(s.final_network - d) / f64::from(d) * 100.0
+        );
+    }
     if let (Some(floor), Some(ratio)) = (s.entropy_floor, s.excess_ratio) {
         println!(
             "above the entropy floor {floor:.4}: iota train {:.4}, network {:.4} ({ratio:.2}x)",

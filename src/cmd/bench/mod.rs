@@ -2,10 +2,13 @@
 
 use clap::{Args, Subcommand};
 
+pub mod latency;
 pub mod learning;
 pub mod merge;
 pub mod model;
 pub mod network;
+pub mod orchestrator;
+pub mod sim_miner;
 pub mod step;
 
 /// Arguments of `iota bench`.
@@ -31,6 +34,9 @@ pub enum BenchCommand {
     /// `iota train` against a local network at equal tokens: eval loss at every merge, the
     /// final gap, throughput.
     Learning(learning::BenchLearningArgs),
+    /// One orchestrator under N simulated miners (signed HTTP, no compute): requests/s,
+    /// p50/p99 latency per endpoint, RSS and CPU, latency against rows in the database.
+    Orchestrator(orchestrator::BenchOrchestratorArgs),
 }
 
 /// Runs `iota bench`.
@@ -44,6 +50,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Network(a) => network::run(a),
         BenchCommand::Step(a) => step::run(a),
         BenchCommand::Learning(a) => learning::run(a),
+        BenchCommand::Orchestrator(a) => orchestrator::run(a),
     }
 }
 

@@ -71,21 +71,63 @@ impl Repository {
         self
     }
 
-    pub(super) fn lock(&self) -> MutexGuard<'_, Connection> {
+    fn lock(&self) -> MutexGuard<'_, Connection> {
         // A panic while holding the lock cannot leave a half-done transaction behind (it rolls
         // back on drop), so a poisoned lock is safe to reuse.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The `EXPLAIN QUERY PLAN` of `sql` (parameters unbound), one step per line (tests).
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`] when `sql` does not prepare.
+    #[cfg(test)]
+    pub(super) fn query_plan(&self, sql: &str) -> Result<String, RepoError> {
+        self.read(|conn| {
+            let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}"))?;
+            // Unbound parameters read as NULL, which leaves the plan as it is.
+            let mut rows = stmt.raw_query();
+            let mut steps = Vec::new();
+            while let Some(row) = rows.next()? {
+                steps.push(row.get::<_, String>(3)?);
+            }
+            Ok(steps.join("\n"))
+        })
+    }
+
+    /// Runs `f` on the connection (reads).
+    pub(super) fn read<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, RepoError>,
+    ) -> Result<T, RepoError> {
+        off_async_workers(|| f(&self.lock()))
+    }
+
+    /// Runs `f` in one transaction, committed when it returns `Ok`.
     pub(super) fn write<T>(
         &self,
         f: impl FnOnce(&Transaction<'_>) -> Result<T, RepoError>,
     ) -> Result<T, RepoError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction()?;
-        let out = f(&tx)?;
-        tx.commit()?;
-        Ok(out)
+        off_async_workers(|| {
+            let mut conn = self.lock();
+            let tx = conn.transaction()?;
+            let out = f(&tx)?;
+            tx.commit()?;
+            Ok(out)
+        })
+    }
+}
+
+/// Runs blocking database work `f` (waiting for the connection, then the queries) so that
+/// it does not hold up an async worker: on a multi-threaded tokio runtime the worker's other
+/// tasks move to another thread while `f` blocks (`block_in_place`). Elsewhere (a
+/// current-thread runtime in tests, or no runtime) `f` simply runs.
+fn off_async_workers<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 

@@ -38,10 +38,11 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn evals_started(&self, epoch: u64) -> Result<bool, RepoError> {
-        let conn = self.lock();
-        Ok(conn
-            .prepare("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
-            .exists([to_i64(epoch)])?)
+        self.read(|conn| {
+            Ok(conn
+                .prepare("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
+                .exists([to_i64(epoch)])?)
+        })
     }
 
     /// Starts the evaluation samples of `epoch` (once: nothing happens when some exist): a
@@ -90,14 +91,15 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn evals_active(&self, epoch: u64) -> Result<u64, RepoError> {
-        let conn = self.lock();
-        let n: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM samples WHERE kind = 'eval' AND epoch = ?1 \
-             AND outcome = 'active'",
-            [to_i64(epoch)],
-            |r| r.get(0),
-        )?;
-        Ok(to_u64(n))
+        self.read(|conn| {
+            let n: i64 = conn.query_row(
+                "SELECT COUNT(*) FROM samples WHERE kind = 'eval' AND epoch = ?1 \
+                 AND outcome = 'active'",
+                [to_i64(epoch)],
+                |r| r.get(0),
+            )?;
+            Ok(to_u64(n))
+        })
     }
 
     /// The evaluation of every epoch that has one, oldest first. An epoch's loss is the mean
@@ -106,29 +108,30 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn eval_summaries(&self) -> Result<Vec<EvalSummary>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT e.epoch, COUNT(*), SUM(e.outcome = 'completed'), SUM(e.outcome = 'active'), \
-             AVG(CASE WHEN e.outcome = 'completed' THEN e.loss END), \
-             (SELECT COUNT(*) FROM samples t WHERE t.kind = 'train' \
-              AND t.outcome = 'completed' AND t.epoch < e.epoch) \
-             FROM samples e WHERE e.kind = 'eval' GROUP BY e.epoch ORDER BY e.epoch",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            let active: i64 = r.get(3)?;
-            let mean: Option<f64> = r.get(4)?;
-            Ok(EvalSummary {
-                epoch: to_u64(r.get(0)?),
-                samples: to_u64(r.get(1)?),
-                completed: to_u64(r.get(2)?),
-                eval_loss: if active == 0 {
-                    mean.map(|m| m as f32)
-                } else {
-                    None
-                },
-                trained_samples: to_u64(r.get(5)?),
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT e.epoch, COUNT(*), SUM(e.outcome = 'completed'), SUM(e.outcome = 'active'), \
+                 AVG(CASE WHEN e.outcome = 'completed' THEN e.loss END), \
+                 (SELECT COUNT(*) FROM samples t WHERE t.kind = 'train' \
+                  AND t.outcome = 'completed' AND t.epoch < e.epoch) \
+                 FROM samples e WHERE e.kind = 'eval' GROUP BY e.epoch ORDER BY e.epoch",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                let active: i64 = r.get(3)?;
+                let mean: Option<f64> = r.get(4)?;
+                Ok(EvalSummary {
+                    epoch: to_u64(r.get(0)?),
+                    samples: to_u64(r.get(1)?),
+                    completed: to_u64(r.get(2)?),
+                    eval_loss: if active == 0 {
+                        mean.map(|m| m as f32)
+                    } else {
+                        None
+                    },
+                    trained_samples: to_u64(r.get(5)?),
+                })
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 }

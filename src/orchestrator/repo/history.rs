@@ -23,24 +23,25 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn loss_history(&self, limit: usize) -> Result<Vec<LossPoint>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT id, epoch, finished_at, loss FROM samples \
-             WHERE outcome = 'completed' AND kind = 'train' AND loss IS NOT NULL \
-             AND finished_at IS NOT NULL \
-             ORDER BY finished_at DESC, id DESC LIMIT ?1",
-        )?;
-        let rows = stmt.query_map([to_i64(limit as u64)], |r| {
-            Ok(LossPoint {
-                sample: to_u64(r.get(0)?),
-                epoch: to_u64(r.get(1)?),
-                finished_ms: to_u64(r.get(2)?),
-                loss: r.get::<_, f64>(3)? as f32,
-            })
-        })?;
-        let mut points = rows.collect::<Result<Vec<_>, _>>()?;
-        points.reverse();
-        Ok(points)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT id, epoch, finished_at, loss FROM samples \
+                 WHERE outcome = 'completed' AND kind = 'train' AND loss IS NOT NULL \
+                 AND finished_at IS NOT NULL \
+                 ORDER BY finished_at DESC, id DESC LIMIT ?1",
+            )?;
+            let rows = stmt.query_map([to_i64(limit as u64)], |r| {
+                Ok(LossPoint {
+                    sample: to_u64(r.get(0)?),
+                    epoch: to_u64(r.get(1)?),
+                    finished_ms: to_u64(r.get(2)?),
+                    loss: r.get::<_, f64>(3)? as f32,
+                })
+            })?;
+            let mut points = rows.collect::<Result<Vec<_>, _>>()?;
+            points.reverse();
+            Ok(points)
+        })
     }
 }
 
@@ -69,72 +70,73 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn merge_history(&self, epochs: u64) -> Result<Vec<MergeRecord>, RepoError> {
-        let conn = self.lock();
-        let first: i64 = conn.query_row(
-            "SELECT COALESCE(MAX(epoch), 0) FROM partition_outcomes",
-            [],
-            |r| r.get(0),
-        )?;
-        let first = (first - to_i64(epochs) + 1).max(0);
-        let mut records: Vec<MergeRecord> = Vec::new();
-        let mut stmt = conn.prepare(
-            "SELECT epoch, section, verdict FROM partition_outcomes WHERE epoch >= ?1 \
-             ORDER BY epoch, section, partition",
-        )?;
-        let rows = stmt.query_map([first], |r| {
-            Ok((
-                to_u64(r.get(0)?),
-                to_u64(r.get(1)?) as usize,
-                r.get::<_, String>(2)?,
-            ))
-        })?;
-        for row in rows {
-            let (epoch, section, verdict) = row?;
-            if records
-                .last()
-                .is_none_or(|m| (m.epoch, m.section) != (epoch, section))
-            {
-                records.push(MergeRecord {
-                    epoch,
-                    section,
-                    agreed: 0,
-                    single: 0,
-                    recomputed: 0,
-                    fallback: 0,
-                    flags: Vec::new(),
-                });
-            }
-            if let Some(record) = records.last_mut() {
-                match verdict.split(' ').next().unwrap_or_default() {
-                    "agreed" => record.agreed += 1,
-                    "single" => record.single += 1,
-                    "fallback" => record.fallback += 1,
-                    _ => record.recomputed += 1,
+        self.read(|conn| {
+            let first: i64 = conn.query_row(
+                "SELECT COALESCE(MAX(epoch), 0) FROM partition_outcomes",
+                [],
+                |r| r.get(0),
+            )?;
+            let first = (first - to_i64(epochs) + 1).max(0);
+            let mut records: Vec<MergeRecord> = Vec::new();
+            let mut stmt = conn.prepare(
+                "SELECT epoch, section, verdict FROM partition_outcomes WHERE epoch >= ?1 \
+                 ORDER BY epoch, section, partition",
+            )?;
+            let rows = stmt.query_map([first], |r| {
+                Ok((
+                    to_u64(r.get(0)?),
+                    to_u64(r.get(1)?) as usize,
+                    r.get::<_, String>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (epoch, section, verdict) = row?;
+                if records
+                    .last()
+                    .is_none_or(|m| (m.epoch, m.section) != (epoch, section))
+                {
+                    records.push(MergeRecord {
+                        epoch,
+                        section,
+                        agreed: 0,
+                        single: 0,
+                        recomputed: 0,
+                        fallback: 0,
+                        flags: Vec::new(),
+                    });
+                }
+                if let Some(record) = records.last_mut() {
+                    match verdict.split(' ').next().unwrap_or_default() {
+                        "agreed" => record.agreed += 1,
+                        "single" => record.single += 1,
+                        "fallback" => record.fallback += 1,
+                        _ => record.recomputed += 1,
+                    }
                 }
             }
-        }
-        let mut stmt = conn.prepare(
-            "SELECT epoch, section, merger, partition, reason FROM merge_flags WHERE epoch >= ?1 \
-             ORDER BY epoch, section, partition, merger",
-        )?;
-        let rows = stmt.query_map([first], |r| {
-            Ok((
-                to_u64(r.get(0)?),
-                to_u64(r.get(1)?) as usize,
-                r.get::<_, String>(2)?,
-                to_u64(r.get(3)?) as usize,
-                r.get::<_, String>(4)?,
-            ))
-        })?;
-        for row in rows {
-            let (epoch, section, merger, partition, reason) = row?;
-            if let Some(record) = records
-                .iter_mut()
-                .find(|m| (m.epoch, m.section) == (epoch, section))
-            {
-                record.flags.push((merger, partition, reason));
+            let mut stmt = conn.prepare(
+                "SELECT epoch, section, merger, partition, reason FROM merge_flags WHERE epoch >= ?1 \
+                 ORDER BY epoch, section, partition, merger",
+            )?;
+            let rows = stmt.query_map([first], |r| {
+                Ok((
+                    to_u64(r.get(0)?),
+                    to_u64(r.get(1)?) as usize,
+                    r.get::<_, String>(2)?,
+                    to_u64(r.get(3)?) as usize,
+                    r.get::<_, String>(4)?,
+                ))
+            })?;
+            for row in rows {
+                let (epoch, section, merger, partition, reason) = row?;
+                if let Some(record) = records
+                    .iter_mut()
+                    .find(|m| (m.epoch, m.section) == (epoch, section))
+                {
+                    record.flags.push((merger, partition, reason));
+                }
             }
-        }
-        Ok(records)
+            Ok(records)
+        })
     }
 }

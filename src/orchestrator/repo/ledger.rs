@@ -14,8 +14,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::UnknownAssignment`].
     pub fn assignment(&self, id: u64, tail: usize) -> Result<AssignmentRow, RepoError> {
-        let conn = self.lock();
-        get_assignment(&conn, id, tail)
+        self.read(|conn| get_assignment(conn, id, tail))
     }
 
     /// Every assignment of `sample`, oldest first.
@@ -27,13 +26,14 @@ impl Repository {
         sample: u64,
         tail: usize,
     ) -> Result<Vec<AssignmentRow>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {ASSIGNMENT_COLUMNS} FROM assignments a JOIN samples s ON s.id = a.sample \
-             WHERE a.sample = ?1 ORDER BY a.id"
-        ))?;
-        let rows = stmt.query_map([to_i64(sample)], read_assignment)?;
-        rows.map(|r| r?.finish(Some(tail))).collect()
+        self.read(|conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {ASSIGNMENT_COLUMNS} FROM assignments a JOIN samples s ON s.id = a.sample \
+                 WHERE a.sample = ?1 ORDER BY a.id"
+            ))?;
+            let rows = stmt.query_map([to_i64(sample)], read_assignment)?;
+            rows.map(|r| r?.finish(Some(tail))).collect()
+        })
     }
 
     /// One sample of the ledger.
@@ -41,37 +41,38 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn sample(&self, id: u64) -> Result<Option<SampleRow>, RepoError> {
-        let conn = self.lock();
-        let raw = conn
-            .query_row(
-                "SELECT id, epoch, outcome, reason, loss, started_at, finished_at FROM samples \
-                 WHERE id = ?1",
-                [to_i64(id)],
-                |r| {
-                    Ok((
-                        r.get::<_, i64>(0)?,
-                        r.get::<_, i64>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, Option<String>>(3)?,
-                        r.get::<_, Option<f64>>(4)?,
-                        r.get::<_, i64>(5)?,
-                        r.get::<_, Option<i64>>(6)?,
-                    ))
-                },
-            )
-            .optional()?;
-        raw.map(|(id, epoch, outcome, reason, loss, started, finished)| {
-            Ok(SampleRow {
-                id: to_u64(id),
-                epoch: to_u64(epoch),
-                outcome: SampleOutcome::parse(&outcome)?,
-                reason,
-                loss: loss.map(|l| l as f32),
-                started_ms: to_u64(started),
-                finished_ms: finished.map(to_u64),
+        self.read(|conn| {
+            let raw = conn
+                .query_row(
+                    "SELECT id, epoch, outcome, reason, loss, started_at, finished_at FROM samples \
+                     WHERE id = ?1",
+                    [to_i64(id)],
+                    |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, String>(2)?,
+                            r.get::<_, Option<String>>(3)?,
+                            r.get::<_, Option<f64>>(4)?,
+                            r.get::<_, i64>(5)?,
+                            r.get::<_, Option<i64>>(6)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            raw.map(|(id, epoch, outcome, reason, loss, started, finished)| {
+                Ok(SampleRow {
+                    id: to_u64(id),
+                    epoch: to_u64(epoch),
+                    outcome: SampleOutcome::parse(&outcome)?,
+                    reason,
+                    loss: loss.map(|l| l as f32),
+                    started_ms: to_u64(started),
+                    finished_ms: finished.map(to_u64),
+                })
             })
+            .transpose()
         })
-        .transpose()
     }
 
     /// The miners that ran each section's forward of `sample`, by section.
@@ -79,13 +80,14 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn pathway(&self, sample: u64) -> Result<Vec<(usize, String)>, RepoError> {
-        let conn = self.lock();
-        let mut stmt =
-            conn.prepare("SELECT section, miner FROM pathway WHERE sample = ?1 ORDER BY section")?;
-        let rows = stmt.query_map([to_i64(sample)], |r| {
-            Ok((usize_of(r.get(0)?), r.get::<_, String>(1)?))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn
+                .prepare("SELECT section, miner FROM pathway WHERE sample = ?1 ORDER BY section")?;
+            let rows = stmt.query_map([to_i64(sample)], |r| {
+                Ok((usize_of(r.get(0)?), r.get::<_, String>(1)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 }
 

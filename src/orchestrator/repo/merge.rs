@@ -141,17 +141,18 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn upload(&self, epoch: u64, hotkey: &str) -> Result<Option<UploadRow>, RepoError> {
-        let conn = self.lock();
-        let row = conn
-            .query_row(
-                "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
-                 d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
-                 WHERE epoch = ?1 AND miner = ?2",
-                params![to_i64(epoch), hotkey],
-                read_upload,
-            )
-            .optional()?;
-        row.map(finish_upload).transpose()
+        self.read(|conn| {
+            let row = conn
+                .query_row(
+                    "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
+                     d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
+                     WHERE epoch = ?1 AND miner = ?2",
+                    params![to_i64(epoch), hotkey],
+                    read_upload,
+                )
+                .optional()?;
+            row.map(finish_upload).transpose()
+        })
     }
 
     /// Every upload of `section` for the merge of `epoch`, sorted by miner.
@@ -159,14 +160,16 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn uploads_of(&self, epoch: u64, section: usize) -> Result<Vec<UploadRow>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
-             d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
-             WHERE epoch = ?1 AND section = ?2 ORDER BY miner",
-        )?;
-        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], read_upload)?;
-        rows.map(|r| finish_upload(r?)).collect()
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
+                 d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
+                 WHERE epoch = ?1 AND section = ?2 ORDER BY miner",
+            )?;
+            let rows =
+                stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], read_upload)?;
+            rows.map(|r| finish_upload(r?)).collect()
+        })
     }
 
     /// Grants `hotkey` an upload lease until `lease_until_ms` (no-op when it has one).
@@ -303,14 +306,15 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn backwards_in_epoch(&self, hotkey: &str, epoch: u64) -> Result<u64, RepoError> {
-        let conn = self.lock();
-        let n: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
-             WHERE p.miner = ?1 AND p.backward_done = 1 AND s.epoch = ?2 AND s.kind = 'train'",
-            params![hotkey, to_i64(epoch)],
-            |r| r.get(0),
-        )?;
-        Ok(to_u64(n))
+        self.read(|conn| {
+            let n: i64 = conn.query_row(
+                "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
+                 WHERE p.miner = ?1 AND p.backward_done = 1 AND s.epoch = ?2 AND s.kind = 'train'",
+                params![hotkey, to_i64(epoch)],
+                |r| r.get(0),
+            )?;
+            Ok(to_u64(n))
+        })
     }
 
     /// Stores the plan of `section` for the merge of `epoch` (once; later calls keep the first).
@@ -345,36 +349,37 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn plan(&self, epoch: u64, section: usize) -> Result<Option<PlanRow>, RepoError> {
-        let conn = self.lock();
-        let raw: Option<(String, String, i64, i64, i64, Option<i64>)> = conn
-            .query_row(
-                "SELECT uploaders, weights, len, partitions, replication, finalized_at \
-                 FROM merge_plans WHERE epoch = ?1 AND section = ?2",
-                params![to_i64(epoch), to_i64(section as u64)],
-                |r| {
-                    Ok((
-                        r.get(0)?,
-                        r.get(1)?,
-                        r.get(2)?,
-                        r.get(3)?,
-                        r.get(4)?,
-                        r.get(5)?,
-                    ))
-                },
-            )
-            .optional()?;
-        let Some((uploaders, weights, len, partitions, replication, finalized)) = raw else {
-            return Ok(None);
-        };
-        let corrupt = |e: serde_json::Error| RepoError::Corrupt(format!("merge plan: {e}"));
-        Ok(Some(PlanRow {
-            uploaders: serde_json::from_str(&uploaders).map_err(corrupt)?,
-            weights: serde_json::from_str(&weights).map_err(corrupt)?,
-            len: usize_of(len),
-            partitions: usize_of(partitions),
-            replication: usize_of(replication),
-            finalized: finalized.is_some(),
-        }))
+        self.read(|conn| {
+            let raw: Option<(String, String, i64, i64, i64, Option<i64>)> = conn
+                .query_row(
+                    "SELECT uploaders, weights, len, partitions, replication, finalized_at \
+                     FROM merge_plans WHERE epoch = ?1 AND section = ?2",
+                    params![to_i64(epoch), to_i64(section as u64)],
+                    |r| {
+                        Ok((
+                            r.get(0)?,
+                            r.get(1)?,
+                            r.get(2)?,
+                            r.get(3)?,
+                            r.get(4)?,
+                            r.get(5)?,
+                        ))
+                    },
+                )
+                .optional()?;
+            let Some((uploaders, weights, len, partitions, replication, finalized)) = raw else {
+                return Ok(None);
+            };
+            let corrupt = |e: serde_json::Error| RepoError::Corrupt(format!("merge plan: {e}"));
+            Ok(Some(PlanRow {
+                uploaders: serde_json::from_str(&uploaders).map_err(corrupt)?,
+                weights: serde_json::from_str(&weights).map_err(corrupt)?,
+                len: usize_of(len),
+                partitions: usize_of(partitions),
+                replication: usize_of(replication),
+                finalized: finalized.is_some(),
+            }))
+        })
     }
 
     /// Records a merger's result for a partition (a resubmission replaces the earlier one).
@@ -415,19 +420,20 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn results(&self, epoch: u64, section: usize) -> Result<Vec<ResultRow>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT partition, merger, hash FROM partition_results WHERE epoch = ?1 \
-             AND section = ?2 ORDER BY partition, merger",
-        )?;
-        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
-            Ok(ResultRow {
-                partition: usize_of(r.get(0)?),
-                merger: r.get(1)?,
-                hash: r.get(2)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT partition, merger, hash FROM partition_results WHERE epoch = ?1 \
+                 AND section = ?2 ORDER BY partition, merger",
+            )?;
+            let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+                Ok(ResultRow {
+                    partition: usize_of(r.get(0)?),
+                    merger: r.get(1)?,
+                    hash: r.get(2)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 
     /// Records the end of a section's merge in one transaction: verdicts, flags (each a
@@ -498,15 +504,16 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn verdicts(&self, epoch: u64, section: usize) -> Result<Vec<(usize, String)>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT partition, verdict FROM partition_outcomes WHERE epoch = ?1 AND section = ?2 \
-             ORDER BY partition",
-        )?;
-        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
-            Ok((usize_of(r.get(0)?), r.get(1)?))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT partition, verdict FROM partition_outcomes WHERE epoch = ?1 AND section = ?2 \
+                 ORDER BY partition",
+            )?;
+            let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+                Ok((usize_of(r.get(0)?), r.get(1)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 
     /// Flags of a section's merge: `(partition, merger, reason)`.
@@ -518,15 +525,16 @@ impl Repository {
         epoch: u64,
         section: usize,
     ) -> Result<Vec<(usize, String, String)>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT partition, merger, reason FROM merge_flags WHERE epoch = ?1 AND section = ?2 \
-             ORDER BY partition, merger",
-        )?;
-        let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
-            Ok((usize_of(r.get(0)?), r.get(1)?, r.get(2)?))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT partition, merger, reason FROM merge_flags WHERE epoch = ?1 AND section = ?2 \
+                 ORDER BY partition, merger",
+            )?;
+            let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+                Ok((usize_of(r.get(0)?), r.get(1)?, r.get(2)?))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 
     /// The newest checkpoint of `section`.
@@ -543,15 +551,16 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn epoch_summaries(&self) -> Result<Vec<EpochSummary>, RepoError> {
-        let rows: Vec<(i64, f64)> = {
-            let conn = self.lock();
+        let rows: Vec<(i64, f64)> = self.read(|conn| {
             let mut stmt = conn.prepare(
                 "SELECT epoch, loss FROM samples WHERE outcome = 'completed' AND kind = 'train' \
                  AND loss IS NOT NULL ORDER BY epoch, finished_at, id",
             )?;
-            stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?
-        };
+            let rows = stmt
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()?;
+            Ok(rows)
+        })?;
         let mut out: Vec<EpochSummary> = Vec::new();
         let mut i = 0;
         while i < rows.len() {

@@ -16,25 +16,33 @@ fn phase_str(p: Phase) -> &'static str {
     }
 }
 
+/// Training samples of epoch `?1` completed, and training samples active. It runs on every
+/// work request, so both counts are ranges of the `samples_progress` index, not scans of the
+/// ledger.
+pub(super) const EPOCH_PROGRESS: &str = "SELECT \
+     (SELECT COUNT(*) FROM samples WHERE kind = 'train' AND outcome = 'completed' AND epoch = ?1), \
+     (SELECT COUNT(*) FROM samples WHERE kind = 'train' AND outcome = 'active')";
+
 impl Repository {
     /// Phase, epoch and next sample id.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn run_state(&self) -> Result<(Phase, u64, u64), RepoError> {
-        let conn = self.lock();
-        let (phase, epoch, next): (String, i64, i64) = conn.query_row(
-            "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )?;
-        let phase = match phase.as_str() {
-            "training" => Phase::Training,
-            "uploading" => Phase::Uploading,
-            "merging" => Phase::Merging,
-            other => return Err(RepoError::Corrupt(format!("phase {other:?}"))),
-        };
-        Ok((phase, to_u64(epoch), to_u64(next)))
+        self.read(|conn| {
+            let (phase, epoch, next): (String, i64, i64) = conn.query_row(
+                "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            let phase = match phase.as_str() {
+                "training" => Phase::Training,
+                "uploading" => Phase::Uploading,
+                "merging" => Phase::Merging,
+                other => return Err(RepoError::Corrupt(format!("phase {other:?}"))),
+            };
+            Ok((phase, to_u64(epoch), to_u64(next)))
+        })
     }
 
     /// Phase, epoch and deadlines.
@@ -43,17 +51,18 @@ impl Repository {
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
         let (phase, epoch, _) = self.run_state()?;
-        let conn = self.lock();
-        let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row(
-            "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok(PhaseInfo {
-            phase,
-            epoch,
-            deadline_ms: deadline.map(to_u64),
-            upload_closed_ms: closed.map(to_u64),
+        self.read(|conn| {
+            let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row(
+                "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            Ok(PhaseInfo {
+                phase,
+                epoch,
+                deadline_ms: deadline.map(to_u64),
+                upload_closed_ms: closed.map(to_u64),
+            })
         })
     }
 
@@ -62,17 +71,13 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
-        let conn = self.lock();
-        // Both counts are ranges of the `samples_outcome` index (this runs on every work
-        // request), not scans of the whole ledger.
-        let (done, active): (i64, i64) = conn.query_row(
-            "SELECT (SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND epoch = ?1 \
-             AND kind = 'train'), \
-             (SELECT COUNT(*) FROM samples WHERE outcome = 'active' AND kind = 'train')",
-            [to_i64(epoch)],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )?;
-        Ok((to_u64(done), to_u64(active)))
+        self.read(|conn| {
+            let (done, active): (i64, i64) =
+                conn.query_row(EPOCH_PROGRESS, [to_i64(epoch)], |r| {
+                    Ok((r.get(0)?, r.get(1)?))
+                })?;
+            Ok((to_u64(done), to_u64(active)))
+        })
     }
 
     /// Ends training of `epoch`: every sample still under way is dropped with a recorded

@@ -104,14 +104,15 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn miner(&self, hotkey: &str) -> Result<Option<MinerRow>, RepoError> {
-        let conn = self.lock();
-        Ok(conn
-            .query_row(
-                &format!("SELECT {MINER_COLUMNS} FROM miners WHERE hotkey = ?1"),
-                [hotkey],
-                read_miner,
-            )
-            .optional()?)
+        self.read(|conn| {
+            Ok(conn
+                .query_row(
+                    &format!("SELECT {MINER_COLUMNS} FROM miners WHERE hotkey = ?1"),
+                    [hotkey],
+                    read_miner,
+                )
+                .optional()?)
+        })
     }
 
     /// Every registered miner, by section then registration time.
@@ -119,12 +120,13 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn miners(&self) -> Result<Vec<MinerRow>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(&format!(
-            "SELECT {MINER_COLUMNS} FROM miners ORDER BY section, registered_at, hotkey"
-        ))?;
-        let rows = stmt.query_map([], read_miner)?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(&format!(
+                "SELECT {MINER_COLUMNS} FROM miners ORDER BY section, registered_at, hotkey"
+            ))?;
+            let rows = stmt.query_map([], read_miner)?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
     }
 
     /// Records that `hotkey` was seen now.

@@ -5,6 +5,10 @@ use rusqlite::params;
 use super::db::{Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::RepoError;
 
+/// Forgets signature ids that expired before `?1` (on every signed request: a range of the
+/// `seen_signatures_expiry` index, not a scan of the cache).
+pub(super) const FORGET_EXPIRED: &str = "DELETE FROM seen_signatures WHERE expires_at < ?1";
+
 impl Repository {
     /// Records a signature id until `expires_ms`; `false` when it was already recorded (a
     /// replay). Also forgets ids that expired before `now_ms`.
@@ -18,10 +22,7 @@ impl Repository {
         now_ms: u64,
     ) -> Result<bool, RepoError> {
         self.write(|tx| {
-            tx.execute(
-                "DELETE FROM seen_signatures WHERE expires_at < ?1",
-                [to_i64(now_ms)],
-            )?;
+            tx.execute(FORGET_EXPIRED, [to_i64(now_ms)])?;
             let n = tx.execute(
                 "INSERT OR IGNORE INTO seen_signatures (id, expires_at) VALUES (?1, ?2)",
                 params![id, to_i64(expires_ms)],
@@ -35,8 +36,10 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn signature_count(&self) -> Result<u64, RepoError> {
-        let conn = self.lock();
-        let n: i64 = conn.query_row("SELECT COUNT(*) FROM seen_signatures", [], |r| r.get(0))?;
-        Ok(to_u64(n))
+        self.read(|conn| {
+            let n: i64 =
+                conn.query_row("SELECT COUNT(*) FROM seen_signatures", [], |r| r.get(0))?;
+            Ok(to_u64(n))
+        })
     }
 }

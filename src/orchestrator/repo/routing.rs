@@ -189,10 +189,11 @@ impl Repository {
     /// # Errors
     /// [`RepoError::UnknownAssignment`], [`RepoError::NotHolder`], [`RepoError::NotAssigned`].
     pub fn held(&self, id: u64, hotkey: &str, tail: usize) -> Result<AssignmentRow, RepoError> {
-        let conn = self.lock();
-        let row = get_assignment(&conn, id, tail)?;
-        check_held(&row, hotkey)?;
-        Ok(row)
+        self.read(|conn| {
+            let row = get_assignment(conn, id, tail)?;
+            check_held(&row, hotkey)?;
+            Ok(row)
+        })
     }
 
     /// Accepts the result of assignment `id` from `hotkey` and routes the next piece of work:

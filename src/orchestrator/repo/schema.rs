@@ -75,9 +75,17 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 14] = [
     ),
 ];
 
-/// Indexes over added columns (created once the columns exist).
-pub(super) const ADDED_INDEXES: &str =
-    "CREATE INDEX IF NOT EXISTS samples_kind ON samples (kind, epoch);";
+/// Indexes over added columns (created once the columns exist), and the indexes the hot
+/// queries need (checked by `repo::tests::hot_queries_use_indexes`): the epoch progress read
+/// on every `/api/work` (`samples_progress`), the recent loss on the unauthenticated status
+/// and metrics (`samples_finished`), and the replay cache's expiry on every signed request
+/// (`seen_signatures_expiry`).
+pub(super) const ADDED_INDEXES: &str = "
+CREATE INDEX IF NOT EXISTS samples_kind ON samples (kind, epoch);
+CREATE INDEX IF NOT EXISTS samples_progress ON samples (kind, outcome, epoch);
+CREATE INDEX IF NOT EXISTS samples_finished ON samples (kind, outcome, finished_at);
+CREATE INDEX IF NOT EXISTS seen_signatures_expiry ON seen_signatures (expires_at);
+";
 
 /// Tables of the merge cycle (created next to the routing tables).
 pub(super) const MERGE_SCHEMA: &str = "

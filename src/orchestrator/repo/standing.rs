@@ -181,22 +181,23 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn standing_of(&self, hotkey: &str) -> Result<Vec<StandingDecision>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT miner, at, decision, strikes, until, reason FROM standing \
-             WHERE miner = ?1 ORDER BY id",
-        )?;
-        let rows = stmt.query_map([hotkey], |r| {
-            Ok(StandingDecision {
-                miner: r.get(0)?,
-                at_ms: to_u64(r.get(1)?),
-                decision: r.get(2)?,
-                strikes: u32::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
-                until_ms: r.get::<_, Option<i64>>(4)?.map(to_u64),
-                reason: r.get(5)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT miner, at, decision, strikes, until, reason FROM standing \
+                 WHERE miner = ?1 ORDER BY id",
+            )?;
+            let rows = stmt.query_map([hotkey], |r| {
+                Ok(StandingDecision {
+                    miner: r.get(0)?,
+                    at_ms: to_u64(r.get(1)?),
+                    decision: r.get(2)?,
+                    strikes: u32::try_from(r.get::<_, i64>(3)?).unwrap_or(0),
+                    until_ms: r.get::<_, Option<i64>>(4)?.map(to_u64),
+                    reason: r.get(5)?,
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
     }
 
     /// Whether `hotkey` may be given new forwards or samples at `now_ms` (not backed off or
@@ -205,8 +206,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn may_take_new_work(&self, hotkey: &str, now_ms: u64) -> Result<bool, RepoError> {
-        let conn = self.lock();
-        benched_until(&conn, hotkey).map(|until| until.is_none_or(|u| u <= now_ms))
+        self.read(|conn| benched_until(conn, hotkey).map(|until| until.is_none_or(|u| u <= now_ms)))
     }
 
     /// Records that agreeing validators flagged `hotkey` in `epoch` (once per epoch; a repeat

@@ -3,27 +3,38 @@
 use super::db::{Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::{LedgerCounts, RepoError, SampleOutcome};
 
+/// Mean loss of the last `?1` completed training samples: the newest rows of the
+/// `samples_finished` index, not a sort of the ledger (status and metrics, unauthenticated).
+pub(super) const RECENT_LOSS: &str = "SELECT AVG(loss) FROM (SELECT loss FROM samples \
+     WHERE kind = 'train' AND outcome = 'completed' AND loss IS NOT NULL \
+     ORDER BY finished_at DESC, id DESC LIMIT ?1)";
+
+/// Training samples completed at or after `?1` (a range of `samples_finished`).
+pub(super) const COMPLETED_SINCE: &str = "SELECT COUNT(*) FROM samples \
+     WHERE kind = 'train' AND outcome = 'completed' AND finished_at >= ?1";
+
 impl Repository {
     /// Completed, dropped and active training sample counts (evaluation samples apart).
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn counts(&self) -> Result<LedgerCounts, RepoError> {
-        let conn = self.lock();
-        let mut counts = LedgerCounts::default();
-        let mut stmt = conn.prepare(
-            "SELECT outcome, COUNT(*) FROM samples WHERE kind = 'train' GROUP BY outcome",
-        )?;
-        let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-        for row in rows {
-            let (outcome, n) = row?;
-            match SampleOutcome::parse(&outcome)? {
-                SampleOutcome::Active => counts.active = to_u64(n),
-                SampleOutcome::Completed => counts.completed = to_u64(n),
-                SampleOutcome::Dropped => counts.dropped = to_u64(n),
+        self.read(|conn| {
+            let mut counts = LedgerCounts::default();
+            let mut stmt = conn.prepare(
+                "SELECT outcome, COUNT(*) FROM samples WHERE kind = 'train' GROUP BY outcome",
+            )?;
+            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            for row in rows {
+                let (outcome, n) = row?;
+                match SampleOutcome::parse(&outcome)? {
+                    SampleOutcome::Active => counts.active = to_u64(n),
+                    SampleOutcome::Completed => counts.completed = to_u64(n),
+                    SampleOutcome::Dropped => counts.dropped = to_u64(n),
+                }
             }
-        }
-        Ok(counts)
+            Ok(counts)
+        })
     }
 
     /// Mean loss of the last `n` completed training samples, and how many completed at or
@@ -32,20 +43,11 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn recent(&self, n: usize, since_ms: u64) -> Result<(Option<f32>, u64), RepoError> {
-        let conn = self.lock();
-        let mean: Option<f64> = conn.query_row(
-            "SELECT AVG(loss) FROM (SELECT loss FROM samples WHERE outcome = 'completed' \
-             AND kind = 'train' AND loss IS NOT NULL ORDER BY finished_at DESC, id DESC \
-             LIMIT ?1)",
-            [to_i64(n as u64)],
-            |r| r.get(0),
-        )?;
-        let done: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM samples WHERE outcome = 'completed' AND kind = 'train' \
-             AND finished_at >= ?1",
-            [to_i64(since_ms)],
-            |r| r.get(0),
-        )?;
-        Ok((mean.map(|m| m as f32), to_u64(done)))
+        self.read(|conn| {
+            let mean: Option<f64> =
+                conn.query_row(RECENT_LOSS, [to_i64(n as u64)], |r| r.get(0))?;
+            let done: i64 = conn.query_row(COMPLETED_SINCE, [to_i64(since_ms)], |r| r.get(0))?;
+            Ok((mean.map(|m| m as f32), to_u64(done)))
+        })
     }
 }

@@ -559,3 +559,28 @@ fn evaluation_samples_travel_forward_only_and_stay_out_of_training_counts() {
     assert_eq!(repo.counts().unwrap().completed, 0);
     assert_eq!(repo.epoch_progress(0).unwrap(), (0, 0));
 }
+
+/// The queries that run on every request (or on unauthenticated pages) read ranges of an
+/// index, never the whole ledger or replay cache: `EXPLAIN QUERY PLAN` names an index and no
+/// full scan or sort of the table.
+#[test]
+fn hot_queries_use_indexes() {
+    let repo = Repository::open_in_memory().unwrap();
+    let hot = [
+        ("epoch progress", super::phase::EPOCH_PROGRESS),
+        ("replay expiry", super::replay::FORGET_EXPIRED),
+        ("recent loss", super::stats::RECENT_LOSS),
+        ("completed since", super::stats::COMPLETED_SINCE),
+    ];
+    for (name, sql) in hot {
+        let plan = repo.query_plan(sql).unwrap();
+        assert!(plan.contains("USING"), "{name}: no index in\n{plan}");
+        for table in ["samples", "seen_signatures"] {
+            assert!(
+                !plan.contains(&format!("SCAN {table}")),
+                "{name}: full scan of {table} in\n{plan}"
+            );
+        }
+        assert!(!plan.contains("TEMP B-TREE"), "{name}: sorts in\n{plan}");
+    }
+}

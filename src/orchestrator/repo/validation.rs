@@ -80,14 +80,15 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn latest_weights(&self) -> Result<Vec<PublishedRow>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT p.validator, p.epoch, p.received_at, p.body, p.signature, p.signed_at \
-             FROM published_weights p WHERE p.epoch = (SELECT MAX(q.epoch) FROM \
-             published_weights q WHERE q.validator = p.validator) ORDER BY p.validator",
-        )?;
-        let rows = stmt.query_map([], published_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT p.validator, p.epoch, p.received_at, p.body, p.signature, p.signed_at \
+                 FROM published_weights p WHERE p.epoch = (SELECT MAX(q.epoch) FROM \
+                 published_weights q WHERE q.validator = p.validator) ORDER BY p.validator",
+            )?;
+            let rows = stmt.query_map([], published_row)?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 
     /// Every validator's vector for `epoch`, by validator.
@@ -95,13 +96,14 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn weights_of_epoch(&self, epoch: u64) -> Result<Vec<PublishedRow>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT validator, epoch, received_at, body, signature, signed_at \
-             FROM published_weights WHERE epoch = ?1 ORDER BY validator",
-        )?;
-        let rows = stmt.query_map([to_i64(epoch)], published_row)?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT validator, epoch, received_at, body, signature, signed_at \
+                 FROM published_weights WHERE epoch = ?1 ORDER BY validator",
+            )?;
+            let rows = stmt.query_map([to_i64(epoch)], published_row)?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 
     /// The latest epoch `validator` published weights for.
@@ -109,13 +111,14 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn published_epoch(&self, validator: &str) -> Result<Option<u64>, RepoError> {
-        let conn = self.lock();
-        let e: Option<i64> = conn.query_row(
-            "SELECT MAX(epoch) FROM published_weights WHERE validator = ?1",
-            [validator],
-            |r| r.get(0),
-        )?;
-        Ok(e.map(to_u64))
+        self.read(|conn| {
+            let e: Option<i64> = conn.query_row(
+                "SELECT MAX(epoch) FROM published_weights WHERE validator = ?1",
+                [validator],
+                |r| r.get(0),
+            )?;
+            Ok(e.map(to_u64))
+        })
     }
 
     /// Records when `miner`'s upload for the merge of `epoch` was accepted.
@@ -142,15 +145,16 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn upload_time(&self, epoch: u64, miner: &str) -> Result<Option<u64>, RepoError> {
-        let conn = self.lock();
-        let at: Option<i64> = conn
-            .query_row(
-                "SELECT accepted_at FROM upload_times WHERE epoch = ?1 AND miner = ?2",
-                params![to_i64(epoch), miner],
-                |r| r.get(0),
-            )
-            .optional()?;
-        Ok(at.map(to_u64))
+        self.read(|conn| {
+            let at: Option<i64> = conn
+                .query_row(
+                    "SELECT accepted_at FROM upload_times WHERE epoch = ?1 AND miner = ?2",
+                    params![to_i64(epoch), miner],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            Ok(at.map(to_u64))
+        })
     }
 
     /// Keeps the objects under `prefix` (of `epoch`) until validators are done with the epoch.
@@ -172,17 +176,19 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn kept_objects(&self) -> Result<Vec<KeptObjects>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn
-            .prepare("SELECT prefix, epoch, eligible_at FROM kept_objects ORDER BY eligible_at")?;
-        let rows = stmt.query_map([], |r| {
-            Ok(KeptObjects {
-                prefix: r.get(0)?,
-                epoch: to_u64(r.get(1)?),
-                eligible_ms: to_u64(r.get(2)?),
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT prefix, epoch, eligible_at FROM kept_objects ORDER BY eligible_at",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok(KeptObjects {
+                    prefix: r.get(0)?,
+                    epoch: to_u64(r.get(1)?),
+                    eligible_ms: to_u64(r.get(2)?),
+                })
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 
     /// Forgets a kept prefix (its objects were deleted).
@@ -205,24 +211,25 @@ impl Repository {
         section: usize,
         epoch: u64,
     ) -> Result<Option<CheckpointRow>, RepoError> {
-        let conn = self.lock();
-        Ok(conn
-            .query_row(
-                "SELECT section, epoch, hash, bytes, optimizer_step FROM checkpoints \
-                 WHERE section = ?1 \
-                 AND epoch <= ?2 ORDER BY epoch DESC LIMIT 1",
-                params![to_i64(section as u64), to_i64(epoch)],
-                |r| {
-                    Ok(CheckpointRow {
-                        section: usize_of(r.get(0)?),
-                        epoch: to_u64(r.get(1)?),
-                        hash: r.get(2)?,
-                        bytes: to_u64(r.get(3)?),
-                        optimizer_step: to_u64(r.get(4)?),
-                    })
-                },
-            )
-            .optional()?)
+        self.read(|conn| {
+            Ok(conn
+                .query_row(
+                    "SELECT section, epoch, hash, bytes, optimizer_step FROM checkpoints \
+                     WHERE section = ?1 \
+                     AND epoch <= ?2 ORDER BY epoch DESC LIMIT 1",
+                    params![to_i64(section as u64), to_i64(epoch)],
+                    |r| {
+                        Ok(CheckpointRow {
+                            section: usize_of(r.get(0)?),
+                            epoch: to_u64(r.get(1)?),
+                            hash: r.get(2)?,
+                            bytes: to_u64(r.get(3)?),
+                            optimizer_step: to_u64(r.get(4)?),
+                        })
+                    },
+                )
+                .optional()?)
+        })
     }
 
     /// Completed samples of `epoch` with their loss, when the loss was accepted, and their
@@ -235,44 +242,45 @@ impl Repository {
         epoch: u64,
         n_sections: usize,
     ) -> Result<Vec<LedgerSample>, RepoError> {
-        let conn = self.lock();
-        let tail = to_i64(n_sections.saturating_sub(1) as u64);
-        let mut stmt = conn.prepare(
-            "SELECT s.id, s.loss, COALESCE((SELECT MAX(a.finished_at) FROM assignments a \
-             WHERE a.sample = s.id AND a.section = ?2 AND a.kind = 'forward' \
-             AND a.state = 'done'), s.finished_at, 0) FROM samples s \
-             WHERE s.epoch = ?1 AND s.outcome = 'completed' AND s.kind = 'train' ORDER BY s.id",
-        )?;
-        let rows = stmt.query_map(params![to_i64(epoch), tail], |r| {
-            Ok(LedgerSample {
-                sample: to_u64(r.get(0)?),
-                loss: r.get::<_, Option<f64>>(1)?.map(|l| l as f32),
-                loss_unix_ms: to_u64(r.get(2)?),
-                pathway: vec![String::new(); n_sections],
-            })
-        })?;
-        let mut samples: Vec<LedgerSample> = rows.collect::<Result<_, _>>()?;
-        let mut stmt = conn.prepare(
-            "SELECT p.sample, p.section, p.miner FROM pathway p JOIN samples s ON s.id = p.sample \
-             WHERE s.epoch = ?1 AND s.outcome = 'completed' AND s.kind = 'train' \
-             ORDER BY p.sample",
-        )?;
-        let rows = stmt.query_map([to_i64(epoch)], |r| {
-            Ok((
-                to_u64(r.get(0)?),
-                usize_of(r.get(1)?),
-                r.get::<_, String>(2)?,
-            ))
-        })?;
-        for row in rows {
-            let (sample, section, miner) = row?;
-            if let Ok(i) = samples.binary_search_by_key(&sample, |s| s.sample)
-                && let Some(slot) = samples[i].pathway.get_mut(section)
-            {
-                *slot = miner;
+        self.read(|conn| {
+            let tail = to_i64(n_sections.saturating_sub(1) as u64);
+            let mut stmt = conn.prepare(
+                "SELECT s.id, s.loss, COALESCE((SELECT MAX(a.finished_at) FROM assignments a \
+                 WHERE a.sample = s.id AND a.section = ?2 AND a.kind = 'forward' \
+                 AND a.state = 'done'), s.finished_at, 0) FROM samples s \
+                 WHERE s.epoch = ?1 AND s.outcome = 'completed' AND s.kind = 'train' ORDER BY s.id",
+            )?;
+            let rows = stmt.query_map(params![to_i64(epoch), tail], |r| {
+                Ok(LedgerSample {
+                    sample: to_u64(r.get(0)?),
+                    loss: r.get::<_, Option<f64>>(1)?.map(|l| l as f32),
+                    loss_unix_ms: to_u64(r.get(2)?),
+                    pathway: vec![String::new(); n_sections],
+                })
+            })?;
+            let mut samples: Vec<LedgerSample> = rows.collect::<Result<_, _>>()?;
+            let mut stmt = conn.prepare(
+                "SELECT p.sample, p.section, p.miner FROM pathway p JOIN samples s ON s.id = p.sample \
+                 WHERE s.epoch = ?1 AND s.outcome = 'completed' AND s.kind = 'train' \
+                 ORDER BY p.sample",
+            )?;
+            let rows = stmt.query_map([to_i64(epoch)], |r| {
+                Ok((
+                    to_u64(r.get(0)?),
+                    usize_of(r.get(1)?),
+                    r.get::<_, String>(2)?,
+                ))
+            })?;
+            for row in rows {
+                let (sample, section, miner) = row?;
+                if let Ok(i) = samples.binary_search_by_key(&sample, |s| s.sample)
+                    && let Some(slot) = samples[i].pathway.get_mut(section)
+                {
+                    *slot = miner;
+                }
             }
-        }
-        Ok(samples)
+            Ok(samples)
+        })
     }
 
     /// Per miner: its assignment counts in `epoch`, by hotkey.
@@ -280,30 +288,31 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn epoch_work_counts(&self, epoch: u64) -> Result<Vec<(String, WorkCounts)>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT a.miner, m.section, \
-             SUM(a.state = 'done'), \
-             SUM(a.state = 'done' AND s.outcome = 'completed'), \
-             SUM(a.state = 'expired'), SUM(a.state = 'failed') \
-             FROM assignments a JOIN samples s ON s.id = a.sample \
-             JOIN miners m ON m.hotkey = a.miner \
-             WHERE a.epoch = ?1 AND a.miner IS NOT NULL AND s.kind = 'train' \
-             GROUP BY a.miner ORDER BY a.miner",
-        )?;
-        let rows = stmt.query_map([to_i64(epoch)], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                WorkCounts {
-                    section: usize_of(r.get(1)?),
-                    accepted: to_u64(r.get(2)?),
-                    completed_work: to_u64(r.get(3)?),
-                    missed: to_u64(r.get(4)?),
-                    refused: to_u64(r.get(5)?),
-                },
-            ))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT a.miner, m.section, \
+                 SUM(a.state = 'done'), \
+                 SUM(a.state = 'done' AND s.outcome = 'completed'), \
+                 SUM(a.state = 'expired'), SUM(a.state = 'failed') \
+                 FROM assignments a JOIN samples s ON s.id = a.sample \
+                 JOIN miners m ON m.hotkey = a.miner \
+                 WHERE a.epoch = ?1 AND a.miner IS NOT NULL AND s.kind = 'train' \
+                 GROUP BY a.miner ORDER BY a.miner",
+            )?;
+            let rows = stmt.query_map([to_i64(epoch)], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    WorkCounts {
+                        section: usize_of(r.get(1)?),
+                        accepted: to_u64(r.get(2)?),
+                        completed_work: to_u64(r.get(3)?),
+                        missed: to_u64(r.get(4)?),
+                        refused: to_u64(r.get(5)?),
+                    },
+                ))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        })
     }
 
     /// Ids of `miner`'s accepted assignments in `epoch`, in the order it did them: by
@@ -313,13 +322,14 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn accepted_in_order(&self, epoch: u64, miner: &str) -> Result<Vec<u64>, RepoError> {
-        let conn = self.lock();
-        let mut stmt = conn.prepare(
-            "SELECT id FROM assignments WHERE epoch = ?1 AND miner = ?2 AND state = 'done' \
-             AND kind != 'eval' ORDER BY finished_at, kind = 'forward', id",
-        )?;
-        let rows = stmt.query_map(params![to_i64(epoch), miner], |r| r.get::<_, i64>(0))?;
-        Ok(rows.map(|r| r.map(to_u64)).collect::<Result<_, _>>()?)
+        self.read(|conn| {
+            let mut stmt = conn.prepare(
+                "SELECT id FROM assignments WHERE epoch = ?1 AND miner = ?2 AND state = 'done' \
+                 AND kind != 'eval' ORDER BY finished_at, kind = 'forward', id",
+            )?;
+            let rows = stmt.query_map(params![to_i64(epoch), miner], |r| r.get::<_, i64>(0))?;
+            Ok(rows.map(|r| r.map(to_u64)).collect::<Result<_, _>>()?)
+        })
     }
 
     /// What the ledger holds about accepted assignment `id` beyond its row: when it was
@@ -333,19 +343,20 @@ impl Repository {
         kind: WorkKind,
         tail: usize,
     ) -> Result<AcceptedDetail, RepoError> {
-        let conn = self.lock();
-        let (at, section, output_hash, loss): (Option<i64>, i64, Option<String>, Option<f64>) =
-            conn.query_row(
-                "SELECT a.finished_at, a.section, a.output_hash, s.loss FROM assignments a \
-                 JOIN samples s ON s.id = a.sample WHERE a.id = ?1",
-                [to_i64(id)],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            )?;
-        let is_tail_forward = kind == WorkKind::Forward && usize_of(section) == tail;
-        Ok(AcceptedDetail {
-            accepted_ms: at.map(to_u64).unwrap_or(0),
-            output_hash: output_hash.filter(|h| !h.is_empty()),
-            loss: loss.filter(|_| is_tail_forward).map(|l| l as f32),
+        self.read(|conn| {
+            let (at, section, output_hash, loss): (Option<i64>, i64, Option<String>, Option<f64>) =
+                conn.query_row(
+                    "SELECT a.finished_at, a.section, a.output_hash, s.loss FROM assignments a \
+                     JOIN samples s ON s.id = a.sample WHERE a.id = ?1",
+                    [to_i64(id)],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )?;
+            let is_tail_forward = kind == WorkKind::Forward && usize_of(section) == tail;
+            Ok(AcceptedDetail {
+                accepted_ms: at.map(to_u64).unwrap_or(0),
+                output_hash: output_hash.filter(|h| !h.is_empty()),
+                loss: loss.filter(|_| is_tail_forward).map(|l| l as f32),
+            })
         })
     }
 
@@ -358,14 +369,15 @@ impl Repository {
         sample: u64,
         epoch: u64,
     ) -> Result<Option<(String, String)>, RepoError> {
-        let conn = self.lock();
-        Ok(conn
-            .query_row(
-                "SELECT tokens_hash, targets_hash FROM samples WHERE id = ?1 AND epoch = ?2",
-                params![to_i64(sample), to_i64(epoch)],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?)
+        self.read(|conn| {
+            Ok(conn
+                .query_row(
+                    "SELECT tokens_hash, targets_hash FROM samples WHERE id = ?1 AND epoch = ?2",
+                    params![to_i64(sample), to_i64(epoch)],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?)
+        })
     }
 }
 

@@ -36,7 +36,7 @@ fn write_run(dir: &Path, run: &str, per_epoch: u64, budget: u64, extra: &str) ->
             "heartbeat_s: 1\nminer_ttl_s: 5\neval_samples: 0\n\
              deadlines: {{ forward_s: 3, backward_s: 5 }}\n\
              batches_before_merging: {per_epoch}\nmax_samples: {budget}\n\
-             schedule: {{ peak: 0.003, warmup_steps: 4, total_steps: {budget} }}\n\
+             schedule: {{ peak: 0.003, warmup_steps: 4, total_steps: {budget}, min_ratio: 0.1 }}\n\
              penalties: {{ backoff_s: 1, exclude_after: 5, exclusion_s: 5 }}\n\
              merge: {{ upload_s: 15, lease_grace_s: 2, merge_s: 8 }}\n{extra}"
         ),

@@ -105,7 +105,7 @@ impl<B: AutodiffBackend> Worker<B> {
             flat = copier.disguise(section, epoch, flat, wire, span).await;
         }
         let poisoner = self.adversary.is_some_and(Adversary::poisons_merges);
-        if poisoner && epoch % 2 == 0 {
+        if poisoner && epoch.is_multiple_of(2) {
             Adversary::poison(&mut flat, layout.params_len as usize);
         }
         let bytes = wire

@@ -35,7 +35,7 @@ impl Repository {
                 None => {
                     let s = self.summarise_epoch(epoch)?;
                     if epoch < current {
-                        self.lock_epochs().insert(epoch, s.clone());
+                        self.lock_epochs().insert(epoch, s);
                     }
                     s
                 }

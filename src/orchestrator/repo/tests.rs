@@ -637,15 +637,13 @@ fn r9_an_epoch_starts_no_more_samples_than_its_merge_needs() {
     );
 }
 
+/// A row of per-epoch counts: epoch, kind, active, completed, dropped, completed with a loss.
+type CountRow = (i64, String, i64, i64, i64, i64);
+
 /// The per-epoch counters, as a full count of the ledger would give them.
-fn counted(
-    repo: &Repository,
-) -> (
-    Vec<(i64, String, i64, i64, i64, i64)>,
-    Vec<(i64, String, i64, i64, i64, i64)>,
-) {
+fn counted(repo: &Repository) -> (Vec<CountRow>, Vec<CountRow>) {
     repo.read(|conn| {
-        let rows = |sql: &str| -> Result<Vec<(i64, String, i64, i64, i64, i64)>, RepoError> {
+        let rows = |sql: &str| -> Result<Vec<CountRow>, RepoError> {
             let mut stmt = conn.prepare(sql)?;
             let rows = stmt.query_map([], |r| {
                 Ok((

@@ -233,7 +233,8 @@ impl Dice {
     }
 }
 
-/// Chaos: 9 miners (3 per section), four epochs of 8 samples. In every epoch 3 miners (a
+/// Chaos: 9 miners (3 per section), epochs of 8 samples, a budget of 40 sample ids (samples
+/// cut off at the end of an epoch use ids too: three or four merges). In every epoch 3 miners (a
 /// third) are killed at random once a few samples completed, leaving each section at least
 /// one; two of them come back at once with the same hotkey, the third at the next epoch. The
 /// orchestrator is killed and restarted in epoch 1 mid-training, and in the merges of epochs 2

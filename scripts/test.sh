@@ -48,4 +48,4 @@ echo "== cargo check --features cuda (the CUDA backend and its GPU smoke test co
 cargo check --lib --features cuda
 cargo check --features cuda --test cuda_smoke
 echo "== cargo test"
-cargo test --all-targets
+cargo test --all-targets --no-fail-fast

@@ -57,13 +57,22 @@ fn compare(cfg: &ModelConfig, wire: WireDtype) -> (f64, f64, f64) {
     (loss_err, grad_err, boundary_err)
 }
 
+/// f32 agreement between the chain and the whole graph. They sum in different orders, and
+/// burn's CPU kernels pick their reduction order by the CPU's features: the same test measured
+/// parameter-gradient errors of ~1e-5 on one machine and 2.9e-4 on a CI machine. The bounds sit
+/// well above that rounding and far below the error a wrong or missing gradient term leaves
+/// (of the order of the term itself).
+fn assert_f32_agreement(loss: f64, grads: f64, boundary: f64, grad_tolerance: f64) {
+    assert!(loss < 1e-4, "loss rel err {loss}");
+    assert!(grads < grad_tolerance, "param grad rel err {grads}");
+    assert!(boundary < 1e-3, "boundary grad rel err {boundary}");
+}
+
 #[test]
 fn chain_equals_whole_graph_with_bottleneck_f32() {
     let cfg = ModelConfig::preset("tiny").unwrap();
     let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
-    assert!(loss < 1e-5, "loss rel err {loss}");
-    assert!(grads < 1e-4, "param grad rel err {grads}");
-    assert!(boundary < 1e-4, "boundary grad rel err {boundary}");
+    assert_f32_agreement(loss, grads, boundary, 2e-3);
 }
 
 #[test]
@@ -71,9 +80,7 @@ fn chain_equals_whole_graph_without_bottleneck_f32() {
     let mut cfg = ModelConfig::preset("tiny").unwrap();
     cfg.bottleneck = false;
     let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
-    assert!(loss < 1e-5, "loss rel err {loss}");
-    assert!(grads < 1e-4, "param grad rel err {grads}");
-    assert!(boundary < 1e-4, "boundary grad rel err {boundary}");
+    assert_f32_agreement(loss, grads, boundary, 2e-3);
 }
 
 #[test]
@@ -82,13 +89,9 @@ fn chain_matches_whole_graph_at_128x() {
     cfg.d_b = Some(cfg.d_model / 128);
     let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
     // A one-channel boundary makes the model ill-conditioned: the whole graph run twice on
-    // the same batch already disagrees with itself by ~1e-4 in its parameter gradients
-    // (burn's CPU reductions are not bitwise reproducible), so parameter gradients get a
-    // tolerance of 1e-3 here; loss and boundary gradients keep the tight ones.
-    assert!(
-        loss < 1e-5 && grads < 1e-3 && boundary < 1e-4,
-        "{loss} {grads} {boundary}"
-    );
+    // the same batch already disagrees with itself by ~1e-4 in its parameter gradients, and
+    // a CI machine with other CPU features measured 1.4e-3 against the chain.
+    assert_f32_agreement(loss, grads, boundary, 1e-2);
 }
 
 #[test]

@@ -34,18 +34,12 @@ pub async fn work(
         .repo
         .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
     let mut rows = taken.assignments;
-    // Start no more samples than the epoch still needs before its merge.
-    let (done, active) = state.repo.epoch_progress(epoch)?;
-    let room = state
-        .config
-        .batches_before_merging
-        .saturating_sub(done + active);
-    let head_capacity = taken
-        .head_capacity
-        .min(usize::try_from(room).unwrap_or(usize::MAX));
-    if head_capacity > 0 {
+    if taken.head_capacity > 0 {
         let _guard = state.start_lock.lock().await;
-        for _ in 0..head_capacity {
+        for _ in 0..taken.head_capacity {
+            if !may_start(&state, epoch)? {
+                break;
+            }
             match start_sample(&state, &req.hotkey).await? {
                 Some(row) => rows.push(row),
                 None => break,
@@ -97,6 +91,23 @@ async fn start_evals(state: &AppState, epoch: u64) -> Result<(), HttpError> {
         "evaluation of the epoch's starting weights begun"
     );
     Ok(())
+}
+
+/// Whether one more sample may start now (the caller holds the start lock, so the counts
+/// cannot move under it): the epoch still needs one before its merge, and with synchronous
+/// steps (`samples_per_step` G) the sample belongs to the step under way, or every sample of
+/// the earlier steps has finished.
+fn may_start(state: &AppState, epoch: u64) -> Result<bool, HttpError> {
+    let (done, active) = state.repo.epoch_progress(epoch)?;
+    if done + active >= state.config.batches_before_merging {
+        return Ok(false);
+    }
+    let g = state.config.samples_per_step;
+    if g == 0 {
+        return Ok(true);
+    }
+    let (_, _, next) = state.repo.run_state()?;
+    Ok(!next.is_multiple_of(g) || active == 0)
 }
 
 /// Stores the tokens and targets of the next sample and starts it (caller holds the start

@@ -573,36 +573,113 @@ async fn the_operator_and_outer_step_follow_the_config() {
     }
 }
 
+/// Garbage (issue 9): checkpoints and the outer momentum were never collected, and the
+/// routing ledger never pruned. With `retention: {checkpoints: 2, ledger_epochs: 1}`, after
+/// each of four merges only the newest two checkpoints (state and momentum) of the section are
+/// left in storage, the outer step still finds the momentum it needs, and the assignments and
+/// pathways of finished epochs are gone while every sample id keeps its ledger row and the
+/// counters keep their totals.
+#[tokio::test]
+async fn r9_old_checkpoints_and_routing_rows_are_collected_keeping_the_newest() {
+    use iota::storage::StatePart;
+    let cfg = config(
+        "model: {preset: tiny, n_layers: 1, d_model: 32, n_heads: 2, n_kv_heads: 2, d_ff: 64, \
+         bottleneck: false, sections: [[0, 1]]}\nbatches_before_merging: 2\nheartbeat_s: 1\n\
+         merge: {upload_s: 30, lease_grace_s: 5, merge_s: 30, outer: {lr: 0.5, momentum: 0.5}}\n\
+         retention: {checkpoints: 2, ledger_epochs: 1}\n",
+    );
+    let h = harness_with(cfg, Repository::open_in_memory().unwrap());
+    let (_, _, _, n) = three_players(&h).await;
+    let stored = |epoch: u64, part: StatePart| {
+        let key = h.state.checkpoint_key(0, epoch, part);
+        let storage = h.state.storage.clone();
+        async move { storage.exists(&key).await.unwrap() }
+    };
+    for epoch in 0..4u64 {
+        let players: Vec<Player> = ["//Alice", "//Bob", "//Charlie"]
+            .iter()
+            .enumerate()
+            .map(|(k, u)| player(u, (epoch * 3 + k as u64) as f32, n))
+            .collect();
+        let all = [&players[0], &players[1], &players[2]];
+        h.train_until_upload(&all).await;
+        for q in all {
+            assert!(h.upload_state(q, epoch, &q.flat, |_| {}).await.accepted);
+        }
+        h.step().await;
+        h.step().await;
+        for q in all {
+            h.merge_work(q, &all, epoch, 1.0).await;
+        }
+        h.step().await;
+        let ms = h.merge_status().await;
+        assert_eq!((ms.phase, ms.epoch), (Phase::Training, epoch + 1));
+        assert_eq!(ms.sections[0].fallbacks, 0, "{ms:?}");
+        // Checkpoints 1 ..= epoch + 1 were written; the newest two remain.
+        for e in 1..=epoch + 1 {
+            let want = e + 2 > epoch + 1;
+            assert_eq!(
+                stored(e, StatePart::Flat).await,
+                want,
+                "state {e} after merge {epoch}"
+            );
+            if e >= 2 {
+                // The outer step (from the second merge on) keeps its momentum beside it.
+                assert_eq!(
+                    stored(e, StatePart::OuterMomentum).await,
+                    want,
+                    "momentum {e}"
+                );
+            }
+        }
+        // Every miner can still adopt the newest checkpoint.
+        let (cp, _) = h.adopt(&players[0], epoch).await;
+        assert_eq!(cp.epoch, epoch + 1);
+    }
+    // Routing rows of finished epochs are gone; the epoch in training keeps its own.
+    let samples = h.state.repo.counts().unwrap();
+    assert_eq!(samples.completed, 8, "two samples per epoch, four epochs");
+    for id in 0..8 {
+        let row = h
+            .state
+            .repo
+            .sample(id)
+            .unwrap()
+            .expect("every sample id keeps its row");
+        assert_eq!(
+            row.outcome,
+            iota::orchestrator::repo_types::SampleOutcome::Completed
+        );
+        assert!(
+            h.state.repo.assignments_of(id, 0).unwrap().is_empty(),
+            "sample {id} of a finished epoch kept its assignments"
+        );
+        assert!(h.state.repo.pathway(id).unwrap().is_empty(), "sample {id}");
+    }
+    let epochs = h.merge_status().await.epochs;
+    assert_eq!(
+        epochs.iter().map(|e| e.completed).collect::<Vec<_>>(),
+        vec![2, 2, 2, 2],
+        "epoch summaries survive the pruning"
+    );
+}
+
 /// A harness whose state lives in `dir` (SQLite file and local objects), with the clock at `now`.
 fn harness_in(dir: &std::path::Path, now: u64) -> Harness {
-    use iota::orchestrator::blob_token::BlobSecret;
     use iota::storage::{Storage, StorageConfig};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
     let cfg = config(
         "model: {preset: tiny, n_layers: 1, d_model: 32, n_heads: 2, n_kv_heads: 2, d_ff: 64, \
          bottleneck: false, sections: [[0, 1]]}\nbatches_before_merging: 2\nheartbeat_s: 1\n\
          merge: {upload_s: 30, lease_grace_s: 5, merge_s: 30}\n",
     );
-    let clock = Arc::new(AtomicU64::new(now));
-    let clock_now = clock.clone();
     let storage =
         Storage::open(&StorageConfig::local(dir.join("objects").to_string_lossy())).unwrap();
-    let data = dataset(&cfg);
-    let state = iota::orchestrator::AppState::from_parts(
+    harness_on(
         cfg,
         Repository::open(&dir.join("state.sqlite")).unwrap(),
         storage,
-        data,
-        BlobSecret::from_bytes([3; 32]),
-        Arc::new(move || clock_now.load(Ordering::SeqCst)),
+        now,
     )
-    .unwrap();
-    Harness {
-        app: iota::orchestrator::router(state.clone()),
-        state,
-        now: clock,
-    }
 }
 
 #[tokio::test]

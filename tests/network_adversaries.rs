@@ -5,78 +5,16 @@
 //! confusion table (kind x flagged / ranked below the honest) on stderr.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
 
-use serde_json::Value;
+mod common;
 
-/// The windows the validator kept on disk, by epoch.
-fn windows(state: &Path) -> BTreeMap<u64, Value> {
-    let mut found = BTreeMap::new();
-    let Ok(runs) = std::fs::read_dir(state) else {
-        return found;
-    };
-    for run in runs {
-        for file in std::fs::read_dir(run.unwrap().path()).unwrap() {
-            let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
-            let w: Value = serde_json::from_str(&text).unwrap();
-            found.insert(w["epoch"].as_u64().unwrap(), w);
-        }
-    }
-    found
-}
-
-/// The hotkey address a miner printed in its log.
-fn hotkey_of(dir: &Path, miner: &str) -> String {
-    let log = std::fs::read_to_string(dir.join(format!("logs/{miner}.log"))).unwrap();
-    let line = log
-        .lines()
-        .find(|l| l.starts_with("iota mine: hotkey "))
-        .unwrap_or_else(|| panic!("{miner} never printed its hotkey:\n{log}"));
-    line["iota mine: hotkey ".len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
-}
+use common::local_run::{hostile_network, hotkey_of, weight_and_flags, windows};
 
 /// Runs a network with `kinds` as `miner0..`, then checks and prints the outcome per kind.
 fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let validation = r#"{"replay": {"miners_per_epoch": 6}, "merge_checks": 64}"#;
-    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args([
-            "local",
-            "--preset",
-            "tiny",
-            "--sections",
-            "2",
-            "--miners-per-section",
-            "3",
-            "--validators",
-            "1",
-            "--seq-len",
-            "32",
-            "--batch-size",
-            "2",
-            "--poll-ms",
-            "250",
-            "--merge-every",
-            "16",
-            "--samples",
-            "40",
-            "--validator-wait-s",
-            "120",
-            "--validation",
-            validation,
-            "--adversaries",
-            &kinds.join(","),
-        ])
-        .args(extra)
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let output = hostile_network(dir.path(), kinds, validation, extra);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -106,13 +44,7 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
             .fold(f64::INFINITY, f64::min);
         for m in miners {
             let hotkey = m["hotkey"].as_str().unwrap();
-            let flags: Vec<String> = m["weight"]["parts"]["flags"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f.as_str().unwrap().to_string())
-                .collect();
-            let weight = m["weight"]["weight"].as_f64().unwrap();
+            let (weight, flags) = weight_and_flags(m);
             match adversaries.get(hotkey) {
                 None => {
                     assert!(

@@ -4,24 +4,13 @@
 //! miner, and the two validators agree; `iota local` prints the metagraph at the end.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
 
-/// The windows a validator kept on disk, by epoch.
-fn windows(state: &Path) -> BTreeMap<u64, Value> {
-    let mut found = BTreeMap::new();
-    for run in std::fs::read_dir(state).unwrap() {
-        for file in std::fs::read_dir(run.unwrap().path()).unwrap() {
-            let path = file.unwrap().path();
-            let text = std::fs::read_to_string(&path).unwrap();
-            let w: Value = serde_json::from_str(&text).unwrap();
-            found.insert(w["epoch"].as_u64().unwrap(), w);
-        }
-    }
-    found
-}
+mod common;
+
+use common::local_run::windows;
 
 fn weights(w: &Value) -> BTreeMap<String, f64> {
     w["miners"]

@@ -583,6 +583,43 @@ async fn release_hands_work_back() {
     assert_ne!(again.id, f0.id);
 }
 
+/// Race (issue 9): the room for new samples was read before the start lock, so head miners
+/// asking at once each saw the epoch's whole room and together started far more samples than
+/// its merge needs (6 head miners x 2 here, for an epoch of 3). The room is now decided in the
+/// transaction that starts a sample. The store is a real directory, so the token uploads
+/// take real time and the requests overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn r9_head_miners_asking_at_once_start_no_more_samples_than_the_epoch_needs() {
+    use iota::storage::{Storage, StorageConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Storage::open(&StorageConfig::local(dir.path().to_string_lossy())).unwrap();
+    let h = harness_on(
+        config("batches_before_merging: 3\n"),
+        Repository::open_in_memory().unwrap(),
+        storage,
+        T0,
+    );
+    let mut heads = Vec::new();
+    for i in 0..18 {
+        let k = key(&format!("//Race{i}"));
+        if h.register(&k).await.section == 0 {
+            heads.push(k);
+        }
+    }
+    assert_eq!(heads.len(), 6);
+    let answers = futures::future::join_all(heads.iter().map(|k| h.work(k, 4))).await;
+    let mut ids: Vec<u64> = answers.iter().flatten().map(|a| a.sample_id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec![0, 1, 2], "samples started for an epoch of 3");
+    let counts = h.state.repo.counts().unwrap();
+    assert_eq!((counts.active, counts.completed), (3, 0));
+    assert_eq!(h.state.repo.run_state().unwrap().2, 3, "next sample id");
+    // Every started sample's tokens were stored before it was handed out.
+    for a in answers.iter().flatten() {
+        assert_eq!(h.get_blob(&a.input).await.len(), 2 * 8 * 4);
+    }
+}
+
 #[tokio::test]
 async fn the_sample_budget_stops_new_samples() {
     let h = harness_with(

@@ -12,6 +12,7 @@
 //! | `free-rider` | takes work and never finishes it (no result, no release) |
 //! | `lying-merger` | submits, for every partition it merges, its first source's values instead of the merge |
 //! | `copier` | uploads, for the merge, another miner's accepted state read from the store, moved 2% towards its own ([`super::copier`]) |
+//! | `poisoner` | uploads, for the merges of even epochs, parameters of ±3e38 (finite, so they pass the decoder; odd epochs: its honest state), and after every upload overwrites it with a short object through the URL it still holds |
 
 use std::fmt;
 use std::str::FromStr;
@@ -37,10 +38,12 @@ pub enum Adversary {
     LyingMerger,
     /// Another miner's merge upload re-uploaded as its own.
     Copier,
+    /// Huge finite merge uploads, swapped for a short object after submitting.
+    Poisoner,
 }
 
 /// Every kind, in the order of the module docs.
-pub const ALL: [Adversary; 7] = [
+pub const ALL: [Adversary; 8] = [
     Adversary::Noisy,
     Adversary::Scaled,
     Adversary::Lazy,
@@ -48,6 +51,7 @@ pub const ALL: [Adversary; 7] = [
     Adversary::FreeRider,
     Adversary::LyingMerger,
     Adversary::Copier,
+    Adversary::Poisoner,
 ];
 
 impl fmt::Display for Adversary {
@@ -60,6 +64,7 @@ impl fmt::Display for Adversary {
             Self::FreeRider => "free-rider",
             Self::LyingMerger => "lying-merger",
             Self::Copier => "copier",
+            Self::Poisoner => "poisoner",
         })
     }
 }
@@ -97,6 +102,19 @@ impl Adversary {
         self == Self::FreeRider
     }
 
+    /// Whether it poisons its merge uploads ([`Self::poison`]).
+    pub fn poisons_merges(self) -> bool {
+        self == Self::Poisoner
+    }
+
+    /// Replaces the parameters (the first `params_len` values of a flat state) by ±3e38:
+    /// finite, so only the orchestrator's distance check can keep them out of a mean.
+    pub fn poison(flat: &mut [f32], params_len: usize) {
+        for (i, v) in flat.iter_mut().take(params_len).enumerate() {
+            *v = if i % 2 == 0 { 3e38 } else { -3e38 };
+        }
+    }
+
     /// The result it uploads instead of `out`, computed honestly from `input` for `sample`.
     pub fn tamper(
         self,
@@ -121,7 +139,7 @@ impl Adversary {
                 }
                 _ => out.data.iter_mut().for_each(|v| *v = 0.0),
             },
-            Self::Stale | Self::FreeRider | Self::LyingMerger | Self::Copier => {}
+            Self::Stale | Self::FreeRider | Self::LyingMerger | Self::Copier | Self::Poisoner => {}
         }
         out
     }

@@ -112,8 +112,7 @@ pub async fn get_blob(
     Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
-/// Uploads streaming into storage at once, at most.
-pub const MAX_CONCURRENT_PUTS: usize = 8;
+pub use super::state::MAX_CONCURRENT_PUTS;
 
 fn too_large(max: u64) -> HttpError {
     HttpError::new(

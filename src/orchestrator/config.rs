@@ -278,6 +278,8 @@ struct RawRunConfig {
     #[serde(default)]
     penalties: PenaltyConfig,
     #[serde(default)]
+    retention: RetentionConfig,
+    #[serde(default)]
     validators: Vec<ValidatorEntry>,
     #[serde(default)]
     validation: ValidationSettings,
@@ -343,6 +345,29 @@ impl Default for PenaltyConfig {
     }
 }
 
+/// How much history the orchestrator keeps ([`super::retention`]): the newest `checkpoints`
+/// merged states (parameters and outer momentum) of every section, and the routing detail
+/// (assignments, pathways) of the newest `ledger_epochs` epochs. Older ones go once no
+/// validator still needs them. The sample ledger itself (one row per sample id, with its
+/// outcome, reason and loss) and the per-epoch counters are never pruned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Section checkpoints kept (the newest; at least 1).
+    pub checkpoints: u64,
+    /// Epochs whose assignments and pathways are kept (the newest; at least 1).
+    pub ledger_epochs: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            checkpoints: 3,
+            ledger_epochs: 4,
+        }
+    }
+}
+
 /// A validated run config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
@@ -402,6 +427,8 @@ pub struct RunConfig {
     pub miner_ttl_s: u64,
     /// How penalties act on routing.
     pub penalties: PenaltyConfig,
+    /// History kept: checkpoints and routing detail.
+    pub retention: RetentionConfig,
     /// Hotkeys allowed to validate, with their stake.
     pub validators: Vec<ValidatorEntry>,
     /// How validators check miners and publish weights.
@@ -535,6 +562,14 @@ impl RunConfig {
                 ));
             }
         }
+        for (key, value) in [
+            ("retention.checkpoints", raw.retention.checkpoints),
+            ("retention.ledger_epochs", raw.retention.ledger_epochs),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be at least 1".into()));
+            }
+        }
         if raw.max_samples == Some(0) {
             return Err(invalid("max_samples", "must be at least 1 when set".into()));
         }
@@ -606,6 +641,7 @@ impl RunConfig {
             heartbeat_s: raw.heartbeat_s,
             miner_ttl_s: raw.miner_ttl_s,
             penalties: raw.penalties,
+            retention: raw.retention,
             validators: raw.validators,
             validation: raw.validation,
         })

@@ -72,6 +72,7 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
             if all_done {
                 collect_garbage(state, info.epoch).await;
                 state.repo.finish_merge(info.epoch)?;
+                super::retention::prune_ledger(state, info.epoch + 1);
                 tracing::info!(epoch = info.epoch + 1, "merge done: training");
             }
         }
@@ -225,11 +226,12 @@ pub fn build_plan(
 }
 
 /// Disposes of what the finished merge of `epoch` no longer needs: the epoch's activations,
-/// and the uploads and partition copies of the merge before it (the latest ones stay for
-/// audit). With validators they are kept until the validators are done
-/// ([`super::retention`]).
+/// the uploads and partition copies of the merge before it (the latest ones stay for audit),
+/// and checkpoints past the newest `retention.checkpoints`. With validators they are kept
+/// until the validators are done ([`super::retention`]).
 async fn collect_garbage(state: &AppState, epoch: u64) {
     super::retention::dispose(state, &state.keys.activations_epoch(epoch), epoch).await;
+    super::retention::collect_checkpoints(state).await;
     if epoch > 0 {
         for section in 0..state.config.model.n_sections() {
             let s = u32::try_from(section).unwrap_or(u32::MAX);

@@ -294,6 +294,33 @@ pub struct RoutingLimits {
     pub tail: usize,
 }
 
+/// A sample about to start ([`super::repo::Repository::start_sample`]): its id, the epoch it
+/// belongs to, and the hashes of its token ids and targets, already stored under that epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NewSample<'a> {
+    /// Epoch the caller stored its tokens for; nothing starts in another epoch.
+    pub epoch: u64,
+    /// Its id, which must be the run's next one.
+    pub id: u64,
+    /// Hash of its token ids.
+    pub tokens_hash: &'a str,
+    /// Hash of its targets.
+    pub targets_hash: &'a str,
+}
+
+/// How many samples may be started, checked in the transaction that starts one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SampleRoom {
+    /// The run's sample budget (no sample id at or above it starts).
+    pub budget: Option<u64>,
+    /// Samples an epoch needs before its merge: no sample starts while the epoch's completed
+    /// plus active ones reach it.
+    pub per_epoch: Option<u64>,
+    /// Synchronous steps of this many samples: a sample that opens a step (its id a multiple
+    /// of it) starts only when no training sample is active.
+    pub per_step: Option<u64>,
+}
+
 /// Result of [`super::repo::Repository::take_work`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct WorkTaken {

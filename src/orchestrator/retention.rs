@@ -6,6 +6,12 @@
 //! epoch (it has replayed and checked what it wanted), or until `validation.retain_s` has
 //! passed, whichever comes first. Nobody has to say which miner it checks, so nothing about
 //! a validator's choice can leak to the miners.
+//!
+//! Section checkpoints (merged state and outer momentum) beyond the newest
+//! `retention.checkpoints` of a section go the same way: a checkpoint is needed by validators
+//! for every epoch that started from it. The routing detail of the ledger (assignments,
+//! pathways) of epochs older than the newest `retention.ledger_epochs` is deleted once no
+//! object of those epochs is still kept for validators ([`prune_ledger`]).
 
 use super::state::AppState;
 use crate::storage::ObjectKey;
@@ -79,4 +85,67 @@ pub async fn release_done(state: &AppState) -> Vec<String> {
         }
     }
     done
+}
+
+/// After the merge that produced checkpoint epoch `new_epoch`: the checkpoint of each section
+/// that fell out of the newest `retention.checkpoints` is disposed of (deleted, or kept until
+/// the validators are done with the last epoch that started from it).
+pub async fn collect_checkpoints(state: &AppState) {
+    let keep = usize::try_from(state.config.retention.checkpoints).unwrap_or(usize::MAX);
+    for section in 0..state.config.model.n_sections() {
+        let epochs = match state.repo.checkpoint_epochs(section) {
+            Ok(epochs) => epochs,
+            Err(e) => {
+                tracing::warn!(section, "checkpoint garbage collection: {e}");
+                continue;
+            }
+        };
+        // Only the one that fell out now: older ones went at earlier merges.
+        let Some(out) = epochs.len().checked_sub(keep + 1) else {
+            continue;
+        };
+        let (old, next) = (epochs[out], epochs[out + 1]);
+        let s = u32::try_from(section).unwrap_or(u32::MAX);
+        // Epochs old .. next - 1 started from it; validators may replay any of them.
+        dispose(
+            state,
+            &state.keys.checkpoint_section(old, s),
+            next.saturating_sub(1),
+        )
+        .await;
+    }
+}
+
+/// Deletes the routing detail (assignments, pathways) of epochs before the newest
+/// `retention.ledger_epochs` up to `current`, except epochs whose objects are still kept for
+/// validators (they read the ledger of the epoch they check). Returns the rows deleted.
+pub fn prune_ledger(state: &AppState, current: u64) -> u64 {
+    let keep = state.config.retention.ledger_epochs;
+    let Some(mut last) = (current + 1).checked_sub(keep.saturating_add(1)) else {
+        return 0;
+    };
+    match state.repo.kept_objects() {
+        Ok(kept) => {
+            if let Some(oldest) = kept.iter().map(|k| k.epoch).min() {
+                match oldest.checked_sub(1) {
+                    Some(before) => last = last.min(before),
+                    None => return 0,
+                }
+            }
+        }
+        Err(e) => {
+            tracing::warn!("ledger pruning: {e}");
+            return 0;
+        }
+    }
+    match state.repo.prune_routing(last) {
+        Ok(n) => {
+            tracing::debug!(last_epoch = last, rows = n, "pruned the routing ledger");
+            n
+        }
+        Err(e) => {
+            tracing::warn!("ledger pruning: {e}");
+            0
+        }
+    }
 }

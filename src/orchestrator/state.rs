@@ -22,6 +22,12 @@ pub const STATE_FILE: &str = "state.sqlite";
 /// File name of the blob secret inside `data_dir`.
 pub const SECRET_FILE: &str = "blob_secret";
 
+/// Most `/blob` uploads streaming at once ([`super::blob`]); more are turned away (503).
+pub const MAX_CONCURRENT_PUTS: usize = 8;
+
+/// Most stored sample tokens [`AppState`] remembers.
+pub const STAGED_MAX: usize = 256;
+
 /// Why the orchestrator could not start.
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -87,15 +93,17 @@ pub struct Inner {
     pub clock: Clock,
     /// Request and routing counters.
     pub metrics: Metrics,
-    /// Serialises the start of new samples (their ids are consecutive).
-    pub start_lock: tokio::sync::Mutex<()>,
+    /// Taken by the one request that starts an epoch's evaluation samples.
+    pub eval_lock: tokio::sync::Mutex<()>,
+    /// Hashes of sample tokens already stored, by `(epoch, sample)` ([`Self::stage_tokens`]).
+    pub staged: std::sync::Mutex<std::collections::BTreeMap<(u64, u64), (String, String)>>,
     /// Serialises the phase machine ([`super::cycle::advance`]).
     pub cycle_lock: tokio::sync::Mutex<()>,
     /// Initial flat states of sections, built once ([`super::reference`]).
     pub initial_states: std::sync::Mutex<std::collections::HashMap<usize, Arc<Vec<f32>>>>,
     /// Assignments whose submitted result is being checked (one check each at a time).
     pub in_check: std::sync::Mutex<std::collections::HashSet<u64>>,
-    /// Permits of the `/blob` uploads streaming at once ([`super::blob::MAX_CONCURRENT_PUTS`]).
+    /// Permits of the `/blob` uploads streaming at once ([`MAX_CONCURRENT_PUTS`]).
     pub blob_puts: Arc<tokio::sync::Semaphore>,
     /// Server start, ms since the Unix epoch.
     pub started_ms: u64,
@@ -163,13 +171,12 @@ impl AppState {
                 secret,
                 clock,
                 metrics: Metrics::default(),
-                start_lock: tokio::sync::Mutex::new(()),
+                eval_lock: tokio::sync::Mutex::new(()),
+                staged: std::sync::Mutex::new(std::collections::BTreeMap::new()),
                 cycle_lock: tokio::sync::Mutex::new(()),
                 initial_states: std::sync::Mutex::new(std::collections::HashMap::new()),
                 in_check: std::sync::Mutex::new(std::collections::HashSet::new()),
-                blob_puts: Arc::new(tokio::sync::Semaphore::new(
-                    super::blob::MAX_CONCURRENT_PUTS,
-                )),
+                blob_puts: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PUTS)),
                 started_ms,
             }),
         })
@@ -270,6 +277,24 @@ impl AppState {
     pub fn sample_tokens(&self, sample: u64) -> (Bytes, Bytes) {
         let batch = self.config.batch_size as u64;
         self.pack_windows((0..batch).map(|i| self.dataset.train_sample(sample * batch + i)))
+    }
+
+    /// The hashes of the token ids and targets of sample `id` of `epoch`, if this process
+    /// stored them ([`Self::stage_tokens`]).
+    pub fn staged_tokens(&self, epoch: u64, id: u64) -> Option<(String, String)> {
+        let staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        staged.get(&(epoch, id)).cloned()
+    }
+
+    /// Remembers that the tokens of sample `id` of `epoch` are stored with these hashes, so
+    /// a request that lost the race for that id does not store them again. Only the newest
+    /// [`STAGED_MAX`] are remembered (older ids were started or never will be).
+    pub fn stage_tokens(&self, epoch: u64, id: u64, hashes: (String, String)) {
+        let mut staged = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        staged.insert((epoch, id), hashes);
+        while staged.len() > STAGED_MAX {
+            staged.pop_first();
+        }
     }
 
     /// Evaluation samples per epoch: `eval_samples` held-out windows in samples of

@@ -418,6 +418,12 @@ impl RunKeys {
         )
     }
 
+    /// `runs/{run}/checkpoints/{epoch}/{section}`: everything of one section's checkpoint
+    /// (its state and outer momentum), the unit of its garbage collection.
+    pub fn checkpoint_section(&self, epoch: u64, section: u32) -> ObjectKey {
+        self.build("checkpoints", &[&epoch.into(), &section.into()])
+    }
+
     /// `runs/{run}/checkpoints/{epoch}/{section}/{parameters|optimizer}`: a section's global
     /// state after the merge of `epoch`.
     pub fn checkpoint(&self, epoch: u64, section: u32, part: StatePart) -> ObjectKey {

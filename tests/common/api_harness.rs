@@ -60,13 +60,19 @@ pub fn dataset(cfg: &RunConfig) -> Dataset {
 }
 
 pub fn harness_with(cfg: RunConfig, repo: Repository) -> Harness {
-    let now = Arc::new(AtomicU64::new(T0));
+    harness_on(cfg, repo, Storage::in_memory(), T0)
+}
+
+/// A harness on `storage` (e.g. a real directory, whose transfers take real time) with the
+/// clock at `now`.
+pub fn harness_on(cfg: RunConfig, repo: Repository, storage: Storage, now: u64) -> Harness {
+    let now = Arc::new(AtomicU64::new(now));
     let clock_now = now.clone();
     let data = dataset(&cfg);
     let state = AppState::from_parts(
         cfg,
         repo,
-        Storage::in_memory(),
+        storage,
         data,
         BlobSecret::from_bytes([3; 32]),
         Arc::new(move || clock_now.load(Ordering::SeqCst)),

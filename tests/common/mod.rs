@@ -71,17 +71,8 @@ impl S3Server {
             .and_then(|l| l.local_addr())
             .expect("free loopback port")
             .port();
-        let log = std::fs::File::create(dir.path().join("s3s-fs.log")).expect("log file");
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).expect("data directory");
-        let child = Command::new(&bin)
-            .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .arg(&data)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        std::fs::create_dir(dir.path().join("data")).expect("data directory");
+        let child = spawn_s3s_fs(&bin, port, dir.path());
         let mut server = Self {
             child,
             endpoint: format!("http://127.0.0.1:{port}"),
@@ -89,6 +80,23 @@ impl S3Server {
         };
         server.wait_until_listening(port);
         server
+    }
+
+    /// Kills the server (SIGKILL: transfers under way are cut) and starts it again on the same
+    /// port and directory after `down`, so presigned URLs issued before stay valid.
+    pub fn restart(&mut self, down: Duration) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::thread::sleep(down);
+        let port: u16 = self
+            .endpoint
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("endpoint port");
+        let bin = find_s3s_fs().expect("s3s-fs");
+        self.child = spawn_s3s_fs(&bin, port, self.dir.path());
+        self.wait_until_listening(port);
     }
 
     fn wait_until_listening(&mut self, port: u16) {
@@ -121,4 +129,21 @@ impl S3Server {
     pub fn storage(&self) -> Storage {
         Storage::open(&self.config(SECRET_KEY)).expect("open S3 storage")
     }
+}
+
+/// Starts s3s-fs on `port` serving `dir/data`, logging to `dir/s3s-fs.log` (appended).
+fn spawn_s3s_fs(bin: &std::path::Path, port: u16, dir: &std::path::Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("s3s-fs.log"))
+        .expect("log file");
+    Command::new(bin)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+        .arg(dir.join("data"))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
 }

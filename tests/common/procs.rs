@@ -33,6 +33,16 @@ pub fn spawn(args: &[&str], log: &Path) -> Child {
 
 /// Writes a run config with short deadlines on a free port; returns the URL and the path.
 pub fn write_config(dir: &Path, run: &str) -> (String, std::path::PathBuf) {
+    write_config_with(
+        dir,
+        run,
+        "heartbeat_s: 1\ndeadlines: { forward_s: 2, backward_s: 3 }\n",
+    )
+}
+
+/// A run config of the `tiny` preset (samples of 2 x 32 tokens, state in `dir/state`) on a
+/// free port, with `extra` YAML lines; returns the URL and the path.
+pub fn write_config_with(dir: &Path, run: &str, extra: &str) -> (String, std::path::PathBuf) {
     let port = free_port();
     let config = dir.join("run.yaml");
     std::fs::write(
@@ -40,8 +50,7 @@ pub fn write_config(dir: &Path, run: &str) -> (String, std::path::PathBuf) {
         format!(
             "run: {run}\nmodel: {{ preset: tiny }}\ndata: {{ source: synthetic }}\n\
              listen: 127.0.0.1:{port}\ndata_dir: {}\nbatch_size: 2\nseq_len: 32\n\
-             max_in_flight: 4\nlocal_steps: 1\nheartbeat_s: 1\n\
-             deadlines: {{ forward_s: 2, backward_s: 3 }}\n",
+             max_in_flight: 4\nlocal_steps: 1\n{extra}",
             dir.join("state").display()
         ),
     )
@@ -63,12 +72,32 @@ pub fn start_orchestrator(dir: &Path, config: &Path, url: &str) -> Child {
 
 /// Starts `iota mine` with a fresh hotkey `name`; returns the child and the address.
 pub fn start_miner(dir: &Path, url: &str, name: &str) -> (Child, String) {
-    let wallets_dir = dir.join("wallets");
-    let key = WalletDir::new(&wallets_dir)
+    let address = create_hotkey(dir, name);
+    (spawn_miner(dir, url, name, &[]), address)
+}
+
+/// Creates hotkey `name` in `dir/wallets` (wallet `w`), replacing one of that name; returns its
+/// address.
+pub fn create_hotkey(dir: &Path, name: &str) -> String {
+    WalletDir::new(dir.join("wallets"))
         .create_hotkey("w", name, true)
+        .unwrap()
+        .address()
+        .to_string()
+}
+
+/// Starts `iota mine` with the existing hotkey `name` (and `extra` flags), logging to
+/// `dir/{name}.log` (appended to, so a restarted miner keeps its history).
+pub fn spawn_miner(dir: &Path, url: &str, name: &str, extra: &[&str]) -> Child {
+    let wallets_dir = dir.join("wallets");
+    let log = dir.join(format!("{name}.log"));
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
         .unwrap();
-    let child = spawn(
-        &[
+    Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args([
             "mine",
             "--wallet",
             "w",
@@ -81,8 +110,11 @@ pub fn start_miner(dir: &Path, url: &str, name: &str) -> (Child, String) {
             "--threads",
             "1",
             "--quiet",
-        ],
-        &dir.join(format!("{name}.log")),
-    );
-    (child, key.address().to_string())
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .unwrap()
 }

@@ -51,6 +51,10 @@ pub struct BenchOrchestratorArgs {
     /// Miners' heartbeat interval, in seconds.
     #[arg(long, default_value_t = 10)]
     pub heartbeat_s: u64,
+    /// Dashboard-like watchers polling `/api/status`, `/api/merge/status` and `/metrics` every
+    /// 2 s (unauthenticated, like a browser on the dashboard).
+    #[arg(long, default_value_t = 2)]
+    pub watchers: usize,
     /// Give up a run after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_s: u64,
@@ -208,6 +212,9 @@ async fn run_one(
     let mut tasks = Vec::with_capacity(miners);
     for i in 0..miners {
         tasks.push(tokio::spawn(sim_miner::run(shared.clone(), tag.clone(), i)));
+    }
+    for _ in 0..args.watchers {
+        tasks.push(tokio::spawn(sim_miner::watch(shared.clone())));
     }
     let cpu0 = proc_sample(pid).map_or(0, |p| p.cpu_ticks);
     let mut window_start = vec![(0, start, proc_sample(pid), 0)];

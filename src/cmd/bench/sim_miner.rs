@@ -198,3 +198,28 @@ async fn serve(shared: &Shared, api: &ApiClient, blobs: &UrlClient, a: &Assignme
         Ok(SubmitResponse { accepted: true, .. })
     )
 }
+
+/// Interval of a watcher's polls (the dashboard refreshes every 2 s).
+pub const WATCH_INTERVAL: Duration = Duration::from_secs(2);
+
+/// A dashboard-like watcher: polls the unauthenticated `/api/status`, `/api/merge/status`
+/// and `/metrics` every [`WATCH_INTERVAL`] until [`Shared::stop`].
+///
+/// # Errors
+/// The clients cannot be built.
+pub async fn watch(shared: Arc<Shared>) -> anyhow::Result<()> {
+    let api = ApiClient::new(&shared.base, None, shared.run.clone(), no_retry())
+        .context("building the API client")?;
+    let plain = UrlClient::new(no_retry()).context("building the HTTP client")?;
+    let metrics = url::Url::parse(&format!("{}/metrics", shared.base.trim_end_matches('/')))
+        .context("the metrics URL")?;
+    while !shared.stop.load(Ordering::Relaxed) {
+        let _ = shared.timed("status", api.status()).await;
+        let _ = shared.timed("merge status", api.merge_status()).await;
+        let _ = shared
+            .timed("metrics", plain.download(&metrics, None))
+            .await;
+        tokio::time::sleep(WATCH_INTERVAL).await;
+    }
+    Ok(())
+}

@@ -16,6 +16,7 @@ use crate::api::{
 };
 use crate::codec::{MergeWire, Span};
 use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes, f32_to_le_bytes};
+use crate::miner::adversary::Adversary;
 use crate::miner::participant::{MergeFormat, merge_partition_task};
 use crate::miner::payload::{self, PayloadError};
 use crate::storage::{payload_hash, upload_to_url};
@@ -107,6 +108,10 @@ impl<B: AutodiffBackend> Worker<B> {
             let span = Span::whole(layout.params_len);
             flat = copier.disguise(section, epoch, flat, wire, span).await;
         }
+        let poisoner = self.adversary.is_some_and(Adversary::poisons_merges);
+        if poisoner && epoch.is_multiple_of(2) {
+            Adversary::poison(&mut flat, layout.params_len as usize);
+        }
         let bytes = wire
             .encode(&flat, Span::whole(layout.params_len))
             .map_err(|e| MinerError::Weights(format!("encoding the state in {wire}: {e}")))?;
@@ -124,6 +129,12 @@ impl<B: AutodiffBackend> Worker<B> {
             .await?;
         self.uploaded_epoch = Some(epoch);
         self.report.uploads += 1;
+        if poisoner {
+            // The URL stays valid until the lease ends: try to swap what was accepted.
+            if let Err(e) = upload_to_url(&url, Bytes::from_static(&[0u8; 16])).await {
+                tracing::warn!(epoch, "poisoner: swapping the upload: {e}");
+            }
+        }
         if resp.accepted {
             tracing::info!(
                 epoch,

@@ -10,7 +10,9 @@ use crate::orchestrator::auth::Signed;
 use crate::orchestrator::http_error::HttpError;
 use crate::orchestrator::metrics::Metrics;
 use crate::orchestrator::repo::{EvalSample, eval_id};
-use crate::orchestrator::repo_types::{Accepted, AssignmentRow, Fallout};
+use crate::orchestrator::repo_types::{
+    Accepted, AssignmentRow, Fallout, NewSample, RepoError, SampleRoom,
+};
 use crate::orchestrator::state::AppState;
 use crate::orchestrator::wire::to_wire;
 
@@ -35,16 +37,7 @@ pub async fn work(
         .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
     let mut rows = taken.assignments;
     if taken.head_capacity > 0 {
-        let _guard = state.start_lock.lock().await;
-        for _ in 0..taken.head_capacity {
-            if !may_start(&state, epoch)? {
-                break;
-            }
-            match start_sample(&state, &req.hotkey).await? {
-                Some(row) => rows.push(row),
-                None => break,
-            }
-        }
+        rows.extend(start_samples(&state, &req.hotkey, epoch, taken.head_capacity).await?);
     }
     let mut assignments = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -58,13 +51,17 @@ pub async fn work(
 }
 
 /// Starts the evaluation samples of `epoch` (the weights it started with) unless they were:
-/// stores their tokens and targets, then opens them for the head section.
+/// stores their tokens and targets, then opens them for the head section. One request does
+/// it; the others meanwhile go on without waiting (the evaluations reach them at their next
+/// poll).
 async fn start_evals(state: &AppState, epoch: u64) -> Result<(), HttpError> {
     let units = state.eval_units();
     if units == 0 || state.repo.evals_started(epoch)? {
         return Ok(());
     }
-    let _guard = state.start_lock.lock().await;
+    let Ok(_guard) = state.eval_lock.try_lock() else {
+        return Ok(());
+    };
     if state.repo.evals_started(epoch)? {
         return Ok(());
     }
@@ -93,48 +90,86 @@ async fn start_evals(state: &AppState, epoch: u64) -> Result<(), HttpError> {
     Ok(())
 }
 
-/// Whether one more sample may start now (the caller holds the start lock, so the counts
-/// cannot move under it): the epoch still needs one before its merge, and with synchronous
-/// steps (`samples_per_step` G) the sample belongs to the step under way, or every sample of
-/// the earlier steps has finished.
-fn may_start(state: &AppState, epoch: u64) -> Result<bool, HttpError> {
-    let (done, active) = state.repo.epoch_progress(epoch)?;
-    if done + active >= state.config.batches_before_merging {
-        return Ok(false);
+/// Times one request may lose the race for the next sample id to another before it gives up
+/// starting samples (its miner asks again at its next poll).
+const MAX_LOST_RACES: usize = 8;
+
+/// Starts up to `wanted` new samples of `epoch` for head miner `hotkey`. No lock is held while
+/// their tokens are stored: each sample's tokens are stored first (a pure function of its id,
+/// so concurrent requests storing the same id write the same bytes), then one transaction
+/// starts it if it is still the run's next id and the epoch and budget have room for it
+/// ([`crate::orchestrator::Repository::start_sample`]). A request that loses the id to another
+/// tries the next one.
+async fn start_samples(
+    state: &AppState,
+    hotkey: &str,
+    epoch: u64,
+    wanted: usize,
+) -> Result<Vec<AssignmentRow>, HttpError> {
+    let room = SampleRoom {
+        budget: state.config.max_samples,
+        per_epoch: Some(state.config.batches_before_merging),
+        per_step: Some(state.config.samples_per_step).filter(|&g| g > 0),
+    };
+    let mut out = Vec::new();
+    let mut lost = 0;
+    while out.len() < wanted {
+        // Cheap checks first, so no tokens are stored for a sample that cannot start; the
+        // transaction decides.
+        let (_, _, next) = state.repo.run_state()?;
+        if room.budget.is_some_and(|b| next >= b) {
+            break;
+        }
+        let (done, active) = state.repo.epoch_progress(epoch)?;
+        if done + active >= state.config.batches_before_merging {
+            break;
+        }
+        if room.per_step.is_some_and(|g| next.is_multiple_of(g)) && active > 0 {
+            // Synchronous steps: the next sample opens a step, and the last one is unfinished.
+            break;
+        }
+        let (tokens_hash, targets_hash) = stage_tokens(state, epoch, next).await?;
+        let sample = NewSample {
+            epoch,
+            id: next,
+            tokens_hash: &tokens_hash,
+            targets_hash: &targets_hash,
+        };
+        match state
+            .repo
+            .start_sample(&sample, hotkey, room, state.limits(), state.now_ms())
+        {
+            Ok(Some(row)) => out.push(row),
+            Ok(None) => break,
+            Err(RepoError::SampleOrder { .. }) if lost < MAX_LOST_RACES => lost += 1,
+            Err(RepoError::SampleOrder { .. }) => break,
+            Err(e) => return Err(e.into()),
+        }
     }
-    let g = state.config.samples_per_step;
-    if g == 0 {
-        return Ok(true);
-    }
-    let (_, _, next) = state.repo.run_state()?;
-    Ok(!next.is_multiple_of(g) || active == 0)
+    Ok(out)
 }
 
-/// Stores the tokens and targets of the next sample and starts it (caller holds the start
-/// lock). `None` when the sample budget is spent.
-async fn start_sample(state: &AppState, hotkey: &str) -> Result<Option<AssignmentRow>, HttpError> {
-    let (_, epoch, next) = state.repo.run_state()?;
-    if state.config.max_samples.is_some_and(|b| next >= b) {
-        return Ok(None);
+/// The hashes of sample `id`'s token ids and targets, stored under `epoch` (once per process:
+/// [`AppState::staged`] remembers what was stored).
+async fn stage_tokens(
+    state: &AppState,
+    epoch: u64,
+    id: u64,
+) -> Result<(String, String), HttpError> {
+    if let Some(hashes) = state.staged_tokens(epoch, id) {
+        return Ok(hashes);
     }
-    let (tokens, targets) = state.sample_tokens(next);
-    let tokens_hash = state
-        .storage
-        .put(&state.token_key(epoch, next, "tokens"), tokens)
-        .await?;
-    let targets_hash = state
-        .storage
-        .put(&state.token_key(epoch, next, "targets"), targets)
-        .await?;
-    Ok(state.repo.start_sample(
-        next,
-        &tokens_hash,
-        &targets_hash,
-        hotkey,
-        state.config.max_samples,
-        state.limits(),
-        state.now_ms(),
-    )?)
+    let (tokens, targets) = state.sample_tokens(id);
+    let keys = (
+        state.token_key(epoch, id, "tokens"),
+        state.token_key(epoch, id, "targets"),
+    );
+    let (tokens_hash, targets_hash) = tokio::try_join!(
+        state.storage.put(&keys.0, tokens),
+        state.storage.put(&keys.1, targets),
+    )?;
+    state.stage_tokens(epoch, id, (tokens_hash.clone(), targets_hash.clone()));
+    Ok((tokens_hash, targets_hash))
 }
 
 /// `POST /api/submit`: checks the upload (hash, size, shape, dtype, finite) and routes the

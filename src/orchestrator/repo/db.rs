@@ -1,13 +1,18 @@
 //! The state store itself: one SQLite connection (WAL) behind a mutex, its transactions, and
 //! the integer conversions every query uses.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
 use rusqlite::{Connection, Transaction};
 
-use super::schema::{ADDED_COLUMNS, ADDED_INDEXES, MERGE_SCHEMA, SCHEMA, VALIDATION_SCHEMA};
-use super::standing::Standing;
+use super::policy::Standing;
+use super::schema::{
+    ADDED_COLUMNS, ADDED_INDEXES, COUNTER_BACKFILL, COUNTER_SCHEMA, MERGE_SCHEMA, SCHEMA,
+    VALIDATION_SCHEMA,
+};
+use crate::api::EpochSummary;
 use crate::orchestrator::repo_types::RepoError;
 
 /// The state store. Cheap to share behind an `Arc`; calls are serialised by an inner mutex.
@@ -16,6 +21,8 @@ pub struct Repository {
     conn: Mutex<Connection>,
     /// How penalties act on routing and when a silent miner loses its seat.
     pub(super) standing: Standing,
+    /// Loss summaries of epochs whose training is over ([`super::epochs`]).
+    pub(super) epochs: Mutex<BTreeMap<u64, EpochSummary>>,
 }
 
 pub(super) fn to_i64(v: u64) -> i64 {
@@ -59,9 +66,14 @@ impl Repository {
             add_column_if_missing(&conn, table, column, decl)?;
         }
         conn.execute_batch(ADDED_INDEXES)?;
+        // The counters come after the added columns (`samples.kind`), and are filled from an
+        // older ledger before any trigger fires on it.
+        conn.execute_batch(COUNTER_SCHEMA)?;
+        conn.execute_batch(COUNTER_BACKFILL)?;
         Ok(Self {
             conn: Mutex::new(conn),
             standing: Standing::default(),
+            epochs: Mutex::new(BTreeMap::new()),
         })
     }
 

@@ -86,15 +86,15 @@ impl Repository {
         })
     }
 
-    /// Evaluation samples of the current epoch still under way.
+    /// Evaluation samples of the current epoch still under way (from the counters).
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn evals_active(&self, epoch: u64) -> Result<u64, RepoError> {
         self.read(|conn| {
             let n: i64 = conn.query_row(
-                "SELECT COUNT(*) FROM samples WHERE kind = 'eval' AND epoch = ?1 \
-                 AND outcome = 'active'",
+                "SELECT COALESCE((SELECT active FROM sample_counts WHERE kind = 'eval' \
+                 AND epoch = ?1), 0)",
                 [to_i64(epoch)],
                 |r| r.get(0),
             )?;
@@ -103,18 +103,19 @@ impl Repository {
     }
 
     /// The evaluation of every epoch that has one, oldest first. An epoch's loss is the mean
-    /// over its completed evaluation samples, reported once none is under way.
+    /// over its completed evaluation samples, reported once none is under way. Read from the
+    /// counters: a few rows per epoch, whatever the size of the ledger.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn eval_summaries(&self) -> Result<Vec<EvalSummary>, RepoError> {
         self.read(|conn| {
             let mut stmt = conn.prepare(
-                "SELECT e.epoch, COUNT(*), SUM(e.outcome = 'completed'), SUM(e.outcome = 'active'), \
-                 AVG(CASE WHEN e.outcome = 'completed' THEN e.loss END), \
-                 (SELECT COUNT(*) FROM samples t WHERE t.kind = 'train' \
-                  AND t.outcome = 'completed' AND t.epoch < e.epoch) \
-                 FROM samples e WHERE e.kind = 'eval' GROUP BY e.epoch ORDER BY e.epoch",
+                "SELECT e.epoch, e.active + e.completed + e.dropped, e.completed, e.active, \
+                 CASE WHEN e.loss_n > 0 THEN e.loss_sum / e.loss_n END, \
+                 COALESCE((SELECT SUM(t.completed) FROM sample_counts t WHERE t.kind = 'train' \
+                  AND t.epoch < e.epoch), 0) \
+                 FROM sample_counts e WHERE e.kind = 'eval' ORDER BY e.epoch",
             )?;
             let rows = stmt.query_map([], |r| {
                 let active: i64 = r.get(3)?;

@@ -4,6 +4,7 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::eval::{EVAL_ID_BASE, eval_id};
 use super::rows::{ASSIGNMENT_COLUMNS, get_assignment, read_assignment};
 use super::standing::{Standing, strike};
 use crate::orchestrator::repo_types::*;
@@ -132,4 +133,38 @@ pub(super) fn drop_sample(
         ],
     )?;
     Ok(())
+}
+
+impl Repository {
+    /// Deletes the routing detail (assignments and pathways) of every sample of the epochs up
+    /// to `last_epoch`, training and evaluation alike; returns the rows deleted. The samples
+    /// themselves (outcome, reason, loss), the per-epoch counters and the miners' totals stay,
+    /// so every sample id is still accounted for. Sample ids grow with the epochs, so each
+    /// delete is a range of a primary key or of the `assignments_sample` index.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn prune_routing(&self, last_epoch: u64) -> Result<u64, RepoError> {
+        let next_epoch = to_i64(last_epoch.saturating_add(1));
+        self.write(|tx| {
+            let train_bound: i64 = tx.query_row(
+                "SELECT COALESCE((SELECT MIN(id) FROM samples WHERE kind = 'train' \
+                 AND epoch >= ?1), (SELECT next_sample FROM run_state WHERE id = 0))",
+                [next_epoch],
+                |r| r.get(0),
+            )?;
+            let eval_from = to_i64(EVAL_ID_BASE);
+            let eval_bound = to_i64(eval_id(last_epoch.saturating_add(1), 0));
+            let mut deleted = 0;
+            for table in ["assignments", "pathway"] {
+                deleted += tx.execute(
+                    &format!(
+                        "DELETE FROM {table} WHERE sample < ?1 OR (sample >= ?2 AND sample < ?3)"
+                    ),
+                    params![train_bound, eval_from, eval_bound],
+                )?;
+            }
+            Ok(deleted as u64)
+        })
+    }
 }

@@ -6,7 +6,7 @@ use rusqlite::{OptionalExtension, params};
 
 use super::db::{Repository, to_i64, to_u64, usize_of};
 use super::ledger::penalise;
-use crate::api::{EpochSummary, Phase};
+use crate::api::Phase;
 use crate::orchestrator::outliers::UploadDistance;
 use crate::orchestrator::repo_types::RepoError;
 
@@ -545,60 +545,17 @@ impl Repository {
         self.start_checkpoint(section, u64::MAX)
     }
 
-    /// Loss summary of every epoch that completed training samples or was evaluated, oldest
-    /// first.
+    /// The epochs `section` has a checkpoint for, oldest first.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
-    pub fn epoch_summaries(&self) -> Result<Vec<EpochSummary>, RepoError> {
-        let rows: Vec<(i64, f64)> = self.read(|conn| {
-            let mut stmt = conn.prepare(
-                "SELECT epoch, loss FROM samples WHERE outcome = 'completed' AND kind = 'train' \
-                 AND loss IS NOT NULL ORDER BY epoch, finished_at, id",
-            )?;
-            let rows = stmt
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-                .collect::<Result<_, _>>()?;
-            Ok(rows)
-        })?;
-        let mut out: Vec<EpochSummary> = Vec::new();
-        let mut i = 0;
-        while i < rows.len() {
-            let epoch = rows[i].0;
-            let j = rows[i..]
-                .iter()
-                .position(|r| r.0 != epoch)
-                .map_or(rows.len(), |k| i + k);
-            let losses: Vec<f64> = rows[i..j].iter().map(|r| r.1).collect();
-            let quarter = losses.len().div_ceil(4).max(1);
-            let mean = |v: &[f64]| (v.iter().sum::<f64>() / v.len().max(1) as f64) as f32;
-            out.push(EpochSummary {
-                epoch: to_u64(epoch),
-                completed: losses.len() as u64,
-                mean_loss: Some(mean(&losses)),
-                first_loss: Some(mean(&losses[..quarter])),
-                last_loss: Some(mean(&losses[losses.len() - quarter..])),
-                eval_loss: None,
-            });
-            i = j;
-        }
-        // The evaluation of the weights each epoch started with; the last one may belong to
-        // an epoch without training (the run's final merge).
-        for eval in self.eval_summaries()? {
-            match out.iter_mut().find(|s| s.epoch == eval.epoch) {
-                Some(summary) => summary.eval_loss = eval.eval_loss,
-                None => out.push(EpochSummary {
-                    epoch: eval.epoch,
-                    completed: 0,
-                    mean_loss: None,
-                    first_loss: None,
-                    last_loss: None,
-                    eval_loss: eval.eval_loss,
-                }),
-            }
-        }
-        out.sort_by_key(|s| s.epoch);
-        Ok(out)
+    pub fn checkpoint_epochs(&self, section: usize) -> Result<Vec<u64>, RepoError> {
+        self.read(|conn| {
+            let mut stmt =
+                conn.prepare("SELECT epoch FROM checkpoints WHERE section = ?1 ORDER BY epoch")?;
+            let rows = stmt.query_map([to_i64(section as u64)], |r| r.get::<_, i64>(0))?;
+            rows.map(|r| Ok(to_u64(r?))).collect()
+        })
     }
 }
 

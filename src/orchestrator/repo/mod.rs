@@ -17,20 +17,24 @@
 //! - `db`: [`Repository`] (connection, transactions) and integer conversions; `schema`: tables.
 //! - `registry`: miners; `replay`: the replay cache; `phase`: phase, epoch, deadlines.
 //! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
-//! - `standing`: penalties acting on routing (back-off, exclusion) and expired miners.
+//! - `policy`: the standing policy; `standing`: penalties acting on routing (back-off,
+//!   exclusion) and expired miners.
 //! - `ledger`: samples, pathways, penalties; `stats`: aggregates for status and metrics;
 //!   `history`: the loss and merge history the dashboard plots.
+//! - `epochs`: the loss summary of every epoch (finished epochs computed once).
 //! - `eval`: the evaluation samples of each epoch's merged model (forward-only).
 //! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
 //! - `validation`: published weights, upload times, objects kept for validators, and the
 //!   ledger queries validators ask for.
 
 mod db;
+mod epochs;
 mod eval;
 mod history;
 mod ledger;
 mod merge;
 mod phase;
+mod policy;
 mod registry;
 mod replay;
 mod routing;

@@ -16,12 +16,11 @@ fn phase_str(p: Phase) -> &'static str {
     }
 }
 
-/// Training samples of epoch `?1` completed, and training samples active. It runs on every
-/// work request, so both counts are ranges of the `samples_progress` index, not scans of the
-/// ledger.
+/// Training samples of epoch `?1` completed, and training samples active (any epoch). It runs
+/// on every work request, so it reads the counters (`sample_counts`), not the ledger.
 pub(super) const EPOCH_PROGRESS: &str = "SELECT \
-     (SELECT COUNT(*) FROM samples WHERE kind = 'train' AND outcome = 'completed' AND epoch = ?1), \
-     (SELECT COUNT(*) FROM samples WHERE kind = 'train' AND outcome = 'active')";
+     COALESCE((SELECT completed FROM sample_counts WHERE kind = 'train' AND epoch = ?1), 0), \
+     COALESCE((SELECT SUM(active) FROM sample_counts WHERE kind = 'train'), 0)";
 
 impl Repository {
     /// Phase, epoch and next sample id.

@@ -114,63 +114,87 @@ impl Repository {
         })
     }
 
-    /// Starts sample unit `sample` (which must be the run's next one, below `budget`), with
-    /// its head forward assigned to `hotkey`. The caller has stored its token ids and targets
-    /// (hashes given) beforehand. Returns `None` when the budget is spent.
+    /// Starts `sample` (which must be the run's next one) with its head forward assigned to
+    /// `hotkey`. The caller has stored its token ids and targets under `sample.epoch`
+    /// beforehand. Whether there is room is decided here, in the transaction that starts it:
+    /// `None` when the run is not training in `sample.epoch`, the budget is spent, or the
+    /// epoch already has as many completed and active samples as its merge needs, so
+    /// concurrent requests can never start more than `room` allows.
     ///
     /// # Errors
     /// [`RepoError::SampleOrder`] when another sample took the id first.
-    #[allow(clippy::too_many_arguments)]
     pub fn start_sample(
         &self,
-        sample: u64,
-        tokens_hash: &str,
-        targets_hash: &str,
+        sample: &NewSample<'_>,
         hotkey: &str,
-        budget: Option<u64>,
+        room: SampleRoom,
         limits: RoutingLimits,
         now_ms: u64,
     ) -> Result<Option<AssignmentRow>, RepoError> {
         self.write(|tx| {
-            let (epoch, next): (i64, i64) = tx.query_row(
-                "SELECT epoch, next_sample FROM run_state WHERE id = 0",
+            let (phase, epoch, next): (String, i64, i64) = tx.query_row(
+                "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
                 [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )?;
-            if to_u64(next) != sample {
+            if phase != "training" || to_u64(epoch) != sample.epoch {
+                return Ok(None);
+            }
+            if to_u64(next) != sample.id {
                 return Err(RepoError::SampleOrder {
                     expected: to_u64(next),
-                    got: sample,
+                    got: sample.id,
                 });
             }
-            if budget.is_some_and(|b| sample >= b) {
+            if room.budget.is_some_and(|b| sample.id >= b) {
                 return Ok(None);
+            }
+            if let Some(cap) = room.per_epoch {
+                let taken: i64 = tx.query_row(
+                    "SELECT COALESCE((SELECT completed + active FROM sample_counts \
+                     WHERE kind = 'train' AND epoch = ?1), 0)",
+                    [epoch],
+                    |r| r.get(0),
+                )?;
+                if to_u64(taken) >= cap {
+                    return Ok(None);
+                }
+            }
+            if room.per_step.is_some_and(|g| sample.id.is_multiple_of(g)) {
+                let active: i64 = tx.query_row(
+                    "SELECT COALESCE(SUM(active), 0) FROM sample_counts WHERE kind = 'train'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                if active > 0 {
+                    return Ok(None);
+                }
             }
             tx.execute(
                 "INSERT INTO samples (id, epoch, outcome, tokens_hash, targets_hash, started_at) \
                  VALUES (?1, ?2, 'active', ?3, ?4, ?5)",
                 params![
-                    to_i64(sample),
+                    to_i64(sample.id),
                     epoch,
-                    tokens_hash,
-                    targets_hash,
+                    sample.tokens_hash,
+                    sample.targets_hash,
                     to_i64(now_ms)
                 ],
             )?;
             tx.execute(
                 "UPDATE run_state SET next_sample = ?1 WHERE id = 0",
-                [to_i64(sample + 1)],
+                [to_i64(sample.id + 1)],
             )?;
             tx.execute(
                 "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
                  delivered, input_hash, created_at, delivered_at) \
                  VALUES (?1, ?2, 0, 'forward', ?3, ?4, 'assigned', 1, ?5, ?6, ?6)",
                 params![
-                    to_i64(sample),
+                    to_i64(sample.id),
                     epoch,
                     hotkey,
                     to_i64(now_ms.saturating_add(limits.forward_ms)),
-                    tokens_hash,
+                    sample.tokens_hash,
                     to_i64(now_ms)
                 ],
             )?;
@@ -178,7 +202,7 @@ impl Repository {
             tx.execute(
                 "INSERT OR REPLACE INTO pathway (sample, section, miner, backward_done) \
                  VALUES (?1, 0, ?2, 0)",
-                params![to_i64(sample), hotkey],
+                params![to_i64(sample.id), hotkey],
             )?;
             Ok(Some(get_assignment(tx, id, limits.tail)?))
         })

@@ -87,6 +87,53 @@ CREATE INDEX IF NOT EXISTS samples_finished ON samples (kind, outcome, finished_
 CREATE INDEX IF NOT EXISTS seen_signatures_expiry ON seen_signatures (expires_at);
 ";
 
+/// Per-epoch sample counters, kept by triggers in the transaction that changes a sample, so
+/// the hot paths (epoch progress on every `/api/work`, the counts and evaluations on the
+/// unauthenticated `/api/status` and `/metrics`, the epoch losses on `/api/merge/status`) read
+/// a handful of rows instead of counting the ledger. `loss_sum` / `loss_n` cover completed
+/// samples with a loss. A sample's `epoch` and `kind` never change. Rows of `samples` pruned
+/// later leave their counts here (nothing is subtracted on delete): the roll-up of the ledger.
+pub(super) const COUNTER_SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS sample_counts (
+    epoch INTEGER NOT NULL, kind TEXT NOT NULL,
+    active INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0,
+    dropped INTEGER NOT NULL DEFAULT 0, loss_sum REAL NOT NULL DEFAULT 0,
+    loss_n INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (epoch, kind));
+CREATE TRIGGER IF NOT EXISTS sample_counts_insert AFTER INSERT ON samples BEGIN
+    INSERT INTO sample_counts (epoch, kind, active, completed, dropped, loss_sum, loss_n)
+    VALUES (NEW.epoch, NEW.kind, NEW.outcome = 'active', NEW.outcome = 'completed',
+            NEW.outcome = 'dropped',
+            CASE WHEN NEW.outcome = 'completed' AND NEW.loss IS NOT NULL THEN NEW.loss ELSE 0 END,
+            NEW.outcome = 'completed' AND NEW.loss IS NOT NULL)
+    ON CONFLICT (epoch, kind) DO UPDATE SET
+        active = active + excluded.active, completed = completed + excluded.completed,
+        dropped = dropped + excluded.dropped, loss_sum = loss_sum + excluded.loss_sum,
+        loss_n = loss_n + excluded.loss_n;
+END;
+CREATE TRIGGER IF NOT EXISTS sample_counts_update AFTER UPDATE OF outcome, loss ON samples BEGIN
+    UPDATE sample_counts SET
+        active = active - (OLD.outcome = 'active') + (NEW.outcome = 'active'),
+        completed = completed - (OLD.outcome = 'completed') + (NEW.outcome = 'completed'),
+        dropped = dropped - (OLD.outcome = 'dropped') + (NEW.outcome = 'dropped'),
+        loss_sum = loss_sum
+            - (CASE WHEN OLD.outcome = 'completed' AND OLD.loss IS NOT NULL THEN OLD.loss ELSE 0 END)
+            + (CASE WHEN NEW.outcome = 'completed' AND NEW.loss IS NOT NULL THEN NEW.loss ELSE 0 END),
+        loss_n = loss_n - (OLD.outcome = 'completed' AND OLD.loss IS NOT NULL)
+            + (NEW.outcome = 'completed' AND NEW.loss IS NOT NULL)
+    WHERE epoch = NEW.epoch AND kind = NEW.kind;
+END;
+";
+
+/// Fills `sample_counts` from the ledger of a state file written before the counters existed
+/// (run once, when the table is empty and the ledger is not).
+pub(super) const COUNTER_BACKFILL: &str = "
+INSERT INTO sample_counts (epoch, kind, active, completed, dropped, loss_sum, loss_n)
+SELECT epoch, kind, SUM(outcome = 'active'), SUM(outcome = 'completed'), SUM(outcome = 'dropped'),
+       COALESCE(SUM(CASE WHEN outcome = 'completed' THEN loss END), 0),
+       SUM(outcome = 'completed' AND loss IS NOT NULL)
+FROM samples WHERE NOT EXISTS (SELECT 1 FROM sample_counts) GROUP BY epoch, kind;
+";
+
 /// Tables of the merge cycle (created next to the routing tables).
 pub(super) const MERGE_SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS uploads (

@@ -22,31 +22,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::{Repository, to_i64, to_u64};
+pub use super::policy::Standing;
 use crate::orchestrator::repo_types::RepoError;
-
-/// The standing policy (run config `penalties` and `miner_ttl_s`), in milliseconds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Standing {
-    /// Back-off after the first strike; doubles with each further one.
-    pub backoff_ms: u64,
-    /// Strikes in a row that exclude a miner.
-    pub exclude_after: u32,
-    /// How long an exclusion lasts.
-    pub exclusion_ms: u64,
-    /// A miner not seen for this long no longer holds a seat in its section.
-    pub miner_ttl_ms: u64,
-}
-
-impl Default for Standing {
-    fn default() -> Self {
-        Self {
-            backoff_ms: 10_000,
-            exclude_after: 3,
-            exclusion_ms: 600_000,
-            miner_ttl_ms: 60_000,
-        }
-    }
-}
 
 /// One recorded standing decision.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,19 +48,6 @@ pub struct StandingDecision {
 pub(super) const HOLDS_SEAT: &str = "last_seen >= ?1 - ?2 \
      AND NOT (strikes >= ?3 AND COALESCE(benched_until, 0) > ?1) \
      AND COALESCE(flag_excluded_until, 0) <= ?1";
-
-impl Standing {
-    /// How long the miner is kept from new work after its `strikes`-th strike, and whether
-    /// that is an exclusion.
-    pub fn penalty_for(&self, strikes: u32) -> (u64, bool) {
-        if strikes >= self.exclude_after {
-            (self.exclusion_ms, true)
-        } else {
-            let doubling = 1u64 << strikes.saturating_sub(1).min(20);
-            (self.backoff_ms.saturating_mul(doubling), false)
-        }
-    }
-}
 
 /// Counts a strike against `hotkey` for a penalty on `assignment` (none: a merge-side
 /// penalty) if it is a new failure (see the module documentation), backing the miner off or

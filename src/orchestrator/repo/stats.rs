@@ -1,7 +1,7 @@
 //! Aggregates for the status page and metrics.
 
 use super::db::{Repository, to_i64, to_u64};
-use crate::orchestrator::repo_types::{LedgerCounts, RepoError, SampleOutcome};
+use crate::orchestrator::repo_types::{LedgerCounts, RepoError};
 
 /// Mean loss of the last `?1` completed training samples: the newest rows of the
 /// `samples_finished` index, not a sort of the ledger (status and metrics, unauthenticated).
@@ -14,26 +14,24 @@ pub(super) const COMPLETED_SINCE: &str = "SELECT COUNT(*) FROM samples \
      WHERE kind = 'train' AND outcome = 'completed' AND finished_at >= ?1";
 
 impl Repository {
-    /// Completed, dropped and active training sample counts (evaluation samples apart).
+    /// Completed, dropped and active training sample counts (evaluation samples apart), from
+    /// the counters.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn counts(&self) -> Result<LedgerCounts, RepoError> {
         self.read(|conn| {
-            let mut counts = LedgerCounts::default();
-            let mut stmt = conn.prepare(
-                "SELECT outcome, COUNT(*) FROM samples WHERE kind = 'train' GROUP BY outcome",
+            let (active, completed, dropped): (i64, i64, i64) = conn.query_row(
+                "SELECT COALESCE(SUM(active), 0), COALESCE(SUM(completed), 0), \
+                 COALESCE(SUM(dropped), 0) FROM sample_counts WHERE kind = 'train'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )?;
-            let rows = stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-            for row in rows {
-                let (outcome, n) = row?;
-                match SampleOutcome::parse(&outcome)? {
-                    SampleOutcome::Active => counts.active = to_u64(n),
-                    SampleOutcome::Completed => counts.completed = to_u64(n),
-                    SampleOutcome::Dropped => counts.dropped = to_u64(n),
-                }
-            }
-            Ok(counts)
+            Ok(LedgerCounts {
+                completed: to_u64(completed),
+                dropped: to_u64(dropped),
+                active: to_u64(active),
+            })
         })
     }
 

@@ -32,9 +32,19 @@ fn ok(hash: &str) -> Accepted {
     }
 }
 
+/// Sample `u` of epoch 0 with token and target hashes `tok`/`tgt`.
+fn sample(u: u64) -> NewSample<'static> {
+    NewSample {
+        epoch: 0,
+        id: u,
+        tokens_hash: "tok",
+        targets_hash: "tgt",
+    }
+}
+
 /// Starts sample `u` at the head and returns its assignment id.
 fn start(repo: &Repository, u: u64) -> u64 {
-    repo.start_sample(u, "tok", "tgt", "a0", None, LIMITS, T0)
+    repo.start_sample(&sample(u), "a0", SampleRoom::default(), LIMITS, T0)
         .unwrap()
         .unwrap()
         .id
@@ -149,11 +159,9 @@ fn backward_work_is_served_first_and_in_flight_is_capped() {
     // piece of work and gets the backward, even though the forward is older.
     let f2 = repo
         .start_sample(
-            2,
-            "tok",
-            "tgt",
+            &sample(2),
             "a0",
-            None,
+            SampleRoom::default(),
             RoutingLimits {
                 max_in_flight: 3,
                 ..LIMITS
@@ -325,7 +333,7 @@ fn signatures_are_remembered_until_expiry() {
 fn samples_start_in_order_within_the_budget() {
     let repo = network();
     assert!(matches!(
-        repo.start_sample(1, "t", "t", "a0", None, LIMITS, T0),
+        repo.start_sample(&sample(1), "a0", SampleRoom::default(), LIMITS, T0),
         Err(RepoError::SampleOrder {
             expected: 0,
             got: 1
@@ -333,8 +341,18 @@ fn samples_start_in_order_within_the_budget() {
     ));
     start(&repo, 0);
     assert_eq!(
-        repo.start_sample(1, "t", "t", "a0", Some(1), LIMITS, T0)
-            .unwrap(),
+        repo.start_sample(
+            &sample(1),
+            "a0",
+            SampleRoom {
+                budget: Some(1),
+                per_epoch: None,
+                per_step: None,
+            },
+            LIMITS,
+            T0
+        )
+        .unwrap(),
         None
     );
     assert_eq!(repo.run_state().unwrap().2, 1);
@@ -349,11 +367,12 @@ fn state_survives_reopening_the_file() {
         repo.register("a0", "cpu", 4, 1, 50, T0).unwrap();
         let one = RoutingLimits { tail: 0, ..LIMITS };
         let f = repo
-            .start_sample(0, "t", "g", "a0", None, one, T0)
+            .start_sample(&sample(0), "a0", SampleRoom::default(), one, T0)
             .unwrap()
             .unwrap();
         repo.accept(f.id, "a0", &ok("g0"), one, T0).unwrap();
-        repo.start_sample(1, "t", "g", "a0", None, one, T0).unwrap();
+        repo.start_sample(&sample(1), "a0", SampleRoom::default(), one, T0)
+            .unwrap();
     }
     let repo = Repository::open(&path).unwrap();
     assert_eq!(repo.miner("a0").unwrap().unwrap().forwards, 1);
@@ -373,7 +392,7 @@ fn state_survives_reopening_the_file() {
 /// section 1 follows.
 fn head_done(repo: &Repository, u: u64, now: u64) {
     let id = repo
-        .start_sample(u, "tok", "tgt", "a0", None, LIMITS, now)
+        .start_sample(&sample(u), "a0", SampleRoom::default(), LIMITS, now)
         .unwrap()
         .unwrap()
         .id;
@@ -583,4 +602,220 @@ fn hot_queries_use_indexes() {
         }
         assert!(!plan.contains("TEMP B-TREE"), "{name}: sorts in\n{plan}");
     }
+}
+
+/// Race (issue 9): whether an epoch has room for one more sample is decided in the
+/// transaction that starts it, so no interleaving of requests can start more than its merge
+/// needs; nothing starts in an epoch other than the current one, or outside training.
+#[test]
+fn r9_an_epoch_starts_no_more_samples_than_its_merge_needs() {
+    let repo = network();
+    let room = SampleRoom {
+        budget: None,
+        per_epoch: Some(2),
+        per_step: None,
+    };
+    let begin = |u: u64| repo.start_sample(&sample(u), "a0", room, LIMITS, T0);
+    assert!(begin(0).unwrap().is_some());
+    assert!(begin(1).unwrap().is_some());
+    assert_eq!(begin(2).unwrap(), None, "the epoch has its two samples");
+    assert_eq!(repo.run_state().unwrap().2, 2, "no id was used up");
+    // Tokens stored for another epoch start nothing.
+    let other = NewSample {
+        epoch: 1,
+        ..sample(2)
+    };
+    let wide = SampleRoom::default();
+    assert_eq!(
+        repo.start_sample(&other, "a0", wide, LIMITS, T0).unwrap(),
+        None
+    );
+    // Nor does anything start once training ended.
+    repo.begin_uploading(0, T0 + 60_000, T0).unwrap();
+    assert_eq!(
+        repo.start_sample(&sample(2), "a0", wide, LIMITS, T0)
+            .unwrap(),
+        None
+    );
+}
+
+/// A row of per-epoch counts: epoch, kind, active, completed, dropped, completed with a loss.
+type CountRow = (i64, String, i64, i64, i64, i64);
+
+/// The per-epoch counters, as a full count of the ledger would give them.
+fn counted(repo: &Repository) -> (Vec<CountRow>, Vec<CountRow>) {
+    repo.read(|conn| {
+        let rows = |sql: &str| -> Result<Vec<CountRow>, RepoError> {
+            let mut stmt = conn.prepare(sql)?;
+            let rows = stmt.query_map([], |r| {
+                Ok((
+                    r.get(0)?,
+                    r.get(1)?,
+                    r.get(2)?,
+                    r.get(3)?,
+                    r.get(4)?,
+                    r.get(5)?,
+                ))
+            })?;
+            Ok(rows.collect::<Result<_, _>>()?)
+        };
+        Ok((
+            rows(
+                "SELECT epoch, kind, active, completed, dropped, loss_n FROM sample_counts \
+                  WHERE active + completed + dropped > 0 ORDER BY epoch, kind",
+            )?,
+            rows(
+                "SELECT epoch, kind, SUM(outcome = 'active'), SUM(outcome = 'completed'), \
+                  SUM(outcome = 'dropped'), SUM(outcome = 'completed' AND loss IS NOT NULL) \
+                  FROM samples GROUP BY epoch, kind ORDER BY epoch, kind",
+            )?,
+        ))
+    })
+    .unwrap()
+}
+
+/// Issue 9, counters instead of scans: the counters the hot paths read (epoch progress,
+/// status counts, evaluations, epoch losses) follow every change of the ledger (start,
+/// accept, refuse, release, expiry, the end of an epoch, evaluations), and a state file
+/// written before they existed gets them filled when it is opened.
+#[test]
+fn r9_counters_follow_the_ledger_and_are_filled_for_an_old_state_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let check = |repo: &Repository, when: &str| {
+        let (counters, ledger) = counted(repo);
+        assert_eq!(counters, ledger, "{when}");
+    };
+    {
+        let repo = Repository::open(&path).unwrap();
+        for (i, hk) in ["a0", "b0", "c0"].iter().enumerate() {
+            repo.register(hk, "cpu", 8, 3, 50, T0 + i as u64).unwrap();
+        }
+        let heads: Vec<u64> = (0..5).map(|u| start(&repo, u)).collect();
+        check(&repo, "started");
+        // Sample 0 all the way: forwards through b0 and c0 (loss), backwards to the head.
+        repo.accept(heads[0], "a0", &ok("h0"), LIMITS, T0).unwrap();
+        let f1 = repo.take_work("b0", 1, LIMITS, T0).unwrap().assignments[0].id;
+        repo.accept(f1, "b0", &ok("h1"), LIMITS, T0).unwrap();
+        let f2 = repo.take_work("c0", 1, LIMITS, T0).unwrap().assignments[0].id;
+        repo.accept(f2, "c0", &ok("h2"), LIMITS, T0).unwrap();
+        let b1 = repo.take_work("b0", 1, LIMITS, T0).unwrap().assignments[0].id;
+        repo.accept(b1, "b0", &ok("g1"), LIMITS, T0).unwrap();
+        let b0 = repo.take_work("a0", 1, LIMITS, T0).unwrap().assignments[0].id;
+        repo.accept(b0, "a0", &ok("g0"), LIMITS, T0).unwrap();
+        assert_eq!(repo.counts().unwrap().completed, 1);
+        check(&repo, "one completed");
+        // A refusal, a release and missed deadlines re-offer (the end of the epoch drops).
+        repo.refuse(heads[1], "a0", "bad", LIMITS, T0).unwrap();
+        repo.release("a0", &heads[2..3], LIMITS, T0).unwrap();
+        repo.expire(LIMITS, T0 + 10_000).unwrap();
+        check(&repo, "refused, released, expired");
+        // Evaluations of epoch 0, then the end of the epoch drops what is under way.
+        let evals: Vec<EvalSample> = (0..2)
+            .map(|u| EvalSample {
+                id: eval_id(0, u),
+                tokens_hash: "t".into(),
+                targets_hash: "g".into(),
+            })
+            .collect();
+        repo.start_evals(0, &evals, T0).unwrap();
+        check(&repo, "evaluations started");
+        let cancelled = repo.begin_uploading(0, T0 + 60_000, T0 + 10_000).unwrap();
+        assert!(cancelled > 0);
+        check(&repo, "epoch ended");
+        assert_eq!(repo.epoch_progress(0).unwrap(), (1, 0));
+    }
+    // An older state file: no counters yet.
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("DROP TABLE sample_counts").unwrap();
+    }
+    let repo = Repository::open(&path).unwrap();
+    check(&repo, "reopened without counters");
+    let (counters, _) = counted(&repo);
+    assert!(!counters.is_empty());
+}
+
+/// Race (issue 9): an acceptance that arrives after a long check is conditional. A work result
+/// whose deadline passed while it was checked (the forward was re-offered meanwhile) is not
+/// accepted, and nothing is routed from it; a merge upload whose lease ended, or whose
+/// section's plan was built, while it was checked stays out of the merge.
+#[test]
+fn r9_an_acceptance_after_a_long_check_is_conditional() {
+    let repo = network();
+    let f0 = start(&repo, 0);
+    // The check outlives the deadline: the forward is re-offered, then the result arrives.
+    let fallout = repo.expire(LIMITS, T0 + 5_000).unwrap();
+    assert!(matches!(fallout.as_slice(), [Fallout::Reoffered { .. }]));
+    assert!(matches!(
+        repo.accept(f0, "a0", &ok("h0"), LIMITS, T0 + 5_001),
+        Err(RepoError::NotAssigned { .. })
+    ));
+    assert!(
+        repo.take_work("b0", 4, LIMITS, T0 + 5_002)
+            .unwrap()
+            .assignments
+            .is_empty(),
+        "nothing was routed from the late result"
+    );
+    // A refused result cannot flip to accepted either.
+    let w = repo
+        .take_work("a1", 1, LIMITS, T0 + 5_003)
+        .unwrap()
+        .assignments;
+    repo.refuse(w[0].id, "a1", "bad", LIMITS, T0 + 5_004)
+        .unwrap();
+    assert!(
+        repo.accept(w[0].id, "a1", &ok("h0"), LIMITS, T0 + 5_005)
+            .is_err()
+    );
+
+    // Merge uploads.
+    let distance = |miner: &str| crate::orchestrator::outliers::UploadDistance {
+        miner: miner.into(),
+        distance: [1.0; 3],
+        reference_norm: 1.0,
+    };
+    for hk in ["a0", "a1", "b0"] {
+        repo.lease_upload(0, 0, hk, T0 + 1_000).unwrap();
+    }
+    // a0 is accepted in time; a1's check ends after its lease.
+    assert!(
+        repo.accept_upload(0, "a0", "h", 4, 1.0, &distance("a0"), T0 + 999)
+            .unwrap()
+    );
+    assert!(
+        !repo
+            .accept_upload(0, "a1", "h", 4, 1.0, &distance("a1"), T0 + 1_001)
+            .unwrap()
+    );
+    assert_eq!(
+        repo.upload(0, "a1").unwrap().unwrap().state,
+        UploadState::Leased
+    );
+    // b0's section plan is built while b0's check runs.
+    let plan = PlanRow {
+        uploaders: vec![],
+        weights: vec![],
+        len: 4,
+        partitions: 1,
+        replication: 1,
+        finalized: false,
+    };
+    repo.save_plan(0, 0, &plan).unwrap();
+    assert!(
+        !repo
+            .accept_upload(0, "b0", "h", 4, 1.0, &distance("b0"), T0 + 10)
+            .unwrap()
+    );
+    // An accepted upload cannot be accepted again (with another hash).
+    assert!(
+        !repo
+            .accept_upload(0, "a0", "x", 4, 1.0, &distance("a0"), T0 + 11)
+            .unwrap()
+    );
+    assert_eq!(
+        repo.upload(0, "a0").unwrap().unwrap().hash.as_deref(),
+        Some("h")
+    );
 }

@@ -13,7 +13,7 @@ use common::api_harness::*;
 use common::net::now_ms;
 use http_body_util::BodyExt;
 use iota::api::*;
-use iota::orchestrator::{AppState, Repository, enforce_deadlines, router};
+use iota::orchestrator::{AppState, Repository, RunConfig, enforce_deadlines, router};
 use iota::storage::{WireDtype, encode, payload_hash};
 use iota::wallet::Hotkey;
 
@@ -1041,4 +1041,65 @@ async fn evaluation_work_runs_forward_only_and_its_loss_reaches_the_status() {
     assert!(h.work(&b, 2).await.is_empty());
     let f0 = h.work(&a, 1).await.remove(0);
     assert_eq!((f0.kind, f0.sample_id), (WorkKind::Forward, 0));
+}
+
+/// Runs the head forward `f0` of a sample through the rest of the pipeline (one miner per
+/// section), down to the head's backward.
+async fn round_trip(h: &Harness, [a, b, c]: &[Hotkey; 3], f0: &Assignment) {
+    let boundary = h.state.config.boundary_shape();
+    let accepted = |r: SubmitResponse| assert!(r.accepted, "{r:?}");
+    accepted(h.submit(a, f0, Some(activation(&boundary, 0.5)), None).await);
+    let f1 = h.work(b, 1).await.remove(0);
+    accepted(h.submit(b, &f1, Some(activation(&boundary, 0.25)), None).await);
+    let f2 = h.work(c, 1).await.remove(0);
+    accepted(
+        h.submit(c, &f2, Some(activation(&boundary, 0.1)), Some(3.0))
+            .await,
+    );
+    let b1 = h.work(b, 1).await.remove(0);
+    accepted(h.submit(b, &b1, Some(activation(&boundary, 0.2)), None).await);
+    let b0 = h.work(a, 1).await.remove(0);
+    assert_eq!((b0.kind, b0.sample_id), (WorkKind::Backward, f0.sample_id));
+    accepted(h.submit(a, &b0, None, None).await);
+}
+
+#[tokio::test]
+async fn synchronous_steps_start_no_sample_of_a_step_before_the_last_one_finished() {
+    let h = harness_with(
+        config("samples_per_step: 2\nbatches_before_merging: 8\n"),
+        Repository::open_in_memory().unwrap(),
+    );
+    let keys = three(&h).await;
+    let ids = |w: &[Assignment]| w.iter().map(|a| a.sample_id).collect::<Vec<_>>();
+    // Step 0 is samples 0 and 1; the head gets both, and no more.
+    let step0 = h.work(&keys[0], 4).await;
+    assert_eq!(ids(&step0), vec![0, 1]);
+    round_trip(&h, &keys, &step0[0]).await;
+    // Sample 1 is still under way: the head has room in flight, but sample 2 opens step 1.
+    assert!(h.work(&keys[0], 4).await.is_empty());
+    round_trip(&h, &keys, &step0[1]).await;
+    assert_eq!(ids(&h.work(&keys[0], 4).await), vec![2, 3]);
+    // The same config without synchronous steps starts sample 2 while 1 is under way.
+    let h = harness_with(
+        config("batches_before_merging: 8\n"),
+        Repository::open_in_memory().unwrap(),
+    );
+    let keys = three(&h).await;
+    let first = h.work(&keys[0], 4).await;
+    round_trip(&h, &keys, &first[0]).await;
+    assert_eq!(ids(&h.work(&keys[0], 4).await), vec![2]);
+}
+
+#[test]
+fn synchronous_steps_refuse_settings_they_cannot_honour() {
+    let err = |extra: &str| {
+        RunConfig::from_yaml(&format!(
+            "run: r\nmodel: {{preset: tiny}}\n{extra}"
+        ))
+        .unwrap_err()
+        .to_string()
+    };
+    assert!(err("samples_per_step: 3\nbatches_before_merging: 100\n").contains("divide"));
+    assert!(err("samples_per_step: 2\nlocal_steps: 2\n").contains("local_steps"));
+    assert!(err("samples_per_step: 2\nlookahead: true\n").contains("lookahead"));
 }

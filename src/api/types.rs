@@ -100,6 +100,10 @@ pub struct MinerSettings {
     /// gradient will be applied at.
     #[serde(default)]
     pub lookahead: bool,
+    /// Samples per synchronous optimizer step (0: asynchronous steps every `local_steps`
+    /// backwards); see [`crate::miner::engine`].
+    #[serde(default)]
+    pub samples_per_step: u64,
     /// Seconds between heartbeats.
     pub heartbeat_s: u64,
 }

@@ -15,12 +15,20 @@
 //!   (weight stashing, as PipeDream) — or at the current version when stashing is off — and
 //!   accumulates the parameter gradient.
 //! - **Tail**: loss, backward and accumulation at once, at the current version.
-//! - **Step**: after every `local_steps` backwards (the tail's included) the mean accumulated
-//!   gradient is applied with AdamW at learning rate `schedule.at(s)`, where `s` is the
-//!   largest sample id among those backwards. Sample ids are handed out in order by the
-//!   orchestrator, so `s` is the run's global progress: every miner, late joiners included,
-//!   is at the same point of one schedule, and a validator recomputes the rate from the
-//!   ledger instead of trusting the miner.
+//! - **Step, asynchronous** (`samples_per_step` 0): after every `local_steps` backwards (the
+//!   tail's included) the mean accumulated gradient is applied with AdamW at learning rate
+//!   `schedule.at(s)`, where `s` is the largest sample id among those backwards. Sample ids
+//!   are handed out in order by the orchestrator, so `s` is the run's global progress: every
+//!   miner, late joiners included, is at the same point of one schedule, and a validator
+//!   recomputes the rate from the ledger instead of trusting the miner.
+//! - **Step, synchronous** (`samples_per_step` G > 0): samples `nG .. (n+1)G` make optimizer
+//!   step `n`. The orchestrator starts no sample of step `n + 1` before every sample of step
+//!   `n` has finished, so the first piece of work of a later step a miner sees (a forward, or
+//!   the tail's loss) is its cue: it first applies the gradients accumulated for the earlier
+//!   step, at `schedule.at(n)`. [`Engine::flush`] applies them at the end of an epoch. Every
+//!   forward and backward of a step then runs at the same weights, so with one miner per
+//!   section the network computes exactly what one process computes with a batch of G
+//!   samples.
 //! - **Evaluation** forwards and losses always run at version 0 of the epoch (the merged
 //!   model), whatever training did since, and change nothing.
 
@@ -65,6 +73,9 @@ pub struct EngineSettings {
     pub lookahead: bool,
     /// Most forward inputs kept for their backward (at least 1).
     pub capacity: usize,
+    /// Samples per synchronous optimizer step (see the module docs); 0: asynchronous steps
+    /// every `local_steps` backwards.
+    pub samples_per_step: u64,
 }
 
 impl EngineSettings {
@@ -76,6 +87,16 @@ impl EngineSettings {
             weight_stashing: settings.weight_stashing,
             lookahead: settings.lookahead,
             capacity: settings.max_in_flight.max(1),
+            samples_per_step: settings.samples_per_step,
+        }
+    }
+
+    /// Where `sample`'s gradient falls on the learning-rate schedule: its optimizer step in
+    /// synchronous mode, the sample id itself otherwise.
+    pub fn schedule_index(&self, sample: u64) -> u64 {
+        match self.samples_per_step {
+            0 => sample,
+            g => sample / g,
         }
     }
 }
@@ -111,6 +132,8 @@ pub struct Forwarded {
     pub version: u64,
     /// Steps of look-ahead applied to those weights (0 without look-ahead).
     pub lookahead: u64,
+    /// The synchronous step this forward's new step number made the engine apply first.
+    pub step: Option<StepRecord>,
 }
 
 /// What a kept sample's backward needs besides its input.
@@ -159,6 +182,8 @@ pub struct Engine<B: AutodiffBackend> {
     version: u64,
     /// Samples accumulated for the next step.
     step_samples: Vec<u64>,
+    /// Synchronous mode: the optimizer step the accumulated gradients belong to.
+    open_step: Option<u64>,
 }
 
 impl<B: AutodiffBackend> std::fmt::Debug for Engine<B> {
@@ -184,6 +209,7 @@ impl<B: AutodiffBackend> Engine<B> {
             base,
             version: 0,
             step_samples: Vec::new(),
+            open_step: None,
         }
     }
 
@@ -233,6 +259,7 @@ impl<B: AutodiffBackend> Engine<B> {
         self.cache.clear();
         self.stashed.clear();
         self.step_samples.clear();
+        self.open_step = None;
         self.section.discard_grads();
         self.base = self.section.weights().valid();
         self.version = 0;
@@ -264,6 +291,7 @@ impl<B: AutodiffBackend> Engine<B> {
     /// # Errors
     /// The tail, or an input of the wrong kind or shape.
     pub fn forward(&mut self, sample: u64, input: CachedInput) -> Result<Forwarded, EngineError> {
+        let step = self.enter(sample);
         let version = self.version;
         // Steps that will be applied before this sample's backward (backwards come in the
         // order of their forwards).
@@ -282,7 +310,9 @@ impl<B: AutodiffBackend> Engine<B> {
             (out, Some(weights))
         } else {
             let out = self.section.forward(self.to_input(&input))?;
-            let stash = self.settings.weight_stashing || self.settings.lookahead;
+            // Synchronous steps never move the weights between a forward and its backward.
+            let stash = (self.settings.weight_stashing || self.settings.lookahead)
+                && self.settings.samples_per_step == 0;
             (out, stash.then(|| self.section.weights()))
         };
         let output = to_host(out)?;
@@ -294,6 +324,7 @@ impl<B: AutodiffBackend> Engine<B> {
             output,
             version,
             lookahead: ahead,
+            step,
         })
     }
 
@@ -311,10 +342,11 @@ impl<B: AutodiffBackend> Engine<B> {
         targets_shape: [usize; 2],
     ) -> Result<TailDone, EngineError> {
         let targets = self.token_tensor(targets, targets_shape);
+        let entered = self.enter(sample);
         let version = self.version;
         let out = self.section.train_tail(self.owned_input(input), targets)?;
         let grad = to_host(out.input_grad)?;
-        let step = self.after_backward(sample);
+        let step = self.after_backward(sample).or(entered);
         Ok(TailDone {
             loss: out.loss,
             grad,
@@ -386,14 +418,54 @@ impl<B: AutodiffBackend> Engine<B> {
             .eval_loss_at(&self.base, self.to_input(input), targets)?)
     }
 
-    /// Counts a backward and steps when `local_steps` of them are in.
-    fn after_backward(&mut self, sample: u64) -> Option<StepRecord> {
-        self.step_samples.push(sample);
-        if self.section.pending_backwards() < self.settings.local_steps.max(1) {
+    /// Applies the gradients accumulated so far, if any (synchronous mode: the last step of
+    /// an epoch, before the state is uploaded; asynchronous mode: fewer than `local_steps`
+    /// backwards left over, which are otherwise dropped with the epoch).
+    pub fn flush(&mut self) -> Option<StepRecord> {
+        self.apply_step()
+    }
+
+    /// Synchronous mode: the first work of a later step applies the earlier step's gradients.
+    fn enter(&mut self, sample: u64) -> Option<StepRecord> {
+        let g = self.settings.samples_per_step;
+        if g == 0 {
             return None;
         }
-        let at = self.step_samples.iter().copied().max().unwrap_or(sample);
-        let lr = self.settings.schedule.at(at);
+        let step = sample / g;
+        match self.open_step {
+            Some(open) if step > open => {
+                let record = self.apply_step();
+                self.open_step = Some(step);
+                record
+            }
+            Some(_) => None,
+            None => {
+                self.open_step = Some(step);
+                None
+            }
+        }
+    }
+
+    /// Counts a backward and, in asynchronous mode, steps when `local_steps` of them are in.
+    fn after_backward(&mut self, sample: u64) -> Option<StepRecord> {
+        self.step_samples.push(sample);
+        if self.settings.samples_per_step > 0
+            || self.section.pending_backwards() < self.settings.local_steps.max(1)
+        {
+            return None;
+        }
+        self.apply_step()
+    }
+
+    /// One AdamW step with the accumulated gradients, at the rate of the latest sample among
+    /// them; `None` when nothing is accumulated.
+    fn apply_step(&mut self) -> Option<StepRecord> {
+        let at = self.step_samples.iter().copied().max()?;
+        if self.section.pending_backwards() == 0 {
+            self.step_samples.clear();
+            return None;
+        }
+        let lr = self.settings.schedule.at(self.settings.schedule_index(at));
         let outcome = self.section.step(lr);
         if matches!(outcome, StepOutcome::Applied { .. }) {
             self.version += 1;
@@ -471,6 +543,10 @@ mod tests {
     }
 
     fn engine(index: usize, stashing: bool, local_steps: u64) -> E {
+        engine_with(index, stashing, local_steps, 0)
+    }
+
+    fn engine_with(index: usize, stashing: bool, local_steps: u64, samples_per_step: u64) -> E {
         let section = Section::new(
             &cfg(),
             index,
@@ -487,6 +563,7 @@ mod tests {
                 weight_stashing: stashing,
                 lookahead: false,
                 capacity: 4,
+                samples_per_step,
             },
         )
     }
@@ -568,6 +645,93 @@ mod tests {
             assert_eq!(e.section().export_params(), c.export_params());
             assert_eq!(e.version(), 6);
         }
+    }
+
+    /// Samples `first .. first + n` through three engines as a pipeline would run them: every
+    /// forward first (head, body, tail), then every backward (body, head), in sample order.
+    /// Returns the losses.
+    fn pipelined(engines: &mut [E], first: u64, n: u64) -> Vec<f32> {
+        let samples: Vec<u64> = (first..first + n).collect();
+        let mut mid = Vec::new();
+        for &s in &samples {
+            let (tokens, _) = split(s);
+            mid.push(hidden(engines[0].forward(s, tokens).unwrap().output));
+        }
+        let mut last = Vec::new();
+        for (&s, input) in samples.iter().zip(mid) {
+            last.push(hidden(engines[1].forward(s, input).unwrap().output));
+        }
+        let mut grads = Vec::new();
+        let mut losses = Vec::new();
+        for (&s, input) in samples.iter().zip(last) {
+            let (_, targets) = split(s);
+            let tail = engines[2].train_tail(s, input, &targets, [2, 8]).unwrap();
+            losses.push(tail.loss);
+            grads.push(wire(tail.grad));
+        }
+        let mut grads2 = Vec::new();
+        for (&s, g) in samples.iter().zip(grads) {
+            let done = engines[1].backward(s, g).unwrap();
+            assert!(done.step.is_none(), "synchronous steps wait for the next step's work");
+            grads2.push(wire(done.grad.unwrap()));
+        }
+        for (&s, g) in samples.iter().zip(grads2) {
+            assert!(engines[0].backward(s, g).unwrap().step.is_none());
+        }
+        losses
+    }
+
+    #[test]
+    fn synchronous_steps_equal_the_single_process_chain_with_the_step_as_batch() {
+        // Two samples per step, both in flight at once: every section's forwards and
+        // backwards of a step run at the same weights, so the engines compute exactly what
+        // the chain computes with both samples in one step.
+        let mut engines: Vec<E> = (0..3).map(|i| engine_with(i, true, 1, 2)).collect();
+        let mut chain = Pipeline::<TestAutodiff>::new(
+            &cfg(),
+            3,
+            OptimizerConfig::default(),
+            WireDtype::Bf16,
+            &Default::default(),
+        )
+        .unwrap();
+        for step in 0..3u64 {
+            let losses = pipelined(&mut engines, 2 * step, 2);
+            for (i, s) in (2 * step..2 * step + 2).enumerate() {
+                let w = windows(s);
+                let refs: Vec<&[u32]> = w.iter().map(Vec::as_slice).collect();
+                assert_eq!(losses[i], chain.train_batch(&refs).unwrap().loss, "sample {s}");
+            }
+            chain.step(schedule().at(step));
+            // The engines have not stepped yet: the next step's first work (or a flush) does.
+            assert!(engines.iter().all(|e| e.version() == step));
+        }
+        for e in &mut engines {
+            let record = e.flush().expect("the last step is applied by the flush");
+            assert_eq!((record.samples.len(), record.lr), (2, schedule().at(2)));
+            assert!(e.flush().is_none(), "nothing left to apply");
+        }
+        for (e, c) in engines.iter().zip(chain.sections()) {
+            assert_eq!(e.section().export_params(), c.export_params());
+            assert_eq!(e.version(), 3);
+        }
+    }
+
+    #[test]
+    fn a_synchronous_step_is_applied_by_the_first_work_of_the_next_step() {
+        let mut engines: Vec<E> = (0..3).map(|i| engine_with(i, true, 1, 2)).collect();
+        pipelined(&mut engines, 0, 2);
+        let (tokens, _) = split(2);
+        let fwd = engines[0].forward(2, tokens).unwrap();
+        let step = fwd.step.expect("sample 2 opens step 1, so step 0 is applied first");
+        assert_eq!(step.samples, vec![0, 1]);
+        assert_eq!(fwd.version, 1, "the forward runs at the stepped weights");
+        // A sample of the same step applies nothing.
+        let (tokens, _) = split(3);
+        assert!(engines[0].forward(3, tokens).unwrap().step.is_none());
+        // A new epoch forgets the accumulated step and starts counting afresh.
+        engines[1].begin_epoch();
+        assert!(engines[1].flush().is_none());
     }
 
     fn activations(s: u64) -> Activations {

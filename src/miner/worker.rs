@@ -275,6 +275,7 @@ async fn mine<B: AutodiffBackend>(
     let mut engine_settings = EngineSettings::for_miner(&settings);
     if options.adversary.is_some_and(Adversary::never_steps) {
         engine_settings.local_steps = u64::MAX;
+        engine_settings.samples_per_step = 0;
     }
     let engine = Engine::new(section, engine_settings);
     let copier = match (options.adversary, &options.copy_from) {
@@ -682,7 +683,11 @@ impl<B: AutodiffBackend> Worker<B> {
                         self.report.last_loss = Some(tail.loss);
                         (tail.grad, Some(tail.loss))
                     }
-                    None => (self.engine.forward(a.sample_id, input)?.output, None),
+                    None => {
+                        let fwd = self.engine.forward(a.sample_id, input)?;
+                        self.count_step(fwd.step.as_ref());
+                        (fwd.output, None)
+                    }
                 };
                 self.tokens += (b * s) as u64;
                 let out = match self.adversary {
@@ -733,7 +738,7 @@ impl<B: AutodiffBackend> Worker<B> {
         Ok((out, submit))
     }
 
-    /// Counts a step the engine took after a backward.
+    /// Counts a step the engine took.
     fn count_step(&mut self, step: Option<&StepRecord>) {
         match step.map(|s| &s.outcome) {
             Some(StepOutcome::Applied { .. }) => {

@@ -255,6 +255,8 @@ struct RawRunConfig {
     weight_stashing: bool,
     #[serde(default)]
     lookahead: bool,
+    #[serde(default)]
+    samples_per_step: u64,
     #[serde(default = "default_eval_samples")]
     eval_samples: usize,
     #[serde(default)]
@@ -401,6 +403,10 @@ pub struct RunConfig {
     pub weight_stashing: bool,
     /// Miners run forwards at the weights extrapolated to their gradient's step.
     pub lookahead: bool,
+    /// Samples per synchronous optimizer step: the orchestrator starts no sample of step
+    /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
+    /// step (0: asynchronous steps every `local_steps` backwards).
+    pub samples_per_step: u64,
     /// Held-out windows evaluated through the network at the start of every epoch (0: none).
     pub eval_samples: usize,
     /// Inner optimizer.
@@ -533,6 +539,29 @@ impl RunConfig {
                 ));
             }
         }
+        if raw.samples_per_step > 0 {
+            if raw.local_steps != 1 || raw.lookahead {
+                return Err(invalid(
+                    "samples_per_step",
+                    "synchronous steps take no local_steps or lookahead: leave them at 1 and \
+                     false"
+                        .into(),
+                ));
+            }
+            if !raw
+                .batches_before_merging
+                .is_multiple_of(raw.samples_per_step)
+            {
+                return Err(invalid(
+                    "samples_per_step",
+                    format!(
+                        "is {} but must divide batches_before_merging ({}), so that no \
+                         optimizer step spans a merge",
+                        raw.samples_per_step, raw.batches_before_merging
+                    ),
+                ));
+            }
+        }
         for (key, value) in [
             ("retention.checkpoints", raw.retention.checkpoints),
             ("retention.ledger_epochs", raw.retention.ledger_epochs),
@@ -601,6 +630,7 @@ impl RunConfig {
             local_steps: raw.local_steps,
             weight_stashing: raw.weight_stashing,
             lookahead: raw.lookahead,
+            samples_per_step: raw.samples_per_step,
             eval_samples: raw.eval_samples,
             optimizer: raw.optimizer,
             schedule: raw.schedule,

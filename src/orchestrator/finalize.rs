@@ -162,7 +162,7 @@ pub async fn finalize_section(
     let (hash, size) = out.finish().await?;
     tracing::info!(epoch, section, hash = %hash, flags = outcome.flags.len(), "section merged");
     outcome.checkpoint = Some((hash, size));
-    outcome.optimizer_step = merged_optimizer_step(state, section, row)?;
+    outcome.optimizer_step = merged_optimizer_step(state, epoch, section, row)?;
     state
         .repo
         .finalize_section(epoch, section, &outcome, state.now_ms())?;
@@ -174,6 +174,7 @@ pub async fn finalize_section(
 /// the ledger (its merge weight), never from what a miner says.
 fn merged_optimizer_step(
     state: &AppState,
+    epoch: u64,
     section: usize,
     row: &PlanRow,
 ) -> Result<u64, CycleError> {
@@ -181,6 +182,13 @@ fn merged_optimizer_step(
         .repo
         .latest_checkpoint(section)?
         .map_or(0, |cp| cp.optimizer_step);
+    if state.config.samples_per_step > 0 {
+        // Synchronous steps: every miner stepped once per step of the epoch it worked in.
+        let steps = state
+            .repo
+            .epoch_steps(epoch, state.config.samples_per_step)?;
+        return Ok(previous.saturating_add(steps));
+    }
     let local_steps = state.config.local_steps.max(1);
     let most = row
         .weights

@@ -316,6 +316,9 @@ pub struct SampleRoom {
     /// Samples an epoch needs before its merge: no sample starts while the epoch's completed
     /// plus active ones reach it.
     pub per_epoch: Option<u64>,
+    /// Synchronous steps of this many samples: a sample that opens a step (its id a multiple
+    /// of it) starts only when no training sample is active.
+    pub per_step: Option<u64>,
 }
 
 /// Result of [`super::repo::Repository::take_work`].

@@ -87,6 +87,7 @@ pub async fn register(
             schedule: c.schedule,
             weight_stashing: c.weight_stashing,
             lookahead: c.lookahead,
+            samples_per_step: c.samples_per_step,
             heartbeat_s: c.heartbeat_s,
         },
         validation: c.validation,

@@ -172,7 +172,7 @@ impl<B: AutodiffBackend> Replayer<B> {
                     &f.output.data,
                     item.output.as_deref().unwrap_or(&[]),
                 ));
-                None
+                f.step
             }),
             (WorkKind::Forward, true) => match item.targets.as_deref() {
                 None => {
@@ -248,11 +248,15 @@ impl<B: AutodiffBackend> Replayer<B> {
         Ok(check)
     }
 
-    /// The replay's flat state (parameters and moments) in `layout`.
+    /// The replay's flat state (parameters and moments) in `layout`, as the miner uploads it:
+    /// gradients accumulated since the last step are applied first, as the miner does before
+    /// its upload.
     ///
     /// # Errors
     /// [`ModelError::Params`] when the section does not fit `layout`.
-    pub fn export_flat(&self, layout: &FlatLayout) -> Result<Vec<f32>, ModelError> {
+    pub fn export_flat(&mut self, layout: &FlatLayout) -> Result<Vec<f32>, ModelError> {
+        let step = self.engine.flush();
+        self.count(step);
         self.engine.section().export_flat(layout)
     }
 
@@ -327,6 +331,7 @@ mod tests {
             schedule: crate::model::LrSchedule::default(),
             weight_stashing: true,
             lookahead: false,
+            samples_per_step: 0,
             heartbeat_s: 1,
         }
     }

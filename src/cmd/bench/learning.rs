@@ -81,6 +81,12 @@ pub struct BenchLearningArgs {
     /// Variant: miner optimizer step every N backwards.
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub local_steps: u64,
+    /// Variant: synchronous optimizer steps of G samples each (run config `samples_per_step`):
+    /// each `iota train` batch of `--batch-size` windows becomes G network samples of
+    /// `batch-size / G` windows that make one optimizer step, so with one miner per section
+    /// the network computes `iota train`'s steps. 0: asynchronous steps (`--local-steps`).
+    #[arg(long, value_name = "G", default_value_t = 0)]
+    pub samples_per_step: u64,
     /// Variant: recompute backwards at the current weights instead of the forward's.
     #[arg(long)]
     pub no_weight_stashing: bool,
@@ -228,6 +234,9 @@ impl BenchLearningArgs {
             self.merge_every,
             self.merge_op
         );
+        if self.samples_per_step > 0 {
+            v.push_str(&format!(" --samples-per-step {}", self.samples_per_step));
+        }
         if self.merge_wire != MergeWire::F32 {
             v.push_str(&format!(" --merge-wire {}", self.merge_wire));
         }
@@ -283,6 +292,15 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
     }
     if let Some(outer) = &args.outer {
         parse_outer(outer)?;
+    }
+    if args.samples_per_step > 0 && !(args.batch_size as u64).is_multiple_of(args.samples_per_step)
+    {
+        bail!(
+            "--samples-per-step {} must divide --batch-size {}: each iota train batch is split \
+             into that many network samples",
+            args.samples_per_step,
+            args.batch_size
+        );
     }
     if let Some(scale) = args.miner_lr_scale
         && !(scale.is_finite() && scale > 0.0)
@@ -457,6 +475,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     let listen = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .context("finding a free port")?;
+    // Synchronous steps split each `iota train` batch into G network samples.
+    let split = args.samples_per_step.max(1);
     let local = LocalArgs {
         preset: args.preset.clone(),
         sections: None,
@@ -465,17 +485,17 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         data: "synthetic".into(),
         dir: dir.to_path_buf(),
         listen: Some(listen),
-        samples: Some(args.samples),
+        samples: Some(args.samples * split),
         keep_running: false,
         metrics_out: None,
         summary_out: None,
         seq_len: args.seq_len,
-        batch_size: args.batch_size,
+        batch_size: args.batch_size / split as usize,
         lr: args.lr,
         threads: args.threads,
         device: DeviceKind::Cpu,
         poll_ms: 500,
-        merge_every: args.merge_every,
+        merge_every: args.merge_every * split,
         merge_op: args.merge_op,
         validators: 0,
         validator_wait_s: 0,
@@ -489,6 +509,9 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["wire"] = json!(args.wire.to_string());
     config["weight_stashing"] = json!(!args.no_weight_stashing);
     config["lookahead"] = json!(args.lookahead);
+    config["samples_per_step"] = json!(args.samples_per_step);
+    // The schedule runs over optimizer steps: `iota train`'s.
+    config["schedule"]["total_steps"] = json!(args.samples);
     config["merge"]["wire"] = json!(args.merge_wire.name());
     if let Some(beta1) = args.beta1 {
         config["optimizer"] = json!({ "beta1": beta1 });
@@ -521,7 +544,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         .arg("local")
         .arg("--config")
         .arg(&config_path)
-        .args(["--samples", &args.samples.to_string()])
+        .args(["--samples", &(args.samples * split).to_string()])
         .args(["--miners-per-section", &args.miners_per_section.to_string()])
         .args(["--threads", &args.threads.max(1).to_string()])
         .args(["--listen", &listen.to_string()])
@@ -556,13 +579,13 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
             .iter()
             .filter_map(|e| {
                 Some(EvalPoint {
-                    samples: e.trained_samples,
+                    samples: e.trained_samples / split,
                     eval_loss: e.eval_loss?,
                 })
             })
             .collect(),
-        tokens_per_s: span.tokens_per_s(args.batch_size * args.seq_len),
-        completed: summary["completed"].as_u64().unwrap_or(0),
+        tokens_per_s: span.tokens_per_s(args.batch_size / split as usize * args.seq_len),
+        completed: summary["completed"].as_u64().unwrap_or(0) / split,
         dropped: summary["dropped"].as_u64().unwrap_or(0),
     })
 }

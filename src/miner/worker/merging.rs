@@ -98,6 +98,10 @@ impl<B: AutodiffBackend> Worker<B> {
         target: &BlobRef,
         wire: MergeWire,
     ) -> Result<(), MinerError> {
+        // Gradients accumulated since the last step belong to this epoch (the last
+        // synchronous step, or a partial group of `local_steps`): apply them first.
+        let step = self.engine.flush();
+        self.count_step(step.as_ref());
         let mut flat = self.engine.section().export_flat(layout)?;
         if let Some(copier) = &self.copier {
             let section = u32::try_from(self.report.section).unwrap_or(u32::MAX);

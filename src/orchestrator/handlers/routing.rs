@@ -109,6 +109,7 @@ async fn start_samples(
     let room = SampleRoom {
         budget: state.config.max_samples,
         per_epoch: Some(state.config.batches_before_merging),
+        per_step: Some(state.config.samples_per_step).filter(|&g| g > 0),
     };
     let mut out = Vec::new();
     let mut lost = 0;
@@ -121,6 +122,10 @@ async fn start_samples(
         }
         let (done, active) = state.repo.epoch_progress(epoch)?;
         if done + active >= state.config.batches_before_merging {
+            break;
+        }
+        if room.per_step.is_some_and(|g| next.is_multiple_of(g)) && active > 0 {
+            // Synchronous steps: the next sample opens a step, and the last one is unfinished.
             break;
         }
         let (tokens_hash, targets_hash) = stage_tokens(state, epoch, next).await?;

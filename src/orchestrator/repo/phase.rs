@@ -79,6 +79,23 @@ impl Repository {
         })
     }
 
+    /// Synchronous optimizer steps (of `samples_per_step` sample ids each) that completed
+    /// training samples of `epoch` fall in.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn epoch_steps(&self, epoch: u64, samples_per_step: u64) -> Result<u64, RepoError> {
+        self.read(|conn| {
+            let steps: i64 = conn.query_row(
+                "SELECT COUNT(DISTINCT id / ?2) FROM samples \
+                 WHERE kind = 'train' AND outcome = 'completed' AND epoch = ?1",
+                params![to_i64(epoch), to_i64(samples_per_step.max(1))],
+                |r| r.get(0),
+            )?;
+            Ok(to_u64(steps))
+        })
+    }
+
     /// Ends training of `epoch`: every sample still under way is dropped with a recorded
     /// reason (its assignments cancelled), and the phase becomes `uploading` until
     /// `deadline_ms`. Returns the samples cancelled.

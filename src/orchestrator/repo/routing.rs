@@ -160,6 +160,16 @@ impl Repository {
                     return Ok(None);
                 }
             }
+            if room.per_step.is_some_and(|g| sample.id.is_multiple_of(g)) {
+                let active: i64 = tx.query_row(
+                    "SELECT COALESCE(SUM(active), 0) FROM sample_counts WHERE kind = 'train'",
+                    [],
+                    |r| r.get(0),
+                )?;
+                if active > 0 {
+                    return Ok(None);
+                }
+            }
             tx.execute(
                 "INSERT INTO samples (id, epoch, outcome, tokens_hash, targets_hash, started_at) \
                  VALUES (?1, ?2, 'active', ?3, ?4, ?5)",

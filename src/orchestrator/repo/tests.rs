@@ -346,7 +346,8 @@ fn samples_start_in_order_within_the_budget() {
             "a0",
             SampleRoom {
                 budget: Some(1),
-                per_epoch: None
+                per_epoch: None,
+                per_step: None,
             },
             LIMITS,
             T0
@@ -612,6 +613,7 @@ fn r9_an_epoch_starts_no_more_samples_than_its_merge_needs() {
     let room = SampleRoom {
         budget: None,
         per_epoch: Some(2),
+        per_step: None,
     };
     let begin = |u: u64| repo.start_sample(&sample(u), "a0", room, LIMITS, T0);
     assert!(begin(0).unwrap().is_some());

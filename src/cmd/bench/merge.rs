@@ -14,6 +14,8 @@
 //!   the checkpoint's delta) it downloads to adopt. The orchestrator's own bytes (copies and
 //!   read-back checks of uploads, reading the partition copies, writing the checkpoint) are
 //!   its store's counters between two `/metrics` scrapes, before the merge and after it.
+//!   The stats files are read as soon as each shows its adoption, during the epoch after the
+//!   merge (each network trains a second, shorter epoch whose closing merge is not measured).
 //! - wall time: from the first status poll (every 20 ms) that shows the phase `uploading`
 //!   to the first that shows every miner holding the merged state (`weights_epoch` 1, which
 //!   each miner reports as soon as it adopted). It includes the orchestrator's ticks and the
@@ -221,7 +223,10 @@ fn run_one(
     dir: &Path,
 ) -> anyhow::Result<MergeRun> {
     let listen = fresh_run_dir(dir)?;
-    let samples = args.samples_per_miner.max(1) * miners as u64;
+    // The merged epoch, then a second one during which the miners' stats are read (the run's
+    // last merge, at the end of its budget, is not measured).
+    let per_epoch = args.samples_per_miner.max(1) * miners as u64;
+    let samples = per_epoch + 4 * miners as u64;
     let local = LocalArgs {
         preset: args.preset.clone(),
         sections: Some(1),
@@ -240,7 +245,7 @@ fn run_one(
         threads: 1,
         device: DeviceKind::Cpu,
         poll_ms: 200,
-        merge_every: samples,
+        merge_every: per_epoch,
         merge_op: args.op,
         validators: 0,
         validator_wait_s: 0,
@@ -268,6 +273,7 @@ fn run_one(
         .args(["--threads", "1"])
         .args(["--listen", &listen.to_string()])
         .args(["--poll-ms", "200"])
+        .args(["--validators", "0"])
         .arg("--dir")
         .arg(dir)
         .stdin(Stdio::null())
@@ -281,6 +287,18 @@ fn run_one(
         .context("starting the async runtime")?;
     let timeout = Duration::from_secs(args.timeout_s);
     let w = rt.block_on(watch(listen, miners, &mut child, timeout));
+    // Each miner rewrites its stats file about once a second: wait until every file shows
+    // the adoption's download, then take them (before the next merge adds to them).
+    let stats_dir = dir.join("stats");
+    let mut reports = Vec::new();
+    let settle = Instant::now();
+    while w.adopted_at.is_some() && settle.elapsed() < Duration::from_secs(30) {
+        reports = miner_stats(&stats_dir).unwrap_or_default();
+        if reports.len() >= miners && reports.iter().all(|r| MinerBytes::of(r).adopt > 0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
     // The network ends by itself once its budget is spent (one merge); wait for the miners'
     // final stats files.
     let started = Instant::now();
@@ -311,10 +329,13 @@ fn run_one(
     if status.is_none_or(|s| !s.success()) {
         bail!("iota local failed ({status:?}):\n{}", tail());
     }
-    let bytes: Vec<MinerBytes> = miner_stats(&dir.join("stats"))?
-        .iter()
-        .map(MinerBytes::of)
-        .collect();
+    let bytes: Vec<MinerBytes> = reports.iter().map(MinerBytes::of).collect();
+    if bytes.len() < miners || bytes.iter().any(|b| b.adopt == 0) {
+        bail!(
+            "the miners' stats ({}) never showed every adoption",
+            stats_dir.display()
+        );
+    }
     let orchestrator = match (&w.before_merge, &w.after_merge) {
         (Some(a), Some(b)) => {
             let before = own_traffic(a);

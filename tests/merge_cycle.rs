@@ -941,17 +941,20 @@ async fn upload_raw(h: &Harness, p: &Player, bytes: Vec<u8>, dtype: &str) -> Sub
         .await
 }
 
-/// A run with `merge.wire: bf16` or `int8`: the upload and partition URLs are sized for that
-/// format, a hostile uploader's bytes (a NaN or overflowing int8 scale, a NaN bf16 value, a
-/// negative second moment, f32 bytes in an int8 run) are refused with the reason, and the
-/// honest uploads merge, partition by partition, into exactly the merge of their decoded
-/// values as the format writes them back.
+/// A run with `merge.wire: bf16`, `int8` or `dct`: the upload and partition URLs are sized
+/// for that format, a hostile uploader's bytes (a NaN or overflowing int8 scale, a NaN bf16 or
+/// dct value, a negative second moment, a repeated dct index, f32 bytes in a compressed run)
+/// are refused with the reason, and the honest uploads merge, partition by partition, into
+/// exactly the merge of their decoded values as the format writes them back. With `dct`
+/// everything is a change from the initial state (the previous global one at epoch 0), and
+/// the checkpoint's delta rebuilds the checkpoint bit for bit.
 #[tokio::test]
 async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
     use iota::codec::{MergeWire, Span};
     use iota::miner::participant::{MergeFormat, merge_encoded};
-    for wire in [MergeWire::Bf16, MergeWire::Int8] {
-        let h = merge_harness(&format!(", wire: {wire}"));
+    let dct: MergeWire = "dct:16:2:4".parse().unwrap();
+    for wire in [MergeWire::Bf16, MergeWire::Int8, dct] {
+        let h = merge_harness(&format!(", wire: \"{wire}\""));
         let (a, b, c, n) = three_players(&h).await;
         let eve = player("//Eve", 5.0, n);
         let mallory = player("//Mallory", 6.0, n);
@@ -962,17 +965,33 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
         let honest = [&a, &b, &c];
         h.train_until_upload(&[&a, &b, &c, &eve, &mallory, &trent])
             .await;
-        let layout = iota::model::layout::section_layout(&h.state.config.model, 0).unwrap();
+        let cfg = &h.state.config;
+        let layout = iota::model::layout::section_layout(&cfg.model, 0).unwrap();
         let span = Span::whole(layout.params_len);
-        let encode = |p: &Player| wire.encode(&p.flat, span).unwrap();
+        // The state every miner started from: what dct objects are a change from.
+        let initial =
+            iota::model::Section::<burn::backend::Autodiff<iota::model::backend::Cpu>>::new(
+                &cfg.model,
+                0,
+                cfg.seed,
+                cfg.optimizer,
+                &Default::default(),
+            )
+            .unwrap()
+            .export_flat(&layout)
+            .unwrap();
+        let base = wire.base_of(&initial, n as u64, span).unwrap();
+        let encode = |p: &Player| wire.encode(&p.flat, span, base).unwrap();
+        let name = wire.to_string();
 
         // Hostile bytes of the right length, each with an honest hash of what was sent.
         let mut bad = encode(&eve);
         match wire {
             MergeWire::Int8 => bad[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
+            MergeWire::Dct(_) => bad[1..3].copy_from_slice(&0x7FC0u16.to_le_bytes()),
             _ => bad[..2].copy_from_slice(&0x7FC0u16.to_le_bytes()),
         }
-        let r = upload_raw(&h, &eve, bad, wire.name()).await;
+        let r = upload_raw(&h, &eve, bad, &name).await;
         let reason = r.reason.unwrap_or_default();
         assert!(
             !r.accepted && (reason.contains("scale") || reason.contains("non-finite")),
@@ -981,19 +1000,26 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
         let mut negative = mallory.flat.clone();
         let last = negative.len() - 1;
         negative[last] = 1.0;
-        let mut bad = wire.encode(&negative, span).unwrap();
+        let mut bad = wire.encode(&negative, span, base).unwrap();
         let end = bad.len();
-        match wire {
-            MergeWire::Int8 => bad[end - 1] = (-3i8) as u8,
-            _ => bad[end - 2..].copy_from_slice(&0xBF80u16.to_le_bytes()),
-        }
-        let r = upload_raw(&h, &mallory, bad, wire.name()).await;
+        let expected = match wire {
+            MergeWire::Int8 => {
+                bad[end - 1] = (-3i8) as u8;
+                "negative second moment"
+            }
+            MergeWire::Dct(_) => {
+                // The first chunk's second entry names the same index as its first.
+                bad[3] = bad[0];
+                "repeated or out of order"
+            }
+            _ => {
+                bad[end - 2..].copy_from_slice(&0xBF80u16.to_le_bytes());
+                "negative second moment"
+            }
+        };
+        let r = upload_raw(&h, &mallory, bad, &name).await;
         assert!(
-            !r.accepted
-                && r.reason
-                    .as_deref()
-                    .unwrap()
-                    .contains("negative second moment"),
+            !r.accepted && r.reason.as_deref().unwrap().contains(expected),
             "{wire}: {r:?}"
         );
         // The format's bytes, announced as another format (an f32 object of the same values
@@ -1006,8 +1032,8 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
 
         for p in honest {
             let bytes = encode(p);
-            assert_eq!(bytes.len() as u64, wire.encoded_len(n as u64));
-            let r = upload_raw(&h, p, bytes, wire.name()).await;
+            assert_eq!(bytes.len() as u64, wire.encoded_len(n as u64, span));
+            let r = upload_raw(&h, p, bytes, &name).await;
             assert!(r.accepted, "{wire}: {r:?}");
         }
         h.step().await;
@@ -1031,7 +1057,7 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
             let format = MergeFormat { wire, params_len };
             for part in &partitions {
                 let range = part.start..part.end;
-                let br = wire.byte_range(range.clone(), n as u64);
+                let br = wire.byte_range(range.clone(), n as u64, span);
                 let mut ranges = Vec::new();
                 for src in &part.sources {
                     let whole = h.get_blob(&src.blob).await;
@@ -1053,9 +1079,14 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
                     &weights,
                     range.clone(),
                     n as u64,
+                    &initial,
                 )
                 .unwrap();
-                assert_eq!(out.len() as u64, wire.encoded_len(part.end - part.start));
+                let part_span = Span::partition(part.start, params_len);
+                assert_eq!(
+                    out.len() as u64,
+                    wire.encoded_len(part.end - part.start, part_span)
+                );
                 // What the merge must hold: the operator over the decoded uploads, written
                 // back in the format from the partition's start.
                 let decoded: Vec<Vec<f32>> = part
@@ -1063,7 +1094,7 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
                     .iter()
                     .map(|s| {
                         let all = wire
-                            .decode(&encode(by_name[s.hotkey.as_str()]), n as u64, span)
+                            .decode(&encode(by_name[s.hotkey.as_str()]), n as u64, span, base)
                             .unwrap();
                         all[range.start as usize..range.end as usize].to_vec()
                     })
@@ -1075,9 +1106,11 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
                     weights.clone()
                 };
                 let merged = merge_partition(op, &views, &w).unwrap();
-                let part_span = span.shifted(part.start);
+                let part_base = wire
+                    .base_of(&initial, part.end - part.start, part_span)
+                    .unwrap();
                 expected[range.start as usize..range.end as usize]
-                    .copy_from_slice(&wire.round_trip(&merged, part_span).unwrap());
+                    .copy_from_slice(&wire.round_trip(&merged, part_span, part_base).unwrap());
                 let (hash, bytes) = (payload_hash(&out), out.len() as u64);
                 h.upload(&part.output, out).await;
                 let r = h
@@ -1098,11 +1131,39 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
         let ms = h.merge_status().await;
         assert_eq!((ms.phase, ms.epoch), (Phase::Training, 1), "{wire}");
         assert!(ms.sections[0].flagged.is_empty(), "{wire}: {ms:?}");
-        let (_, values) = h.adopt(&a, 0).await;
+        let (checkpoint, values) = h.adopt(&a, 0).await;
         assert_eq!(
             values, expected,
             "{wire}: the checkpoint is not the decoded merge"
         );
+        if let MergeWire::Dct(_) = wire {
+            // The delta (the agreed partitions back to back) rebuilds the checkpoint from the
+            // state the miners hold, bit for bit, at a fraction of its size.
+            let delta = checkpoint
+                .delta
+                .expect("a dct checkpoint carries its delta");
+            assert_eq!((delta.base_epoch, delta.wire), (0, wire));
+            let bytes = h.get_blob(&delta.blob).await;
+            assert!(
+                bytes.len() * 5 < 4 * n,
+                "{} bytes for {n} values",
+                bytes.len()
+            );
+            let rebuilt = wire
+                .decode_partitions(&bytes, &delta.bounds, layout.params_len, &initial)
+                .unwrap();
+            assert_eq!(rebuilt, values);
+            // The sparse change keeps what matters most: the merged parameters move from the
+            // initial state towards the mean of the uploads.
+            let p = layout.params_len as usize;
+            let mean = direct_mean(&honest, &[1.0; 3]);
+            let dot: f32 = (0..p)
+                .map(|i| (values[i] - initial[i]) * (mean[i] - initial[i]))
+                .sum();
+            assert!(dot > 0.0, "{wire}: the merge moved away from the uploads");
+            continue;
+        }
+        assert!(checkpoint.delta.is_none(), "{wire}");
         // Compressed, the merge still lands close to the lossless mean (bf16: 2^-8 relative;
         // int8: a step of the block's scale).
         let lossless = direct_mean(&honest, &[1.0; 3]);

@@ -144,6 +144,26 @@ pub struct SectionCheckpoint {
     /// continues from this step, not from its own count. 0 in state files from before it.
     #[serde(default)]
     pub optimizer_step: u64,
+    /// The same state as a compressed change from the previous checkpoint (a run whose
+    /// `merge.wire` has a base, `dct`), for a miner that holds that previous state: far fewer
+    /// bytes than `blob`. The state it rebuilds must hash to `blob`'s hash.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<CheckpointDelta>,
+}
+
+/// A checkpoint as the merged partitions it was assembled from, in the run's merge format.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointDelta {
+    /// Epoch of the state the change applies to (0: the seed's initial state).
+    pub base_epoch: u64,
+    /// The merge format of the partitions.
+    pub wire: MergeWire,
+    /// Where each partition ends (flat indices, increasing; the last is the flat length).
+    /// The object holds the partitions' encodings back to back, each a merged partition
+    /// starting where the previous one ended.
+    pub bounds: Vec<u64>,
+    /// GET URL of the object (its hash is not needed: the rebuilt state is checked).
+    pub blob: BlobRef,
 }
 
 /// What a miner reports about its flat upload.

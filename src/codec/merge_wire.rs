@@ -1,5 +1,6 @@
 //! [`MergeWire`]: how a section's flat state (see [`super::flat`]) and the butterfly merge's
-//! partitions are written on the wire: `f32`, `bf16`, or `int8` in blocks with one scale each.
+//! partitions are written on the wire: `f32`, `bf16`, `int8` in blocks with one scale each, or
+//! `dct`, the sparse change from the previous global state ([`super::merge_dct`]).
 //!
 //! The run config picks one format for the whole run (`merge.wire`); every party knows the
 //! layout, so the objects carry no header and an element range maps to a byte range that can
@@ -15,6 +16,8 @@
 //! bf16  n x bf16 (round to nearest even)          element i at byte 2i
 //! int8  ceil(n / 256) blocks; block k holds elements 256k..min(256k + 256, n):
 //!         f32 scale, then one i8 per element      block k at byte 260k
+//!
+//! dct   chunks of C values, each in a fixed number of bytes; see [`super::merge_dct`]
 //! ```
 //!
 //! int8 is symmetric: `scale = max|t| / 127` over the block (0 for an all-zero block), values
@@ -24,19 +27,28 @@
 //! never decodes to 0 and the Adam step `m / sqrt(v)` after a merge is never larger than the
 //! one the miner held.
 //!
+//! # The base (dct only)
+//! `dct` stores the parameters as a change from the previous global state `g`, which every
+//! party holds (miners adopted it, the orchestrator and validators read the checkpoint), so
+//! encoding and decoding take `g`'s values for the object's parameters as `base` (the other
+//! formats ignore it; pass `&[]`). [`MergeWire::base_range`] says which values that is.
+//!
 //! # What decoding refuses
 //! The bytes come from miners. [`MergeWire::decode`] refuses, naming the global index: a
 //! payload of the wrong length, NaN or infinity (f32, bf16), a block scale that is NaN,
 //! negative, infinite or so large that a value would decode to infinity, the int8 value -128,
-//! and a negative second moment (any format). Every decoded value is therefore finite.
+//! a negative second moment (any format), and everything [`super::merge_dct`] refuses.
+//! Every decoded value is therefore finite.
 
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
 
 use half::bf16;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
+
+use super::merge_dct::{DctError, DctSpec, Place};
 
 /// Elements per int8 block (each block has one `f32` scale).
 pub const INT8_BLOCK: usize = 256;
@@ -51,14 +63,26 @@ pub struct Span {
     pub start: u64,
     /// The section's parameter count `P` (elements from `2P` on are second moments).
     pub params_len: u64,
+    /// A merged partition rather than an upload (`dct` keeps more coefficients in those).
+    pub merged: bool,
 }
 
 impl Span {
-    /// A whole flat state of a section with `params_len` parameters.
+    /// A whole flat state (an upload) of a section with `params_len` parameters.
     pub fn whole(params_len: u64) -> Self {
         Self {
             start: 0,
             params_len,
+            merged: false,
+        }
+    }
+
+    /// A merged partition whose first element has the flat index `start`.
+    pub fn partition(start: u64, params_len: u64) -> Self {
+        Self {
+            start,
+            params_len,
+            merged: true,
         }
     }
 
@@ -66,7 +90,15 @@ impl Span {
     pub fn shifted(self, offset: u64) -> Self {
         Self {
             start: self.start.saturating_add(offset),
+            ..self
+        }
+    }
+
+    fn place(self) -> Place {
+        Place {
+            start: self.start,
             params_len: self.params_len,
+            merged: self.merged,
         }
     }
 
@@ -78,9 +110,9 @@ impl Span {
 
 /// The element format of merge uploads and partitions (run config `merge.wire`).
 ///
-/// Serialises (serde, [`Display`](fmt::Display), [`FromStr`]) as `f32`, `bf16` or `int8`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// Serialises (serde, [`Display`](fmt::Display), [`FromStr`]) as `f32`, `bf16`, `int8`,
+/// `dct` or `dct:CHUNK:KEEP[:MERGED_KEEP]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum MergeWire {
     /// Little-endian `f32`: lossless, the default.
     #[default]
@@ -89,6 +121,8 @@ pub enum MergeWire {
     Bf16,
     /// int8 with one `f32` scale per [`INT8_BLOCK`] elements: about a quarter of the bytes.
     Int8,
+    /// The sparse change from the previous global state ([`super::merge_dct`]).
+    Dct(DctSpec),
 }
 
 /// Why merge bytes could not be encoded or decoded.
@@ -147,6 +181,9 @@ pub enum MergeWireError {
         /// Global flat index.
         index: u64,
     },
+    /// A `dct` object or base that is not what the format allows.
+    #[error(transparent)]
+    Dct(#[from] DctError),
     /// A range that does not lie inside the object.
     #[error("range {start}..{end} is not inside an object of {len} values")]
     BadRange {
@@ -168,36 +205,83 @@ impl MergeWireError {
             | Self::NegativeSecondMoment { index, .. }
             | Self::BadScale { index, .. }
             | Self::QuantizedOutOfRange { index } => Some(*index),
+            Self::Dct(e) => e.index(),
             Self::Length { .. } | Self::BadRange { .. } => None,
         }
     }
 }
 
 impl MergeWire {
-    /// Every format, lossless first.
-    pub const ALL: [MergeWire; 3] = [MergeWire::F32, MergeWire::Bf16, MergeWire::Int8];
+    /// Every format, lossless first (`dct` with its default parameters).
+    pub const ALL: [MergeWire; 4] = [
+        MergeWire::F32,
+        MergeWire::Bf16,
+        MergeWire::Int8,
+        MergeWire::Dct(DctSpec::DEFAULT),
+    ];
 
-    /// The lowercase name (serde, `Display`, `FromStr`, upload manifests).
+    /// The lowercase name of the format's family (`dct` for every `dct` spec); [`Display`]
+    /// (fmt::Display) gives the full spec.
     pub fn name(self) -> &'static str {
         match self {
             MergeWire::F32 => "f32",
             MergeWire::Bf16 => "bf16",
             MergeWire::Int8 => "int8",
+            MergeWire::Dct(_) => "dct",
         }
     }
 
-    /// Bytes of an object of `n` elements.
-    pub fn encoded_len(self, n: u64) -> u64 {
+    /// Whether encoding and decoding need the previous global values (`dct`).
+    pub fn needs_base(self) -> bool {
+        matches!(self, MergeWire::Dct(_))
+    }
+
+    /// The flat indices (a prefix of the object's `n` elements at `span`, as global indices)
+    /// whose previous global values are the object's base: its parameters for `dct`, none
+    /// otherwise.
+    pub fn base_range(self, n: u64, span: Span) -> Range<u64> {
+        match self {
+            MergeWire::Dct(_) => span.start..span.start + DctSpec::params_in(n, span.place()),
+            _ => span.start..span.start,
+        }
+    }
+
+    /// The base of the object of `n` elements at `span` out of `global`, the previous global
+    /// values from flat index 0 (its parameters at least; `&[]` for a format without a base).
+    ///
+    /// # Errors
+    /// [`MergeWireError::Dct`] when `global` is too short.
+    pub fn base_of(self, global: &[f32], n: u64, span: Span) -> Result<&[f32], MergeWireError> {
+        let r = self.base_range(n, span);
+        if r.is_empty() {
+            return Ok(&[]);
+        }
+        let (a, b) = (
+            usize::try_from(r.start).unwrap_or(usize::MAX),
+            usize::try_from(r.end).unwrap_or(usize::MAX),
+        );
+        global
+            .get(a..b)
+            .ok_or(MergeWireError::Dct(DctError::BaseLength {
+                expected: r.end,
+                got: global.len() as u64,
+            }))
+    }
+
+    /// Bytes of an object of `n` elements at `span`.
+    pub fn encoded_len(self, n: u64, span: Span) -> u64 {
         match self {
             MergeWire::F32 => n.saturating_mul(4),
             MergeWire::Bf16 => n.saturating_mul(2),
             MergeWire::Int8 => n.saturating_add(n.div_ceil(INT8_BLOCK as u64).saturating_mul(4)),
+            MergeWire::Dct(spec) => spec.encoded_len(n, span.place()),
         }
     }
 
     /// Elements a range read must start at and cover so it can be decoded on its own: `elems`
-    /// itself for f32/bf16, widened to whole int8 blocks (clipped at the object's `len`).
-    pub fn aligned(self, elems: Range<u64>, len: u64) -> Range<u64> {
+    /// itself for f32/bf16, widened to whole int8 blocks or dct chunks (clipped at the
+    /// object's `len`). `span` is the whole object's.
+    pub fn aligned(self, elems: Range<u64>, len: u64, span: Span) -> Range<u64> {
         match self {
             MergeWire::F32 | MergeWire::Bf16 => elems,
             MergeWire::Int8 => {
@@ -206,30 +290,40 @@ impl MergeWire {
                 let end = elems.end.div_ceil(b).saturating_mul(b).min(len);
                 start..end.max(start)
             }
+            MergeWire::Dct(spec) => spec.aligned(elems, len, span.place()),
         }
     }
 
-    /// The bytes of an object of `len` elements that hold [`aligned`](Self::aligned)`(elems)`.
-    pub fn byte_range(self, elems: Range<u64>, len: u64) -> Range<u64> {
-        let a = self.aligned(elems, len);
+    /// The bytes of an object of `len` elements at `span` that hold
+    /// [`aligned`](Self::aligned)`(elems)`.
+    pub fn byte_range(self, elems: Range<u64>, len: u64, span: Span) -> Range<u64> {
+        let a = self.aligned(elems.clone(), len, span);
         match self {
             MergeWire::F32 | MergeWire::Bf16 => {
-                let w = self.encoded_len(1);
+                let w = self.encoded_len(1, span);
                 a.start.saturating_mul(w)..a.end.saturating_mul(w)
             }
             MergeWire::Int8 => {
                 let first = a.start / INT8_BLOCK as u64 * INT8_BLOCK_BYTES;
-                first..first.saturating_add(self.encoded_len(a.end - a.start))
+                first..first.saturating_add(self.encoded_len(a.end - a.start, span))
             }
+            MergeWire::Dct(spec) => spec.byte_range(elems, len, span.place()),
         }
     }
 
-    /// Encodes `values`, whose first element sits at `span.start`.
+    /// Encodes `values`, whose first element sits at `span.start`; `base` holds the previous
+    /// global values of [`base_range`](Self::base_range) (`&[]` for the formats without one).
     ///
     /// # Errors
     /// [`MergeWireError::NonFinite`], [`MergeWireError::NegativeSecondMoment`],
-    /// [`MergeWireError::OutOfRange`]: an honest state never has them.
-    pub fn encode(self, values: &[f32], span: Span) -> Result<Vec<u8>, MergeWireError> {
+    /// [`MergeWireError::OutOfRange`]: an honest state never has them; [`MergeWireError::Dct`]
+    /// for a base that does not fit.
+    pub fn encode(
+        self,
+        values: &[f32],
+        span: Span,
+        base: &[f32],
+    ) -> Result<Vec<u8>, MergeWireError> {
         for (i, &value) in values.iter().enumerate() {
             let index = span.start + i as u64;
             if !value.is_finite() {
@@ -239,7 +333,7 @@ impl MergeWire {
                 return Err(MergeWireError::NegativeSecondMoment { index, value });
             }
         }
-        let mut out = Vec::with_capacity(self.encoded_len(values.len() as u64) as usize);
+        let mut out = Vec::with_capacity(self.encoded_len(values.len() as u64, span) as usize);
         match self {
             MergeWire::F32 => {
                 for v in values {
@@ -266,16 +360,29 @@ impl MergeWire {
                     encode_int8_block(block, first, span, &mut out)?;
                 }
             }
+            MergeWire::Dct(spec) => out = spec.encode(values, span.place(), base)?,
         }
         Ok(out)
     }
 
-    /// Decodes a whole object of `n` elements whose first element sits at `span.start`.
+    /// Decodes a whole object of `n` elements whose first element sits at `span.start`;
+    /// `base` as for [`encode`](Self::encode).
     ///
     /// # Errors
     /// Every refusal listed in the module's `# What decoding refuses`.
-    pub fn decode(self, bytes: &[u8], n: u64, span: Span) -> Result<Vec<f32>, MergeWireError> {
-        let expected = self.encoded_len(n);
+    pub fn decode(
+        self,
+        bytes: &[u8],
+        n: u64,
+        span: Span,
+        base: &[f32],
+    ) -> Result<Vec<f32>, MergeWireError> {
+        if let MergeWire::Dct(spec) = self {
+            // The dct decoder checks its own length; its values are finite and its second
+            // moments non-negative by construction.
+            return Ok(spec.decode(bytes, n, span.place(), base)?);
+        }
+        let expected = self.encoded_len(n, span);
         if bytes.len() as u64 != expected {
             return Err(MergeWireError::Length {
                 format: self,
@@ -302,6 +409,7 @@ impl MergeWire {
                     decode_int8_block(block, first, span, &mut out)?;
                 }
             }
+            MergeWire::Dct(_) => {}
         }
         for (i, &value) in out.iter().enumerate() {
             let index = span.start + i as u64;
@@ -316,8 +424,9 @@ impl MergeWire {
     }
 
     /// Decodes elements `elems` of an object of `len` elements (object-local indices), from
-    /// `bytes` = that object's [`byte_range`](Self::byte_range)`(elems, len)`. `span` is the
-    /// whole object's.
+    /// `bytes` = that object's [`byte_range`](Self::byte_range)`(elems, len, span)`. `span` is
+    /// the whole object's; `base` holds the previous global values of
+    /// [`base_range`](Self::base_range)`(elems.end - elems.start, span.shifted(elems.start))`.
     ///
     /// # Errors
     /// [`MergeWireError::BadRange`] for a range outside the object, and every refusal of
@@ -328,6 +437,7 @@ impl MergeWire {
         elems: Range<u64>,
         len: u64,
         span: Span,
+        base: &[f32],
     ) -> Result<Vec<f32>, MergeWireError> {
         if elems.start > elems.end || elems.end > len {
             return Err(MergeWireError::BadRange {
@@ -336,25 +446,110 @@ impl MergeWire {
                 len,
             });
         }
-        let a = self.aligned(elems.clone(), len);
-        let mut values = self.decode(bytes, a.end - a.start, span.shifted(a.start))?;
+        let a = self.aligned(elems.clone(), len, span);
         let skip = (elems.start - a.start) as usize;
+        let sub = span.shifted(a.start);
+        // The aligned read starts up to a chunk earlier and ends up to a chunk later than
+        // `elems`: its base is `base` with placeholders (zeros) for the values cut off again.
+        let wanted = self.base_range(elems.end - elems.start, span.shifted(elems.start));
+        let whole = self.base_range(a.end - a.start, sub);
+        let widened;
+        let base = if !self.needs_base() || whole.end - whole.start == wanted.end - wanted.start {
+            base
+        } else {
+            if base.len() as u64 != wanted.end - wanted.start {
+                return Err(MergeWireError::Dct(DctError::BaseLength {
+                    expected: wanted.end - wanted.start,
+                    got: base.len() as u64,
+                }));
+            }
+            let mut b = vec![0f32; (whole.end - whole.start) as usize];
+            let at = (wanted.start - whole.start) as usize;
+            b[at..at + base.len()].copy_from_slice(base);
+            widened = b;
+            &widened
+        };
+        let mut values = self.decode(bytes, a.end - a.start, sub, base)?;
         values.truncate(skip + (elems.end - elems.start) as usize);
         values.drain(..skip);
         Ok(values)
     }
 
+    /// Bytes of merged partitions that end at `bounds` (flat indices, increasing), written
+    /// back to back; `None` when `bounds` does not increase.
+    pub fn partitions_len(self, bounds: &[u64], params_len: u64) -> Option<u64> {
+        let mut start = 0u64;
+        let mut total = 0u64;
+        for &end in bounds {
+            if end <= start {
+                return None;
+            }
+            total = total
+                .saturating_add(self.encoded_len(end - start, Span::partition(start, params_len)));
+            start = end;
+        }
+        Some(total)
+    }
+
+    /// Decodes merged partitions that end at `bounds`, written back to back (a checkpoint's
+    /// delta object), against `global` (the previous global values from flat index 0), into
+    /// the whole flat vector.
+    ///
+    /// # Errors
+    /// [`MergeWireError::BadRange`] for bounds that do not increase, [`MergeWireError::Length`]
+    /// when `bytes` is not exactly their size, and every refusal of [`decode`](Self::decode).
+    pub fn decode_partitions(
+        self,
+        bytes: &[u8],
+        bounds: &[u64],
+        params_len: u64,
+        global: &[f32],
+    ) -> Result<Vec<f32>, MergeWireError> {
+        let total = self
+            .partitions_len(bounds, params_len)
+            .ok_or(MergeWireError::BadRange {
+                start: 0,
+                end: 0,
+                len: bounds.last().copied().unwrap_or(0),
+            })?;
+        if bytes.len() as u64 != total {
+            return Err(MergeWireError::Length {
+                format: self,
+                elements: bounds.last().copied().unwrap_or(0),
+                expected: total,
+                got: bytes.len() as u64,
+            });
+        }
+        let mut out = Vec::with_capacity(usize::try_from(total).unwrap_or(0));
+        let (mut start, mut at) = (0u64, 0usize);
+        for &end in bounds {
+            let span = Span::partition(start, params_len);
+            let n = end - start;
+            let size = self.encoded_len(n, span) as usize;
+            let base = self.base_of(global, n, span)?;
+            out.extend(self.decode(&bytes[at..at + size], n, span, base)?);
+            (start, at) = (end, at + size);
+        }
+        Ok(out)
+    }
+
     /// `values` as the parties read them after a trip through this format (what a merger's
-    /// honest copy holds, to compare a recomputation with).
+    /// honest copy holds, to compare a recomputation with); `base` as for
+    /// [`encode`](Self::encode).
     ///
     /// # Errors
     /// As [`encode`](Self::encode).
-    pub fn round_trip(self, values: &[f32], span: Span) -> Result<Vec<f32>, MergeWireError> {
+    pub fn round_trip(
+        self,
+        values: &[f32],
+        span: Span,
+        base: &[f32],
+    ) -> Result<Vec<f32>, MergeWireError> {
         if self == MergeWire::F32 {
             return Ok(values.to_vec());
         }
-        let bytes = self.encode(values, span)?;
-        self.decode(&bytes, values.len() as u64, span)
+        let bytes = self.encode(values, span, base)?;
+        self.decode(&bytes, values.len() as u64, span, base)
     }
 }
 
@@ -447,19 +642,44 @@ fn decode_int8_block(
 
 impl fmt::Display for MergeWire {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            MergeWire::Dct(spec) => spec.fmt(f),
+            other => f.write_str(other.name()),
+        }
     }
 }
 
 impl FromStr for MergeWire {
     type Err = String;
 
-    /// Parses `f32`, `bf16` or `int8` (ASCII case ignored).
+    /// Parses `f32`, `bf16`, `int8`, `dct` or `dct:CHUNK:KEEP[:MERGED_KEEP]` (ASCII case
+    /// ignored).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        MergeWire::ALL
+        if let Some(spec) = DctSpec::parse(s) {
+            return spec.map(MergeWire::Dct);
+        }
+        [MergeWire::F32, MergeWire::Bf16, MergeWire::Int8]
             .into_iter()
             .find(|w| w.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown merge wire format {s:?}: expected f32, bf16 or int8"))
+            .ok_or_else(|| {
+                format!(
+                    "unknown merge wire format {s:?}: expected f32, bf16, int8, dct or \
+                     dct:CHUNK:KEEP[:MERGED_KEEP]"
+                )
+            })
+    }
+}
+
+impl Serialize for MergeWire {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MergeWire {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -468,6 +688,9 @@ mod tests {
     use super::*;
     use rand::{RngExt, SeedableRng};
     use rand_chacha::ChaCha8Rng;
+
+    /// The formats without a base.
+    const DENSE: [MergeWire; 3] = [MergeWire::F32, MergeWire::Bf16, MergeWire::Int8];
 
     /// A flat state of `p` parameters: weights ~0.05, first moments ~1e-3, second moments
     /// spread over eight orders of magnitude (as Adam's are).
@@ -482,17 +705,26 @@ mod tests {
 
     #[test]
     fn lengths_and_byte_ranges_are_exact() {
-        assert_eq!(MergeWire::F32.encoded_len(10), 40);
-        assert_eq!(MergeWire::Bf16.encoded_len(10), 20);
-        assert_eq!(MergeWire::Int8.encoded_len(10), 14);
-        assert_eq!(MergeWire::Int8.encoded_len(512), 520);
-        assert_eq!(MergeWire::Int8.encoded_len(513), 525);
-        assert_eq!(MergeWire::F32.byte_range(3..7, 10), 12..28);
-        assert_eq!(MergeWire::Bf16.byte_range(3..7, 10), 6..14);
+        assert_eq!(MergeWire::F32.encoded_len(10, Span::default()), 40);
+        assert_eq!(MergeWire::Bf16.encoded_len(10, Span::default()), 20);
+        assert_eq!(MergeWire::Int8.encoded_len(10, Span::default()), 14);
+        assert_eq!(MergeWire::Int8.encoded_len(512, Span::default()), 520);
+        assert_eq!(MergeWire::Int8.encoded_len(513, Span::default()), 525);
+        assert_eq!(MergeWire::F32.byte_range(3..7, 10, Span::default()), 12..28);
+        assert_eq!(MergeWire::Bf16.byte_range(3..7, 10, Span::default()), 6..14);
         // Elements 300..600 of 700: blocks 1 and 2 (256..700 clipped), bytes 260..260+444+8.
-        assert_eq!(MergeWire::Int8.aligned(300..600, 700), 256..700);
-        assert_eq!(MergeWire::Int8.byte_range(300..600, 700), 260..712);
-        assert_eq!(MergeWire::Int8.byte_range(0..256, 700), 0..260);
+        assert_eq!(
+            MergeWire::Int8.aligned(300..600, 700, Span::default()),
+            256..700
+        );
+        assert_eq!(
+            MergeWire::Int8.byte_range(300..600, 700, Span::default()),
+            260..712
+        );
+        assert_eq!(
+            MergeWire::Int8.byte_range(0..256, 700, Span::default()),
+            0..260
+        );
     }
 
     #[test]
@@ -500,11 +732,14 @@ mod tests {
         let p = 1000;
         let flat = state(p, 1);
         let span = Span::whole(p as u64);
-        for wire in MergeWire::ALL {
-            let bytes = wire.encode(&flat, span).unwrap();
-            assert_eq!(bytes.len() as u64, wire.encoded_len(flat.len() as u64));
-            let back = wire.decode(&bytes, flat.len() as u64, span).unwrap();
-            assert_eq!(back, wire.round_trip(&flat, span).unwrap());
+        for wire in DENSE {
+            let bytes = wire.encode(&flat, span, &[]).unwrap();
+            assert_eq!(
+                bytes.len() as u64,
+                wire.encoded_len(flat.len() as u64, span)
+            );
+            let back = wire.decode(&bytes, flat.len() as u64, span, &[]).unwrap();
+            assert_eq!(back, wire.round_trip(&flat, span, &[]).unwrap());
             for (k, (block, got)) in flat
                 .chunks(INT8_BLOCK)
                 .zip(back.chunks(INT8_BLOCK))
@@ -531,6 +766,7 @@ mod tests {
                         MergeWire::Int8 => {
                             assert!((x - y).abs() <= scale * 0.5 * (1.0 + 1e-5), "{x} {y}")
                         }
+                        MergeWire::Dct(_) => unreachable!("not among the dense formats"),
                     }
                 }
             }
@@ -543,18 +779,20 @@ mod tests {
         let flat = state(p, 2);
         let n = flat.len() as u64;
         let span = Span::whole(p as u64);
-        for wire in MergeWire::ALL {
-            let bytes = wire.encode(&flat, span).unwrap();
-            let whole = wire.decode(&bytes, n, span).unwrap();
+        for wire in DENSE {
+            let bytes = wire.encode(&flat, span, &[]).unwrap();
+            let whole = wire.decode(&bytes, n, span, &[]).unwrap();
             for range in [0..1, 5..300, 256..512, 699..1401, 1300..2100, 2099..2100] {
-                let br = wire.byte_range(range.clone(), n);
+                let br = wire.byte_range(range.clone(), n, span);
                 let part = &bytes[br.start as usize..br.end as usize];
-                let got = wire.decode_range(part, range.clone(), n, span).unwrap();
+                let got = wire
+                    .decode_range(part, range.clone(), n, span, &[])
+                    .unwrap();
                 let want = &whole[range.start as usize..range.end as usize];
                 assert_eq!(got, want, "{wire} {range:?}");
             }
             assert!(matches!(
-                wire.decode_range(&bytes, 5..2101, n, span),
+                wire.decode_range(&bytes, 5..2101, n, span, &[]),
                 Err(MergeWireError::BadRange { .. })
             ));
         }
@@ -563,26 +801,26 @@ mod tests {
     #[test]
     fn encoding_refuses_what_no_honest_state_holds() {
         let span = Span::whole(2);
-        for wire in MergeWire::ALL {
-            let nan = wire.encode(&[0.0, f32::NAN, 0.0, 0.0, 0.0, 0.0], span);
+        for wire in DENSE {
+            let nan = wire.encode(&[0.0, f32::NAN, 0.0, 0.0, 0.0, 0.0], span, &[]);
             assert!(matches!(
                 nan,
                 Err(MergeWireError::NonFinite { index: 1, .. })
             ));
-            let negative = wire.encode(&[0.0, 0.0, 0.0, 0.0, 1.0, -1.0], span);
+            let negative = wire.encode(&[0.0, 0.0, 0.0, 0.0, 1.0, -1.0], span, &[]);
             assert!(matches!(
                 negative,
                 Err(MergeWireError::NegativeSecondMoment { index: 5, .. })
             ));
         }
         assert!(matches!(
-            MergeWire::Bf16.encode(&[f32::MAX], Span::default()),
+            MergeWire::Bf16.encode(&[f32::MAX], Span::default(), &[]),
             Err(MergeWireError::OutOfRange { index: 0, .. })
         ));
         // sqrt(3e38)^2 * (127/127)^2 fits, but 1e30 in a second-moment block is fine too; an
         // int8 block whose scale cannot decode finite is refused.
         assert!(matches!(
-            MergeWire::Int8.encode(&[f32::MAX, 1.0], Span::default()),
+            MergeWire::Int8.encode(&[f32::MAX, 1.0], Span::default(), &[]),
             Err(MergeWireError::OutOfRange { index: 0, .. })
         ));
     }
@@ -595,7 +833,7 @@ mod tests {
         let span = Span::whole(p);
         let flat = state(p as usize, 3);
         let n = flat.len() as u64;
-        let int8 = MergeWire::Int8.encode(&flat, span).unwrap();
+        let int8 = MergeWire::Int8.encode(&flat, span, &[]).unwrap();
         let scale_at = |k: usize| k * INT8_BLOCK_BYTES as usize;
         for (scale, name) in [
             (f32::NAN, "NaN"),
@@ -607,7 +845,7 @@ mod tests {
             bad[scale_at(1)..scale_at(1) + 4].copy_from_slice(&scale.to_le_bytes());
             assert!(
                 matches!(
-                    MergeWire::Int8.decode(&bad, n, span),
+                    MergeWire::Int8.decode(&bad, n, span, &[]),
                     Err(MergeWireError::BadScale { index: 256, .. })
                 ),
                 "{name} scale"
@@ -618,43 +856,43 @@ mod tests {
         let k = 3; // elements 768..1024 are second moments (from 600 on)
         bad[scale_at(k)..scale_at(k) + 4].copy_from_slice(&1e18f32.to_le_bytes());
         assert!(matches!(
-            MergeWire::Int8.decode(&bad, n, span),
+            MergeWire::Int8.decode(&bad, n, span, &[]),
             Err(MergeWireError::BadScale { index: 768, .. })
         ));
         let mut bad = int8.clone();
         bad[scale_at(0) + 4 + 7] = 0x80;
         assert_eq!(
-            MergeWire::Int8.decode(&bad, n, span),
+            MergeWire::Int8.decode(&bad, n, span, &[]),
             Err(MergeWireError::QuantizedOutOfRange { index: 7 })
         );
         let mut bad = int8.clone();
         bad[scale_at(3) + 4 + 2] = (-5i8) as u8;
         assert!(matches!(
-            MergeWire::Int8.decode(&bad, n, span),
+            MergeWire::Int8.decode(&bad, n, span, &[]),
             Err(MergeWireError::NegativeSecondMoment { index: 770, .. })
         ));
 
-        let bf = MergeWire::Bf16.encode(&flat, span).unwrap();
+        let bf = MergeWire::Bf16.encode(&flat, span, &[]).unwrap();
         for (bits, index) in [(0x7FC0u16, 4u64), (0xFF80, 5), (0xBF80, 650)] {
             let mut bad = bf.clone();
             bad[2 * index as usize..2 * index as usize + 2].copy_from_slice(&bits.to_le_bytes());
-            let err = MergeWire::Bf16.decode(&bad, n, span).unwrap_err();
+            let err = MergeWire::Bf16.decode(&bad, n, span, &[]).unwrap_err();
             assert!(
                 matches!(err, MergeWireError::NonFinite { index: i, .. } | MergeWireError::NegativeSecondMoment { index: i, .. } if i == index),
                 "{err}"
             );
         }
-        let f = MergeWire::F32.encode(&flat, span).unwrap();
+        let f = MergeWire::F32.encode(&flat, span, &[]).unwrap();
         let mut bad = f.clone();
         bad[4 * 620..4 * 621].copy_from_slice(&(-1e-9f32).to_le_bytes());
         assert!(matches!(
-            MergeWire::F32.decode(&bad, n, span),
+            MergeWire::F32.decode(&bad, n, span, &[]),
             Err(MergeWireError::NegativeSecondMoment { index: 620, .. })
         ));
-        for wire in MergeWire::ALL {
-            let bytes = wire.encode(&flat, span).unwrap();
+        for wire in DENSE {
+            let bytes = wire.encode(&flat, span, &[]).unwrap();
             assert!(matches!(
-                wire.decode(&bytes[..bytes.len() - 1], n, span),
+                wire.decode(&bytes[..bytes.len() - 1], n, span, &[]),
                 Err(MergeWireError::Length { .. })
             ));
         }
@@ -665,11 +903,11 @@ mod tests {
         let mut rng = ChaCha8Rng::seed_from_u64(12);
         let span = Span::whole(200);
         for i in 0..3_000 {
-            let wire = MergeWire::ALL[i % 3];
+            let wire = DENSE[i % 3];
             let n = rng.random_range(1..700u64);
-            let len = wire.encoded_len(n) as usize;
+            let len = wire.encoded_len(n, span) as usize;
             let bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
-            if let Ok(values) = wire.decode(&bytes, n, span.shifted(i as u64 % 500)) {
+            if let Ok(values) = wire.decode(&bytes, n, span.shifted(i as u64 % 500), &[]) {
                 assert!(values.iter().all(|v| v.is_finite()));
             }
         }
@@ -678,11 +916,85 @@ mod tests {
     #[test]
     fn names_parse_and_serialise() {
         for wire in MergeWire::ALL {
-            assert_eq!(wire.name().parse::<MergeWire>(), Ok(wire));
+            assert_eq!(wire.to_string().parse::<MergeWire>(), Ok(wire));
             let json = serde_json::to_string(&wire).unwrap();
             assert_eq!(serde_json::from_str::<MergeWire>(&json).unwrap(), wire);
         }
+        let custom: MergeWire = "dct:32:2:4".parse().unwrap();
+        assert_eq!(serde_json::to_string(&custom).unwrap(), "\"dct:32:2:4\"");
+        assert_eq!(custom.name(), "dct");
         assert_eq!(MergeWire::default(), MergeWire::F32);
         assert!("fp8".parse::<MergeWire>().is_err());
+        assert!("dct:1000:4".parse::<MergeWire>().is_err());
+        assert!(serde_json::from_str::<MergeWire>("\"dct:64\"").is_err());
+    }
+
+    /// A dct state read by ranges (as mergers read partitions) decodes to the same values as
+    /// the whole object, with the base given for the range alone.
+    #[test]
+    fn dct_ranges_take_the_base_of_the_range_only() {
+        let p = 700u64;
+        let mut flat = state(p as usize, 5);
+        let base: Vec<f32> = flat[..p as usize].iter().map(|v| v * 0.9).collect();
+        // Second moments of the test state are tiny; the chunk tops carry them.
+        flat[2 * p as usize] = 0.0;
+        let wire: MergeWire = "dct:64:8".parse().unwrap();
+        let span = Span::whole(p);
+        let n = flat.len() as u64;
+        let bytes = wire.encode(&flat, span, &base).unwrap();
+        assert_eq!(bytes.len() as u64, wire.encoded_len(n, span));
+        let whole = wire.decode(&bytes, n, span, &base).unwrap();
+        assert!(whole.iter().all(|v| v.is_finite()));
+        for range in [0..1, 5..300, 650..1450, 699..701, 1390..2100, 2099..2100] {
+            let br = wire.byte_range(range.clone(), n, span);
+            let part = &bytes[br.start as usize..br.end as usize];
+            let b = wire
+                .base_of(&base, range.end - range.start, span.shifted(range.start))
+                .unwrap();
+            let got = wire.decode_range(part, range.clone(), n, span, b).unwrap();
+            assert_eq!(
+                got,
+                &whole[range.start as usize..range.end as usize],
+                "{range:?}"
+            );
+        }
+        // The base of a range is its parameters.
+        assert_eq!(wire.base_range(100, span.shifted(650)), 650..700);
+        assert_eq!(wire.base_range(100, span.shifted(800)), 800..800);
+        assert_eq!(MergeWire::Int8.base_range(100, span), 0..0);
+        // A merged partition keeps more and is sized so.
+        let part = Span::partition(650, p);
+        assert!(wire.encoded_len(800, part) > wire.encoded_len(800, span.shifted(650)));
+        assert!(wire.needs_base() && !MergeWire::Int8.needs_base());
+        // Partitions back to back rebuild the state partition by partition.
+        let bounds = [650u64, 1400, 2100];
+        let mut object = Vec::new();
+        let mut want = Vec::new();
+        let mut start = 0;
+        for &end in &bounds {
+            let part = Span::partition(start, p);
+            let values = &whole[start as usize..end as usize];
+            let g = wire.base_of(&base, end - start, part).unwrap();
+            object.extend(wire.encode(values, part, g).unwrap());
+            want.extend(wire.round_trip(values, part, g).unwrap());
+            start = end;
+        }
+        assert_eq!(wire.partitions_len(&bounds, p), Some(object.len() as u64));
+        assert_eq!(
+            wire.decode_partitions(&object, &bounds, p, &base).unwrap(),
+            want
+        );
+        assert!(matches!(
+            wire.decode_partitions(&object[1..], &bounds, p, &base),
+            Err(MergeWireError::Length { .. })
+        ));
+        assert!(matches!(
+            wire.decode_partitions(&object, &[650, 650, 2100], p, &base),
+            Err(MergeWireError::BadRange { .. })
+        ));
+        assert!(
+            wire.decode_partitions(&object, &bounds, p, &base[..10])
+                .is_err()
+        );
     }
 }

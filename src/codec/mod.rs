@@ -2,18 +2,20 @@
 //! and a section's flat state look on the wire.
 //!
 //! - [`tensor`]: the wire codec of boundary tensors (activations and gradients passed between
-//!   pipeline sections) in f32, bf16 or per-row int8, validated strictly on decode.
+//!   pipeline sections) in f32, bf16 or int8 with a scale per block of rows, validated
+//!   strictly on decode.
 //! - [`hash`]: BLAKE3 payload hashes that producers report and consumers check.
 //! - [`flat`]: [`FlatLayout`], the flat `f32` vector a section's parameters and optimizer
 //!   moments travel as (uploads, merge partitions, checkpoints).
-//! - [`merge_wire`]: [`MergeWire`], the element format (f32, bf16, block int8) of merge
-//!   uploads and partitions, validated strictly on decode.
+//! - [`merge_wire`]: [`MergeWire`], the element format (f32, bf16, block int8, sparse dct) of merge
+//!   uploads and partitions, validated strictly on decode; [`merge_dct`] is its `dct` format.
 //!
 //! It depends on nothing else in the crate, so the model core, the merge, storage and the API
 //! can all use it without depending on each other.
 
 pub mod flat;
 pub mod hash;
+pub mod merge_dct;
 pub mod merge_wire;
 pub mod tensor;
 
@@ -21,6 +23,7 @@ pub use flat::{
     FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,
 };
 pub use hash::{payload_hash, verify_hash};
+pub use merge_dct::{DctError, DctSpec};
 pub use merge_wire::{INT8_BLOCK, MergeWire, MergeWireError, Span};
 pub use tensor::{
     CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len,

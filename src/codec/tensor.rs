@@ -21,14 +21,19 @@
 //! 8 + 4R  ...      payload, N = product of dims elements in row-major order:
 //!                    f32:  N x f32 (4 bytes each)
 //!                    bf16: N x bf16 bit patterns (2 bytes each, round-to-nearest-even)
-//!                    int8: ROWS x f32 scales, then N x i8 values
+//!                    int8: BLOCKS x f32 scales, then N x i8 values
 //! ```
 //!
-//! For int8 a row is the last dimension: `ROWS = product of dims[..R-1]` (1 for a scalar)
-//! and each row has its own symmetric scale `scale = max|x| / 127` (0 for an all-zero row).
-//! Values are stored as `round(x / scale)` clamped to `[-127, 127]` and decoded as
-//! `q * scale`, so the error per element is at most `scale / 2`. A scale must be non-negative
-//! with `127 * scale` finite (so every value decodes finite), and `-128` never appears.
+//! For int8 a row is the last dimension (`ROWS = product of dims[..R-1]`, 1 for a scalar) and
+//! rows are grouped into blocks of `G = ceil(256 / row length)` whole rows (one row per block
+//! once a row holds 256 values or more; `G = 1` for empty rows), so a scale is spread over at
+//! least 256 values even where rows are narrow (a bottleneck 3 channels wide carries 1.02
+//! bytes per value instead of 2.3 with a scale per row): `BLOCKS = ceil(ROWS / G)`. Each block
+//! has its own symmetric scale `scale = max|x| / 127` (0 for an all-zero block). Values are
+//! stored as `round(x / scale)` clamped to `[-127, 127]` and decoded as `q * scale`, so the
+//! error per element is at most `scale / 2`. A scale must be non-negative with `127 * scale`
+//! finite (so every value decodes finite), and `-128` never appears. (Version 1 of the format
+//! had one scale per row.)
 //!
 //! The payload length is fully determined by the header: anything shorter is truncated and
 //! anything longer is refused.
@@ -43,8 +48,11 @@ use thiserror::Error;
 /// The four magic bytes that open every encoded tensor.
 pub const MAGIC: [u8; 4] = *b"IOTW";
 
-/// The only format version this codec reads and writes.
-pub const FORMAT_VERSION: u8 = 1;
+/// The only format version this codec reads and writes (2: int8 scales per block of rows).
+pub const FORMAT_VERSION: u8 = 2;
+
+/// Least values an int8 scale covers (whole rows: see the module's `# Format`).
+pub const INT8_BLOCK_VALUES: usize = 256;
 
 /// Largest rank accepted, so that a hostile header cannot make the decoder walk a huge
 /// dimension list. Boundary tensors are `[batch, seq, d_b]`, far below this.
@@ -64,7 +72,8 @@ pub enum WireDtype {
     /// bfloat16, half the bytes of f32 with f32's range; the default on the wire.
     #[default]
     Bf16,
-    /// 8-bit integers with one f32 scale per row (last dimension); about a quarter of f32.
+    /// 8-bit integers with one f32 scale per block of rows holding at least 256 values; about
+    /// a quarter of f32.
     Int8,
 }
 
@@ -243,11 +252,11 @@ pub enum CodecError {
         /// The value.
         value: f32,
     },
-    /// An int8 row scale that is NaN, negative, or so large that `127 * scale` overflows.
-    #[error("invalid int8 scale {value} for row {row}: must be >= 0 with 127 * scale finite")]
+    /// An int8 block scale that is NaN, negative, or so large that `127 * scale` overflows.
+    #[error("invalid int8 scale {value} for block {block}: must be >= 0 with 127 * scale finite")]
     BadScale {
-        /// Row index.
-        row: usize,
+        /// Block index (blocks of whole rows).
+        block: usize,
         /// The scale found.
         value: f32,
     },
@@ -278,8 +287,8 @@ pub enum CodecError {
 struct Layout {
     /// Number of elements, `product(shape)`.
     elements: usize,
-    /// Number of int8 rows (0 for other dtypes).
-    rows: usize,
+    /// Number of int8 blocks, i.e. scales (0 for other dtypes).
+    blocks: usize,
     /// Header bytes, including the dims.
     header: usize,
     /// Payload bytes.
@@ -296,21 +305,22 @@ impl Layout {
         };
         let elements = product(shape)?;
         let header = shape.len().checked_mul(4)?.checked_add(FIXED_HEADER_LEN)?;
-        let (rows, payload) = match dtype {
+        let (blocks, payload) = match dtype {
             WireDtype::F32 => (0, elements.checked_mul(4)?),
             WireDtype::Bf16 => (0, elements.checked_mul(2)?),
             WireDtype::Int8 => {
-                let rows = match shape.split_last() {
-                    Some((_, leading)) => product(leading)?,
-                    None => 1,
+                let (rows, row_len) = match shape.split_last() {
+                    Some((&last, leading)) => (product(leading)?, usize::try_from(last).ok()?),
+                    None => (1, 1),
                 };
-                (rows, rows.checked_mul(4)?.checked_add(elements)?)
+                let blocks = rows.div_ceil(Self::block_rows(row_len));
+                (blocks, blocks.checked_mul(4)?.checked_add(elements)?)
             }
         };
         header.checked_add(payload)?;
         Some(Layout {
             elements,
-            rows,
+            blocks,
             header,
             payload,
         })
@@ -319,6 +329,16 @@ impl Layout {
     /// Length of a row for int8 (the last dimension; 1 for a scalar).
     fn row_len(shape: &[usize]) -> usize {
         shape.last().copied().unwrap_or(1)
+    }
+
+    /// Rows per int8 block: the fewest whole rows holding [`INT8_BLOCK_VALUES`] values (1 for
+    /// empty rows).
+    fn block_rows(row_len: usize) -> usize {
+        if row_len == 0 {
+            1
+        } else {
+            INT8_BLOCK_VALUES.div_ceil(row_len)
+        }
     }
 
     fn total(&self) -> usize {
@@ -394,15 +414,15 @@ pub fn encode(shape: &[usize], data: &[f32], dtype: WireDtype) -> Result<Vec<u8>
                 out.extend_from_slice(&b.to_bits().to_le_bytes());
             }
         }
-        WireDtype::Int8 => encode_int8(data, layout.rows, Layout::row_len(shape), &mut out),
+        WireDtype::Int8 => encode_int8(data, layout.blocks, Layout::row_len(shape), &mut out),
     }
     debug_assert_eq!(out.len(), layout.total());
     Ok(out)
 }
 
-/// The int8 scale for a row whose largest magnitude is `max_abs` (finite, >= 0): `max_abs / 127`,
-/// nudged down by an ulp in the rare case (rows near `f32::MAX`) where `127 * scale` would
-/// round to infinity, so that every decoded value stays finite.
+/// The int8 scale for a block whose largest magnitude is `max_abs` (finite, >= 0):
+/// `max_abs / 127`, nudged down by an ulp in the rare case (values near `f32::MAX`) where
+/// `127 * scale` would round to infinity, so that every decoded value stays finite.
 fn int8_scale(max_abs: f32) -> f32 {
     let mut scale = max_abs / 127.0;
     while scale > 0.0 && !(scale * 127.0).is_finite() {
@@ -411,24 +431,25 @@ fn int8_scale(max_abs: f32) -> f32 {
     scale
 }
 
-/// Appends the int8 payload: all row scales, then all quantized values.
-fn encode_int8(data: &[f32], rows: usize, row_len: usize, out: &mut Vec<u8>) {
+/// Appends the int8 payload: all block scales, then all quantized values.
+fn encode_int8(data: &[f32], blocks: usize, row_len: usize, out: &mut Vec<u8>) {
     if row_len == 0 {
         // Every row is empty: scale 0 each, no values.
-        for _ in 0..rows {
+        for _ in 0..blocks {
             out.extend_from_slice(&0f32.to_le_bytes());
         }
         return;
     }
+    let block = Layout::block_rows(row_len) * row_len;
     let scales: Vec<f32> = data
-        .chunks(row_len)
-        .map(|row| int8_scale(row.iter().fold(0f32, |m, v| m.max(v.abs()))))
+        .chunks(block)
+        .map(|b| int8_scale(b.iter().fold(0f32, |m, v| m.max(v.abs()))))
         .collect();
     for s in &scales {
         out.extend_from_slice(&s.to_le_bytes());
     }
-    for (row, &scale) in data.chunks(row_len).zip(&scales) {
-        for &x in row {
+    for (values, &scale) in data.chunks(block).zip(&scales) {
+        for &x in values {
             let q = if scale > 0.0 {
                 (x / scale).round().clamp(-127.0, 127.0) as i8
             } else {
@@ -585,13 +606,13 @@ fn decode_floats(
 }
 
 fn decode_int8(payload: &[u8], layout: &Layout, row_len: usize) -> Result<Vec<f32>, CodecError> {
-    let (scale_bytes, values) = payload.split_at(layout.rows * 4);
-    let mut scales = Vec::with_capacity(layout.rows);
-    for (row, c) in scale_bytes.chunks_exact(4).enumerate() {
+    let (scale_bytes, values) = payload.split_at(layout.blocks * 4);
+    let mut scales = Vec::with_capacity(layout.blocks);
+    for (block, c) in scale_bytes.chunks_exact(4).enumerate() {
         let value = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         // `127 * scale` must be finite too, or the largest value would decode to infinity.
         if !(value * 127.0).is_finite() || value < 0.0 {
-            return Err(CodecError::BadScale { row, value });
+            return Err(CodecError::BadScale { block, value });
         }
         scales.push(value);
     }
@@ -599,12 +620,13 @@ fn decode_int8(payload: &[u8], layout: &Layout, row_len: usize) -> Result<Vec<f3
     if row_len == 0 {
         return Ok(data);
     }
-    for (row, (chunk, &scale)) in values.chunks(row_len).zip(&scales).enumerate() {
-        for (col, &byte) in chunk.iter().enumerate() {
+    let block = Layout::block_rows(row_len) * row_len;
+    for (b, (chunk, &scale)) in values.chunks(block).zip(&scales).enumerate() {
+        for (i, &byte) in chunk.iter().enumerate() {
             let q = byte as i8;
             if q == i8::MIN {
                 return Err(CodecError::QuantizedOutOfRange {
-                    index: row * row_len + col,
+                    index: b * block + i,
                 });
             }
             data.push(f32::from(q) * scale);
@@ -646,7 +668,7 @@ mod tests {
         let bytes = encode(&[2], &[1.0, -2.0], WireDtype::F32).unwrap();
         let expected: Vec<u8> = [
             &b"IOTW"[..],
-            &[1, 0],                   // version, dtype f32
+            &[2, 0],                   // version, dtype f32
             &[1, 0],                   // rank 1
             &[2, 0, 0, 0],             // dim 2
             &[0x00, 0x00, 0x80, 0x3f], // 1.0
@@ -673,22 +695,34 @@ mod tests {
     }
 
     #[test]
-    fn int8_quantizes_per_row_as_documented() {
-        // Row 0: max 1.0, scale 1/127: 1.0 -> 127, -0.5 -> round(-63.5) = -64, 0.25 -> 32.
-        // Row 1: all zero -> scale 0, values 0.
-        let data = [1.0, -0.5, 0.25, 0.0, 0.0, 0.0];
-        let bytes = encode(&[2, 3], &data, WireDtype::Int8).unwrap();
+    fn int8_quantizes_per_block_of_rows_as_documented() {
+        // Rows of 128: two rows per block. Block 0 (rows 0-1): max 1.0, scale 1/127:
+        // 1.0 -> 127, -0.5 -> round(-63.5) = -64, 0.25 -> 32. Block 1 (row 2): all zero ->
+        // scale 0, values 0.
+        let mut data = vec![0f32; 3 * 128];
+        (data[0], data[1], data[129]) = (1.0, -0.5, 0.25);
+        let bytes = encode(&[3, 128], &data, WireDtype::Int8).unwrap();
         let h = 8 + 2 * 4;
-        assert_eq!(bytes.len(), h + 2 * 4 + 6);
+        assert_eq!(bytes.len(), h + 2 * 4 + 3 * 128);
         assert_eq!(&bytes[h..h + 4], &(1.0f32 / 127.0).to_le_bytes());
         assert_eq!(&bytes[h + 4..h + 8], &0f32.to_le_bytes());
-        assert_eq!(&bytes[h + 8..], &[127, (-64i8) as u8, 32, 0, 0, 0]);
+        let q = &bytes[h + 8..];
+        assert_eq!((q[0], q[1], q[129]), (127, (-64i8) as u8, 32));
+        assert_eq!(q.iter().filter(|b| **b != 0).count(), 3);
         let back = decode(&bytes).unwrap();
         let s = 1.0f32 / 127.0;
         assert_eq!(
-            back.data,
-            vec![127.0 * s, -64.0 * s, 32.0 * s, 0.0, 0.0, 0.0]
+            (back.data[0], back.data[1], back.data[129]),
+            (127.0 * s, -64.0 * s, 32.0 * s)
         );
+        // Narrow rows share a scale over 256 values or more: a bottleneck 3 wide, 1024 rows,
+        // takes ceil(1024 / 86) = 12 scales (one per 86 rows), not 1024.
+        assert_eq!(
+            encoded_len(&[4, 256, 3], WireDtype::Int8),
+            20 + 12 * 4 + 3072
+        );
+        // Wide rows keep a scale each.
+        assert_eq!(encoded_len(&[2, 384], WireDtype::Int8), 16 + 2 * 4 + 768);
     }
 
     #[test]
@@ -706,6 +740,7 @@ mod tests {
                 assert_eq!(back.dtype, dtype);
                 assert_eq!(back.data.len(), n);
                 let row_len = shape.last().copied().unwrap_or(1).max(1);
+                let block = Layout::block_rows(row_len) * row_len;
                 for (i, (&x, &y)) in data.iter().zip(&back.data).enumerate() {
                     match dtype {
                         WireDtype::F32 => assert_eq!(x.to_bits(), y.to_bits()),
@@ -713,8 +748,9 @@ mod tests {
                             assert!((x - y).abs() <= x.abs() * 2f32.powi(-8), "{x} vs {y}")
                         }
                         WireDtype::Int8 => {
-                            let row = &data[i / row_len * row_len..][..row_len];
-                            let scale = row.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                            let start = i / block * block;
+                            let values = &data[start..(start + block).min(n)];
+                            let scale = values.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
                             // scale/2 plus a few ulps of float rounding in x/scale and q*scale.
                             let tol = scale * 0.5 * (1.0 + 1e-5);
                             assert!((x - y).abs() <= tol, "{x} vs {y}, scale {scale}");
@@ -727,13 +763,15 @@ mod tests {
 
     #[test]
     fn int8_keeps_extreme_rows_finite() {
-        let data = [f32::MAX, -f32::MAX, 1.0, 3.0];
-        let back = decode(&encode(&[2, 2], &data, WireDtype::Int8).unwrap()).unwrap();
+        // Rows of 256 values: a block each.
+        let mut data = vec![0f32; 512];
+        (data[0], data[1], data[256], data[257]) = (f32::MAX, -f32::MAX, 1.0, 3.0);
+        let back = decode(&encode(&[2, 256], &data, WireDtype::Int8).unwrap()).unwrap();
         assert!(back.data.iter().all(|v| v.is_finite()));
         // The nudged scale costs at most a few ulps beyond scale / 2.
         let scale = f32::MAX / 127.0;
         assert!((back.data[0] - f32::MAX).abs() <= scale * 0.5);
-        assert!((back.data[3] - 3.0).abs() <= 1.5 / 127.0);
+        assert!((back.data[257] - 3.0).abs() <= 1.5 / 127.0);
     }
 
     #[test]
@@ -742,8 +780,10 @@ mod tests {
         assert_eq!(encoded_len(&[], WireDtype::F32), 8 + 4);
         assert_eq!(encoded_len(&[2, 3], WireDtype::F32), 16 + 24);
         assert_eq!(encoded_len(&[2, 3], WireDtype::Bf16), 16 + 12);
-        assert_eq!(encoded_len(&[2, 3], WireDtype::Int8), 16 + 2 * 4 + 6);
+        assert_eq!(encoded_len(&[2, 3], WireDtype::Int8), 16 + 4 + 6);
         assert_eq!(encoded_len(&[7], WireDtype::Int8), 12 + 4 + 7);
+        assert_eq!(encoded_len(&[600], WireDtype::Int8), 12 + 4 + 600);
+        assert_eq!(encoded_len(&[300, 2], WireDtype::Int8), 16 + 3 * 4 + 600);
         assert_eq!(encoded_len(&[usize::MAX, 2], WireDtype::F32), usize::MAX);
     }
 
@@ -828,9 +868,12 @@ mod tests {
             })
         );
 
-        let mut bad = good.clone();
-        bad[4] = 2;
-        assert_eq!(decode(&bad), Err(CodecError::UnsupportedVersion { got: 2 }));
+        // Version 1 (a scale per int8 row) and anything newer are refused.
+        for v in [1u8, 3] {
+            let mut bad = good.clone();
+            bad[4] = v;
+            assert_eq!(decode(&bad), Err(CodecError::UnsupportedVersion { got: v }));
+        }
 
         let mut bad = good.clone();
         bad[5] = 9;
@@ -927,13 +970,14 @@ mod tests {
         );
 
         let huge = f32::MAX / 100.0;
-        for (scale, row) in [(-1.0f32, 1), (f32::INFINITY, 1), (f32::NAN, 1), (huge, 1)] {
-            let mut bytes = header(2, &[2, 1]);
+        for (scale, block) in [(-1.0f32, 1), (f32::INFINITY, 1), (f32::NAN, 1), (huge, 1)] {
+            // Rows of 256: one block each.
+            let mut bytes = header(2, &[2, 256]);
             bytes.extend_from_slice(&1.0f32.to_le_bytes());
             bytes.extend_from_slice(&scale.to_le_bytes());
-            bytes.extend_from_slice(&[1, 1]);
+            bytes.extend_from_slice(&[1; 512]);
             assert!(
-                matches!(decode(&bytes), Err(CodecError::BadScale { row: r, .. }) if r == row),
+                matches!(decode(&bytes), Err(CodecError::BadScale { block: b, .. }) if b == block),
                 "scale {scale}"
             );
         }

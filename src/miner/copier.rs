@@ -46,7 +46,8 @@ impl Copier {
 
     /// What to upload for the merge of `epoch` instead of `own`: another miner's accepted
     /// upload of `section` moved [`OWN_SHARE`] of the way towards `own`, or `own` when no
-    /// other upload of the same length shows up in time.
+    /// other upload of the same length shows up in time. `global` is the previous global state
+    /// (what a `dct` upload is decoded against).
     pub async fn disguise(
         &self,
         section: u32,
@@ -54,10 +55,13 @@ impl Copier {
         own: Vec<f32>,
         wire: MergeWire,
         span: Span,
+        global: &[f32],
     ) -> Vec<f32> {
         let until = Instant::now() + WAIT_FOR_ORIGINAL;
         loop {
-            if let Some((hotkey, original)) = self.find(section, epoch, own.len(), wire, span).await
+            if let Some((hotkey, original)) = self
+                .find(section, epoch, own.len(), wire, span, global)
+                .await
             {
                 tracing::info!(epoch, section, original = %hotkey, "copier: copying an upload");
                 return original
@@ -83,7 +87,9 @@ impl Copier {
         len: usize,
         wire: MergeWire,
         span: Span,
+        global: &[f32],
     ) -> Option<(String, Vec<f32>)> {
+        let base = wire.base_of(global, len as u64, span).ok()?;
         let prefix = self.keys.weights_epoch(section, epoch);
         let accepted = KeyPart::new("accepted").ok()?;
         let listed = self.store.list(Some(&prefix)).await.ok()?;
@@ -100,7 +106,7 @@ impl Copier {
             let Ok(bytes) = self.store.get(&info.key).await else {
                 continue;
             };
-            if let Ok(flat) = wire.decode(&bytes, len as u64, span) {
+            if let Ok(flat) = wire.decode(&bytes, len as u64, span, base) {
                 return Some((hotkey.to_string(), flat));
             }
         }
@@ -145,10 +151,12 @@ mod tests {
                 .unwrap();
         }
         let (wire, span) = (MergeWire::F32, Span::whole(2));
-        assert!(copier.find(1, 3, 2, wire, span).await.is_none());
+        assert!(copier.find(1, 3, 2, wire, span, &[]).await.is_none());
         let original = Bytes::from(f32_to_le_bytes(&[1.0, 2.0]));
         store.put(&accepted(other), original).await.unwrap();
-        let copy = copier.disguise(1, 3, vec![11.0, 2.0], wire, span).await;
+        let copy = copier
+            .disguise(1, 3, vec![11.0, 2.0], wire, span, &[])
+            .await;
         assert_eq!(copy, vec![1.0 + 0.02 * 10.0, 2.0]);
     }
 }

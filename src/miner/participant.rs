@@ -3,6 +3,9 @@
 //!
 //! No burn here: flat buffers in the run's [`MergeWire`] format in, the same out. The pure
 //! step ([`merge_encoded`]) is separate from the transfers so it can be tested on its own.
+//! With the `dct` format every source and the result are changes from the previous global
+//! state, which the merger holds (it adopted it): the sources are decoded against it, merged
+//! as values, and the result is encoded against it again.
 
 use std::ops::Range;
 
@@ -93,11 +96,15 @@ impl MergeFormat {
 
 /// Decodes each source's range `start..start + len` (the bytes [`MergeWire::byte_range`] gave
 /// for it, out of an upload of `total` values), merges with `op` (equal weights when every
-/// weight is 0) and encodes the result as an object whose first value sits at `start`.
+/// weight is 0) and encodes the result as a merged partition whose first value sits at
+/// `start`. `global` is the previous global state from flat index 0 (its parameters at least;
+/// only read by a format with a base, `&[]` will do for the others).
 ///
 /// # Errors
 /// [`ParticipantError::Undecodable`] for a range that does not decode,
-/// [`ParticipantError::Merge`] from the operator.
+/// [`ParticipantError::Merge`] from the operator, [`ParticipantError::BadTask`] when `global`
+/// is too short for the range.
+#[allow(clippy::too_many_arguments)]
 pub fn merge_encoded(
     partition: usize,
     op: MergeOp,
@@ -106,13 +113,22 @@ pub fn merge_encoded(
     weights: &[f32],
     range: Range<u64>,
     total: u64,
+    global: &[f32],
 ) -> Result<Vec<u8>, ParticipantError> {
     let span = Span::whole(format.params_len);
+    let n = range.end - range.start;
+    let base = format
+        .wire
+        .base_of(global, n, span.shifted(range.start))
+        .map_err(|e| ParticipantError::BadTask {
+            partition,
+            reason: format!("the previous global state: {e}"),
+        })?;
     let mut values = Vec::with_capacity(sources.len());
     for (hotkey, bytes) in sources {
         let decoded = format
             .wire
-            .decode_range(bytes, range.clone(), total, span)
+            .decode_range(bytes, range.clone(), total, span, base)
             .map_err(|e| ParticipantError::Undecodable {
                 partition,
                 source_hotkey: (*hotkey).to_string(),
@@ -132,7 +148,11 @@ pub fn merge_encoded(
         .map_err(|source| ParticipantError::Merge { partition, source })?;
     format
         .wire
-        .encode(&merged, span.shifted(range.start))
+        .encode(
+            &merged,
+            Span::partition(range.start, format.params_len),
+            base,
+        )
         .map_err(|e| ParticipantError::Encode {
             partition,
             reason: e.to_string(),
@@ -140,7 +160,8 @@ pub fn merge_encoded(
 }
 
 /// Does one partition: downloads its range of every source, merges, uploads the result to
-/// `task.output`, and returns the request to submit.
+/// `task.output`, and returns the request to submit with the bytes it moved. `global` as for
+/// [`merge_encoded`].
 ///
 /// # Errors
 /// [`ParticipantError`] naming the partition and, where relevant, the source.
@@ -149,6 +170,7 @@ pub async fn merge_partition_task(
     op: MergeOp,
     format: MergeFormat,
     task: &PartitionTask,
+    global: &[f32],
 ) -> Result<MergeSubmitRequest, ParticipantError> {
     let partition = task.index;
     let bad = |reason: &str| ParticipantError::BadTask {
@@ -171,7 +193,10 @@ pub async fn merge_partition_task(
         return Err(bad("range beyond the flat state"));
     }
     let elems = task.start..task.end;
-    let bytes: Range<u64> = format.wire.byte_range(elems.clone(), total);
+    let bytes: Range<u64> =
+        format
+            .wire
+            .byte_range(elems.clone(), total, Span::whole(format.params_len));
     let mut downloaded = Vec::with_capacity(task.sources.len());
     for source in &task.sources {
         let failed = |reason: String| ParticipantError::Download {
@@ -192,7 +217,9 @@ pub async fn merge_partition_task(
         .map(|(s, d)| (s.hotkey.as_str(), d.as_ref()))
         .collect();
     let weights: Vec<f32> = task.sources.iter().map(|s| s.weight).collect();
-    let merged = merge_encoded(partition, op, format, &sources, &weights, elems, total)?;
+    let merged = merge_encoded(
+        partition, op, format, &sources, &weights, elems, total, global,
+    )?;
     let hash = payload_hash(&merged);
     let size = merged.len() as u64;
     let url = Url::parse(&task.output.url).map_err(|e| ParticipantError::Upload {
@@ -218,12 +245,14 @@ mod tests {
     use super::*;
 
     fn le(v: &[f32]) -> Vec<u8> {
-        MergeWire::F32.encode(v, Span::default()).unwrap()
+        MergeWire::F32.encode(v, Span::default(), &[]).unwrap()
     }
 
     fn merge(op: MergeOp, sources: &[(&str, &[u8])], weights: &[f32]) -> Vec<f32> {
-        let out = merge_encoded(0, op, MergeFormat::f32(), sources, weights, 0..2, 2).unwrap();
-        MergeWire::F32.decode(&out, 2, Span::default()).unwrap()
+        let out = merge_encoded(0, op, MergeFormat::f32(), sources, weights, 0..2, 2, &[]).unwrap();
+        MergeWire::F32
+            .decode(&out, 2, Span::default(), &[])
+            .unwrap()
     }
 
     #[test]
@@ -256,6 +285,7 @@ mod tests {
             &[1.0; 2],
             0..2,
             2,
+            &[],
         )
         .unwrap_err();
         assert!(
@@ -272,6 +302,7 @@ mod tests {
             &[1.0; 2],
             0..2,
             2,
+            &[],
         )
         .unwrap_err();
         assert!(
@@ -280,15 +311,15 @@ mod tests {
         );
     }
 
-    /// Two int8 uploads of a 600-parameter state; a partition in the middle (crossing int8
-    /// blocks and the parameter/moment boundary) merges to what the decoded f32 values merge
-    /// to, written back in int8 from the partition's own start.
+    /// Two uploads of a 600-parameter state in int8 and in dct; a partition in the middle
+    /// (crossing blocks/chunks and the parameter/moment boundary) merges to what the decoded
+    /// f32 values merge to, written back in the format as a partition from its own start (for
+    /// dct: against the previous global state the merger holds).
     #[test]
-    fn int8_partitions_merge_the_decoded_values() {
+    fn compressed_partitions_merge_the_decoded_values() {
         let p = 600u64;
         let n = 3 * p;
         let span = Span::whole(p);
-        let wire = MergeWire::Int8;
         let state = |k: f32| -> Vec<f32> {
             (0..n)
                 .map(|i| {
@@ -297,36 +328,55 @@ mod tests {
                 })
                 .collect()
         };
-        let (a, b) = (state(0.0), state(1.5));
-        let (ea, eb) = (
-            wire.encode(&a, span).unwrap(),
-            wire.encode(&b, span).unwrap(),
-        );
-        let range = 500..1300u64;
-        let br = wire.byte_range(range.clone(), n);
-        let slice = |e: &Vec<u8>| e[br.start as usize..br.end as usize].to_vec();
-        let (sa, sb) = (slice(&ea), slice(&eb));
+        let global: Vec<f32> = state(0.7)[..p as usize].to_vec();
+        for wire in [MergeWire::Int8, "dct:64:4".parse().unwrap()] {
+            let (a, b) = (state(0.0), state(1.5));
+            let g = wire.base_of(&global, n, span).unwrap();
+            let (ea, eb) = (
+                wire.encode(&a, span, g).unwrap(),
+                wire.encode(&b, span, g).unwrap(),
+            );
+            let range = 500..1300u64;
+            let br = wire.byte_range(range.clone(), n, span);
+            let slice = |e: &Vec<u8>| e[br.start as usize..br.end as usize].to_vec();
+            let (sa, sb) = (slice(&ea), slice(&eb));
+            let format = MergeFormat {
+                wire,
+                params_len: p,
+            };
+            let sources = [("a", sa.as_slice()), ("b", sb.as_slice())];
+            let out = merge_encoded(
+                0,
+                MergeOp::Mean,
+                format,
+                &sources,
+                &[1.0, 1.0],
+                range.clone(),
+                n,
+                &global,
+            )
+            .unwrap();
+            let part = Span::partition(500, p);
+            assert_eq!(out.len() as u64, wire.encoded_len(800, part), "{wire}");
+            let pg = wire.base_of(&global, 800, part).unwrap();
+            let got = wire.decode(&out, 800, part, pg).unwrap();
+            let da = wire.decode(&ea, n, span, g).unwrap();
+            let db = wire.decode(&eb, n, span, g).unwrap();
+            let r = 500..1300usize;
+            let mean =
+                merge_partition(MergeOp::Mean, &[&da[r.clone()], &db[r]], &[1.0, 1.0]).unwrap();
+            assert_eq!(got, wire.round_trip(&mean, part, pg).unwrap(), "{wire}");
+        }
+        // Without the previous global state a dct partition cannot be merged.
+        let wire: MergeWire = "dct".parse().unwrap();
         let format = MergeFormat {
             wire,
             params_len: p,
         };
-        let sources = [("a", sa.as_slice()), ("b", sb.as_slice())];
-        let out = merge_encoded(
-            0,
-            MergeOp::Mean,
-            format,
-            &sources,
-            &[1.0, 1.0],
-            range.clone(),
-            n,
-        )
-        .unwrap();
-        assert_eq!(out.len() as u64, wire.encoded_len(800));
-        let got = wire.decode(&out, 800, span.shifted(500)).unwrap();
-        let da = wire.decode(&ea, n, span).unwrap();
-        let db = wire.decode(&eb, n, span).unwrap();
-        let r = 500..1300usize;
-        let mean = merge_partition(MergeOp::Mean, &[&da[r.clone()], &db[r]], &[1.0, 1.0]).unwrap();
-        assert_eq!(got, wire.round_trip(&mean, span.shifted(500)).unwrap());
+        let err = merge_encoded(4, MergeOp::Mean, format, &[], &[], 500..1300, n, &[]).unwrap_err();
+        assert!(
+            matches!(err, ParticipantError::BadTask { partition: 4, .. }),
+            "{err}"
+        );
     }
 }

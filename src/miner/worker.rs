@@ -212,6 +212,11 @@ struct Worker<B: AutodiffBackend> {
     view: super::status_line::SharedView,
     /// Merge epoch whose upload was already submitted.
     uploaded_epoch: Option<u64>,
+    /// The parameters of the global state last adopted (or the initial one): what a merge
+    /// format with a base encodes and decodes against.
+    merge_base: MergeBase,
+    /// Error feedback of such a format: the parameters' change its uploads left out so far.
+    residual: Vec<f32>,
     /// Hostile behaviour (tests only).
     adversary: Option<Adversary>,
     /// Where a copier finds the uploads it copies (tests only).
@@ -228,6 +233,13 @@ struct Worker<B: AutodiffBackend> {
     last_submit: Option<tokio::sync::oneshot::Receiver<()>>,
     /// A `/api/work` poll sent while the last assignment in hand computed.
     next_poll: Option<JoinHandle<Result<WorkResponse, ClientError>>>,
+}
+
+/// The parameters of a global state the miner holds, and its epoch (0: the seed's).
+#[derive(Debug, Default)]
+struct MergeBase {
+    epoch: u64,
+    params: Vec<f32>,
 }
 
 /// An assignment and the task fetching its inputs.
@@ -277,6 +289,17 @@ async fn mine<B: AutodiffBackend>(
         engine_settings.local_steps = u64::MAX;
         engine_settings.samples_per_step = 0;
     }
+    let layout = crate::model::layout::section_layout(&reg.model, reg.section)?;
+    let initial = section.export_flat(&layout)?;
+    let params_len = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+    let merge_base = MergeBase {
+        epoch: 0,
+        params: initial
+            .get(..params_len)
+            .map(<[f32]>::to_vec)
+            .unwrap_or_default(),
+    };
+    drop(initial);
     let engine = Engine::new(section, engine_settings);
     let copier = match (options.adversary, &options.copy_from) {
         (Some(Adversary::Copier), Some(dir)) => Some(
@@ -320,6 +343,8 @@ async fn mine<B: AutodiffBackend>(
         held_epoch: 0,
         view,
         uploaded_epoch: None,
+        merge_base,
+        residual: Vec::new(),
         util: Utilization::for_section(reg.section),
         stats_out: options.stats_out.clone(),
         adversary: options.adversary,

@@ -8,8 +8,16 @@
 //! | one valid copy (its twin died) | that copy, after the orchestrator recomputed and compared it |
 //! | no majority | recomputed here from the uploads; copies that differ flagged |
 //! | none | the previous global values (recomputed when there is no previous merge) |
+//!
+//! With a merge format that has a base (`dct`) every partition's values are a change from the
+//! previous global state; the checkpoint is written twice: in `f32` (late joiners, validators)
+//! and as the partitions' encodings back to back ([`StatePart::Delta`]), which miners that
+//! hold the previous state download instead (far smaller), rebuild and check against the
+//! checkpoint's hash. The `f32` checkpoint is, value for value, what that object decodes to.
+//! A section that falls back to previous values for any partition writes no delta object.
 
 use super::cycle_error::CycleError;
+use super::reference::Reference;
 use super::repo::{PlanRow, ResultRow, SectionOutcome};
 use super::state::AppState;
 use crate::codec::{MergeWire, Span};
@@ -29,6 +37,8 @@ struct Loaded {
     merger: String,
     hash: [u8; 32],
     values: Vec<f32>,
+    /// The copy as stored (what the delta object takes for an agreed copy).
+    bytes: Vec<u8>,
 }
 
 /// Verifies, assembles and stores the merged state of `section` for the merge of `epoch`, and
@@ -46,6 +56,8 @@ pub async fn finalize_section(
 ) -> Result<(), CycleError> {
     let layout = section_layout(&state.config.model, section)?;
     let params_len = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+    let wire = state.config.merge.wire;
+    let reference = Reference::of(state, section).await?;
     let previous = state.repo.latest_checkpoint(section)?.map(|cp| {
         (
             cp.epoch,
@@ -73,10 +85,23 @@ pub async fn finalize_section(
             .storage
             .writer(&state.checkpoint_key(section, epoch + 1, StatePart::OuterMomentum))
     });
+    let mut delta_out = wire.needs_base().then(|| {
+        state
+            .storage
+            .writer(&state.checkpoint_key(section, epoch + 1, StatePart::Delta))
+    });
     let mut outcome = SectionOutcome::default();
     for part in plan.partitions() {
         let range = part.range();
-        let copies = load_copies(state, epoch, section, part, results, layout.params_len).await;
+        let part_span = Span::partition(range.start as u64, layout.params_len);
+        // The previous global values of the partition's parameters (dct's base).
+        let base_range = wire.base_range(range.len() as u64, part_span);
+        let base = if base_range.is_empty() {
+            Vec::new()
+        } else {
+            reference.values(state, base_range).await?
+        };
+        let copies = load_copies(state, epoch, section, part, results, part_span, &base).await;
         let views: Vec<MergedCopy<'_>> = copies
             .iter()
             .map(|c| MergedCopy {
@@ -86,13 +111,16 @@ pub async fn finalize_section(
             })
             .collect();
         let mut verification = verify_partition(part.mergers(), &views, range.len(), tolerance);
+        // The partition's encoding for the delta object (`None`: only f32 values exist).
+        let mut encoded: Option<Vec<u8>> = None;
         let (mut values, verdict) = match verification.verdict {
             Verdict::Agreed { copy, support } => {
+                encoded = Some(copies[copy].bytes.clone());
                 (copies[copy].values.clone(), format!("agreed by {support}"))
             }
             Verdict::Single { copy } => {
                 // Nobody can cross-check a lone copy, so the orchestrator does.
-                let values = recompute(state, epoch, section, row, part).await?;
+                let (values, bytes) = recompute(state, epoch, section, row, part, &base).await?;
                 let judged = judge_against_recomputed(part.mergers(), &views, &values, tolerance);
                 let agrees = judged
                     .flagged
@@ -104,8 +132,10 @@ pub async fn finalize_section(
                     }
                 }
                 if agrees {
+                    encoded = Some(copies[copy].bytes.clone());
                     (copies[copy].values.clone(), "single copy".to_string())
                 } else {
+                    encoded = Some(bytes);
                     (values, "recomputed".to_string())
                 }
             }
@@ -114,14 +144,17 @@ pub async fn finalize_section(
                     read_values(state, key, range.clone()).await?,
                     "fallback to previous".to_string(),
                 ),
-                None => (
-                    recompute(state, epoch, section, row, part).await?,
-                    "recomputed (no previous global)".to_string(),
-                ),
+                None => {
+                    let (values, bytes) =
+                        recompute(state, epoch, section, row, part, &base).await?;
+                    encoded = Some(bytes);
+                    (values, "recomputed (no previous global)".to_string())
+                }
             },
             Verdict::NeedsRecompute | Verdict::Recomputed => {
-                let values = recompute(state, epoch, section, row, part).await?;
+                let (values, bytes) = recompute(state, epoch, section, row, part, &base).await?;
                 verification = judge_against_recomputed(part.mergers(), &views, &values, tolerance);
+                encoded = Some(bytes);
                 (values, "recomputed".to_string())
             }
         };
@@ -152,11 +185,32 @@ pub async fn finalize_section(
             let stepped = nesterov_outer_step(&prev, merged, &mut momentum, *step)?;
             values[..in_params.len()].copy_from_slice(&stepped);
             writer.write(&f32_to_le_bytes(&momentum)).await?;
+            if wire.needs_base() {
+                // The stepped values go through the format too, so the checkpoint is what the
+                // delta object decodes to.
+                let bytes = encode_partition(wire, &values, part_span, &base, part.index())?;
+                values =
+                    decode_partition(wire, &bytes, values.len(), part_span, &base, part.index())?;
+                encoded = Some(bytes);
+            }
         }
         out.write(&f32_to_le_bytes(&values)).await?;
+        match (encoded, delta_out.as_mut()) {
+            (Some(bytes), Some(writer)) => writer.write(&bytes).await?,
+            (None, Some(_)) => {
+                // Values that exist only in f32 (the previous checkpoint's): no delta object.
+                if let Some(writer) = delta_out.take() {
+                    writer.abort().await;
+                }
+            }
+            _ => {}
+        }
         outcome.verdicts.push((part.index(), verdict));
     }
     if let Some(writer) = momentum_out {
+        writer.finish().await?;
+    }
+    if let Some(writer) = delta_out {
         writer.finish().await?;
     }
     let (hash, size) = out.finish().await?;
@@ -218,56 +272,96 @@ async fn read_values(
 }
 
 /// The copies submitted for `part`; one that cannot be read or does not match its reported
-/// hash is kept with no values, so verification flags it `invalid`.
+/// hash is kept with no values, so verification flags it `invalid`. `base`: the previous
+/// global values of the partition's parameters (for a format with a base).
 async fn load_copies(
     state: &AppState,
     epoch: u64,
     section: usize,
     part: &Partition,
     results: &[ResultRow],
-    params_len: u64,
+    span: Span,
+    base: &[f32],
 ) -> Vec<Loaded> {
     let wire = state.config.merge.wire;
     let len = part.range().len() as u64;
-    let span = Span {
-        start: part.range().start as u64,
-        params_len,
-    };
     let mut out = Vec::new();
     for r in results.iter().filter(|r| r.partition == part.index()) {
-        let values = match state.partition_key(section, epoch, part.index(), &r.merger) {
+        let (values, bytes) = match state.partition_key(section, epoch, part.index(), &r.merger) {
             // Exactly the partition's size, and the hash it was accepted with: a copy replaced
             // after it was submitted is neither read whole nor used.
-            Ok(key) => match state.storage.get_exact(&key, wire.encoded_len(len)).await {
-                // A copy that does not decode (a bad scale, a non-finite value) is invalid.
+            Ok(key) => match state
+                .storage
+                .get_exact(&key, wire.encoded_len(len, span))
+                .await
+            {
+                // A copy that does not decode (a bad scale, a non-finite value, a malformed
+                // sparse chunk) is invalid.
                 Ok(bytes) if payload_hash(&bytes).eq_ignore_ascii_case(&r.hash) => {
-                    wire.decode(&bytes, len, span).unwrap_or_default()
+                    match wire.decode(&bytes, len, span, base) {
+                        Ok(values) => (values, bytes.to_vec()),
+                        Err(_) => (Vec::new(), Vec::new()),
+                    }
                 }
-                Ok(_) => Vec::new(),
+                Ok(_) => (Vec::new(), Vec::new()),
                 Err(e) => {
                     tracing::warn!(merger = %r.merger, "cannot read a partition copy: {e}");
-                    Vec::new()
+                    (Vec::new(), Vec::new())
                 }
             },
-            Err(_) => Vec::new(),
+            Err(_) => (Vec::new(), Vec::new()),
         };
         out.push(Loaded {
             merger: r.merger.clone(),
             hash: values_hash(&values),
             values,
+            bytes,
         });
     }
     out
 }
 
-/// Merges `part` here, from the uploads (the same inputs the mergers were given).
+/// `values` of the partition at `span` in the run's merge format.
+fn encode_partition(
+    wire: MergeWire,
+    values: &[f32],
+    span: Span,
+    base: &[f32],
+    index: usize,
+) -> Result<Vec<u8>, CycleError> {
+    wire.encode(values, span, base)
+        .map_err(|e| CycleError::BadObject {
+            key: format!("partition {index} encoded"),
+            reason: e.to_string(),
+        })
+}
+
+/// The `n` values the partition's encoding `bytes` at `span` stands for.
+fn decode_partition(
+    wire: MergeWire,
+    bytes: &[u8],
+    n: usize,
+    span: Span,
+    base: &[f32],
+    index: usize,
+) -> Result<Vec<f32>, CycleError> {
+    wire.decode(bytes, n as u64, span, base)
+        .map_err(|e| CycleError::BadObject {
+            key: format!("partition {index} decoded"),
+            reason: e.to_string(),
+        })
+}
+
+/// Merges `part` here, from the uploads (the same inputs the mergers were given), and returns
+/// the values an honest merger's copy holds with that copy's encoding.
 async fn recompute(
     state: &AppState,
     epoch: u64,
     section: usize,
     row: &PlanRow,
     part: &Partition,
-) -> Result<Vec<f32>, CycleError> {
+    base: &[f32],
+) -> Result<(Vec<f32>, Vec<u8>), CycleError> {
     let range = part.range();
     let sources = merge_sources(row);
     let mut keys = Vec::with_capacity(sources.len());
@@ -277,15 +371,22 @@ async fn recompute(
     let weights: Vec<f32> = sources.iter().map(|(_, w)| *w).collect();
     let n = row.len as u64;
     let span = Span::whole(n / 3);
+    let wire = state.config.merge.wire;
     // Coordinate-wise operators: merge a chunk at a time, so memory stays at one chunk per
     // uploader however large the partition.
     let mut out = Vec::with_capacity(range.len());
     let mut start = range.start;
     while start < range.end {
         let end = (start + RECOMPUTE_CHUNK).min(range.end);
+        // `base` starts at the partition's start; this chunk's part of it.
+        let b = wire.base_range((end - start) as u64, span.shifted(start as u64));
+        let from = (b.start as usize).saturating_sub(range.start);
+        let chunk_base = base
+            .get(from..from + (b.end - b.start) as usize)
+            .unwrap_or_default();
         let mut slices = Vec::with_capacity(keys.len());
         for key in &keys {
-            slices.push(read_upload(state, key, start..end, n, span).await?);
+            slices.push(read_upload(state, key, start..end, n, span, chunk_base).await?);
         }
         let views: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
         out.extend(merge_partition(state.config.merge.op, &views, &weights)?);
@@ -293,16 +394,10 @@ async fn recompute(
     }
     // An honest merger's copy went through the run's wire format: so does the recomputation,
     // so the two are equal value for value, and the checkpoint holds what the copies hold.
-    let part_span = span.shifted(range.start as u64);
-    state
-        .config
-        .merge
-        .wire
-        .round_trip(&out, part_span)
-        .map_err(|e| CycleError::BadObject {
-            key: format!("partition {} recomputed", part.index()),
-            reason: e.to_string(),
-        })
+    let part_span = Span::partition(range.start as u64, n / 3);
+    let bytes = encode_partition(wire, &out, part_span, base, part.index())?;
+    let values = decode_partition(wire, &bytes, out.len(), part_span, base, part.index())?;
+    Ok((values, bytes))
 }
 
 /// Values `range` (flat indices) of an accepted upload of `n` values in the run's merge wire
@@ -313,14 +408,15 @@ async fn read_upload(
     range: std::ops::Range<usize>,
     n: u64,
     span: Span,
+    base: &[f32],
 ) -> Result<Vec<f32>, CycleError> {
     let wire: MergeWire = state.config.merge.wire;
     let elems = range.start as u64..range.end as u64;
     let bytes = state
         .storage
-        .get_range(key, wire.byte_range(elems.clone(), n))
+        .get_range(key, wire.byte_range(elems.clone(), n, span))
         .await?;
-    wire.decode_range(&bytes, elems, n, span)
+    wire.decode_range(&bytes, elems, n, span, base)
         .map_err(|e| CycleError::BadObject {
             key: key.as_str().to_string(),
             reason: e.to_string(),
@@ -354,6 +450,11 @@ pub async fn fall_back(
 ) -> Result<(), CycleError> {
     let mut outcome = SectionOutcome::default();
     let mut verdict = format!("fallback to previous: {reason}");
+    // A delta object a failed attempt may have left is not this checkpoint's.
+    let delta = state.checkpoint_key(section, epoch + 1, StatePart::Delta);
+    if let Err(e) = state.storage.delete(&delta).await {
+        tracing::warn!(epoch, section, "removing a stale checkpoint delta: {e}");
+    }
     if let Some(cp) = state.repo.latest_checkpoint(section)? {
         let mut copied = Ok(());
         for part in [StatePart::Flat, StatePart::OuterMomentum] {

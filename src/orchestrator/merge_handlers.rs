@@ -66,6 +66,55 @@ pub async fn section_checkpoint(
             shape: None,
             expires_unix_ms: exp,
         },
+        delta: None,
+    }))
+}
+
+/// The checkpoint's delta object, if the merge that made `checkpoint` wrote one (a run whose
+/// merge format has a base; not a fallback): its base epoch, the partitions' bounds and a URL.
+///
+/// # Errors
+/// A state-store, storage or presigning error.
+async fn checkpoint_delta(
+    state: &AppState,
+    checkpoint: &SectionCheckpoint,
+) -> Result<Option<CheckpointDelta>, HttpError> {
+    let wire = state.config.merge.wire;
+    let (section, epoch) = (checkpoint.section, checkpoint.epoch);
+    if !wire.needs_base() || epoch == 0 {
+        return Ok(None);
+    }
+    let key = state.checkpoint_key(section, epoch, StatePart::Delta);
+    let Some(row) = state.repo.plan(epoch - 1, section)? else {
+        return Ok(None);
+    };
+    if !state
+        .storage
+        .exists(&key)
+        .await
+        .map_err(HttpError::internal)?
+    {
+        return Ok(None);
+    }
+    let plan = build_plan(state, epoch - 1, section, &row).map_err(HttpError::internal)?;
+    let base_epoch = state
+        .repo
+        .start_checkpoint(section, epoch - 1)?
+        .map_or(0, |cp| cp.epoch);
+    Ok(Some(CheckpointDelta {
+        base_epoch,
+        wire,
+        bounds: plan
+            .partitions()
+            .iter()
+            .map(|p| p.range().end as u64)
+            .collect(),
+        blob: BlobRef {
+            url: get_url(state, &key, checkpoint.blob.expires_unix_ms).await?,
+            hash: None,
+            shape: None,
+            expires_unix_ms: checkpoint.blob.expires_unix_ms,
+        },
     }))
 }
 
@@ -88,7 +137,12 @@ pub async fn task(
     state.repo.touch(&req.hotkey, now)?;
     let (info, section) = phase_and_section(&state, &req.hotkey)?;
     let task = match section_checkpoint(&state, section).await? {
-        Some(cp) if cp.epoch > req.body.held_epoch => MergeTask::Adopt { checkpoint: cp },
+        Some(mut cp) if cp.epoch > req.body.held_epoch => {
+            // The miner uses the delta if it holds its base, and downloads the whole state
+            // otherwise.
+            cp.delta = checkpoint_delta(&state, &cp).await?;
+            MergeTask::Adopt { checkpoint: cp }
+        }
         _ => next_task(&state, &req.hotkey, section, info, now).await?,
     };
     Ok(Json(MergeTaskResponse {
@@ -150,6 +204,7 @@ async fn next_task(
         .collect();
     let deadline = info.deadline_ms.unwrap_or(now);
     let wire = state.config.merge.wire;
+    let params_len = plan.flat_len() as u64 / 3;
     let mut partitions = Vec::new();
     for part in plan.partitions_for(hotkey) {
         if done
@@ -188,7 +243,16 @@ async fn next_task(
             end: range.end as u64,
             sources,
             output: BlobRef {
-                url: put_url(state, &out, deadline, wire.encoded_len(range.len() as u64)).await?,
+                url: put_url(
+                    state,
+                    &out,
+                    deadline,
+                    wire.encoded_len(
+                        range.len() as u64,
+                        Span::partition(range.start as u64, params_len),
+                    ),
+                )
+                .await?,
                 hash: None,
                 shape: Some(vec![range.len()]),
                 expires_unix_ms: deadline,
@@ -203,7 +267,7 @@ async fn next_task(
         op: state.config.merge.op,
         partitions,
         wire,
-        params_len: plan.flat_len() as u64 / 3,
+        params_len,
     })
 }
 
@@ -227,7 +291,7 @@ async fn upload_task(
                 state,
                 &key,
                 lease_until,
-                wire.encoded_len(layout.total_len() as u64),
+                wire.encoded_len(layout.total_len() as u64, Span::whole(layout.params_len)),
             )
             .await?,
             hash: None,
@@ -330,7 +394,8 @@ pub async fn submit(
                     "partition {index} is not assigned to this miner"
                 )));
             };
-            let expected = state.config.merge.wire.encoded_len(part.len() as u64);
+            let span = Span::partition(part.range().start as u64, row.len as u64 / 3);
+            let expected = state.config.merge.wire.encoded_len(part.len() as u64, span);
             let key = state
                 .partition_key(section, *epoch, *index, &req.hotkey)
                 .map_err(HttpError::internal)?;
@@ -392,14 +457,15 @@ async fn check_upload(
         return Ok(Err(format!("wrong layout: {e}")));
     }
     let wire = state.config.merge.wire;
-    if manifest.dtype != wire.name() {
+    if manifest.dtype != wire.to_string() {
         return Ok(Err(format!(
             "dtype {} is not this run's merge.wire {wire}",
             manifest.dtype
         )));
     }
     let n = layout.total_len() as u64;
-    let total = wire.encoded_len(n);
+    let span = Span::whole(layout.params_len);
+    let total = wire.encoded_len(n, span);
     if manifest.bytes != total {
         return Ok(Err(format!(
             "manifest says {} bytes, the layout needs {total} in {wire}",
@@ -430,16 +496,18 @@ async fn check_upload(
     let reference = Reference::of(state, section)
         .await
         .map_err(HttpError::internal)?;
-    // Read in chunks of whole int8 blocks (so consecutive chunks tile the object's bytes and
-    // hash like the whole), so a large section is never held whole. Decoding refuses
-    // non-finite values, bad scales and negative second moments.
-    let span = Span::whole(layout.params_len);
+    // Read in chunks of whole int8 blocks or dct chunks (so consecutive chunks tile the
+    // object's bytes and hash like the whole), so a large section is never held whole.
+    // Decoding refuses non-finite values, bad scales, negative second moments and malformed
+    // sparse chunks.
     let mut hasher = blake3::Hasher::new();
     let mut distance = DistanceSum::default();
     let mut start = 0u64;
     while start < n {
-        let end = (start + CHECK_CHUNK).min(n);
-        let bytes = wire.byte_range(start..end, n);
+        let end = wire
+            .aligned(start..(start + CHECK_CHUNK).min(n), n, span)
+            .end;
+        let bytes = wire.byte_range(start..end, n, span);
         let chunk = match state.storage.get_range(&accepted, bytes).await {
             Ok(chunk) => chunk,
             Err(StorageError::LengthMismatch { .. }) => {
@@ -448,7 +516,14 @@ async fn check_upload(
             Err(e) => return Err(HttpError::internal(e)),
         };
         hasher.update(&chunk);
-        let values = match wire.decode_range(&chunk, start..end, n, span) {
+        let against = reference
+            .values(state, start..end)
+            .await
+            .map_err(HttpError::internal)?;
+        // A dct upload is a change from the reference (the state its miner adopted).
+        let base = wire.base_range(end - start, span.shifted(start));
+        let base = &against[..(base.end - base.start) as usize];
+        let values = match wire.decode_range(&chunk, start..end, n, span, base) {
             Ok(values) => values,
             Err(e) => {
                 let index = e.index().unwrap_or(start);
@@ -462,10 +537,6 @@ async fn check_upload(
                 return Ok(Err(format!("{e} (tensor `{name}`)")));
             }
         };
-        let against = reference
-            .values(state, start..end)
-            .await
-            .map_err(HttpError::internal)?;
         distance.add(start, &values, &against, layout.params_len);
         start = end;
     }

@@ -58,6 +58,7 @@ pub async fn checkpoint_ref(
         layout: section_layout(&state.config.model, cp.section).map_err(HttpError::internal)?,
         blob: get_ref(state, &key, Some(cp.hash.clone()), None).await?,
         optimizer_step: cp.optimizer_step,
+        delta: None,
     })
 }
 

@@ -268,6 +268,9 @@ pub enum StatePart {
     Flat,
     /// The outer optimizer's momentum (DiLoCo-style outer step).
     OuterMomentum,
+    /// A checkpoint as its merged partitions in the run's `dct` merge format: the change from
+    /// the previous checkpoint, which the section's miners already hold.
+    Delta,
 }
 
 impl StatePart {
@@ -278,6 +281,7 @@ impl StatePart {
                 Self::Optimizer => "optimizer",
                 Self::Flat => "flat",
                 Self::OuterMomentum => "outer-momentum",
+                Self::Delta => "delta",
             }
             .to_owned(),
         )

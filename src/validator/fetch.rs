@@ -86,7 +86,8 @@ pub async fn fetch_flat(blob: &BlobRef) -> Result<Vec<f32>, FetchError> {
 }
 
 /// A whole merge object (an upload of `span.start == 0`, or a partition copy) of `n` values
-/// in `wire`, hash-checked and strictly decoded.
+/// in `wire`, hash-checked and strictly decoded; `global` is the previous global state from
+/// flat index 0 (what a `dct` object is a change from; ignored by the other formats).
 ///
 /// # Errors
 /// [`FetchError`].
@@ -95,14 +96,18 @@ pub async fn fetch_merge_object(
     wire: MergeWire,
     n: u64,
     span: Span,
+    global: &[f32],
 ) -> Result<Vec<f32>, FetchError> {
     let bytes = payload::fetch(blob).await?;
-    wire.decode(&bytes, n, span)
+    let base = wire
+        .base_of(global, n, span)
+        .map_err(|e| FetchError::Malformed(e.to_string()))?;
+    wire.decode(&bytes, n, span, base)
         .map_err(|e| FetchError::Malformed(e.to_string()))
 }
 
 /// Values `range` (flat indices) of the upload of `n` values in `wire` behind `blob` (not
-/// hash-checked: a part of an object cannot be).
+/// hash-checked: a part of an object cannot be); `global` as for [`fetch_merge_object`].
 ///
 /// # Errors
 /// [`FetchError`].
@@ -111,10 +116,15 @@ pub async fn fetch_range(
     range: Range<usize>,
     wire: MergeWire,
     n: u64,
+    global: &[f32],
 ) -> Result<Vec<f32>, FetchError> {
     let url = Url::parse(&blob.url).map_err(|e| PayloadError::BadUrl(e.to_string()))?;
     let elems = range.start as u64..range.end as u64;
-    let bytes = download_from_url(&url, Some(wire.byte_range(elems.clone(), n))).await?;
-    wire.decode_range(&bytes, elems, n, Span::whole(n / 3))
+    let span = Span::whole(n / 3);
+    let base = wire
+        .base_of(global, elems.end - elems.start, span.shifted(elems.start))
+        .map_err(|e| FetchError::Malformed(e.to_string()))?;
+    let bytes = download_from_url(&url, Some(wire.byte_range(elems.clone(), n, span))).await?;
+    wire.decode_range(&bytes, elems, n, span, base)
         .map_err(|e| FetchError::Malformed(format!("range {range:?}: {e}")))
 }

@@ -37,7 +37,8 @@ pub enum MergeCheckError {
     Merge(#[from] MergeError),
 }
 
-/// Checks `checks` partitions (chosen by `chooser`) of the merge in `record`.
+/// Checks `checks` partitions (chosen by `chooser`) of the merge in `record`; `start` is the
+/// state the section started the epoch from (what `dct` objects are a change from).
 ///
 /// # Errors
 /// [`MergeCheckError`] when sources cannot be read (a copy that cannot be read or does not
@@ -47,6 +48,7 @@ pub async fn check_merge(
     run: &str,
     chooser: &Chooser,
     checks: usize,
+    start: &[f32],
 ) -> Result<MergeFindings, MergeCheckError> {
     let mut findings = MergeFindings::default();
     if record.uploads.is_empty() || record.partitions == 0 {
@@ -100,19 +102,23 @@ pub async fn check_merge(
         let n = record.len as u64;
         let mut slices = Vec::with_capacity(sources.len());
         for u in &sources {
-            slices.push(fetch_range(&u.blob, range.clone(), record.wire, n).await?);
+            slices.push(fetch_range(&u.blob, range.clone(), record.wire, n, start).await?);
         }
         let views: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
         // The copies went through the run's wire format; so does the recomputation.
-        let span = Span {
-            start: range.start as u64,
-            params_len: n / 3,
+        let span = Span::partition(range.start as u64, n / 3);
+        let malformed = |e: crate::codec::MergeWireError| {
+            FetchError::Malformed(format!("partition {}: {e}", part.index()))
         };
+        let base = record
+            .wire
+            .base_of(start, range.len() as u64, span)
+            .map_err(malformed)?;
         let merged = merge_partition(record.op, &views, &weights)?;
         let expected = record
             .wire
-            .round_trip(&merged, span)
-            .map_err(|e| FetchError::Malformed(format!("partition {}: {e}", part.index())))?;
+            .round_trip(&merged, span, base)
+            .map_err(malformed)?;
         findings.checked.push(part.index());
         for copy in record
             .results
@@ -120,7 +126,8 @@ pub async fn check_merge(
             .filter(|r| r.partition == part.index())
         {
             let len = range.len() as u64;
-            let verdict = match fetch_merge_object(&copy.blob, record.wire, len, span).await {
+            let verdict = match fetch_merge_object(&copy.blob, record.wire, len, span, start).await
+            {
                 Ok(values) if values_agree(&values, &expected, tolerance) => None,
                 Ok(values) => Some(format!(
                     "merged partition {} differs from its sources (max relative difference {:.3e})",

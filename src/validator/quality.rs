@@ -210,6 +210,7 @@ pub async fn measure<B: AutodiffBackend>(
             records[s].wire,
             layout.total_len() as u64,
             Span::whole(layout.params_len),
+            &starts[s],
         )
         .await?;
         let mut replaced = Section::<B>::new(model, s, settings.seed, settings.optimizer, device)?;

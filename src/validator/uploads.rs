@@ -45,10 +45,14 @@ pub async fn start_state<B: AutodiffBackend>(
 }
 
 /// The hash an upload identical to `start` would have in `wire` (`None` when `start` cannot
-/// be encoded, so no honest upload can equal it).
+/// be encoded, so no honest upload can equal it). For `dct` that is an upload with no change
+/// from `start` and no error feedback.
 pub fn state_hash(start: &[f32], wire: MergeWire) -> Option<String> {
     let span = Span::whole(start.len() as u64 / 3);
-    wire.encode(start, span).ok().map(|b| payload_hash(&b))
+    let base = wire.base_of(start, start.len() as u64, span).ok()?;
+    wire.encode(start, span, base)
+        .ok()
+        .map(|b| payload_hash(&b))
 }
 
 /// A copy found among uploads: `(copier, original, cosine)`.
@@ -78,7 +82,7 @@ pub async fn find_copies(
         let end = (at + COPY_CHUNK).min(n);
         let mut chunks = Vec::with_capacity(uploads.len());
         for u in uploads {
-            chunks.push(fetch_range(&u.blob, at..end, wire, total).await?);
+            chunks.push(fetch_range(&u.blob, at..end, wire, total, start).await?);
         }
         let views: Vec<&[f32]> = chunks.iter().map(Vec::as_slice).collect();
         det.add(&start[at..end], &views);

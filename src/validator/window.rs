@@ -439,7 +439,7 @@ pub async fn replay_miner<B: AutodiffBackend>(
     {
         let n = layout.total_len() as u64;
         let span = Span::whole(layout.params_len);
-        let uploaded = fetch_merge_object(upload, work.wire, n, span).await?;
+        let uploaded = fetch_merge_object(upload, work.wire, n, span, &start).await?;
         let replayed = replayer.export_flat(&layout)?;
         let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
         let s = compare_progress(&start, &replayed, &uploaded, params);
@@ -507,8 +507,14 @@ async fn check_section<B: AutodiffBackend>(
             ));
         }
     }
-    let findings =
-        check_merge(&record, &ctx.run, &ctx.chooser, ctx.validation.merge_checks).await?;
+    let findings = check_merge(
+        &record,
+        &ctx.run,
+        &ctx.chooser,
+        ctx.validation.merge_checks,
+        &start,
+    )
+    .await?;
     for (merger, reason) in findings.wrong {
         if let Some(e) = ev.get_mut(&merger) {
             e.flag(format!("lying merger: {reason}"));

@@ -26,7 +26,6 @@
 //! defaults: it is the reference.
 
 use std::fs;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -110,7 +109,7 @@ pub struct BenchLearningArgs {
     #[arg(long, value_name = "OP", default_value = "mean")]
     pub merge_op: MergeOp,
     /// Variant: element format of the merge's uploads and partitions (run config
-    /// `merge.wire`): f32, bf16 or int8.
+    /// `merge.wire`): f32, bf16, int8, dct or dct:CHUNK:KEEP[:MERGED_KEEP].
     #[arg(long, value_name = "FORMAT", default_value = "f32")]
     pub merge_wire: MergeWire,
     /// Keep both runs (configs, logs, checkpoints, metrics) in this directory.
@@ -468,13 +467,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
 
 /// Runs the network variant in `dir`; its evaluations come from the network itself.
 fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> {
-    if dir.exists() {
-        fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
-    }
-    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let listen = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .context("finding a free port")?;
+    let listen = super::network::fresh_run_dir(dir)?;
     // Synchronous steps split each `iota train` batch into G network samples.
     let split = args.samples_per_step.max(1);
     let local = LocalArgs {
@@ -512,7 +505,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["samples_per_step"] = json!(args.samples_per_step);
     // The schedule runs over optimizer steps: `iota train`'s.
     config["schedule"]["total_steps"] = json!(args.samples);
-    config["merge"]["wire"] = json!(args.merge_wire.name());
+    config["merge"]["wire"] = json!(args.merge_wire.to_string());
     if let Some(beta1) = args.beta1 {
         config["optimizer"] = json!({ "beta1": beta1 });
     }

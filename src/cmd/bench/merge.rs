@@ -1,355 +1,513 @@
-//! `iota bench merge`: N simulated miners of one section merge their weights through the
-//! butterfly plan over real object storage (a local directory), in one process. Prints, per N,
-//! the bytes each miner uploads and downloads divided by the section size, and the wall time.
+//! `iota bench merge`: one real merge of N miners, in each merge format. Each run is a local
+//! network (`iota local`: an orchestrator and N `iota mine` processes) of a model with one
+//! section, so all N miners merge the same state concurrently: they train a few samples,
+//! upload their flat state (parameters and both AdamW moments), read their partitions' slices
+//! of every upload, merge and upload them, the orchestrator verifies the copies and writes
+//! the checkpoint, and every miner adopts it. That is the protocol miners run
+//! (`miner::participant`, the worker's merge round, `orchestrator::{cycle, finalize}`), not a
+//! simulation of it.
 //!
-//! Each miner: uploads its flat vector once in the chosen merge wire format (`--wire`: f32,
-//! bf16, int8; see [`crate::codec::merge_wire`]); for every partition it is assigned,
-//! downloads the bytes holding that range from every other uploader, merges, uploads the
-//! result in the same format; finally downloads the whole merged vector (one copy of each
-//! partition). Bytes are counted as they are written and read. The merged vector is checked
-//! against the operator applied directly to the decoded uploads (written back in the format
-//! partition by partition, as the mergers do).
+//! How each number is taken:
+//! - bytes: counted where they move ([`crate::storage::traffic`]): each miner counts every
+//!   `PUT` and `GET` it makes (`iota mine --stats-out`), by object kind: its upload, the
+//!   slices it reads to merge, the partitions it writes, and the checkpoint (or, with `dct`,
+//!   the checkpoint's delta) it downloads to adopt. The orchestrator's own bytes (copies and
+//!   read-back checks of uploads, reading the partition copies, writing the checkpoint) are
+//!   its store's counters between two `/metrics` scrapes, before the merge and after it.
+//!   The stats files are read as soon as each shows its adoption, during the epoch after the
+//!   merge (each network trains a second, shorter epoch whose closing merge is not measured).
+//! - wall time: from the first status poll (every 20 ms) that shows the phase `uploading`
+//!   to the first that shows every miner holding the merged state (`weights_epoch` 1, which
+//!   each miner reports as soon as it adopted). It includes the orchestrator's ticks and the
+//!   miners' polls, as a real merge does.
+//! - verification: the merge's own status (flagged mergers, recomputed partitions, fallbacks)
+//!   and every miner's reported hash of the state it holds, which must equal the checkpoint's.
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::fs;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use bytes::Bytes;
 use clap::Args;
 
-use crate::cmd::model::{human_bytes, human_count};
-use crate::codec::{MergeWire, Span};
-use crate::merge::{MergeOp, PlanSpec, merge_partition};
-use crate::storage::{Hotkey, RunKeys, StatePart, Storage, StorageConfig};
+use super::network::{fresh_run_dir, miner_stats, own_traffic, scrape};
+use crate::api::client::ApiClient;
+use crate::api::{MergeStatus, Phase, StatusResponse};
+use crate::cmd::local::{LocalArgs, generated_config};
+use crate::cmd::model::human_bytes;
+use crate::codec::MergeWire;
+use crate::merge::MergeOp;
+use crate::miner::utilization::UtilizationReport;
+use crate::model::ModelConfig;
+use crate::model::backend::DeviceKind;
+use crate::model::layout::section_layout;
+use crate::storage::RetryPolicy;
+use crate::storage::traffic::{TrafficDir, TrafficKind};
 
 /// Arguments of `iota bench merge`.
 #[derive(Debug, Args)]
 pub struct BenchMergeArgs {
-    /// Parameters in the simulated section.
-    #[arg(long, value_name = "S", default_value_t = 1_000_000)]
-    pub params: usize,
-    /// Miner counts to simulate, comma-separated.
+    /// Model preset; the whole model is one section, so every miner merges the same state.
+    #[arg(long, value_name = "NAME", default_value = "tiny")]
+    pub preset: String,
+    /// Miner counts to run, comma-separated (one network each).
     #[arg(
         long,
         value_name = "N,..",
         value_delimiter = ',',
-        default_value = "2,4,8,16,32,50"
+        default_value = "2,4,8"
     )]
     pub miners: Vec<usize>,
-    /// Merge operator.
-    #[arg(long, value_name = "OP", default_value = "mean")]
-    pub op: MergeOp,
-    /// Mergers per partition.
-    #[arg(long, value_name = "R", default_value_t = 2)]
-    pub replication: usize,
-    /// Element formats of uploads and partitions to measure, comma-separated.
+    /// Merge formats to measure, comma-separated (`merge.wire`).
     #[arg(
         long,
         value_name = "FORMAT,..",
         value_delimiter = ',',
-        default_value = "f32,bf16,int8"
+        default_value = "f32,bf16,int8,dct"
     )]
     pub wire: Vec<MergeWire>,
+    /// Training samples per miner before the merge (1 x 16 tokens each).
+    #[arg(long, value_name = "K", default_value_t = 2)]
+    pub samples_per_miner: u64,
+    /// Merge operator.
+    #[arg(long, value_name = "OP", default_value = "mean")]
+    pub op: MergeOp,
+    /// Keep the runs (configs, logs, stats, state) in this directory.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Give up a run after this many seconds.
+    #[arg(long, value_name = "S", default_value_t = 600)]
+    pub timeout_s: u64,
 }
 
-/// One row of the result table.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MergeRow {
-    /// Element format.
+/// Bytes one miner moved in the merge, by what they were.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MinerBytes {
+    /// Its flat state uploaded.
+    pub upload: u64,
+    /// Slices of the uploads read to merge its partitions.
+    pub reads: u64,
+    /// Its merged partitions uploaded.
+    pub partitions: u64,
+    /// The merged state downloaded to adopt it (the checkpoint or its delta).
+    pub adopt: u64,
+}
+
+impl MinerBytes {
+    /// Everything it moved.
+    pub fn total(&self) -> u64 {
+        self.upload + self.reads + self.partitions + self.adopt
+    }
+
+    /// The merge's bytes in a miner's stats (its training traffic is left out).
+    pub fn of(report: &UtilizationReport) -> Self {
+        let mut b = Self::default();
+        for t in &report.traffic {
+            let n = t.count.bytes;
+            match (t.kind, t.dir) {
+                (TrafficKind::MergeUploads, TrafficDir::Up) => b.upload += n,
+                (TrafficKind::MergeUploads, TrafficDir::Down) => b.reads += n,
+                (TrafficKind::MergedPartitions, TrafficDir::Up) => b.partitions += n,
+                (TrafficKind::MergedPartitions, TrafficDir::Down) => b.reads += n,
+                (TrafficKind::Checkpoints, TrafficDir::Down) => b.adopt += n,
+                _ => {}
+            }
+        }
+        b
+    }
+}
+
+/// One network's merge.
+#[derive(Debug, Clone)]
+pub struct MergeRun {
+    /// Format.
     pub wire: MergeWire,
     /// Miners.
     pub miners: usize,
+    /// The section's flat state in f32, bytes.
+    pub state_bytes: u64,
+    /// Per miner.
+    pub bytes: Vec<MinerBytes>,
+    /// Orchestrator's own store bytes over the merge (read and written).
+    pub orchestrator: u64,
+    /// Seconds from `uploading` to every miner holding the merged state.
+    pub seconds: f64,
     /// Partitions in the plan.
     pub partitions: usize,
-    /// Mean bytes uploaded per miner / section bytes.
-    pub up_ratio: f64,
-    /// Mean bytes downloaded per miner / section bytes.
-    pub down_ratio: f64,
-    /// Largest per-miner download / section bytes.
-    pub max_down_ratio: f64,
-    /// Wall time of the whole merge, seconds.
-    pub seconds: f64,
+    /// Flagged mergers, recomputed partitions, fallbacks.
+    pub flags: usize,
+    /// Partitions the orchestrator recomputed.
+    pub recomputed: usize,
+    /// Partitions that fell back to the previous state.
+    pub fallbacks: usize,
+    /// Miners whose reported state hash equals the checkpoint's.
+    pub identical: usize,
 }
 
-/// `values` (flat indices from `start` on) in `wire`.
-fn to_bytes(wire: MergeWire, values: &[f32], start: usize) -> anyhow::Result<Bytes> {
-    let span = Span::default().shifted(start as u64);
-    Ok(Bytes::from(wire.encode(values, span)?))
+impl MergeRun {
+    fn mean(&self, f: impl Fn(&MinerBytes) -> u64) -> f64 {
+        self.bytes.iter().map(&f).sum::<u64>() as f64 / self.bytes.len().max(1) as f64
+    }
 }
 
-/// Simulates one merge of `miners` miners over `storage`.
-///
-/// # Errors
-/// Storage or merge failures, or a merged result that differs from the direct computation.
-pub async fn simulate(
-    storage: &Storage,
-    miners: usize,
-    params: usize,
-    op: MergeOp,
-    replication: usize,
-    wire: MergeWire,
-) -> anyhow::Result<MergeRow> {
-    let keys = RunKeys::new(&format!("bench-{miners}"))?;
-    let names: Vec<String> = (0..miners).map(|i| format!("miner{i:03}")).collect();
-    let hotkeys: Vec<Hotkey> = names
+/// What the status polls saw.
+#[derive(Debug, Default)]
+struct Watch {
+    uploading_at: Option<Instant>,
+    adopted_at: Option<Instant>,
+    before_merge: Option<String>,
+    after_merge: Option<String>,
+    merge: Option<MergeStatus>,
+    status: Option<StatusResponse>,
+}
+
+fn every_miner_adopted(status: &StatusResponse, miners: usize) -> bool {
+    let held: Vec<u64> = status
+        .sections
         .iter()
-        .map(|n| Hotkey::new(n))
-        .collect::<Result<_, _>>()?;
-    let vectors: Vec<Vec<f32>> = (0..miners)
-        .map(|m| {
-            (0..params)
-                .map(|i| ((i * 31 + m * 17) % 1000) as f32 / 1000.0 - 0.5)
-                .collect()
-        })
+        .flat_map(|s| s.miners.iter().map(|m| m.weights_epoch))
         .collect();
-    let weights: Vec<f32> = (0..miners).map(|m| 1.0 + m as f32).collect();
-    let mut up = vec![0u64; miners];
-    let mut down = vec![0u64; miners];
+    held.len() >= miners && held.iter().all(|&e| e >= 1)
+}
+
+/// Polls the orchestrator at `addr` until `child` exits or every miner adopted the merge.
+async fn watch(addr: SocketAddr, miners: usize, child: &mut Child, timeout: Duration) -> Watch {
+    let mut w = Watch::default();
+    let policy = RetryPolicy {
+        max_attempts: 1,
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(20),
+    };
+    let until = Instant::now() + timeout;
+    let mut client = None;
+    while Instant::now() < until {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            break;
+        }
+        if client.is_none() {
+            client = ApiClient::connect(&format!("http://{addr}"), None, policy)
+                .await
+                .ok();
+        }
+        if let Some(c) = &client
+            && let Ok(status) = c.status().await
+        {
+            let now = Instant::now();
+            if status.phase == Phase::Training && status.epoch == 0 {
+                // The last scrape before the merge starts.
+                w.before_merge = scrape(addr).or(w.before_merge.take());
+            }
+            if status.phase == Phase::Uploading && w.uploading_at.is_none() {
+                w.uploading_at = Some(now);
+            }
+            if w.uploading_at.is_some() && every_miner_adopted(&status, miners) {
+                w.adopted_at = Some(now);
+                w.after_merge = scrape(addr);
+                w.merge = c.merge_status().await.ok();
+                w.status = Some(status);
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    w
+}
+
+fn run_one(
+    args: &BenchMergeArgs,
+    wire: MergeWire,
+    miners: usize,
+    dir: &Path,
+) -> anyhow::Result<MergeRun> {
+    let listen = fresh_run_dir(dir)?;
+    // The merged epoch, then a second one during which the miners' stats are read (the run's
+    // last merge, at the end of its budget, is not measured).
+    let per_epoch = args.samples_per_miner.max(1) * miners as u64;
+    let samples = per_epoch + 4 * miners as u64;
+    let local = LocalArgs {
+        preset: args.preset.clone(),
+        sections: Some(1),
+        miners_per_section: miners,
+        config: None,
+        data: "synthetic".into(),
+        dir: dir.to_path_buf(),
+        listen: Some(listen),
+        samples: Some(samples),
+        keep_running: false,
+        metrics_out: None,
+        summary_out: None,
+        seq_len: 16,
+        batch_size: 1,
+        lr: 3e-3,
+        threads: 1,
+        device: DeviceKind::Cpu,
+        poll_ms: 200,
+        merge_every: per_epoch,
+        merge_op: args.op,
+        validators: 0,
+        validator_wait_s: 0,
+        adversaries: Vec::new(),
+        validation: None,
+        deadline_s: 60,
+    };
+    let mut config = generated_config(&local, dir, listen)?;
+    config["merge"]["wire"] = serde_json::json!(wire.to_string());
+    config["max_in_flight"] = serde_json::json!(1);
+    config["eval_samples"] = serde_json::json!(0);
+    let config_path = dir.join("run.yaml");
+    fs::write(&config_path, serde_norway::to_string(&config)?)
+        .with_context(|| format!("writing {}", config_path.display()))?;
+    let log = dir.join("local.log");
+    let out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+    let err = out.try_clone().context("duplicating the log file")?;
+    let exe = std::env::current_exe().context("locating the iota binary")?;
+    let mut child = Command::new(exe)
+        .arg("local")
+        .arg("--config")
+        .arg(&config_path)
+        .args(["--samples", &samples.to_string()])
+        .args(["--miners-per-section", &miners.to_string()])
+        .args(["--threads", "1"])
+        .args(["--listen", &listen.to_string()])
+        .args(["--poll-ms", "200"])
+        .args(["--validators", "0"])
+        .arg("--dir")
+        .arg(dir)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .context("starting iota local")?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let timeout = Duration::from_secs(args.timeout_s);
+    let w = rt.block_on(watch(listen, miners, &mut child, timeout));
+    // Each miner rewrites its stats file about once a second: wait until every file shows
+    // the adoption's download, then take them (before the next merge adds to them).
+    let stats_dir = dir.join("stats");
+    let mut reports = Vec::new();
+    let settle = Instant::now();
+    while w.adopted_at.is_some() && settle.elapsed() < Duration::from_secs(30) {
+        reports = miner_stats(&stats_dir).unwrap_or_default();
+        if reports.len() >= miners && reports.iter().all(|r| MinerBytes::of(r).adopt > 0) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The network ends by itself once its budget is spent (one merge); wait for the miners'
+    // final stats files.
     let started = Instant::now();
-    for (m, v) in vectors.iter().enumerate() {
-        let key = keys.weights(0, 0, &hotkeys[m], StatePart::Parameters);
-        let bytes = to_bytes(wire, v, 0)?;
-        up[m] += bytes.len() as u64;
-        storage.put(&key, bytes).await?;
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for iota local")? {
+            break Some(status);
+        }
+        if started.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let tail = || {
+        let text = fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(20).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    };
+    let (Some(up), Some(done), Some(merge), Some(final_status)) =
+        (w.uploading_at, w.adopted_at, w.merge, w.status)
+    else {
+        bail!(
+            "the merge of {miners} miners in {wire} did not complete (exit {status:?}):\n{}",
+            tail()
+        );
+    };
+    if status.is_none_or(|s| !s.success()) {
+        bail!("iota local failed ({status:?}):\n{}", tail());
     }
-    let plan = PlanSpec::new(keys.root().as_str(), 0, 0, names.clone(), params)
-        .with_replication(replication)
-        .build()?;
-    let index = |name: &str| names.iter().position(|n| n == name).unwrap_or(0);
-    let n = params as u64;
-    // What every uploader's vector is after its trip through the format.
-    let decoded: Vec<Vec<f32>> = vectors
+    let bytes: Vec<MinerBytes> = reports.iter().map(MinerBytes::of).collect();
+    if bytes.len() < miners || bytes.iter().any(|b| b.adopt == 0) {
+        bail!(
+            "the miners' stats ({}) never showed every adoption",
+            stats_dir.display()
+        );
+    }
+    let orchestrator = match (&w.before_merge, &w.after_merge) {
+        (Some(a), Some(b)) => {
+            let before = own_traffic(a);
+            own_traffic(b)
+                .into_iter()
+                .filter(|((kind, _), _)| {
+                    [
+                        TrafficKind::MergeUploads,
+                        TrafficKind::MergedPartitions,
+                        TrafficKind::Checkpoints,
+                    ]
+                    .iter()
+                    .any(|k| k.label() == kind)
+                })
+                .map(|(k, v)| (v - before.get(&k).copied().unwrap_or(0.0)).max(0.0))
+                .sum::<f64>() as u64
+        }
+        _ => 0,
+    };
+    let cfg = ModelConfig::preset(&args.preset)?;
+    let layout = section_layout(&single_section(cfg)?, 0)?;
+    let section = merge.sections.first();
+    let checkpoint = section.and_then(|s| s.checkpoint_hash.clone());
+    let identical = final_status
+        .sections
         .iter()
-        .map(|v| wire.round_trip(v, Span::default()))
-        .collect::<Result<_, _>>()?;
-    for (p, partition) in plan.partitions().iter().enumerate() {
-        let range = partition.range();
-        let elems = range.start as u64..range.end as u64;
-        let byte_range = wire.byte_range(elems.clone(), n);
-        for merger in partition.mergers() {
-            let me = index(merger);
-            let mut slices = Vec::with_capacity(miners);
-            for (u, hk) in hotkeys.iter().enumerate() {
-                if u == me {
-                    slices.push(decoded[u][range.clone()].to_vec());
-                    continue;
-                }
-                let key = keys.weights(0, 0, hk, StatePart::Parameters);
-                let bytes = storage.get_range(&key, byte_range.clone()).await?;
-                down[me] += bytes.len() as u64;
-                slices.push(wire.decode_range(&bytes, elems.clone(), n, Span::default())?);
-            }
-            let refs: Vec<&[f32]> = slices.iter().map(Vec::as_slice).collect();
-            let merged = merge_partition(op, &refs, &weights)?;
-            let bytes = to_bytes(wire, &merged, range.start)?;
-            up[me] += bytes.len() as u64;
-            storage
-                .put(
-                    &keys.merged(0, 0, p as u32, &hotkeys[me], StatePart::Parameters),
-                    bytes,
-                )
-                .await?;
-        }
-    }
-    // Every miner assembles the merged vector from one copy of each partition.
-    let mut assembled = Vec::new();
-    for (m, hk) in hotkeys.iter().enumerate() {
-        let mut full = Vec::with_capacity(params);
-        for (p, partition) in plan.partitions().iter().enumerate() {
-            let merger = &partition.mergers()[0];
-            let key = keys.merged(
-                0,
-                0,
-                p as u32,
-                &hotkeys[index(merger)],
-                StatePart::Parameters,
-            );
-            let bytes = storage.get(&key).await?;
-            if names[m] != *merger {
-                down[m] += bytes.len() as u64;
-            }
-            let span = Span::default().shifted(partition.range().start as u64);
-            full.extend(wire.decode(&bytes, partition.len() as u64, span)?);
-        }
-        if m == 0 {
-            assembled = full;
-        } else if full != assembled {
-            bail!("miner {} assembled a different merged vector", hk.as_str());
-        }
-    }
-    let seconds = started.elapsed().as_secs_f64();
-    let mut direct = Vec::with_capacity(params);
-    for partition in plan.partitions() {
-        let range = partition.range();
-        let refs: Vec<&[f32]> = decoded.iter().map(|v| &v[range.clone()]).collect();
-        let merged = merge_partition(op, &refs, &weights)?;
-        direct.extend(wire.round_trip(&merged, Span::default().shifted(range.start as u64))?);
-    }
-    if direct != assembled {
-        bail!("the butterfly merge differs from the direct computation");
-    }
-    storage.delete_prefix(&keys.root()).await?;
-    let section = (params * 4) as f64;
-    let mean = |v: &[u64]| v.iter().sum::<u64>() as f64 / v.len() as f64 / section;
-    Ok(MergeRow {
+        .flat_map(|s| &s.miners)
+        .filter(|m| m.weights_hash.is_some() && m.weights_hash == checkpoint)
+        .count();
+    Ok(MergeRun {
         wire,
         miners,
-        partitions: plan.partitions().len(),
-        up_ratio: mean(&up),
-        down_ratio: mean(&down),
-        max_down_ratio: down.iter().copied().max().unwrap_or(0) as f64 / section,
-        seconds,
+        state_bytes: layout.total_len() as u64 * 4,
+        bytes,
+        orchestrator,
+        seconds: (done - up).as_secs_f64(),
+        partitions: section.map_or(0, |s| s.partitions),
+        flags: section.map_or(0, |s| s.flagged.len()),
+        recomputed: section.map_or(0, |s| s.recomputed),
+        fallbacks: section.map_or(0, |s| s.fallbacks),
+        identical,
     })
+}
+
+/// `cfg` with all its blocks in one section.
+fn single_section(mut cfg: ModelConfig) -> anyhow::Result<ModelConfig> {
+    cfg.sections = vec![[0, cfg.n_layers]];
+    cfg.validate()?;
+    Ok(cfg)
 }
 
 /// Runs `iota bench merge`.
 ///
 /// # Errors
-/// Storage or merge failures.
+/// An unknown preset, or a network that fails or does not complete its merge.
 pub fn run(args: BenchMergeArgs) -> anyhow::Result<()> {
-    let dir = tempfile_dir()?;
-    let storage = Storage::open(&StorageConfig::local(dir.path().display().to_string()))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
+    let cfg = single_section(ModelConfig::preset(&args.preset)?)?;
+    let layout = section_layout(&cfg, 0)?;
     println!(
-        "iota bench merge: section of {} parameters ({} f32), op {}, r = {}, local directory storage",
-        human_count(args.params),
-        human_bytes(args.params * 4),
-        args.op,
-        args.replication
+        "iota bench merge: preset {} as one section ({} parameters, flat state of parameters \
+         and two moments {} in f32), {} samples of 1 x 16 tokens per miner, op {}, r = 2",
+        cfg.name,
+        layout.params_len,
+        human_bytes(layout.total_len() * 4),
+        args.samples_per_miner,
+        args.op
     );
-    println!("\nwire  miners  partitions  up/S   down/S  max down/S  wall s");
+    let root = match &args.dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("iota-bench-merge-{}", std::process::id())),
+    };
+    let mut runs = Vec::new();
     for &wire in &args.wire {
         for &n in &args.miners {
             if n == 0 {
                 continue;
             }
-            let row = rt.block_on(simulate(
-                &storage,
-                n,
-                args.params,
-                args.op,
-                args.replication,
-                wire,
-            ))?;
-            print_row(&row);
+            let dir = root.join(format!("{}-{n}", wire.to_string().replace(':', "_")));
+            eprintln!("merging {n} miners in {wire}...");
+            let run = run_one(&args, wire, n, &dir);
+            if args.dir.is_none() {
+                let _ = fs::remove_dir_all(&dir);
+            }
+            runs.push(run?);
         }
     }
-    println!(
-        "\n(up/S, down/S: bytes per miner, counted as written and read, divided by the section's f32 bytes S; the merged result matched the operator on the decoded uploads every time)"
-    );
+    if args.dir.is_none() {
+        let _ = fs::remove_dir_all(&root);
+    }
+    print_table(&runs);
     Ok(())
 }
 
-fn print_row(row: &MergeRow) {
+fn print_table(runs: &[MergeRun]) {
+    // The f32 total of the same miner count, for the ratio.
+    let f32_total: BTreeMap<usize, f64> = runs
+        .iter()
+        .filter(|r| r.wire == MergeWire::F32)
+        .map(|r| (r.miners, r.mean(MinerBytes::total)))
+        .collect();
     println!(
-        "{:>4}  {:>6}  {:>10}  {:>5.3}  {:>6.3}  {:>10.3}  {:>6.2}",
-        row.wire,
-        row.miners,
-        row.partitions,
-        row.up_ratio,
-        row.down_ratio,
-        row.max_down_ratio,
-        row.seconds
+        "\nper miner, mean (S = the flat state in f32):\n\
+         wire           miners  parts  upload    reads     partitions  adopt     total      total/S  vs f32   orch.     wall s  verified"
     );
-}
-
-/// A temporary directory removed on drop.
-struct TempDir(std::path::PathBuf);
-
-impl TempDir {
-    fn path(&self) -> &std::path::Path {
-        &self.0
+    for r in runs {
+        let s = r.state_bytes.max(1) as f64;
+        let total = r.mean(MinerBytes::total);
+        let ratio = f32_total
+            .get(&r.miners)
+            .map_or("-".to_string(), |f| format!("{:.2}x", f / total.max(1.0)));
+        let verified = format!(
+            "{}/{} identical, {} flagged, {} recomputed, {} fallbacks",
+            r.identical, r.miners, r.flags, r.recomputed, r.fallbacks
+        );
+        println!(
+            "{:<13}  {:>6}  {:>5}  {:>8}  {:>8}  {:>10}  {:>8}  {:>9}  {:>7.3}  {:>6}  {:>8}  {:>6.2}  {verified}",
+            r.wire.to_string(),
+            r.miners,
+            r.partitions,
+            human_bytes(r.mean(|b| b.upload) as usize),
+            human_bytes(r.mean(|b| b.reads) as usize),
+            human_bytes(r.mean(|b| b.partitions) as usize),
+            human_bytes(r.mean(|b| b.adopt) as usize),
+            human_bytes(total as usize),
+            total / s,
+            ratio,
+            human_bytes(r.orchestrator as usize),
+            r.seconds,
+        );
     }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn tempfile_dir() -> anyhow::Result<TempDir> {
-    let dir = std::env::temp_dir().join(format!("iota-bench-merge-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(TempDir(dir))
+    println!(
+        "\n(bytes counted by each miner as it moved them; orch.: the orchestrator's own store \
+         traffic over the merge; wall: uploading -> every miner holds the merged state)"
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::MinerUsage;
+    use crate::miner::utilization::TrafficLine;
+    use crate::storage::traffic::TrafficCount;
 
     #[test]
-    fn traffic_per_miner_stays_about_constant() {
-        let storage = Storage::in_memory();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let small = rt
-            .block_on(simulate(
-                &storage,
-                4,
-                10_000,
-                MergeOp::Mean,
-                2,
-                MergeWire::F32,
-            ))
-            .unwrap();
-        let large = rt
-            .block_on(simulate(
-                &storage,
-                16,
-                10_000,
-                MergeOp::Mean,
-                2,
-                MergeWire::F32,
-            ))
-            .unwrap();
-        for row in [&small, &large] {
-            // Upload once (1) plus its merged partitions (~r/M); download ~r (partitions from
-            // everyone) plus ~1 (the merged vector).
-            assert!(row.up_ratio > 1.0 && row.up_ratio < 1.6, "{row:?}");
-            assert!(row.down_ratio > 2.0 && row.down_ratio < 3.2, "{row:?}");
-        }
-        assert!(
-            (large.down_ratio - small.down_ratio).abs() < 0.6,
-            "{small:?} {large:?}"
-        );
-    }
-
-    #[test]
-    fn compressed_formats_move_the_bytes_their_format_says() {
-        let storage = Storage::in_memory();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let f32 = rt
-            .block_on(simulate(
-                &storage,
-                4,
-                10_000,
-                MergeOp::Mean,
-                2,
-                MergeWire::F32,
-            ))
-            .unwrap();
-        // Same plan, fewer bytes per value: bf16 exactly half; int8 one byte and a 4-byte
-        // scale per 256 values (0.2539 of f32), partition reads widened to whole blocks.
-        for (wire, low, high) in [
-            (MergeWire::Bf16, 0.499, 0.501),
-            (MergeWire::Int8, 0.25, 0.33),
-        ] {
-            let row = rt
-                .block_on(simulate(&storage, 4, 10_000, MergeOp::Mean, 2, wire))
-                .unwrap();
-            for (got, base) in [
-                (row.up_ratio, f32.up_ratio),
-                (row.down_ratio, f32.down_ratio),
-            ] {
-                let ratio = got / base;
-                assert!(ratio > low && ratio < high, "{wire}: {got} against {base}");
+    fn a_miners_merge_bytes_are_picked_by_kind_and_direction() {
+        let line = |kind, dir, bytes| TrafficLine {
+            kind,
+            dir,
+            count: TrafficCount { bytes, requests: 1 },
+        };
+        let report = UtilizationReport {
+            section: Some(0),
+            usage: MinerUsage::default(),
+            utilization: 0.5,
+            traffic: vec![
+                line(TrafficKind::Tokens, TrafficDir::Down, 1000),
+                line(TrafficKind::MergeUploads, TrafficDir::Up, 10),
+                line(TrafficKind::MergeUploads, TrafficDir::Down, 20),
+                line(TrafficKind::MergedPartitions, TrafficDir::Up, 5),
+                line(TrafficKind::Checkpoints, TrafficDir::Down, 7),
+            ],
+        };
+        let b = MinerBytes::of(&report);
+        assert_eq!(
+            b,
+            MinerBytes {
+                upload: 10,
+                reads: 20,
+                partitions: 5,
+                adopt: 7
             }
-        }
+        );
+        assert_eq!(b.total(), 42);
     }
 }

@@ -24,7 +24,8 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Whole-graph model against the section chain: throughput, wire bytes, memory.
     Model(model::BenchModelArgs),
-    /// Butterfly merge of N simulated miners through local storage: traffic per miner.
+    /// One real merge of N miners (a local network, one section) in each merge format:
+    /// bytes per miner counted as they moved, wall time, verification.
     Merge(merge::BenchMergeArgs),
     /// Single-process chain against a local network: tokens/s, wire bytes, request latency.
     Network(network::BenchNetworkArgs),

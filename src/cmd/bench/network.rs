@@ -263,7 +263,7 @@ fn sample_value(prometheus: &str, name_and_labels: &str) -> Option<f64> {
 }
 
 /// The orchestrator's own bytes (store minus what `/blob` served) in a scrape.
-fn own_traffic(prometheus: &str) -> BTreeMap<(String, String), f64> {
+pub(super) fn own_traffic(prometheus: &str) -> BTreeMap<(String, String), f64> {
     let mut own = traffic_counters(prometheus, "iota_store_bytes_total");
     for (k, v) in traffic_counters(prometheus, "iota_blob_bytes_total") {
         if let Some(x) = own.get_mut(&k) {
@@ -273,8 +273,42 @@ fn own_traffic(prometheus: &str) -> BTreeMap<(String, String), f64> {
     own
 }
 
+/// Every miner's stats file (`iota mine --stats-out`) in `stats`, the directory `iota local`
+/// writes them to.
+///
+/// # Errors
+/// A directory or file that cannot be read or parsed.
+pub(super) fn miner_stats(stats: &Path) -> anyhow::Result<Vec<UtilizationReport>> {
+    let mut miners = Vec::new();
+    for entry in fs::read_dir(stats).with_context(|| format!("reading {}", stats.display()))? {
+        let path = entry.context("listing miner stats")?.path();
+        if path.extension().is_some_and(|e| e == "json") {
+            let report: UtilizationReport = serde_json::from_slice(
+                &fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
+            )
+            .with_context(|| format!("parsing {}", path.display()))?;
+            miners.push(report);
+        }
+    }
+    Ok(miners)
+}
+
+/// Empties (or creates) `dir` for a fresh network run and finds a free loopback port for it.
+///
+/// # Errors
+/// A directory that cannot be cleared or created, or no free port.
+pub(super) fn fresh_run_dir(dir: &Path) -> anyhow::Result<SocketAddr> {
+    if dir.exists() {
+        fs::remove_dir_all(dir).with_context(|| format!("clearing {}", dir.display()))?;
+    }
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("finding a free port")
+}
+
 /// `GET /metrics` from `addr` with a plain HTTP/1.0 request; the body on success.
-fn scrape(addr: SocketAddr) -> Option<String> {
+pub(super) fn scrape(addr: SocketAddr) -> Option<String> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     stream
@@ -372,18 +406,7 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
             }
         }
     }
-    let mut miners = Vec::new();
-    let stats = dir.join("net/stats");
-    for entry in fs::read_dir(&stats).with_context(|| format!("reading {}", stats.display()))? {
-        let path = entry.context("listing miner stats")?.path();
-        if path.extension().is_some_and(|e| e == "json") {
-            let report: UtilizationReport = serde_json::from_slice(
-                &fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
-            )
-            .with_context(|| format!("parsing {}", path.display()))?;
-            miners.push(report);
-        }
-    }
+    let mut miners = miner_stats(&dir.join("net/stats"))?;
     miners.sort_by_key(|m| m.section);
     let histogram = last_scrape
         .map(|t| latency_histogram(&t, &["/metrics", "/api/status"]))

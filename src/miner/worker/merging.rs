@@ -1,6 +1,11 @@
 //! The miner's merge round: asks `/api/merge/task` until it is told to train again, doing each
 //! task on the way (upload its flat state, merge its partitions, adopt the merged state).
 //! A failing step is logged and retried at the next poll; it never stops the miner.
+//!
+//! With a merge format that has a base (`dct`) the miner keeps the parameters of the global
+//! state it last adopted (the base every party decodes against) and its error feedback: what
+//! the sparse encoding of its last uploads left out of its parameters' change, added to the
+//! next upload so it is sent later instead of lost.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -9,10 +14,10 @@ use burn::tensor::backend::AutodiffBackend;
 use bytes::Bytes;
 use url::Url;
 
-use super::{MinerError, Worker};
+use super::{MergeBase, MinerError, Worker};
 use crate::api::{
-    BlobRef, MergeSubmitRequest, MergeTask, MergeTaskRequest, PartitionTask, SectionCheckpoint,
-    UploadManifest,
+    BlobRef, CheckpointDelta, MergeSubmitRequest, MergeTask, MergeTaskRequest, PartitionTask,
+    SectionCheckpoint, UploadManifest,
 };
 use crate::codec::{MergeWire, Span};
 use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes, f32_to_le_bytes};
@@ -90,6 +95,25 @@ impl<B: AutodiffBackend> Worker<B> {
         }
     }
 
+    /// The parameters of the global state the miner last adopted (the initial state before
+    /// any), for a format with a base: the section's latest checkpoint, which the orchestrator,
+    /// the other mergers and the validators decode against too.
+    fn base_params(&self, wire: MergeWire, params_len: u64) -> Result<&[f32], MinerError> {
+        if !wire.needs_base() {
+            return Ok(&[]);
+        }
+        let held = &self.merge_base;
+        if held.params.len() as u64 != params_len {
+            return Err(MinerError::Weights(format!(
+                "the {wire} merge format needs the {params_len} parameters of the global state, \
+                 this miner kept {} (of epoch {})",
+                held.params.len(),
+                held.epoch
+            )));
+        }
+        Ok(&held.params)
+    }
+
     /// Uploads the section's flat state for the merge of `epoch` and submits its manifest.
     async fn upload_state(
         &mut self,
@@ -103,21 +127,40 @@ impl<B: AutodiffBackend> Worker<B> {
         let step = self.engine.flush();
         self.count_step(step.as_ref());
         let mut flat = self.engine.section().export_flat(layout)?;
+        let span = Span::whole(layout.params_len);
+        let p = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+        // Error feedback: the parameters' change the last uploads could not carry.
+        let feedback = wire.needs_base() && self.residual.len() == p && p <= flat.len();
+        if feedback {
+            for (x, e) in flat[..p].iter_mut().zip(&self.residual) {
+                *x += e;
+            }
+        }
         if let Some(copier) = &self.copier {
             let section = u32::try_from(self.report.section).unwrap_or(u32::MAX);
-            let span = Span::whole(layout.params_len);
-            flat = copier.disguise(section, epoch, flat, wire, span).await;
+            let global = self.base_params(wire, layout.params_len)?.to_vec();
+            flat = copier
+                .disguise(section, epoch, flat, wire, span, &global)
+                .await;
         }
         let poisoner = self.adversary.is_some_and(Adversary::poisons_merges);
         if poisoner && epoch.is_multiple_of(2) {
             Adversary::poison(&mut flat, layout.params_len as usize);
         }
+        let base = self.base_params(wire, layout.params_len)?;
         let bytes = wire
-            .encode(&flat, Span::whole(layout.params_len))
+            .encode(&flat, span, base)
             .map_err(|e| MinerError::Weights(format!("encoding the state in {wire}: {e}")))?;
+        if wire.needs_base() {
+            // What the others will read back; the rest of the parameters' change is kept.
+            let sent = wire
+                .decode(&bytes, flat.len() as u64, span, base)
+                .map_err(|e| MinerError::Weights(format!("decoding its own {wire} upload: {e}")))?;
+            self.residual = flat[..p].iter().zip(&sent).map(|(x, s)| x - s).collect();
+        }
         let manifest = UploadManifest {
             layout: layout.clone(),
-            dtype: wire.name().into(),
+            dtype: wire.to_string(),
             hash: payload_hash(&bytes),
             bytes: bytes.len() as u64,
         };
@@ -159,12 +202,13 @@ impl<B: AutodiffBackend> Worker<B> {
         format: MergeFormat,
         partitions: &[PartitionTask],
     ) -> Result<(), MinerError> {
+        let global = self.base_params(format.wire, format.params_len)?.to_vec();
         for task in partitions {
             let task = match self.adversary {
                 Some(adv) => &adv.merge_task(task),
                 None => task,
             };
-            let submit = match merge_partition_task(epoch, op, format, task).await {
+            let submit = match merge_partition_task(epoch, op, format, task, &global).await {
                 Ok(submit) => submit,
                 Err(e) => {
                     tracing::warn!(epoch, partition = task.index, "merge: {e}");
@@ -199,19 +243,33 @@ impl<B: AutodiffBackend> Worker<B> {
                 ),
             });
         }
-        if checkpoint.blob.hash.is_none() {
+        let Some(want) = &checkpoint.blob.hash else {
             return Err(MinerError::Weights("the checkpoint has no hash".into()));
-        }
-        let bytes = payload::fetch(&checkpoint.blob).await?;
-        let flat = f32_from_le_bytes(&bytes).ok_or_else(|| {
-            MinerError::Weights("checkpoint length is not a multiple of 4".into())
-        })?;
+        };
+        let rebuilt = match &checkpoint.delta {
+            Some(delta) => self.rebuild(checkpoint, delta, want).await,
+            None => None,
+        };
+        let flat = match rebuilt {
+            Some(flat) => flat,
+            None => {
+                let bytes = payload::fetch(&checkpoint.blob).await?;
+                f32_from_le_bytes(&bytes).ok_or_else(|| {
+                    MinerError::Weights("checkpoint length is not a multiple of 4".into())
+                })?
+            }
+        };
         // The step count goes with the merged moments, so every miner (late joiners and
         // restarted ones included) and every validator's replay continues from the same one.
         self.engine
             .adopt_flat(&checkpoint.layout, &flat, Some(checkpoint.optimizer_step))?;
         let held = f32_to_le_bytes(&self.engine.section().export_flat(&checkpoint.layout)?);
         let hash = payload_hash(&held);
+        let p = usize::try_from(checkpoint.layout.params_len).unwrap_or(usize::MAX);
+        self.merge_base = MergeBase {
+            epoch: checkpoint.epoch,
+            params: flat.get(..p).map(<[f32]>::to_vec).unwrap_or_default(),
+        };
         self.held_epoch = checkpoint.epoch;
         self.report.adopted += 1;
         if let Ok(mut w) = self.counters.weights.lock() {
@@ -228,6 +286,63 @@ impl<B: AutodiffBackend> Worker<B> {
             tracing::warn!("heartbeat after adopting: {e}");
         }
         Ok(())
+    }
+
+    /// The checkpoint rebuilt from its delta against the state this miner holds, if it holds
+    /// the delta's base and the result hashes to the checkpoint's hash (`want`); `None` (and a
+    /// log line) otherwise, and the whole checkpoint is downloaded instead.
+    async fn rebuild(
+        &self,
+        checkpoint: &SectionCheckpoint,
+        delta: &CheckpointDelta,
+        want: &str,
+    ) -> Option<Vec<f32>> {
+        let params_len = checkpoint.layout.params_len;
+        if delta.base_epoch != self.merge_base.epoch
+            || self.merge_base.params.len() as u64 != params_len
+        {
+            tracing::info!(
+                base = delta.base_epoch,
+                held = self.merge_base.epoch,
+                "merge: the checkpoint's delta is against a state this miner does not hold"
+            );
+            return None;
+        }
+        let attempt = async {
+            let size = delta
+                .wire
+                .partitions_len(&delta.bounds, params_len)
+                .ok_or_else(|| "bounds that do not increase".to_string())?;
+            if delta.bounds.last().copied() != Some(checkpoint.layout.total_len() as u64) {
+                return Err("bounds that do not cover the flat state".to_string());
+            }
+            let url = Url::parse(&delta.blob.url).map_err(|e| e.to_string())?;
+            let bytes = crate::storage::download_from_url(&url, None)
+                .await
+                .map_err(|e| e.to_string())?;
+            if bytes.len() as u64 != size {
+                return Err(format!("{} bytes, expected {size}", bytes.len()));
+            }
+            let flat = delta
+                .wire
+                .decode_partitions(&bytes, &delta.bounds, params_len, &self.merge_base.params)
+                .map_err(|e| e.to_string())?;
+            let got = payload_hash(&f32_to_le_bytes(&flat));
+            if !got.eq_ignore_ascii_case(want) {
+                return Err(format!("the rebuilt state hashes to {got}, not {want}"));
+            }
+            Ok(flat)
+        };
+        match attempt.await {
+            Ok(flat) => Some(flat),
+            Err(e) => {
+                tracing::warn!(
+                    epoch = checkpoint.epoch,
+                    "merge: checkpoint delta unusable ({e}): downloading the whole state"
+                );
+                None
+            }
+        }
     }
 
     fn set_weights_epoch(&self) {

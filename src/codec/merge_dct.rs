@@ -1,0 +1,1105 @@
+//! The `dct` merge format: a section's flat state as a sparse change from the previous global
+//! state, about 13x to 20x smaller than f32 (see [`DctSpec`]).
+//!
+//! The flat state has three segments (see [`super::flat`]): parameters (flat indices `0..P`),
+//! first moments (`P..2P`) and second moments (`2P..3P`). Each is cut into chunks of `C`
+//! values and each chunk is stored on its own, in a fixed number of bytes, so an element range
+//! maps to a byte range (HTTP range reads of a partition) and every object has a size known
+//! from its position alone.
+//!
+//! - **Parameters**: the *pseudo-gradient* `x - g` (`g`: the previous global state, which every
+//!   party holds) in an orthonormal DCT-II basis of the chunk; only the `k` largest
+//!   coefficients are kept (`k = keep` in uploads, `keep_merged` in merged partitions), as
+//!   `(u8 index, bf16 value)`. Decoded as `g + IDCT(coefficients)`. Miners keep what the top-k
+//!   left out and add it to their next upload (error feedback), like DeMo and Templar.
+//! - **First moments**: the `k` largest values themselves (identity basis, no base), the rest
+//!   zero: a moment is renewed within a few dozen steps, so its change from `g` is no smaller
+//!   than the moment, and a zero first moment can never cause a large step.
+//! - **Second moments**: one `f32` per chunk (its largest value `t`), then a 4-bit code `q` per
+//!   value, decoded `t * 2^-q` and chosen as the smallest such value not below the true one
+//!   (rounded up, as the int8 format does), so a merged step `m / sqrt(v)` is never larger
+//!   than one with the true `v`.
+//!
+//! The chunk grid of an object starts at the object's first element, and again at every
+//! segment boundary inside it (`P`, `2P`); a chunk shorter than `C` ends a segment or an
+//! object. An upload (starting at 0) and a partition read by range therefore cut their chunks
+//! at the same places.
+//!
+//! # Bytes
+//! ```text
+//! parameter or first-moment chunk of L values   min(k, L) x (u8 index, bf16 value)
+//! second-moment chunk of L values               f32 top, ceil(L / 2) bytes of 4-bit codes
+//!                                               (value i in the low nibble of byte i/2 when i
+//!                                               is even, the high nibble when odd)
+//! ```
+//! Indices are strictly increasing, so every chunk has one encoding of its entries.
+//!
+//! # Determinism
+//! Every party decodes the same bytes to the same `f32` values bit for bit: the basis is
+//! computed with a fixed sequence of IEEE operations (no platform `cos`), sums run in a fixed
+//! order in `f64`, and Rust never fuses or reorders floating-point operations. Encoding is
+//! deterministic too (ties in the top-k go to the lower index), so the orchestrator's and the
+//! validators' recomputations equal an honest merger's copy byte for byte.
+//!
+//! # What decoding refuses
+//! A payload of the wrong length, a base of the wrong length or with a non-finite value, an
+//! index beyond its chunk, indices not strictly increasing (duplicates), a NaN, infinite or
+//! huge (> [`MAX_MAGNITUDE`]) coefficient, a second-moment top that is NaN, negative, infinite
+//! or above [`MAX_MAGNITUDE`] squared, a padding nibble that is not zero, and a decoded value
+//! that is not finite. Every error names the flat index of the chunk (and the entry).
+
+use std::fmt;
+use std::ops::Range;
+
+use half::bf16;
+use thiserror::Error;
+
+/// Longest chunk (indices are one byte).
+pub const MAX_CHUNK: u16 = 256;
+
+/// Largest coefficient or first moment the format carries; anything larger is refused (an
+/// honest state is many orders of magnitude below it).
+pub const MAX_MAGNITUDE: f32 = 1e12;
+
+/// Largest second-moment chunk top ([`MAX_MAGNITUDE`] squared).
+const MAX_SECOND_MOMENT: f32 = 1e24;
+
+/// Largest 4-bit code.
+const MAX_CODE: u8 = 15;
+
+/// Bytes of one sparse entry: u8 index, bf16 value.
+const ENTRY_BYTES: u64 = 3;
+
+/// Parameters of the `dct` format: chunk length and how many coefficients each chunk keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DctSpec {
+    /// Values per chunk `C` (2 to [`MAX_CHUNK`]).
+    pub chunk: u16,
+    /// Coefficients kept per chunk in uploads (1 to `C`).
+    pub keep: u16,
+    /// Coefficients kept per chunk in merged partitions (`keep` to `C`): a merge of several
+    /// sparse uploads holds more than one upload's worth.
+    pub keep_merged: u16,
+}
+
+impl Default for DctSpec {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+impl DctSpec {
+    /// `dct`: chunks of 64, 4 coefficients per chunk in uploads, 8 in merged partitions.
+    pub const DEFAULT: DctSpec = DctSpec {
+        chunk: 64,
+        keep: 4,
+        keep_merged: 8,
+    };
+
+    /// A checked spec.
+    ///
+    /// # Errors
+    /// A message naming the bound that is broken.
+    pub fn new(chunk: u16, keep: u16, keep_merged: u16) -> Result<Self, String> {
+        if !(2..=MAX_CHUNK).contains(&chunk) {
+            return Err(format!("dct chunk {chunk} must be 2 to {MAX_CHUNK}"));
+        }
+        if keep == 0 || keep > chunk {
+            return Err(format!("dct keep {keep} must be 1 to the chunk ({chunk})"));
+        }
+        if keep_merged < keep || keep_merged > chunk {
+            return Err(format!(
+                "dct merged keep {keep_merged} must be {keep} to the chunk ({chunk})"
+            ));
+        }
+        Ok(Self {
+            chunk,
+            keep,
+            keep_merged,
+        })
+    }
+
+    fn keep_for(self, merged: bool) -> usize {
+        usize::from(if merged { self.keep_merged } else { self.keep })
+    }
+}
+
+impl fmt::Display for DctSpec {
+    /// `dct` for the default, `dct:C:K:KM` otherwise.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == Self::DEFAULT {
+            f.write_str("dct")
+        } else {
+            write!(f, "dct:{}:{}:{}", self.chunk, self.keep, self.keep_merged)
+        }
+    }
+}
+
+impl DctSpec {
+    /// Parses `dct`, `dct:C:K` (merged keep `min(2K, C)`) or `dct:C:K:KM`; `None` when `s` is
+    /// not a `dct` name at all.
+    pub fn parse(s: &str) -> Option<Result<Self, String>> {
+        let s = s.trim();
+        let mut parts = s.split(':');
+        if !parts.next()?.eq_ignore_ascii_case("dct") {
+            return None;
+        }
+        let nums: Result<Vec<u16>, _> = parts.map(str::parse::<u16>).collect();
+        Some(match nums.as_deref() {
+            Ok([]) => Ok(Self::DEFAULT),
+            Ok([c, k]) => Self::new(*c, *k, (k.saturating_mul(2)).min(*c)),
+            Ok([c, k, km]) => Self::new(*c, *k, *km),
+            _ => Err(format!(
+                "bad dct spec {s:?}: expected dct, dct:CHUNK:KEEP or dct:CHUNK:KEEP:MERGED_KEEP"
+            )),
+        })
+    }
+}
+
+/// Where an object sits: its first flat index, the section's parameter count `P` (0: every
+/// value is a parameter), and whether it is a merged partition (which keeps more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    /// Global flat index of the object's first value.
+    pub start: u64,
+    /// The section's parameter count.
+    pub params_len: u64,
+    /// A merged partition (keeps `keep_merged`), not an upload.
+    pub merged: bool,
+}
+
+/// Why a `dct` object could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum DctError {
+    /// The payload's length is not the one the layout gives.
+    #[error("dct payload of {got} bytes, expected {expected} for {elements} values")]
+    Length {
+        /// Values expected.
+        elements: u64,
+        /// Bytes expected.
+        expected: u64,
+        /// Bytes present.
+        got: u64,
+    },
+    /// The previous global values given for the parameters are not as many as the parameters
+    /// in the object.
+    #[error("dct base of {got} values, the object holds {expected} parameters")]
+    BaseLength {
+        /// Parameters in the object.
+        expected: u64,
+        /// Base values given.
+        got: u64,
+    },
+    /// An index past the end of its chunk.
+    #[error("dct index {value} past the end of the {len}-value chunk at flat index {index}")]
+    IndexOutOfRange {
+        /// Flat index of the chunk's first value.
+        index: u64,
+        /// The index found.
+        value: u8,
+        /// The chunk's length.
+        len: usize,
+    },
+    /// Indices not strictly increasing (a duplicate, or out of order).
+    #[error("dct index {value} repeated or out of order in the chunk at flat index {index}")]
+    UnorderedIndex {
+        /// Flat index of the chunk's first value.
+        index: u64,
+        /// The index found.
+        value: u8,
+    },
+    /// A coefficient, value or base that is NaN or infinite, or a decoded value that is.
+    #[error("non-finite value {value} at flat index {index}")]
+    NonFinite {
+        /// Flat index (of the value, or of the chunk for a coefficient).
+        index: u64,
+        /// The value.
+        value: f32,
+    },
+    /// A finite coefficient or value beyond what the format carries.
+    #[error("value {value} at flat index {index} exceeds the dct limit {MAX_MAGNITUDE:e}")]
+    TooLarge {
+        /// Flat index (of the value, or of the chunk for a coefficient).
+        index: u64,
+        /// The value.
+        value: f32,
+    },
+    /// A second-moment chunk top that is NaN, negative, infinite or too large.
+    #[error("invalid second-moment top {value} of the chunk at flat index {index}")]
+    BadTop {
+        /// Flat index of the chunk's first value.
+        index: u64,
+        /// The top found.
+        value: f32,
+    },
+    /// The unused high nibble after an odd number of codes is not zero.
+    #[error("non-zero padding nibble after the chunk at flat index {index}")]
+    Padding {
+        /// Flat index of the chunk's first value.
+        index: u64,
+    },
+}
+
+impl DctError {
+    /// The flat index the error is about, if any.
+    pub fn index(&self) -> Option<u64> {
+        match self {
+            Self::IndexOutOfRange { index, .. }
+            | Self::UnorderedIndex { index, .. }
+            | Self::NonFinite { index, .. }
+            | Self::TooLarge { index, .. }
+            | Self::BadTop { index, .. }
+            | Self::Padding { index } => Some(*index),
+            Self::Length { .. } | Self::BaseLength { .. } => None,
+        }
+    }
+}
+
+/// The three segments of a flat state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Segment {
+    Params,
+    Moment1,
+    Moment2,
+}
+
+/// The segment of global index `g` and the index where it ends.
+fn segment_of(g: u64, p: u64) -> (Segment, u64) {
+    if p == 0 {
+        (Segment::Params, u64::MAX)
+    } else if g < p {
+        (Segment::Params, p)
+    } else if g < p.saturating_mul(2) {
+        (Segment::Moment1, p.saturating_mul(2))
+    } else {
+        (Segment::Moment2, u64::MAX)
+    }
+}
+
+/// One chunk of an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Chunk {
+    /// Global index of its first value.
+    start: u64,
+    /// Values.
+    len: usize,
+    segment: Segment,
+}
+
+/// A maximal run of an object inside one segment.
+#[derive(Debug, Clone, Copy)]
+struct Piece {
+    start: u64,
+    end: u64,
+    segment: Segment,
+}
+
+/// The pieces of the object `start..start + n`.
+fn pieces(start: u64, n: u64, p: u64) -> Vec<Piece> {
+    let end = start.saturating_add(n);
+    let mut out = Vec::with_capacity(3);
+    let mut at = start;
+    while at < end {
+        let (segment, seg_end) = segment_of(at, p);
+        let piece_end = end.min(seg_end);
+        out.push(Piece {
+            start: at,
+            end: piece_end,
+            segment,
+        });
+        at = piece_end;
+    }
+    out
+}
+
+/// Every chunk of the object `start..start + n`, in order.
+fn chunks(start: u64, n: u64, p: u64, c: u64) -> impl Iterator<Item = Chunk> {
+    pieces(start, n, p).into_iter().flat_map(move |piece| {
+        let count = (piece.end - piece.start).div_ceil(c);
+        (0..count).map(move |i| {
+            let s = piece.start + i * c;
+            Chunk {
+                start: s,
+                len: usize::try_from((piece.end - s).min(c)).unwrap_or(usize::MAX),
+                segment: piece.segment,
+            }
+        })
+    })
+}
+
+impl DctSpec {
+    /// Bytes of a chunk of `len` values of `segment`.
+    fn chunk_bytes(self, len: u64, segment: Segment, merged: bool) -> u64 {
+        match segment {
+            Segment::Params | Segment::Moment1 => {
+                ENTRY_BYTES * len.min(self.keep_for(merged) as u64)
+            }
+            Segment::Moment2 => 4 + len.div_ceil(2),
+        }
+    }
+
+    /// Bytes of the object of `n` values at `place`.
+    pub fn encoded_len(self, n: u64, place: Place) -> u64 {
+        let c = u64::from(self.chunk);
+        pieces(place.start, n, place.params_len)
+            .iter()
+            .map(|piece| {
+                let len = piece.end - piece.start;
+                let full = (len / c) * self.chunk_bytes(c, piece.segment, place.merged);
+                let rest = len % c;
+                full + if rest > 0 {
+                    self.chunk_bytes(rest, piece.segment, place.merged)
+                } else {
+                    0
+                }
+            })
+            .sum()
+    }
+
+    /// The smallest run of whole chunks of the object (`len` values at `place`) that covers
+    /// `elems` (object-local indices), clipped to the object.
+    pub fn aligned(self, elems: Range<u64>, len: u64, place: Place) -> Range<u64> {
+        if elems.start >= elems.end || elems.end > len {
+            return elems.start.min(len)..elems.start.min(len);
+        }
+        let c = u64::from(self.chunk);
+        // The chunk grid is anchored at the object's start and at each segment start.
+        let anchor = |local: u64| -> (u64, u64) {
+            let g = place.start + local;
+            let (_, seg_end) = segment_of(g, place.params_len);
+            let seg_start = match segment_of(g, place.params_len).0 {
+                Segment::Params => 0,
+                Segment::Moment1 => place.params_len,
+                Segment::Moment2 => place.params_len.saturating_mul(2),
+            };
+            let a = seg_start.max(place.start) - place.start;
+            let piece_end = seg_end.saturating_sub(place.start).min(len);
+            (a, piece_end)
+        };
+        let (a0, _) = anchor(elems.start);
+        let start = a0 + (elems.start - a0) / c * c;
+        let last = elems.end - 1;
+        let (a1, piece_end) = anchor(last);
+        let end = (a1 + ((last - a1) / c + 1) * c).min(piece_end);
+        start..end
+    }
+
+    /// The bytes of the object (`len` values at `place`) that hold
+    /// [`aligned`](Self::aligned)`(elems)`.
+    pub fn byte_range(self, elems: Range<u64>, len: u64, place: Place) -> Range<u64> {
+        let a = self.aligned(elems, len, place);
+        // A prefix ending on the grid is itself an object with the same chunks.
+        self.encoded_len(a.start, place)..self.encoded_len(a.end, place)
+    }
+
+    /// Parameters among the object's values (those a base value is needed for).
+    pub fn params_in(n: u64, place: Place) -> u64 {
+        if place.params_len == 0 {
+            return n;
+        }
+        let end = place.start.saturating_add(n).min(place.params_len);
+        end.saturating_sub(place.start)
+    }
+
+    /// Encodes `values` (the object at `place`); `base` holds the previous global values of
+    /// its parameters ([`params_in`](Self::params_in) of them). The caller has checked that
+    /// `values` are finite and second moments non-negative.
+    ///
+    /// # Errors
+    /// [`DctError::BaseLength`], a non-finite base or difference, or a value beyond
+    /// [`MAX_MAGNITUDE`].
+    pub fn encode(self, values: &[f32], place: Place, base: &[f32]) -> Result<Vec<u8>, DctError> {
+        let n = values.len() as u64;
+        check_base(n, place, base)?;
+        let c = u64::from(self.chunk);
+        let full = Basis::new(usize::from(self.chunk));
+        let keep = self.keep_for(place.merged);
+        let mut out = Vec::with_capacity(usize::try_from(self.encoded_len(n, place)).unwrap_or(0));
+        for chunk in chunks(place.start, n, place.params_len, c) {
+            let local = (chunk.start - place.start) as usize;
+            let vals = &values[local..local + chunk.len];
+            match chunk.segment {
+                Segment::Params => {
+                    let mut delta = Vec::with_capacity(chunk.len);
+                    for (i, (&x, &g)) in vals.iter().zip(&base[local..]).enumerate() {
+                        let index = chunk.start + i as u64;
+                        if !g.is_finite() {
+                            return Err(DctError::NonFinite { index, value: g });
+                        }
+                        let d = x - g;
+                        if !d.is_finite() {
+                            return Err(DctError::NonFinite { index, value: d });
+                        }
+                        delta.push(d);
+                    }
+                    let coefs = if chunk.len == full.len {
+                        full.forward(&delta)
+                    } else {
+                        Basis::new(chunk.len).forward(&delta)
+                    };
+                    write_top_k(&coefs, keep, chunk.start, &mut out)?;
+                }
+                Segment::Moment1 => {
+                    let coefs: Vec<f64> = vals.iter().map(|&v| f64::from(v)).collect();
+                    write_top_k(&coefs, keep, chunk.start, &mut out)?;
+                }
+                Segment::Moment2 => write_codes(vals, chunk.start, &mut out)?,
+            }
+        }
+        Ok(out)
+    }
+
+    /// Decodes the object of `n` values at `place`; `base` as for [`encode`](Self::encode).
+    ///
+    /// # Errors
+    /// Every refusal of the module's `# What decoding refuses`.
+    pub fn decode(
+        self,
+        bytes: &[u8],
+        n: u64,
+        place: Place,
+        base: &[f32],
+    ) -> Result<Vec<f32>, DctError> {
+        let expected = self.encoded_len(n, place);
+        if bytes.len() as u64 != expected {
+            return Err(DctError::Length {
+                elements: n,
+                expected,
+                got: bytes.len() as u64,
+            });
+        }
+        check_base(n, place, base)?;
+        let c = u64::from(self.chunk);
+        let full = Basis::new(usize::from(self.chunk));
+        let keep = self.keep_for(place.merged);
+        let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+        let mut at = 0usize;
+        for chunk in chunks(place.start, n, place.params_len, c) {
+            let size = self.chunk_bytes(chunk.len as u64, chunk.segment, place.merged) as usize;
+            let bytes = &bytes[at..at + size];
+            at += size;
+            let local = (chunk.start - place.start) as usize;
+            match chunk.segment {
+                Segment::Params => {
+                    let entries = read_entries(bytes, chunk.len, keep, chunk.start)?;
+                    let x = if chunk.len == full.len {
+                        full.inverse(&entries)
+                    } else {
+                        Basis::new(chunk.len).inverse(&entries)
+                    };
+                    for (i, (d, &g)) in x.into_iter().zip(&base[local..]).enumerate() {
+                        let index = chunk.start + i as u64;
+                        if !g.is_finite() {
+                            return Err(DctError::NonFinite { index, value: g });
+                        }
+                        let v = g + d;
+                        if !v.is_finite() {
+                            return Err(DctError::NonFinite { index, value: v });
+                        }
+                        out.push(v);
+                    }
+                }
+                Segment::Moment1 => {
+                    let entries = read_entries(bytes, chunk.len, keep, chunk.start)?;
+                    let first = out.len();
+                    out.resize(first + chunk.len, 0.0);
+                    for (j, v) in entries {
+                        out[first + usize::from(j)] = v;
+                    }
+                }
+                Segment::Moment2 => read_codes(bytes, chunk.len, chunk.start, &mut out)?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `base` must hold exactly the object's parameters.
+fn check_base(n: u64, place: Place, base: &[f32]) -> Result<(), DctError> {
+    let expected = DctSpec::params_in(n, place);
+    if base.len() as u64 != expected {
+        return Err(DctError::BaseLength {
+            expected,
+            got: base.len() as u64,
+        });
+    }
+    Ok(())
+}
+
+/// Writes the `keep` largest of `coefs` (ties to the lower index) as entries in index order.
+fn write_top_k(coefs: &[f64], keep: usize, index: u64, out: &mut Vec<u8>) -> Result<(), DctError> {
+    let k = keep.min(coefs.len());
+    let mut order: Vec<usize> = (0..coefs.len()).collect();
+    order.sort_by(|&a, &b| coefs[b].abs().total_cmp(&coefs[a].abs()).then(a.cmp(&b)));
+    let mut kept: Vec<usize> = order[..k].to_vec();
+    kept.sort_unstable();
+    for j in kept {
+        let value = coefs[j] as f32;
+        if !value.is_finite() {
+            return Err(DctError::NonFinite { index, value });
+        }
+        if value.abs() > MAX_MAGNITUDE {
+            return Err(DctError::TooLarge { index, value });
+        }
+        out.push(u8::try_from(j).unwrap_or(u8::MAX));
+        out.extend_from_slice(&bf16::from_f32(value).to_bits().to_le_bytes());
+    }
+    Ok(())
+}
+
+/// Reads and checks a chunk's `min(keep, len)` entries.
+fn read_entries(
+    bytes: &[u8],
+    len: usize,
+    keep: usize,
+    index: u64,
+) -> Result<Vec<(u8, f32)>, DctError> {
+    let k = keep.min(len);
+    let mut entries = Vec::with_capacity(k);
+    let mut last: Option<u8> = None;
+    for e in bytes.chunks_exact(ENTRY_BYTES as usize) {
+        let j = e[0];
+        if usize::from(j) >= len {
+            return Err(DctError::IndexOutOfRange {
+                index,
+                value: j,
+                len,
+            });
+        }
+        if last.is_some_and(|l| j <= l) {
+            return Err(DctError::UnorderedIndex { index, value: j });
+        }
+        last = Some(j);
+        let value = bf16::from_bits(u16::from_le_bytes([e[1], e[2]])).to_f32();
+        if !value.is_finite() {
+            return Err(DctError::NonFinite { index, value });
+        }
+        if value.abs() > MAX_MAGNITUDE {
+            return Err(DctError::TooLarge { index, value });
+        }
+        entries.push((j, value));
+    }
+    Ok(entries)
+}
+
+/// `top * 2^-q`, exactly (a power-of-two scaling).
+fn scaled(top: f32, q: u8) -> f32 {
+    top * f32::from_bits((127 - u32::from(q)) << 23)
+}
+
+/// Writes a second-moment chunk: its top, then the rounded-up 4-bit codes.
+fn write_codes(vals: &[f32], index: u64, out: &mut Vec<u8>) -> Result<(), DctError> {
+    let top = vals.iter().fold(0f32, |m, &v| m.max(v));
+    if top > MAX_SECOND_MOMENT {
+        return Err(DctError::TooLarge { index, value: top });
+    }
+    out.extend_from_slice(&top.to_le_bytes());
+    let code = |v: f32| -> u8 {
+        let mut q = 0u8;
+        while q < MAX_CODE && scaled(top, q + 1) >= v {
+            q += 1;
+        }
+        if top == 0.0 { 0 } else { q }
+    };
+    for pair in vals.chunks(2) {
+        let low = code(pair[0]);
+        let high = pair.get(1).map_or(0, |&v| code(v));
+        out.push(low | (high << 4));
+    }
+    Ok(())
+}
+
+/// Reads and checks a second-moment chunk of `len` values.
+fn read_codes(bytes: &[u8], len: usize, index: u64, out: &mut Vec<f32>) -> Result<(), DctError> {
+    let top = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    if !(0.0..=MAX_SECOND_MOMENT).contains(&top) {
+        return Err(DctError::BadTop { index, value: top });
+    }
+    let codes = &bytes[4..];
+    for i in 0..len {
+        let byte = codes[i / 2];
+        let q = if i % 2 == 0 { byte & 0x0F } else { byte >> 4 };
+        out.push(scaled(top, q));
+    }
+    if len % 2 == 1 && codes[len / 2] >> 4 != 0 {
+        return Err(DctError::Padding { index });
+    }
+    Ok(())
+}
+
+/// The orthonormal DCT-II basis of length `len`: row `j` is `s_j cos(pi (2n + 1) j / 2len)`,
+/// `s_0 = sqrt(1/len)`, `s_j = sqrt(2/len)`.
+struct Basis {
+    len: usize,
+    rows: Vec<f64>,
+}
+
+impl Basis {
+    fn new(len: usize) -> Self {
+        let l = len as f64;
+        let (s0, s) = ((1.0 / l).sqrt(), (2.0 / l).sqrt());
+        let period = 4 * len as u64;
+        let mut rows = Vec::with_capacity(len * len);
+        for j in 0..len as u64 {
+            let scale = if j == 0 { s0 } else { s };
+            for n in 0..len as u64 {
+                let m = ((2 * n + 1) * j) % period;
+                rows.push(scale * cos_pi_ratio(m, 2 * len as u64));
+            }
+        }
+        Self { len, rows }
+    }
+
+    /// Coefficients of `x` (`len` values).
+    fn forward(&self, x: &[f32]) -> Vec<f64> {
+        (0..self.len)
+            .map(|j| {
+                let row = &self.rows[j * self.len..(j + 1) * self.len];
+                row.iter()
+                    .zip(x)
+                    .fold(0f64, |acc, (&b, &v)| acc + b * f64::from(v))
+            })
+            .collect()
+    }
+
+    /// Values from sparse coefficients, summed in entry order.
+    fn inverse(&self, entries: &[(u8, f32)]) -> Vec<f32> {
+        let mut acc = vec![0f64; self.len];
+        for &(j, c) in entries {
+            let row = &self.rows[usize::from(j) * self.len..(usize::from(j) + 1) * self.len];
+            for (a, &b) in acc.iter_mut().zip(row) {
+                *a += f64::from(c) * b;
+            }
+        }
+        acc.into_iter().map(|v| v as f32).collect()
+    }
+}
+
+/// `cos(pi * m / d)` for `0 <= m < 2d`, from `+`, `-`, `*` and `/` alone (the same bits on
+/// every IEEE machine), within a few ulps of the true value.
+fn cos_pi_ratio(m: u64, d: u64) -> f64 {
+    // Fold the angle into [0, pi/4] with exact integer arithmetic on m / d.
+    let mut m = m % (2 * d);
+    if m > d {
+        m = 2 * d - m; // cos(2pi - a) = cos(a)
+    }
+    let mut sign = 1.0;
+    if 2 * m > d {
+        m = d - m; // cos(pi - a) = -cos(a)
+        sign = -1.0;
+    }
+    // Now a = pi m / d is in [0, pi/2].
+    if 4 * m > d {
+        // cos(a) = sin(pi/2 - a)
+        let x = std::f64::consts::PI * (d - 2 * m) as f64 / (2 * d) as f64;
+        sign * taylor_sin(x)
+    } else {
+        let x = std::f64::consts::PI * m as f64 / d as f64;
+        sign * taylor_cos(x)
+    }
+}
+
+/// `cos(x)` for `|x| <= pi/4` by its Taylor series (terms to `x^20`).
+fn taylor_cos(x: f64) -> f64 {
+    let x2 = x * x;
+    let (mut term, mut sum) = (1.0f64, 1.0f64);
+    for k in 1..=10u32 {
+        let k = f64::from(k);
+        term *= -x2 / ((2.0 * k - 1.0) * (2.0 * k));
+        sum += term;
+    }
+    sum
+}
+
+/// `sin(x)` for `|x| <= pi/4` by its Taylor series (terms to `x^21`).
+fn taylor_sin(x: f64) -> f64 {
+    let x2 = x * x;
+    let (mut term, mut sum) = (x, x);
+    for k in 1..=10u32 {
+        let k = f64::from(k);
+        term *= -x2 / ((2.0 * k) * (2.0 * k + 1.0));
+        sum += term;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::{RngExt, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn place(start: u64, p: u64, merged: bool) -> Place {
+        Place {
+            start,
+            params_len: p,
+            merged,
+        }
+    }
+
+    /// A flat state of `p` parameters (weights ~0.05, first moments ~1e-3, second moments
+    /// over eight orders of magnitude) and a previous global state a small step away.
+    fn state(p: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let base: Vec<f32> = (0..p).map(|_| rng.random_range(-0.1f32..0.1)).collect();
+        let mut v: Vec<f32> = base
+            .iter()
+            .map(|g| g + rng.random_range(-1e-3f32..1e-3))
+            .collect();
+        v.extend((0..p).map(|_| rng.random_range(-2e-3f32..2e-3)));
+        v.extend((0..p).map(|_| 10f32.powf(rng.random_range(-12.0f32..-4.0))));
+        (v, base)
+    }
+
+    #[test]
+    fn the_basis_is_orthonormal_and_the_cosine_is_accurate() {
+        for d in [1u64, 2, 7, 64, 128, 255] {
+            for m in 0..2 * d {
+                // The platform's cos of a rounded argument is itself a few ulps off.
+                let want = (std::f64::consts::PI * m as f64 / d as f64).cos();
+                let got = cos_pi_ratio(m, d);
+                assert!((got - want).abs() < 4e-15, "{m}/{d}: {got} {want}");
+            }
+        }
+        for len in [2usize, 5, 64] {
+            let b = Basis::new(len);
+            for i in 0..len {
+                for j in 0..len {
+                    let dot: f64 = (0..len)
+                        .map(|n| b.rows[i * len + n] * b.rows[j * len + n])
+                        .sum();
+                    let want = if i == j { 1.0 } else { 0.0 };
+                    assert!((dot - want).abs() < 1e-12, "{len}: <{i},{j}> = {dot}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lengths_follow_the_chunk_grid() {
+        let s = DctSpec::new(4, 2, 3).unwrap();
+        // P = 10: params 0..10 as chunks 4,4,2 (6+6+6 bytes), moments 10..20 likewise (18),
+        // second moments 20..30 as 4,4,2 (6+6+5).
+        assert_eq!(s.encoded_len(30, place(0, 10, false)), 18 + 18 + 17);
+        // Merged keeps 3: 9+9+6 per sparse segment.
+        assert_eq!(s.encoded_len(30, place(0, 10, true)), 24 + 24 + 17);
+        // An object from 7 to 23: params 7..10 (3 values: 6 bytes), m 10..20 (18), v 20..23
+        // (4 + 2).
+        assert_eq!(s.encoded_len(16, place(7, 10, false)), 6 + 18 + 6);
+        // Ranges of an upload: 5..6 lies in chunk 4..8 (bytes 6..12); 9..13 covers 8..10 and
+        // 10..14.
+        let up = place(0, 10, false);
+        assert_eq!(s.aligned(5..6, 30, up), 4..8);
+        assert_eq!(s.byte_range(5..6, 30, up), 6..12);
+        assert_eq!(s.aligned(9..13, 30, up), 8..14);
+        assert_eq!(s.byte_range(9..13, 30, up), 12..24);
+        assert_eq!(s.aligned(29..30, 30, up), 28..30);
+        assert_eq!(s.byte_range(29..30, 30, up), 48..53);
+        // P = 0: every value is a parameter.
+        assert_eq!(s.encoded_len(10, place(3, 0, false)), 18);
+        assert_eq!(DctSpec::params_in(10, place(3, 0, false)), 10);
+        assert_eq!(DctSpec::params_in(16, place(7, 10, false)), 3);
+        assert_eq!(DctSpec::params_in(5, place(20, 10, false)), 0);
+    }
+
+    #[test]
+    fn specs_parse_and_print() {
+        assert_eq!(DctSpec::parse("dct"), Some(Ok(DctSpec::DEFAULT)));
+        assert_eq!(DctSpec::DEFAULT.to_string(), "dct");
+        let s = DctSpec::parse("DCT:128:8").unwrap().unwrap();
+        assert_eq!((s.chunk, s.keep, s.keep_merged), (128, 8, 16));
+        assert_eq!(s.to_string(), "dct:128:8:16");
+        assert_eq!(DctSpec::parse(&s.to_string()), Some(Ok(s)));
+        assert!(DctSpec::parse("int8").is_none());
+        for bad in [
+            "dct:1:1",
+            "dct:300:4",
+            "dct:64:0",
+            "dct:64:65",
+            "dct:64:4:3",
+            "dct:x",
+        ] {
+            assert!(matches!(DctSpec::parse(bad), Some(Err(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn round_trips_keep_the_largest_coefficients() {
+        let p = 300usize;
+        let (flat, base) = state(p, 1);
+        let spec = DctSpec::new(64, 8, 16).unwrap();
+        let at = place(0, p as u64, false);
+        let bytes = spec.encode(&flat, at, &base).unwrap();
+        assert_eq!(bytes.len() as u64, spec.encoded_len(flat.len() as u64, at));
+        let back = spec.decode(&bytes, flat.len() as u64, at, &base).unwrap();
+        assert_eq!(back.len(), flat.len());
+        // Parameters: the decoded change is the projection of the true change onto the kept
+        // coefficients, so its error is smaller than the change itself.
+        let err: f32 = (0..p).map(|i| (back[i] - flat[i]).powi(2)).sum();
+        let norm: f32 = (0..p).map(|i| (flat[i] - base[i]).powi(2)).sum();
+        assert!(err < norm, "{err} {norm}");
+        // With every coefficient kept, the round trip is exact to bf16's precision.
+        let dense = DctSpec::new(64, 64, 64).unwrap();
+        let back = dense
+            .decode(
+                &dense.encode(&flat, at, &base).unwrap(),
+                flat.len() as u64,
+                at,
+                &base,
+            )
+            .unwrap();
+        for i in 0..p {
+            assert!(
+                (back[i] - flat[i]).abs() < 2e-5,
+                "{i}: {} {}",
+                back[i],
+                flat[i]
+            );
+        }
+        // First moments keep their largest values exactly (to bf16), zero elsewhere.
+        for (chunk, got) in flat[p..2 * p].chunks(64).zip(back[p..2 * p].chunks(64)) {
+            for (&x, &y) in chunk.iter().zip(got) {
+                assert!((x - y).abs() <= x.abs() / 256.0, "{x} {y}");
+            }
+        }
+        let sparse = spec.decode(&bytes, flat.len() as u64, at, &base).unwrap();
+        for (chunk, got) in flat[p..2 * p].chunks(64).zip(sparse[p..2 * p].chunks(64)) {
+            let kept = got.iter().filter(|v| **v != 0.0).count();
+            assert!(kept <= 8);
+            let smallest_kept = got
+                .iter()
+                .filter(|v| **v != 0.0)
+                .fold(f32::MAX, |m, v| m.min(v.abs()));
+            for (&x, &y) in chunk.iter().zip(got) {
+                if y == 0.0 {
+                    assert!(
+                        x.abs() <= smallest_kept * 1.01,
+                        "{x} dropped, {smallest_kept} kept"
+                    );
+                }
+            }
+        }
+        // Second moments: never below the true value, at most one factor of 2 above it unless
+        // 15 halvings below the chunk's top.
+        for (chunk, got) in flat[2 * p..].chunks(64).zip(sparse[2 * p..].chunks(64)) {
+            let top = chunk.iter().fold(0f32, |m, &v| m.max(v));
+            for (&x, &y) in chunk.iter().zip(got) {
+                assert!(y >= x, "{x} decoded as {y}");
+                assert!(
+                    y <= (2.0 * x).max(top / 32768.0) * 1.000001,
+                    "{x} decoded {y}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn ranges_decode_like_the_whole_object() {
+        let p = 300u64;
+        let (flat, base) = state(p as usize, 2);
+        let n = flat.len() as u64;
+        let spec = DctSpec::new(16, 3, 6).unwrap();
+        let at = place(0, p, false);
+        let bytes = spec.encode(&flat, at, &base).unwrap();
+        let whole = spec.decode(&bytes, n, at, &base).unwrap();
+        for r in [0..1, 5..40, 290..310, 299..601, 600..900, 899..900, 17..18] {
+            let a = spec.aligned(r.clone(), n, at);
+            let br = spec.byte_range(r.clone(), n, at);
+            let sub = place(a.start, p, false);
+            let pb = (a.start.min(p) as usize)..(a.end.min(p) as usize);
+            let got = spec
+                .decode(
+                    &bytes[br.start as usize..br.end as usize],
+                    a.end - a.start,
+                    sub,
+                    &base[pb],
+                )
+                .unwrap();
+            assert_eq!(got, whole[a.start as usize..a.end as usize], "{r:?}");
+        }
+    }
+
+    #[test]
+    fn partitions_encode_from_their_own_start() {
+        // A merged partition 250..700 of P = 300 cuts its chunks at 250, 266, ..., 300, ...
+        let p = 300u64;
+        let (flat, base) = state(p as usize, 3);
+        let spec = DctSpec::new(16, 3, 6).unwrap();
+        let at = place(250, p, true);
+        let part = &flat[250..700];
+        let bytes = spec.encode(part, at, &base[250..300]).unwrap();
+        assert_eq!(bytes.len() as u64, spec.encoded_len(450, at));
+        let back = spec.decode(&bytes, 450, at, &base[250..300]).unwrap();
+        assert_eq!(back.len(), 450);
+        // Deterministic: the same input gives the same bytes.
+        assert_eq!(bytes, spec.encode(part, at, &base[250..300]).unwrap());
+    }
+
+    /// Hostile bytes: each is refused with an error that says what and where.
+    #[test]
+    fn hostile_payloads_are_refused() {
+        let spec = DctSpec::new(4, 2, 2).unwrap();
+        let p = 8u64;
+        let at = place(0, p, false);
+        let (flat, base) = {
+            let (f, b) = state(8, 4);
+            (f, b)
+        };
+        let good = spec.encode(&flat, at, &base).unwrap();
+        let n = flat.len() as u64;
+        assert!(spec.decode(&good, n, at, &base).is_ok());
+        let decode = |bytes: &[u8]| spec.decode(bytes, n, at, &base);
+        // Chunk 0's entries sit at bytes 0..6: (index, bf16) x 2.
+        let mut bad = good.clone();
+        bad[0] = 4;
+        bad[3] = 5;
+        assert_eq!(
+            decode(&bad),
+            Err(DctError::IndexOutOfRange {
+                index: 0,
+                value: 4,
+                len: 4
+            })
+        );
+        let mut bad = good.clone();
+        bad[3] = bad[0];
+        assert!(matches!(
+            decode(&bad),
+            Err(DctError::UnorderedIndex { index: 0, .. })
+        ));
+        let mut bad = good.clone();
+        (bad[0], bad[3]) = (3, 1);
+        assert!(matches!(
+            decode(&bad),
+            Err(DctError::UnorderedIndex { index: 0, value: 1 })
+        ));
+        for (bits, name) in [(0x7FC0u16, "NaN"), (0x7F80, "inf"), (0x7F00, "huge")] {
+            let mut bad = good.clone();
+            bad[4..6].copy_from_slice(&bits.to_le_bytes());
+            let err = decode(&bad).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    DctError::NonFinite { index: 0, .. } | DctError::TooLarge { index: 0, .. }
+                ),
+                "{name}: {err}"
+            );
+        }
+        // Second moments start at flat index 16 (byte 24): top, then codes.
+        let v0 = 24;
+        for (top, name) in [
+            (f32::NAN, "NaN"),
+            (-1.0, "negative"),
+            (f32::INFINITY, "inf"),
+            (1e30, "huge"),
+        ] {
+            let mut bad = good.clone();
+            bad[v0..v0 + 4].copy_from_slice(&top.to_le_bytes());
+            assert!(
+                matches!(decode(&bad), Err(DctError::BadTop { index: 16, .. })),
+                "{name}"
+            );
+        }
+        assert!(matches!(
+            decode(&good[..good.len() - 1]),
+            Err(DctError::Length { .. })
+        ));
+        assert!(matches!(
+            spec.decode(&good, n, at, &base[..7]),
+            Err(DctError::BaseLength {
+                expected: 8,
+                got: 7
+            })
+        ));
+        let mut nan_base = base.clone();
+        nan_base[2] = f32::NAN;
+        assert!(matches!(
+            spec.decode(&good, n, at, &nan_base),
+            Err(DctError::NonFinite { index: 2, .. })
+        ));
+        let mut inf_base = base.clone();
+        inf_base[5] = f32::NEG_INFINITY;
+        assert!(matches!(
+            spec.decode(&good, n, at, &inf_base),
+            Err(DctError::NonFinite { index: 5, .. })
+        ));
+        // Odd chunk: a non-zero padding nibble.
+        let odd = DctSpec::new(3, 1, 1).unwrap();
+        let at3 = place(0, 1, false);
+        let v = [0.5f32, 0.1, 1e-3];
+        let enc = odd.encode(&v, at3, &[0.4]).unwrap();
+        // Second moment chunk of 1 value at the end: top + 1 byte of which the high nibble is
+        // padding.
+        let mut bad = enc.clone();
+        let last = bad.len() - 1;
+        bad[last] |= 0x10;
+        assert_eq!(
+            odd.decode(&bad, 3, at3, &[0.4]),
+            Err(DctError::Padding { index: 2 })
+        );
+        assert!(odd.decode(&enc, 3, at3, &[0.4]).is_ok());
+    }
+
+    #[test]
+    fn encoding_refuses_what_it_cannot_carry() {
+        let spec = DctSpec::DEFAULT;
+        let at = place(0, 0, false);
+        assert!(matches!(
+            spec.encode(&[1e13], at, &[0.0]),
+            Err(DctError::TooLarge { index: 0, .. })
+        ));
+        assert!(matches!(
+            spec.encode(&[1.0], at, &[f32::INFINITY]),
+            Err(DctError::NonFinite { index: 0, .. })
+        ));
+        assert!(matches!(
+            spec.encode(&[f32::MAX], at, &[-f32::MAX]),
+            Err(DctError::NonFinite { index: 0, .. })
+        ));
+    }
+
+    /// Random bytes, random base: whatever decodes is finite, nothing panics.
+    #[test]
+    fn random_bytes_never_decode_to_non_finite_values() {
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let mut decoded = 0;
+        for i in 0..3_000u64 {
+            let chunk = rng.random_range(2..40u16);
+            // Half the payloads keep one entry per chunk and get index bytes of 0, so the
+            // value checks are reached too (random indices mostly fail the order check).
+            let one = i % 2 == 0;
+            let spec = if one {
+                DctSpec::new(chunk, 1, 1).unwrap()
+            } else {
+                let k = rng.random_range(1..=chunk);
+                DctSpec::new(chunk, k, rng.random_range(k..=chunk)).unwrap()
+            };
+            let p = rng.random_range(0..200u64);
+            let at = place(i % 500, p, rng.random());
+            let n = rng.random_range(1..700u64);
+            let len = spec.encoded_len(n, at) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
+            if one {
+                let sparse = 3 * DctSpec::params_in(n, at).div_ceil(u64::from(chunk)) as usize;
+                for b in bytes.iter_mut().take(sparse).step_by(3) {
+                    *b = 0;
+                }
+            }
+            let base: Vec<f32> = (0..DctSpec::params_in(n, at))
+                .map(|_| {
+                    if one {
+                        rng.random_range(-1e3f32..1e3)
+                    } else {
+                        f32::from_bits(rng.random())
+                    }
+                })
+                .collect();
+            if let Ok(values) = spec.decode(&bytes, n, at, &base) {
+                decoded += 1;
+                assert_eq!(values.len() as u64, n);
+                assert!(values.iter().all(|v| v.is_finite()));
+            }
+        }
+        assert!(decoded > 0, "no random payload decoded at all");
+    }
+}

@@ -1048,16 +1048,25 @@ async fn evaluation_work_runs_forward_only_and_its_loss_reaches_the_status() {
 async fn round_trip(h: &Harness, [a, b, c]: &[Hotkey; 3], f0: &Assignment) {
     let boundary = h.state.config.boundary_shape();
     let accepted = |r: SubmitResponse| assert!(r.accepted, "{r:?}");
-    accepted(h.submit(a, f0, Some(activation(&boundary, 0.5)), None).await);
+    accepted(
+        h.submit(a, f0, Some(activation(&boundary, 0.5)), None)
+            .await,
+    );
     let f1 = h.work(b, 1).await.remove(0);
-    accepted(h.submit(b, &f1, Some(activation(&boundary, 0.25)), None).await);
+    accepted(
+        h.submit(b, &f1, Some(activation(&boundary, 0.25)), None)
+            .await,
+    );
     let f2 = h.work(c, 1).await.remove(0);
     accepted(
         h.submit(c, &f2, Some(activation(&boundary, 0.1)), Some(3.0))
             .await,
     );
     let b1 = h.work(b, 1).await.remove(0);
-    accepted(h.submit(b, &b1, Some(activation(&boundary, 0.2)), None).await);
+    accepted(
+        h.submit(b, &b1, Some(activation(&boundary, 0.2)), None)
+            .await,
+    );
     let b0 = h.work(a, 1).await.remove(0);
     assert_eq!((b0.kind, b0.sample_id), (WorkKind::Backward, f0.sample_id));
     accepted(h.submit(a, &b0, None, None).await);
@@ -1093,11 +1102,9 @@ async fn synchronous_steps_start_no_sample_of_a_step_before_the_last_one_finishe
 #[test]
 fn synchronous_steps_refuse_settings_they_cannot_honour() {
     let err = |extra: &str| {
-        RunConfig::from_yaml(&format!(
-            "run: r\nmodel: {{preset: tiny}}\n{extra}"
-        ))
-        .unwrap_err()
-        .to_string()
+        RunConfig::from_yaml(&format!("run: r\nmodel: {{preset: tiny}}\n{extra}"))
+            .unwrap_err()
+            .to_string()
     };
     assert!(err("samples_per_step: 3\nbatches_before_merging: 100\n").contains("divide"));
     assert!(err("samples_per_step: 2\nlocal_steps: 2\n").contains("local_steps"));

@@ -672,7 +672,10 @@ mod tests {
         let mut grads2 = Vec::new();
         for (&s, g) in samples.iter().zip(grads) {
             let done = engines[1].backward(s, g).unwrap();
-            assert!(done.step.is_none(), "synchronous steps wait for the next step's work");
+            assert!(
+                done.step.is_none(),
+                "synchronous steps wait for the next step's work"
+            );
             grads2.push(wire(done.grad.unwrap()));
         }
         for (&s, g) in samples.iter().zip(grads2) {
@@ -700,7 +703,11 @@ mod tests {
             for (i, s) in (2 * step..2 * step + 2).enumerate() {
                 let w = windows(s);
                 let refs: Vec<&[u32]> = w.iter().map(Vec::as_slice).collect();
-                assert_eq!(losses[i], chain.train_batch(&refs).unwrap().loss, "sample {s}");
+                assert_eq!(
+                    losses[i],
+                    chain.train_batch(&refs).unwrap().loss,
+                    "sample {s}"
+                );
             }
             chain.step(schedule().at(step));
             // The engines have not stepped yet: the next step's first work (or a flush) does.
@@ -723,7 +730,9 @@ mod tests {
         pipelined(&mut engines, 0, 2);
         let (tokens, _) = split(2);
         let fwd = engines[0].forward(2, tokens).unwrap();
-        let step = fwd.step.expect("sample 2 opens step 1, so step 0 is applied first");
+        let step = fwd
+            .step
+            .expect("sample 2 opens step 1, so step 0 is applied first");
         assert_eq!(step.samples, vec![0, 1]);
         assert_eq!(fwd.version, 1, "the forward runs at the stepped weights");
         // A sample of the same step applies nothing.

@@ -2,50 +2,40 @@
 //! train`, then `iota local` with 3 sections x 2 miners) on the tiny preset, and the network's
 //! held-out loss after its last merge, evaluated through the network itself, must be within 5%
 //! of `iota train`'s at equal tokens. A regression of the network's learning (stale backwards,
-//! a wrong schedule, a broken merge) fails here.
+//! a wrong schedule, a broken merge) fails here. With synchronous steps and one miner per section
+//! the network must follow `iota train` at every evaluation.
 
 use std::process::Command;
 
-#[test]
-fn a_local_network_learns_within_five_percent_of_one_process() {
+/// Runs `iota bench learning` with `args` (plus a fresh `--dir` and `--summary-out`) and
+/// returns its summary and printed table.
+fn bench_learning(args: &[&str]) -> (serde_json::Value, String) {
     let dir = tempfile::tempdir().unwrap();
     let summary = dir.path().join("summary.json");
     let output = Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args([
-            "bench",
-            "learning",
-            "--preset",
-            "tiny",
-            "--samples",
-            "200",
-            "--batch-size",
-            "2",
-            "--seq-len",
-            "32",
-            "--merge-every",
-            "50",
-            "--miners-per-section",
-            "2",
-        ])
+        .args(["bench", "learning", "--preset", "tiny", "--seq-len", "32"])
+        .args(args)
         .arg("--dir")
         .arg(dir.path().join("runs"))
         .arg("--summary-out")
         .arg(&summary)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
         "iota bench learning failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let s: serde_json::Value = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    let s = serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    (s, stdout)
+}
 
-    // The network evaluated its model at the start and after every merge (4 merges of 50),
-    // through the network, on the same held-out windows iota train evaluates on: the untrained
-    // models agree exactly (same seed, same weights, same windows).
-    let evals = s["network"]["evals"].as_array().unwrap();
-    let points: Vec<(u64, f64)> = evals
+/// (samples, eval loss) at every evaluation of `run` (`train` or `network`).
+fn evals(s: &serde_json::Value, run: &str) -> Vec<(u64, f64)> {
+    s[run]["evals"]
+        .as_array()
+        .unwrap()
         .iter()
         .map(|e| {
             (
@@ -53,7 +43,26 @@ fn a_local_network_learns_within_five_percent_of_one_process() {
                 e["eval_loss"].as_f64().unwrap(),
             )
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn a_local_network_learns_within_five_percent_of_one_process() {
+    let (s, stdout) = bench_learning(&[
+        "--samples",
+        "200",
+        "--batch-size",
+        "2",
+        "--merge-every",
+        "50",
+        "--miners-per-section",
+        "2",
+    ]);
+
+    // The network evaluated its model at the start and after every merge (4 merges of 50),
+    // through the network, on the same held-out windows iota train evaluates on: the untrained
+    // models agree exactly (same seed, same weights, same windows).
+    let points = evals(&s, "network");
     let at: Vec<u64> = points.iter().map(|p| p.0).collect();
     assert_eq!(at, [0, 50, 100, 150, 200], "{stdout}");
     let train0 = s["train"]["evals"][0]["eval_loss"].as_f64().unwrap();
@@ -77,4 +86,37 @@ fn a_local_network_learns_within_five_percent_of_one_process() {
         "the network's held-out loss {network:.4} is more than 5% above iota train's \
          {train:.4} at equal tokens\n{stdout}"
     );
+}
+
+/// With synchronous steps (`--samples-per-step 2`: each `iota train` batch of 2 windows becomes
+/// two one-window network samples that make one optimizer step) and one miner per section, the
+/// network computes `iota train`'s steps: its held-out loss follows `iota train`'s at every
+/// evaluation, through the merges, up to float rounding (the batch is split differently).
+#[test]
+fn synchronous_steps_follow_one_process_at_every_evaluation() {
+    let (s, stdout) = bench_learning(&[
+        "--samples",
+        "100",
+        "--batch-size",
+        "2",
+        "--merge-every",
+        "50",
+        "--samples-per-step",
+        "2",
+    ]);
+    assert_eq!(s["network"]["completed"].as_u64(), Some(200), "{stdout}");
+    let (train, network) = (evals(&s, "train"), evals(&s, "network"));
+    let at: Vec<u64> = network.iter().map(|p| p.0).collect();
+    assert_eq!(at, [0, 50, 100], "{stdout}");
+    assert!(
+        network[2].1 < network[0].1 - 1.0,
+        "it barely learned\n{stdout}"
+    );
+    for ((samples, t), (_, n)) in train.iter().zip(&network) {
+        assert!(
+            (n - t).abs() <= 0.02 * t,
+            "after {samples} steps the network's held-out loss {n:.4} is more than 2% from \
+             iota train's {t:.4}\n{stdout}"
+        );
+    }
 }

@@ -140,7 +140,8 @@ pub struct RunResult {
     pub evals: Vec<EvalPoint>,
     /// Throughput (network: steady state).
     pub tokens_per_s: f64,
-    /// Samples completed (network) or steps run (train).
+    /// Network samples completed (with `--samples-per-step` G, G per `iota train` batch) or
+    /// steps run (train).
     pub completed: u64,
     /// Samples dropped (network; 0 for train).
     pub dropped: u64,
@@ -578,7 +579,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
             })
             .collect(),
         tokens_per_s: span.tokens_per_s(args.batch_size / split as usize * args.seq_len),
-        completed: summary["completed"].as_u64().unwrap_or(0) / split,
+        completed: summary["completed"].as_u64().unwrap_or(0),
         dropped: summary["dropped"].as_u64().unwrap_or(0),
     })
 }

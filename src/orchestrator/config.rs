@@ -581,6 +581,19 @@ impl RunConfig {
         raw.validation
             .validate()
             .map_err(|(key, reason)| invalid(key, reason))?;
+        if !raw.validators.is_empty() && raw.merge.wire.needs_base() {
+            // A sparse upload with error feedback carries part of this epoch's change plus what
+            // earlier uploads left out; the validators' state check compares it with one
+            // epoch's replay and has no thresholds measured for that yet.
+            return Err(invalid(
+                "merge.wire",
+                format!(
+                    "{} is not checked by validators yet (their replay compares the whole \
+                     change); with `validators` use f32, bf16 or int8",
+                    raw.merge.wire
+                ),
+            ));
+        }
         for (i, v) in raw.validators.iter().enumerate() {
             if v.hotkey.parse::<Ss58Address>().is_err() {
                 return Err(invalid(
@@ -767,5 +780,10 @@ mod tests {
         assert_eq!(cfg.validation.burn, 0.5);
         let twice = format!("run: r\nvalidators: [{{hotkey: {alice}}}, {{hotkey: {alice}}}]\n");
         assert!(RunConfig::from_yaml(&twice).is_err());
+        // The validators' state check is not calibrated for sparse uploads: refused, by name.
+        let sparse = format!("run: r\nvalidators: [{{hotkey: {alice}}}]\nmerge: {{wire: dct}}\n");
+        let err = RunConfig::from_yaml(&sparse).unwrap_err();
+        assert!(err.to_string().contains("`merge.wire`"), "{err}");
+        assert!(RunConfig::from_yaml("run: r\nmerge: {wire: dct}\n").is_ok());
     }
 }

@@ -1,82 +1,27 @@
 //! End to end: hostile miners among honest ones in `iota local` (tiny preset, 2 sections x 3
 //! miner processes, one validator process replaying every miner). Each adversary (see
-//! `iota::miner::adversary`) must be flagged within the first two epochs and ranked below
-//! every honest miner, and no honest miner may be flagged. Each test prints its row of the
-//! confusion table (kind x flagged / ranked below the honest) on stderr.
+//! `iota::miner::adversary`) must be flagged within the first two epochs, get weight 0 in
+//! every window it is flagged in, and rank below every honest miner; no honest miner may be
+//! flagged, and every window's vector sums to 1. Each test prints its rows of the confusion
+//! table (kind x flagged / ranked below the honest) and every miner's upload-quality note on
+//! stderr. `IOTA_TEST_SEED=N` runs the network with model seed `N` (default 0).
+
+mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::process::Command;
 
-use serde_json::Value;
-
-/// The windows the validator kept on disk, by epoch.
-fn windows(state: &Path) -> BTreeMap<u64, Value> {
-    let mut found = BTreeMap::new();
-    let Ok(runs) = std::fs::read_dir(state) else {
-        return found;
-    };
-    for run in runs {
-        for file in std::fs::read_dir(run.unwrap().path()).unwrap() {
-            let text = std::fs::read_to_string(file.unwrap().path()).unwrap();
-            let w: Value = serde_json::from_str(&text).unwrap();
-            found.insert(w["epoch"].as_u64().unwrap(), w);
-        }
-    }
-    found
-}
-
-/// The hotkey address a miner printed in its log.
-fn hotkey_of(dir: &Path, miner: &str) -> String {
-    let log = std::fs::read_to_string(dir.join(format!("logs/{miner}.log"))).unwrap();
-    let line = log
-        .lines()
-        .find(|l| l.starts_with("iota mine: hotkey "))
-        .unwrap_or_else(|| panic!("{miner} never printed its hotkey:\n{log}"));
-    line["iota mine: hotkey ".len()..]
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
-}
+use common::local_run::{
+    hostile_network, hotkey_of, test_seed, upload_note, weight_and_flags, windows,
+};
 
 /// Runs a network with `kinds` as `miner0..`, then checks and prints the outcome per kind.
 fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let validation = r#"{"replay": {"miners_per_epoch": 6}, "merge_checks": 64}"#;
-    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args([
-            "local",
-            "--preset",
-            "tiny",
-            "--sections",
-            "2",
-            "--miners-per-section",
-            "3",
-            "--validators",
-            "1",
-            "--seq-len",
-            "32",
-            "--batch-size",
-            "2",
-            "--poll-ms",
-            "250",
-            "--merge-every",
-            "16",
-            "--samples",
-            "40",
-            "--validator-wait-s",
-            "120",
-            "--validation",
-            validation,
-            "--adversaries",
-            &kinds.join(","),
-        ])
-        .args(extra)
-        .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let seed = test_seed();
+    let mut flags = vec!["--seed", seed.as_str()];
+    flags.extend_from_slice(extra);
+    let output = hostile_network(dir.path(), kinds, validation, &flags);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -99,6 +44,12 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
     let mut caught: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for epoch in [0, 1] {
         let miners = w[&epoch]["miners"].as_array().unwrap();
+        let total: f64 = miners
+            .iter()
+            .map(|m| m["weight"]["weight"].as_f64().unwrap())
+            .sum::<f64>()
+            + w[&epoch]["burn"].as_f64().unwrap();
+        assert!((total - 1.0).abs() < 1e-9, "epoch {epoch}: sums to {total}");
         let honest_min = miners
             .iter()
             .filter(|m| !adversaries.contains_key(m["hotkey"].as_str().unwrap()))
@@ -106,13 +57,13 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
             .fold(f64::INFINITY, f64::min);
         for m in miners {
             let hotkey = m["hotkey"].as_str().unwrap();
-            let flags: Vec<String> = m["weight"]["parts"]["flags"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|f| f.as_str().unwrap().to_string())
-                .collect();
-            let weight = m["weight"]["weight"].as_f64().unwrap();
+            let (weight, flags) = weight_and_flags(m);
+            let kind = adversaries.get(hotkey).copied().unwrap_or("honest");
+            let upload = upload_note(m);
+            eprintln!(
+                "seed {seed} epoch {epoch} {kind:<13} weight {weight:.4} flagged {} {upload}",
+                !flags.is_empty()
+            );
             match adversaries.get(hotkey) {
                 None => {
                     assert!(
@@ -133,6 +84,7 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
                         serde_json::to_string_pretty(miners).unwrap()
                     );
                     if !flags.is_empty() {
+                        assert_eq!(weight, 0.0, "epoch {epoch}: flagged {kind} was paid");
                         caught
                             .entry(kind)
                             .or_default()
@@ -145,7 +97,7 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
     for kind in kinds {
         let found = caught.get(kind);
         eprintln!(
-            "confusion: {kind:<13} flagged {:<3} ranked below honest yes  {}",
+            "confusion: seed {seed} {kind:<13} flagged {:<3} ranked below honest yes  {}",
             if found.is_some() { "yes" } else { "NO" },
             found.map(|f| f.join(" || ")).unwrap_or_default()
         );

@@ -3,39 +3,12 @@
 //! weight vector for every finished epoch; each vector sums to 1 with its burn, flags no honest
 //! miner, and the two validators agree; `iota local` prints the metagraph at the end.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+mod common;
+
 use std::process::Command;
 
+use common::local_run::{vector as weights, windows};
 use serde_json::Value;
-
-/// The windows a validator kept on disk, by epoch.
-fn windows(state: &Path) -> BTreeMap<u64, Value> {
-    let mut found = BTreeMap::new();
-    for run in std::fs::read_dir(state).unwrap() {
-        for file in std::fs::read_dir(run.unwrap().path()).unwrap() {
-            let path = file.unwrap().path();
-            let text = std::fs::read_to_string(&path).unwrap();
-            let w: Value = serde_json::from_str(&text).unwrap();
-            found.insert(w["epoch"].as_u64().unwrap(), w);
-        }
-    }
-    found
-}
-
-fn weights(w: &Value) -> BTreeMap<String, f64> {
-    w["miners"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["hotkey"].as_str().unwrap().to_string(),
-                m["weight"]["weight"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
 
 #[test]
 fn local_validators_publish_weights_for_every_finished_epoch() {

@@ -1,20 +1,27 @@
 //! End to end: hostile miners among honest ones in `iota local` (tiny preset, 2 sections x 3
 //! miner processes, one validator process replaying every miner). Each adversary (see
-//! `iota::miner::adversary`) must be flagged within the first two epochs and ranked below
-//! every honest miner, and no honest miner may be flagged. Each test prints its row of the
-//! confusion table (kind x flagged / ranked below the honest) on stderr.
-
-use std::collections::BTreeMap;
+//! `iota::miner::adversary`) must be flagged within the first two epochs, get weight 0 in
+//! every window it is flagged in, and rank below every honest miner; no honest miner may be
+//! flagged, and every window's vector sums to 1. Each test prints its rows of the confusion
+//! table (kind x flagged / ranked below the honest) and every miner's upload-quality note on
+//! stderr. `IOTA_TEST_SEED=N` runs the network with model seed `N` (default 0).
 
 mod common;
 
-use common::local_run::{hostile_network, hotkey_of, weight_and_flags, windows};
+use std::collections::BTreeMap;
+
+use common::local_run::{
+    hostile_network, hotkey_of, test_seed, upload_note, weight_and_flags, windows,
+};
 
 /// Runs a network with `kinds` as `miner0..`, then checks and prints the outcome per kind.
 fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let validation = r#"{"replay": {"miners_per_epoch": 6}, "merge_checks": 64}"#;
-    let output = hostile_network(dir.path(), kinds, validation, extra);
+    let seed = test_seed();
+    let mut flags = vec!["--seed", seed.as_str()];
+    flags.extend_from_slice(extra);
+    let output = hostile_network(dir.path(), kinds, validation, &flags);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -37,6 +44,12 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
     let mut caught: BTreeMap<&str, Vec<String>> = BTreeMap::new();
     for epoch in [0, 1] {
         let miners = w[&epoch]["miners"].as_array().unwrap();
+        let total: f64 = miners
+            .iter()
+            .map(|m| m["weight"]["weight"].as_f64().unwrap())
+            .sum::<f64>()
+            + w[&epoch]["burn"].as_f64().unwrap();
+        assert!((total - 1.0).abs() < 1e-9, "epoch {epoch}: sums to {total}");
         let honest_min = miners
             .iter()
             .filter(|m| !adversaries.contains_key(m["hotkey"].as_str().unwrap()))
@@ -45,6 +58,12 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
         for m in miners {
             let hotkey = m["hotkey"].as_str().unwrap();
             let (weight, flags) = weight_and_flags(m);
+            let kind = adversaries.get(hotkey).copied().unwrap_or("honest");
+            let upload = upload_note(m);
+            eprintln!(
+                "seed {seed} epoch {epoch} {kind:<13} weight {weight:.4} flagged {} {upload}",
+                !flags.is_empty()
+            );
             match adversaries.get(hotkey) {
                 None => {
                     assert!(
@@ -65,6 +84,7 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
                         serde_json::to_string_pretty(miners).unwrap()
                     );
                     if !flags.is_empty() {
+                        assert_eq!(weight, 0.0, "epoch {epoch}: flagged {kind} was paid");
                         caught
                             .entry(kind)
                             .or_default()
@@ -77,7 +97,7 @@ fn adversaries_are_caught(kinds: &[&str], extra: &[&str]) {
     for kind in kinds {
         let found = caught.get(kind);
         eprintln!(
-            "confusion: {kind:<13} flagged {:<3} ranked below honest yes  {}",
+            "confusion: seed {seed} {kind:<13} flagged {:<3} ranked below honest yes  {}",
             if found.is_some() { "yes" } else { "NO" },
             found.map(|f| f.join(" || ")).unwrap_or_default()
         );

@@ -4,17 +4,20 @@
 //! 2% towards its own state so the bytes and the hash differ (`iota::miner::copier`). The
 //! validator must flag it as a copy within the first two epochs and rank it below every honest
 //! miner that did work in each epoch it flags it; the original's uploader and every other
-//! honest miner stay unflagged.
+//! honest miner stay unflagged. `IOTA_TEST_SEED=N` runs the network with model seed `N`.
 
 mod common;
 
-use common::local_run::{hostile_network, hotkey_of, weight_and_flags, windows};
+use common::local_run::{
+    hostile_network, hotkey_of, test_seed, upload_note, weight_and_flags, windows,
+};
 
 #[test]
 fn a_copier_of_another_miners_upload_is_flagged_and_ranked_last() {
     let dir = tempfile::tempdir().unwrap();
     let validation = r#"{"replay": {"miners_per_epoch": 6}}"#;
-    let output = hostile_network(dir.path(), &["copier"], validation, &[]);
+    let seed = test_seed();
+    let output = hostile_network(dir.path(), &["copier"], validation, &["--seed", &seed]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -36,6 +39,12 @@ fn a_copier_of_another_miners_upload_is_flagged_and_ranked_last() {
         for m in miners {
             let hotkey = m["hotkey"].as_str().unwrap();
             let (weight, flags) = weight_and_flags(m);
+            let upload = upload_note(m);
+            eprintln!(
+                "seed {seed} epoch {epoch} {:<13} weight {weight:.4} flagged {} {upload}",
+                if hotkey == copier { "copier" } else { "honest" },
+                !flags.is_empty()
+            );
             if hotkey == copier {
                 copier_entry = Some((weight, flags));
             } else {
@@ -68,7 +77,7 @@ fn a_copier_of_another_miners_upload_is_flagged_and_ranked_last() {
         caught.push(format!("epoch {epoch}: {}", flags.join(" | ")));
     }
     eprintln!(
-        "confusion: copier        flagged {:<3} ranked below honest yes  {}",
+        "confusion: seed {seed} copier        flagged {:<3} ranked below honest yes  {}",
         if caught.is_empty() { "NO" } else { "yes" },
         caught.join(" || ")
     );

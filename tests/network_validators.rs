@@ -3,28 +3,12 @@
 //! weight vector for every finished epoch; each vector sums to 1 with its burn, flags no honest
 //! miner, and the two validators agree; `iota local` prints the metagraph at the end.
 
-use std::collections::BTreeMap;
-use std::process::Command;
-
-use serde_json::Value;
-
 mod common;
 
-use common::local_run::windows;
+use std::process::Command;
 
-fn weights(w: &Value) -> BTreeMap<String, f64> {
-    w["miners"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| {
-            (
-                m["hotkey"].as_str().unwrap().to_string(),
-                m["weight"]["weight"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
+use common::local_run::{vector as weights, windows};
+use serde_json::Value;
 
 #[test]
 fn local_validators_publish_weights_for_every_finished_epoch() {

@@ -65,9 +65,19 @@ pub struct ReplaySettings {
     /// Only a full replay (1) also compares the uploaded state with the replayed one.
     #[serde(default = "one_f")]
     pub fraction: f64,
-    /// Thresholds for outputs and input gradients.
+    /// Thresholds for outputs and input gradients during the first `strict_steps` optimizer
+    /// steps of the replay.
     #[serde(default = "output_thresholds")]
     pub outputs: Thresholds,
+    /// Optimizer steps of a replay judged by `outputs`; later items are judged by
+    /// `late_outputs`. A replay is not bit-exact (the CPU kernels' rounding differs from run
+    /// to run, and more between devices), and AdamW steps amplify the difference, so an honest
+    /// miner's later items drift from their replay.
+    #[serde(default = "strict_steps")]
+    pub strict_steps: u64,
+    /// Thresholds for outputs and input gradients after `strict_steps` replayed steps.
+    #[serde(default = "late_output_thresholds")]
+    pub late_outputs: Thresholds,
     /// Thresholds for the uploaded state's pseudo-gradient (upload - start) against the
     /// replay's.
     #[serde(default = "state_thresholds")]
@@ -89,6 +99,15 @@ fn output_thresholds() -> Thresholds {
         min_magnitude_ratio: 0.95,
     }
 }
+fn strict_steps() -> u64 {
+    32
+}
+fn late_output_thresholds() -> Thresholds {
+    Thresholds {
+        min_cosine: 0.9,
+        min_magnitude_ratio: 0.8,
+    }
+}
 fn state_thresholds() -> Thresholds {
     Thresholds {
         min_cosine: 0.9,
@@ -105,6 +124,8 @@ impl Default for ReplaySettings {
             miners_per_epoch: one(),
             fraction: one_f(),
             outputs: output_thresholds(),
+            strict_steps: strict_steps(),
+            late_outputs: late_output_thresholds(),
             state: state_thresholds(),
             loss_tolerance: loss_tolerance(),
         }
@@ -411,6 +432,9 @@ impl ValidationSettings {
         r.outputs
             .validate()
             .map_err(|e| ("validation.replay.outputs", e))?;
+        r.late_outputs
+            .validate()
+            .map_err(|e| ("validation.replay.late_outputs", e))?;
         r.state
             .validate()
             .map_err(|e| ("validation.replay.state", e))?;

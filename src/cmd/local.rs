@@ -105,6 +105,10 @@ pub struct LocalArgs {
     /// the last finished epoch.
     #[arg(long, default_value_t = 180)]
     pub validator_wait_s: u64,
+    /// Seed of the initial weights and the data order (the run config's `seed`; ignored with
+    /// --config).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub seed: u64,
     /// Test harness only: hostile miners, one per listed kind (`miner0` gets the first).
     #[arg(long, hide = true, value_delimiter = ',')]
     pub adversaries: Vec<Adversary>,
@@ -226,6 +230,7 @@ pub fn generated_config(
         "data_dir": dir.join("state"),
         "batch_size": args.batch_size,
         "seq_len": args.seq_len,
+        "seed": args.seed,
         "max_in_flight": 4,
         "local_steps": 1,
         "schedule": schedule_for(args),

@@ -119,6 +119,7 @@ mod tests {
             miners: vec![],
             burn: 1.0,
             notes: vec![format!("epoch {epoch}")],
+            replays: vec![],
         }
     }
 

@@ -50,7 +50,7 @@ pub struct ItemCheck {
 }
 
 /// Totals of a replay.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReplayStats {
     /// Items replayed and compared.
     pub replayed: u64,
@@ -68,6 +68,13 @@ pub struct ReplayStats {
     pub max_loss_error: Option<f64>,
     /// Optimizer steps the replay applied.
     pub steps: u64,
+    /// Items judged by the late thresholds (after `strict_steps` replayed steps).
+    #[serde(default)]
+    pub late: u64,
+    /// The replayed step at which an item first fell short of the strict thresholds, wherever
+    /// it was judged: a failure inside the strict window, the replay's drift after it.
+    #[serde(default)]
+    pub strict_miss_step: Option<u64>,
 }
 
 /// Failures kept verbatim in [`ReplayStats::failures`].
@@ -154,6 +161,8 @@ impl<B: AutodiffBackend> Replayer<B> {
     /// the replay can judge).
     pub fn apply(&mut self, item: ReplayItem) -> Result<ItemCheck, ModelError> {
         let tail = self.engine.section().spec().is_tail;
+        // Steps applied before this item: the version it is computed at.
+        let version = self.stats.steps;
         let mut check = ItemCheck {
             sample: item.sample,
             kind: item.kind,
@@ -233,7 +242,17 @@ impl<B: AutodiffBackend> Replayer<B> {
         if check.failure.is_none()
             && let Some(s) = &check.similarity
         {
-            check.failure = failure(&self.replay.outputs, s);
+            let strict = failure(&self.replay.outputs, s);
+            if strict.is_some() && self.stats.strict_miss_step.is_none() {
+                self.stats.strict_miss_step = Some(version);
+            }
+            check.failure = if version < self.replay.strict_steps {
+                strict
+            } else {
+                self.stats.late += 1;
+                failure(&self.replay.late_outputs, s)
+                    .map(|why| format!("{why} (late thresholds, replayed step {version})"))
+            };
         }
         if check.failure.is_none()
             && let Some(e) = check.loss_error
@@ -271,6 +290,16 @@ impl<B: AutodiffBackend> Replayer<B> {
     }
 }
 
+/// How many of a miner's `items` a replay of `fraction` covers: the first
+/// `ceil(fraction x items)` (replays must start where the miner started, so a fraction is a
+/// prefix), at most all of them.
+pub fn replay_count(items: usize, fraction: f64) -> usize {
+    if !fraction.is_finite() || fraction <= 0.0 {
+        return 0;
+    }
+    ((items as f64 * fraction.min(1.0)).ceil() as usize).min(items)
+}
+
 fn input_dims(input: &CachedInput) -> [usize; 2] {
     match input {
         CachedInput::Tokens { shape, .. } => *shape,
@@ -304,6 +333,68 @@ pub fn compare_progress(
 mod tests {
     use super::*;
     use crate::model::{ModelConfig, OptimizerConfig, Section, TestAutodiff};
+
+    #[test]
+    fn late_items_are_judged_by_the_late_thresholds() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let (mut trace, _) = miner_trace(&cfg);
+        // The forward of sample 3 runs after the first step (version 1); 10% larger than the
+        // replay's: magnitude ratio 0.909, short of the strict 0.95, above the late 0.8.
+        assert_eq!((trace[5].sample, trace[5].kind), (3, WorkKind::Forward));
+        if let Some(out) = trace[5].output.as_mut() {
+            out.iter_mut().for_each(|v| *v *= 1.1);
+        }
+        let run = |trace: &[ReplayItem], strict_steps: u64| {
+            let settings = ReplaySettings {
+                strict_steps,
+                ..ReplaySettings::default()
+            };
+            let mut replay = Replayer::new(engine(&cfg, 1), settings);
+            let failed: Vec<String> = trace
+                .iter()
+                .cloned()
+                .filter_map(|i| replay.apply(i).unwrap().failure)
+                .collect();
+            (failed, replay.stats().clone())
+        };
+        let (failed, stats) = run(&trace, ReplaySettings::default().strict_steps);
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert_eq!((stats.late, stats.strict_miss_step), (0, Some(1)));
+        // With a strict window of one step it is a late item, and passes.
+        let (failed, stats) = run(&trace, 1);
+        assert!(failed.is_empty(), "{failed:?}");
+        assert_eq!(
+            stats.strict_miss_step,
+            Some(1),
+            "the drift is still recorded"
+        );
+        assert_eq!(
+            stats.late, 3,
+            "sample 3's forward and the two backwards after a step"
+        );
+        // Doubled, it fails the late thresholds too, and says so.
+        if let Some(out) = trace[5].output.as_mut() {
+            out.iter_mut().for_each(|v| *v *= 2.0);
+        }
+        let (failed, _) = run(&trace, 1);
+        assert_eq!(failed.len(), 1);
+        assert!(
+            failed[0].contains("late thresholds, replayed step 1"),
+            "{failed:?}"
+        );
+    }
+
+    #[test]
+    fn a_fraction_is_a_prefix_rounded_up() {
+        assert_eq!(replay_count(200, 0.01), 2);
+        assert_eq!(replay_count(199, 0.01), 2);
+        assert_eq!(replay_count(10, 0.1), 1);
+        assert_eq!(replay_count(3, 0.01), 1);
+        assert_eq!(replay_count(3, 1.0), 3);
+        assert_eq!(replay_count(3, 7.0), 3);
+        assert_eq!(replay_count(0, 0.5), 0);
+        assert_eq!(replay_count(5, f64::NAN), 0);
+    }
 
     #[test]
     fn progress_is_compared_on_the_change_not_the_state() {

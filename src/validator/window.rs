@@ -19,11 +19,12 @@ use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
 use super::clasp::{LedgerEntry, estimate};
+use super::compare::Similarity;
 use super::compare::failure;
 use super::fetch::{FetchError, fetch_merge_object, load_item};
 use super::merge_check::check_merge;
 use super::quality;
-use super::replay::{Replayer, compare_progress};
+use super::replay::{ReplayStats, Replayer, compare_progress, replay_count};
 use super::score::{PenaltyKind, ScoreInput, score};
 use super::tracking::Chooser;
 use super::uploads::{find_copies, start_state, state_hash};
@@ -81,6 +82,24 @@ pub struct WindowResult {
     pub burn: f64,
     /// Checks that could not be done, and why.
     pub notes: Vec<String>,
+    /// What each replay of a tracked miner measured (older windows: empty).
+    #[serde(default)]
+    pub replays: Vec<ReplayRecord>,
+}
+
+/// What the replay of one tracked miner measured in a window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayRecord {
+    /// The miner.
+    pub miner: String,
+    /// Its section.
+    pub section: usize,
+    /// Its accepted work items in the epoch.
+    pub items: u64,
+    /// The figures of the items replayed (the configured fraction).
+    pub stats: ReplayStats,
+    /// The uploaded state's change against the replay's (full replays with an upload).
+    pub state: Option<Similarity>,
 }
 
 impl WindowResult {
@@ -200,7 +219,8 @@ pub async fn validate_epoch<B: AutodiffBackend>(
         }
     }
     clasp(ctx, &ledger, &mut ev);
-    let tracked = replay_tracked(ctx, &ledger, &mut ev, &mut notes).await;
+    let mut replays = Vec::new();
+    let tracked = replay_tracked(ctx, &ledger, &mut ev, &mut notes, &mut replays).await;
     let mut records = Vec::new();
     let mut starts = Vec::new();
     for section in 0..ctx.model.n_sections() {
@@ -270,6 +290,7 @@ pub async fn validate_epoch<B: AutodiffBackend>(
         miners,
         burn: vector.burn,
         notes,
+        replays,
     })
 }
 
@@ -316,6 +337,7 @@ async fn replay_tracked<B: AutodiffBackend>(
     ledger: &EpochLedger,
     ev: &mut BTreeMap<String, Evidence>,
     notes: &mut Vec<String>,
+    records: &mut Vec<ReplayRecord>,
 ) -> Vec<String> {
     let k = ctx.validation.replay.miners_per_epoch;
     let candidates: Vec<String> = ledger
@@ -339,7 +361,12 @@ async fn replay_tracked<B: AutodiffBackend>(
             }
         };
         match replay_miner(ctx, &work).await {
-            Ok((flags, note)) => {
+            Ok(Replayed {
+                flags,
+                note,
+                record,
+            }) => {
+                records.push(record);
                 if let Some(e) = ev.get_mut(miner) {
                     e.input.replay = Some(if flags.is_empty() { 1.0 } else { 0.0 });
                     e.note(note);
@@ -368,14 +395,25 @@ pub enum ReplayError {
     Model(#[from] crate::model::ModelError),
 }
 
-/// Replays one miner's work (the configured fraction); returns its flags and a note.
+/// What replaying one miner found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Replayed {
+    /// Why it is flagged (empty: the replay matched).
+    pub flags: Vec<String>,
+    /// The figures, in words, for the miner's score notes.
+    pub note: String,
+    /// The figures, for the window's record.
+    pub record: ReplayRecord,
+}
+
+/// Replays one miner's work (the configured fraction).
 ///
 /// # Errors
 /// [`ReplayError`] when the record cannot be replayed at all.
 pub async fn replay_miner<B: AutodiffBackend>(
     ctx: &Context<B>,
     work: &MinerWork,
-) -> Result<(Vec<String>, String), ReplayError> {
+) -> Result<Replayed, ReplayError> {
     let r = &ctx.validation.replay;
     let layout = section_layout(&ctx.model, work.section)?;
     let start = start_state::<B>(
@@ -406,7 +444,7 @@ pub async fn replay_miner<B: AutodiffBackend>(
             other => ReplayError::Model(crate::model::ModelError::Params(other.to_string())),
         })?;
     let mut replayer = Replayer::new(engine, *r);
-    let n = ((work.items.len() as f64) * r.fraction).ceil() as usize;
+    let n = replay_count(work.items.len(), r.fraction);
     // After a merge the checkpoint carries AdamW's step count (`optimizer_step`), which every
     // miner of the section adopts with the weights, so later epochs replay in full too.
     for item in work.items.iter().take(n) {
@@ -434,6 +472,7 @@ pub async fn replay_miner<B: AutodiffBackend>(
             .min_magnitude_ratio
             .map_or("-".into(), |c| format!("{c:.6}")),
     );
+    let mut state = None;
     if n == work.items.len()
         && let Some(upload) = &work.upload
     {
@@ -452,8 +491,19 @@ pub async fn replay_miner<B: AutodiffBackend>(
                 "replay: the uploaded state is not what its work produces ({why})"
             ));
         }
+        state = Some(s);
     }
-    Ok((flags, note))
+    Ok(Replayed {
+        flags,
+        note,
+        record: ReplayRecord {
+            miner: work.miner.clone(),
+            section: work.section,
+            items: work.items.len() as u64,
+            stats,
+            state,
+        },
+    })
 }
 
 /// The merge-level checks of one section; returns its record and start state for the

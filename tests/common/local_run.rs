@@ -37,6 +37,27 @@ pub fn hotkey_of(dir: &Path, name: &str) -> String {
         .to_string()
 }
 
+/// The model seed hostile-network tests run with: `IOTA_TEST_SEED` (default 0), so the
+/// confusion table can be measured over several seeds.
+pub fn test_seed() -> String {
+    std::env::var("IOTA_TEST_SEED").unwrap_or_else(|_| "0".into())
+}
+
+/// A window's weight vector: `hotkey -> weight`.
+pub fn vector(window: &Value) -> BTreeMap<String, f64> {
+    window["miners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["hotkey"].as_str().unwrap().to_string(),
+                m["weight"]["weight"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// A miner's entry in a window: (weight, flags).
 pub fn weight_and_flags(miner: &Value) -> (f64, Vec<String>) {
     let flags = miner["weight"]["parts"]["flags"]
@@ -46,6 +67,17 @@ pub fn weight_and_flags(miner: &Value) -> (f64, Vec<String>) {
         .map(|f| f.as_str().unwrap().to_string())
         .collect();
     (miner["weight"]["weight"].as_f64().unwrap(), flags)
+}
+
+/// A miner's upload-quality note in a window (`upload: -` when it has none).
+pub fn upload_note(miner: &Value) -> &str {
+    miner["weight"]["parts"]["notes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .find(|n| n.starts_with("upload:"))
+        .unwrap_or("upload: -")
 }
 
 /// Runs `iota local` in `dir` with the hostile-miner harness's network: tiny preset, 2

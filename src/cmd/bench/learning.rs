@@ -493,6 +493,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         merge_op: args.merge_op,
         validators: 0,
         validator_wait_s: 0,
+        seed: 0,
         adversaries: Vec::new(),
         validation: None,
         deadline_s: 20,

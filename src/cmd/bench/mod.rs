@@ -10,6 +10,7 @@ pub mod network;
 pub mod orchestrator;
 pub mod sim_miner;
 pub mod step;
+pub mod validate;
 
 /// Arguments of `iota bench`.
 #[derive(Debug, Args)]
@@ -38,6 +39,9 @@ pub enum BenchCommand {
     /// One orchestrator under N simulated miners (signed HTTP, no compute): requests/s,
     /// p50/p99 latency per endpoint, RSS and CPU, latency against rows in the database.
     Orchestrator(orchestrator::BenchOrchestratorArgs),
+    /// A validator's cost to replay a fraction of one miner's epoch against the miner's cost
+    /// of doing it, per section.
+    Validate(validate::BenchValidateArgs),
 }
 
 /// Runs `iota bench`.
@@ -52,6 +56,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Step(a) => step::run(a),
         BenchCommand::Learning(a) => learning::run(a),
         BenchCommand::Orchestrator(a) => orchestrator::run(a),
+        BenchCommand::Validate(a) => validate::run(a),
     }
 }
 

@@ -102,20 +102,24 @@ pub fn process_cpu_time() -> Option<Duration> {
 
 /// Wall and CPU time of one measured stretch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
-struct Cost {
-    wall: Duration,
-    cpu: Duration,
+pub(crate) struct Cost {
+    /// Wall-clock time.
+    pub(crate) wall: Duration,
+    /// CPU time of the whole process.
+    pub(crate) cpu: Duration,
 }
 
 /// Starts a [`Cost`] measurement; `stop` ends it.
-struct Meter(Instant, Option<Duration>);
+pub(crate) struct Meter(Instant, Option<Duration>);
 
 impl Meter {
-    fn start() -> Self {
+    /// Starts measuring now.
+    pub(crate) fn start() -> Self {
         Self(Instant::now(), process_cpu_time())
     }
 
-    fn stop(&self) -> Cost {
+    /// Wall and CPU time since `start`.
+    pub(crate) fn stop(&self) -> Cost {
         let wall = self.0.elapsed();
         let cpu = match (self.1, process_cpu_time()) {
             (Some(a), Some(b)) => b.saturating_sub(a),
@@ -126,7 +130,7 @@ impl Meter {
 }
 
 /// Medians of wall and CPU times, taken separately.
-fn median_cost(xs: &[Cost]) -> Cost {
+pub(crate) fn median_cost(xs: &[Cost]) -> Cost {
     Cost {
         wall: median(xs.iter().map(|c| c.wall).collect()),
         cpu: median(xs.iter().map(|c| c.cpu).collect()),

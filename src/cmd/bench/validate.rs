@@ -1,0 +1,643 @@
+//! `iota bench validate`: what it costs a validator to check a fraction `f` of one miner's
+//! epoch of work, against what doing that work cost the miner.
+//!
+//! How each number is taken:
+//! - **the work**: one epoch of `--samples` samples trained through every section of the
+//!   preset, one compute engine per section ([`crate::miner::engine`], what `iota mine`
+//!   runs), in pipeline order (each sample forward through the chain and the tail's loss and
+//!   backward at once, each section's backward `--max-in-flight` samples behind, an AdamW step
+//!   every `--local-steps` backwards), on the built-in corpus; every tensor crosses a boundary
+//!   encoded on the run's wire, as in the network. Each section's inputs and results are kept
+//!   as its miner's record (the objects a validator downloads). Not timed.
+//! - **the miner**: that section's work done again from the start state by a fresh engine,
+//!   from its record: decode the start state and adopt it, then for each item check the
+//!   input's hash and decode it, compute, encode the result; at the end export the state and
+//!   encode the merge upload.
+//! - **the validator**: what `iota validate` does for a tracked miner with
+//!   `validation.replay.fraction: f`, through the same code ([`Replayer`], the run's default
+//!   thresholds): decode the start state, adopt it, then for the first `ceil(f x items)` of
+//!   the record ([`replay_count`]) check the hashes of the input and the miner's result,
+//!   decode both, replay and compare; at `f = 1` also decode the miner's upload and compare
+//!   its change with the replay's ([`compare_progress`]).
+//! - Downloads are not timed (both sides move the same inputs; the validator also downloads
+//!   the miner's results, about as many bytes again). Everything runs in this process, one
+//!   after the other, on the same threads; rounds interleave the miner with every fraction and
+//!   each figure is the median over rounds, in CPU time of the whole process (the sum over its
+//!   threads, which a busy machine hardly changes) and in wall time.
+//! - The replay's verdict is printed beside its cost: items failed, the smallest cosine, and
+//!   the replayed step at which an item first fell short of the strict thresholds (the drift
+//!   of a replay that is not bit-exact; see `validation.replay.strict_steps`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::Context;
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+
+use super::step::{Cost, Meter, median_cost};
+use crate::api::{MinerSettings, ReplaySettings, WorkKind};
+use crate::codec::{MergeWire, Span, WireDtype, payload_hash, verify_hash};
+use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::merge::FlatLayout;
+use crate::miner::CachedInput;
+use crate::miner::engine::{Activations, Engine, EngineSettings};
+use crate::miner::payload::{decode_tensor, decode_tokens};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::model::layout::section_layout;
+use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, Section};
+use crate::validator::replay::{ReplayItem, Replayer, compare_progress, replay_count};
+
+/// Arguments of `iota bench validate`.
+#[derive(Debug, Args)]
+pub struct BenchValidateArgs {
+    /// Model preset.
+    #[arg(long, value_name = "NAME", default_value = "tiny")]
+    pub preset: String,
+    /// Samples in the miner's epoch (the run config's default `batches_before_merging`).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub samples: usize,
+    /// Windows per sample (the run config's `batch_size`).
+    #[arg(long, value_name = "B", default_value_t = 4)]
+    pub batch_size: usize,
+    /// Tokens per window (the run config's `seq_len`).
+    #[arg(long, value_name = "L", default_value_t = 64)]
+    pub seq_len: usize,
+    /// Optimizer step every N backwards.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub local_steps: u64,
+    /// Forwards ahead of their backwards.
+    #[arg(long, value_name = "K", default_value_t = 4)]
+    pub max_in_flight: usize,
+    /// Encoding of activations and gradients.
+    #[arg(long, value_name = "W", default_value = "bf16")]
+    pub wire: WireDtype,
+    /// Encoding of the merge upload.
+    #[arg(long, value_name = "W", default_value = "f32")]
+    pub merge_wire: MergeWire,
+    /// Fractions of the miner's work the validator checks.
+    #[arg(
+        long,
+        value_name = "F,..",
+        value_delimiter = ',',
+        default_value = "0.01,0.1,1"
+    )]
+    pub fractions: Vec<f64>,
+    /// Sections to measure (default: every one).
+    #[arg(long, value_name = "S,..", value_delimiter = ',')]
+    pub sections: Vec<usize>,
+    /// Rounds (each: the miner, then every fraction); figures are medians over rounds.
+    #[arg(long, value_name = "R", default_value_t = 3)]
+    pub rounds: usize,
+    /// Compute threads (rayon pool; default: all cores).
+    #[arg(long, value_name = "T")]
+    pub threads: Option<usize>,
+    /// Device.
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
+}
+
+/// An encoded object with the hash the orchestrator would hand out with it.
+#[derive(Debug, Clone)]
+struct Object {
+    bytes: Vec<u8>,
+    hash: String,
+}
+
+impl Object {
+    fn new(bytes: Vec<u8>) -> Self {
+        let hash = payload_hash(&bytes);
+        Self { bytes, hash }
+    }
+}
+
+/// One piece of work as it sits in storage: what the miner read and what it wrote.
+#[derive(Debug, Clone)]
+struct Recorded {
+    sample: u64,
+    kind: WorkKind,
+    /// Tokens `[batch, seq]` (head forwards) or a wire tensor `[batch, seq, width]`.
+    input: Object,
+    /// Tail forwards: the targets.
+    targets: Option<Object>,
+    /// The miner's result on the wire (`None`: the head's backward).
+    output: Option<Object>,
+    loss: Option<f32>,
+}
+
+/// Row of the table.
+struct Row {
+    section: usize,
+    role: &'static str,
+    items: usize,
+    miner: Cost,
+    checks: Vec<Check>,
+}
+
+struct Check {
+    fraction: f64,
+    items: usize,
+    cost: Cost,
+    failed: u64,
+    min_cosine: Option<f64>,
+    /// Replayed step at which an item first fell short of the strict thresholds.
+    strict_miss: Option<u64>,
+    state_cosine: Option<f64>,
+}
+
+struct Task {
+    cfg: ModelConfig,
+    args: BenchValidateArgs,
+}
+
+fn tokens_object(ids: &[u32]) -> Object {
+    Object::new(ids.iter().flat_map(|t| t.to_le_bytes()).collect())
+}
+
+fn tensor_object(shape: [usize; 3], data: &[f32], wire: WireDtype) -> anyhow::Result<Object> {
+    Ok(Object::new(crate::codec::encode(&shape, data, wire)?))
+}
+
+impl Task {
+    fn settings(&self) -> MinerSettings {
+        let a = &self.args;
+        MinerSettings {
+            local_steps: a.local_steps.max(1),
+            max_in_flight: a.max_in_flight.max(1),
+            wire: a.wire,
+            seq_len: a.seq_len,
+            batch_size: a.batch_size,
+            seed: 0,
+            optimizer: OptimizerConfig::default(),
+            schedule: LrSchedule {
+                total_steps: a.samples as u64,
+                ..LrSchedule::default()
+            },
+            weight_stashing: true,
+            lookahead: false,
+            heartbeat_s: 10,
+        }
+    }
+
+    fn engine<B: AutodiffBackend>(
+        &self,
+        index: usize,
+        layout: &FlatLayout,
+        start: &Object,
+        device: &B::Device,
+    ) -> anyhow::Result<Engine<B>> {
+        let settings = self.settings();
+        let section = Section::<B>::new(&self.cfg, index, 0, settings.optimizer, device)?;
+        let mut engine = Engine::new(section, EngineSettings::for_miner(&settings));
+        let n = layout.total_len() as u64;
+        verify_hash(&start.bytes, &start.hash)?;
+        let flat = self
+            .args
+            .merge_wire
+            .decode(&start.bytes, n, Span::whole(layout.params_len))?;
+        engine
+            .adopt_flat(layout, &flat, None)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(engine)
+    }
+
+    fn decode_input(&self, o: &Object, head_tokens: bool) -> anyhow::Result<CachedInput> {
+        verify_hash(&o.bytes, &o.hash)?;
+        let (b, l) = (self.args.batch_size, self.args.seq_len);
+        Ok(if head_tokens {
+            CachedInput::Tokens {
+                ids: decode_tokens(&o.bytes, [b, l])?,
+                shape: [b, l],
+            }
+        } else {
+            let shape = [b, l, self.cfg.boundary_width()];
+            CachedInput::Hidden {
+                data: decode_tensor(&o.bytes, shape)?,
+                shape,
+            }
+        })
+    }
+
+    fn hidden(&self, o: &Object) -> anyhow::Result<Activations> {
+        match self.decode_input(o, false)? {
+            CachedInput::Hidden { data, shape } => Ok(Activations { data, shape }),
+            CachedInput::Tokens { .. } => anyhow::bail!("expected activations"),
+        }
+    }
+
+    /// Every section's start state, as the checkpoint a miner adopts.
+    fn starts<B: AutodiffBackend>(&self, device: &B::Device) -> anyhow::Result<Vec<Object>> {
+        (0..self.cfg.n_sections())
+            .map(|i| {
+                let layout = section_layout(&self.cfg, i)?;
+                let section =
+                    Section::<B>::new(&self.cfg, i, 0, OptimizerConfig::default(), device)?;
+                let flat = section.export_flat(&layout)?;
+                let span = Span::whole(layout.params_len);
+                Ok(Object::new(self.args.merge_wire.encode(&flat, span)?))
+            })
+            .collect()
+    }
+
+    /// One epoch through the whole chain (see the module docs); each section's record and
+    /// encoded upload.
+    fn record<B: AutodiffBackend>(
+        &self,
+        starts: &[Object],
+        device: &B::Device,
+    ) -> anyhow::Result<Vec<(Vec<Recorded>, Object)>> {
+        let n = self.cfg.n_sections();
+        let (b, l) = (self.args.batch_size, self.args.seq_len);
+        let wire = self.args.wire;
+        let layouts = (0..n)
+            .map(|i| section_layout(&self.cfg, i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut engines = (0..n)
+            .map(|i| self.engine::<B>(i, &layouts[i], &starts[i], device))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let mut records: Vec<Vec<Recorded>> = vec![Vec::new(); n];
+        let data = Dataset::load(&DataSpec::default(), &Tokenizer::byte(), l, 0)?;
+        // Each section's input gradient per sample, waiting for the section below's backward.
+        let mut grads: Vec<HashMap<u64, Object>> = vec![HashMap::new(); n];
+        let ahead = self.args.max_in_flight.max(1) as u64;
+        let samples = self.args.samples as u64;
+        let backward = |engines: &mut [Engine<B>],
+                        records: &mut [Vec<Recorded>],
+                        grads: &mut [HashMap<u64, Object>],
+                        k: u64|
+         -> anyhow::Result<()> {
+            for i in (0..n - 1).rev() {
+                let up = grads[i + 1]
+                    .remove(&k)
+                    .context("missing upstream gradient")?;
+                let done = engines[i]
+                    .backward(k, self.hidden(&up)?)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let output = match done.grad {
+                    Some(g) => {
+                        let o = tensor_object(g.shape, &g.data, wire)?;
+                        grads[i].insert(k, o.clone());
+                        Some(o)
+                    }
+                    None => None,
+                };
+                records[i].push(Recorded {
+                    sample: k,
+                    kind: WorkKind::Backward,
+                    input: up,
+                    targets: None,
+                    output,
+                    loss: None,
+                });
+            }
+            Ok(())
+        };
+        for s in 0..samples {
+            let windows: Vec<&[u32]> = (0..b as u64)
+                .map(|w| data.train_sample(s * b as u64 + w))
+                .collect();
+            let mut input = tokens_object(
+                &windows
+                    .iter()
+                    .flat_map(|w| &w[..l])
+                    .copied()
+                    .collect::<Vec<_>>(),
+            );
+            for (i, engine) in engines.iter_mut().enumerate() {
+                let decoded = self.decode_input(&input, i == 0)?;
+                if i + 1 == n {
+                    let ids: Vec<u32> = windows.iter().flat_map(|w| &w[1..=l]).copied().collect();
+                    let targets = tokens_object(&ids);
+                    let done = engine
+                        .train_tail(s, decoded, &ids, [b, l])
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let grad = tensor_object(done.grad.shape, &done.grad.data, wire)?;
+                    grads[i].insert(s, grad.clone());
+                    records[i].push(Recorded {
+                        sample: s,
+                        kind: WorkKind::Forward,
+                        input: input.clone(),
+                        targets: Some(targets),
+                        output: Some(grad),
+                        loss: Some(done.loss),
+                    });
+                } else {
+                    let f = engine
+                        .forward(s, decoded)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    let out = tensor_object(f.output.shape, &f.output.data, wire)?;
+                    records[i].push(Recorded {
+                        sample: s,
+                        kind: WorkKind::Forward,
+                        input: std::mem::replace(&mut input, out.clone()),
+                        targets: None,
+                        output: Some(out),
+                        loss: None,
+                    });
+                }
+            }
+            if n > 1 && s + 1 >= ahead {
+                backward(&mut engines, &mut records, &mut grads, s + 1 - ahead)?;
+            }
+        }
+        if n > 1 {
+            for k in samples.saturating_sub(ahead - 1)..samples {
+                backward(&mut engines, &mut records, &mut grads, k)?;
+            }
+        }
+        records
+            .into_iter()
+            .zip(engines)
+            .zip(&layouts)
+            .map(|((items, engine), layout)| {
+                let flat = engine.section().export_flat(layout)?;
+                let span = Span::whole(layout.params_len);
+                Ok((
+                    items,
+                    Object::new(self.args.merge_wire.encode(&flat, span)?),
+                ))
+            })
+            .collect()
+    }
+
+    /// The miner's cost: its record done again from the start state (results encoded and
+    /// dropped, the upload encoded at the end).
+    fn redo<B: AutodiffBackend>(
+        &self,
+        index: usize,
+        layout: &FlatLayout,
+        start: &Object,
+        items: &[Recorded],
+        device: &B::Device,
+    ) -> anyhow::Result<usize> {
+        let mut engine = self.engine::<B>(index, layout, start, device)?;
+        let head = engine.section().spec().is_head;
+        let (b, l) = (self.args.batch_size, self.args.seq_len);
+        let wire = self.args.wire;
+        let mut bytes = 0;
+        for item in items {
+            let out = match (item.kind, &item.targets) {
+                (WorkKind::Forward, Some(targets)) => {
+                    let input = self.decode_input(&item.input, head)?;
+                    verify_hash(&targets.bytes, &targets.hash)?;
+                    let t = decode_tokens(&targets.bytes, [b, l])?;
+                    let done = engine
+                        .train_tail(item.sample, input, &t, [b, l])
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    Some(done.grad)
+                }
+                (WorkKind::Forward, None) => {
+                    let input = self.decode_input(&item.input, head)?;
+                    let f = engine
+                        .forward(item.sample, input)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?;
+                    Some(f.output)
+                }
+                _ => {
+                    engine
+                        .backward(item.sample, self.hidden(&item.input)?)
+                        .map_err(|e| anyhow::anyhow!("{e}"))?
+                        .grad
+                }
+            };
+            if let Some(a) = out {
+                bytes += tensor_object(a.shape, &a.data, wire)?.bytes.len();
+            }
+        }
+        let flat = engine.section().export_flat(layout)?;
+        let upload = self
+            .args
+            .merge_wire
+            .encode(&flat, Span::whole(layout.params_len))?;
+        Ok(bytes + upload.len())
+    }
+
+    /// The validator's check of the first `fraction` of `items`.
+    #[allow(clippy::too_many_arguments)]
+    fn check<B: AutodiffBackend>(
+        &self,
+        index: usize,
+        layout: &FlatLayout,
+        start: &Object,
+        items: &[Recorded],
+        upload: &Object,
+        fraction: f64,
+        device: &B::Device,
+    ) -> anyhow::Result<Check> {
+        let engine = self.engine::<B>(index, layout, start, device)?;
+        let spec = engine.section().spec().clone();
+        let mut replayer = Replayer::new(engine, ReplaySettings::default());
+        let n = replay_count(items.len(), fraction);
+        let (b, l) = (self.args.batch_size, self.args.seq_len);
+        for item in &items[..n] {
+            let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
+            let input = self.decode_input(&item.input, head_tokens)?;
+            let targets = match &item.targets {
+                Some(t) => {
+                    verify_hash(&t.bytes, &t.hash)?;
+                    Some(decode_tokens(&t.bytes, [b, l])?)
+                }
+                None => None,
+            };
+            let output = match &item.output {
+                Some(o) => {
+                    verify_hash(&o.bytes, &o.hash)?;
+                    Some(decode_tensor(&o.bytes, [b, l, self.cfg.boundary_width()])?)
+                }
+                None => None,
+            };
+            replayer.apply(ReplayItem {
+                sample: item.sample,
+                kind: item.kind,
+                input,
+                targets,
+                output,
+                loss: item.loss,
+            })?;
+        }
+        let mut state_cosine = None;
+        if n == items.len() {
+            verify_hash(&upload.bytes, &upload.hash)?;
+            let params = Span::whole(layout.params_len);
+            let uploaded =
+                self.args
+                    .merge_wire
+                    .decode(&upload.bytes, layout.total_len() as u64, params)?;
+            let start_flat =
+                self.args
+                    .merge_wire
+                    .decode(&start.bytes, layout.total_len() as u64, params)?;
+            let replayed = replayer.export_flat(layout)?;
+            let p = usize::try_from(layout.params_len)?;
+            state_cosine = Some(compare_progress(&start_flat, &replayed, &uploaded, p).cosine);
+        }
+        let stats = replayer.stats();
+        Ok(Check {
+            fraction,
+            items: n,
+            cost: Cost::default(),
+            failed: stats.failed,
+            min_cosine: stats.min_cosine,
+            strict_miss: stats.strict_miss_step,
+            state_cosine,
+        })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn section<B: AutodiffBackend>(
+        &self,
+        index: usize,
+        start: &Object,
+        items: &[Recorded],
+        upload: &Object,
+        device: &B::Device,
+    ) -> anyhow::Result<Row> {
+        let layout = section_layout(&self.cfg, index)?;
+        let spec = self.cfg.section(index)?;
+        let mut miner = Vec::new();
+        let mut checks: Vec<Vec<(Cost, Check)>> =
+            self.args.fractions.iter().map(|_| Vec::new()).collect();
+        for _ in 0..self.args.rounds.max(1) {
+            let m = Meter::start();
+            std::hint::black_box(self.redo::<B>(index, &layout, start, items, device)?);
+            miner.push(m.stop());
+            for (i, &f) in self.args.fractions.iter().enumerate() {
+                let m = Meter::start();
+                let check = self.check::<B>(index, &layout, start, items, upload, f, device)?;
+                checks[i].push((m.stop(), check));
+            }
+        }
+        let checks = checks
+            .into_iter()
+            .filter_map(|runs| {
+                let cost = median_cost(&runs.iter().map(|(c, _)| *c).collect::<Vec<_>>());
+                let (_, last) = runs.into_iter().last()?;
+                Some(Check { cost, ..last })
+            })
+            .collect();
+        let role = match (spec.is_head, spec.is_tail) {
+            (true, true) => "whole",
+            (true, false) => "head",
+            (false, true) => "tail",
+            (false, false) => "body",
+        };
+        Ok(Row {
+            section: index,
+            role,
+            items: items.len(),
+            miner: median_cost(&miner),
+            checks,
+        })
+    }
+}
+
+impl BackendTask for Task {
+    type Output = anyhow::Result<Vec<Row>>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
+        let starts = self.starts::<B>(&device)?;
+        let records = self
+            .record::<B>(&starts, &device)
+            .context("training the epoch through the chain")?;
+        let sections: Vec<usize> = if self.args.sections.is_empty() {
+            (0..self.cfg.n_sections()).collect()
+        } else {
+            self.args.sections.clone()
+        };
+        sections
+            .into_iter()
+            .map(|s| {
+                let (items, upload) = &records[s];
+                self.section::<B>(s, &starts[s], items, upload, &device)
+                    .with_context(|| format!("section {s}"))
+            })
+            .collect()
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), |c| format!("{c:.6}"))
+}
+
+/// Runs `iota bench validate`.
+///
+/// # Errors
+/// Unknown preset or section, a fraction outside `(0, 1]`, a backend not compiled in, or a
+/// failure while running.
+pub fn run(args: BenchValidateArgs) -> anyhow::Result<()> {
+    crate::cmd::mine::set_threads(args.threads)?;
+    if let Some(f) = args
+        .fractions
+        .iter()
+        .find(|f| !(f.is_finite() && **f > 0.0 && **f <= 1.0))
+    {
+        anyhow::bail!("--fractions: {f} is not in (0, 1]");
+    }
+    if args.samples == 0 {
+        anyhow::bail!("--samples must be at least 1");
+    }
+    let mut cfg = ModelConfig::preset(&args.preset)?;
+    cfg.max_seq_len = cfg.max_seq_len.max(args.seq_len);
+    if let Some(s) = args.sections.iter().find(|s| **s >= cfg.n_sections()) {
+        anyhow::bail!(
+            "--sections: {s} is not a section of {} ({} sections)",
+            cfg.name,
+            cfg.n_sections()
+        );
+    }
+    println!(
+        "iota bench validate: preset {}, {} samples of {} x {} tokens per miner epoch, \
+         local_steps {}, max_in_flight {}, wire {}, merge wire {}, {} rounds, device {}, {} threads",
+        cfg.name,
+        args.samples,
+        args.batch_size,
+        args.seq_len,
+        args.local_steps.max(1),
+        args.max_in_flight.max(1),
+        args.wire,
+        args.merge_wire,
+        args.rounds.max(1),
+        args.device,
+        rayon::current_num_threads()
+    );
+    let device = args.device;
+    let rows = dispatch(device, Task { cfg, args })
+        .map_err(anyhow::Error::msg)?
+        .context("running the benchmark")?;
+    println!(
+        "\nsection  role  items  miner CPU ms  wall ms |     f  items  validator CPU ms  wall ms  \
+         validator/miner CPU  wall | failed  min cosine  strict miss at step  state cosine"
+    );
+    for r in &rows {
+        for c in &r.checks {
+            println!(
+                "{:>7}  {:<4} {:>6} {:>13.1} {:>8.1} | {:>4.0}% {:>6} {:>17.1} {:>8.1} {:>20.4} {:>5.4} | {:>6} {:>11} {:>20} {:>13}",
+                r.section,
+                r.role,
+                r.items,
+                ms(r.miner.cpu),
+                ms(r.miner.wall),
+                c.fraction * 100.0,
+                c.items,
+                ms(c.cost.cpu),
+                ms(c.cost.wall),
+                ms(c.cost.cpu) / ms(r.miner.cpu).max(1e-9),
+                ms(c.cost.wall) / ms(r.miner.wall).max(1e-9),
+                c.failed,
+                opt(c.min_cosine),
+                c.strict_miss.map_or("-".into(), |s| s.to_string()),
+                opt(c.state_cosine),
+            );
+        }
+    }
+    println!(
+        "\nvalidator/miner: the validator's cost to check the first f of the miner's items \
+         (ceil(f x items), as `iota validate` with replay.fraction f), over the miner's cost \
+         of doing them all; at f = 100% the check includes the upload against the replay."
+    );
+    Ok(())
+}

@@ -249,6 +249,7 @@ fn run_one(
         merge_op: args.op,
         validators: 0,
         validator_wait_s: 0,
+        seed: 0,
         adversaries: Vec::new(),
         validation: None,
         deadline_s: 60,

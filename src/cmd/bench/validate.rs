@@ -168,6 +168,7 @@ impl Task {
             seq_len: a.seq_len,
             batch_size: a.batch_size,
             seed: 0,
+            samples_per_step: 0,
             optimizer: OptimizerConfig::default(),
             schedule: LrSchedule {
                 total_steps: a.samples as u64,
@@ -194,7 +195,7 @@ impl Task {
         let flat = self
             .args
             .merge_wire
-            .decode(&start.bytes, n, Span::whole(layout.params_len))?;
+            .decode(&start.bytes, n, Span::whole(layout.params_len), &[])?;
         engine
             .adopt_flat(layout, &flat, None)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -234,7 +235,7 @@ impl Task {
                     Section::<B>::new(&self.cfg, i, 0, OptimizerConfig::default(), device)?;
                 let flat = section.export_flat(&layout)?;
                 let span = Span::whole(layout.params_len);
-                Ok(Object::new(self.args.merge_wire.encode(&flat, span)?))
+                Ok(Object::new(self.args.merge_wire.encode(&flat, span, &[])?))
             })
             .collect()
     }
@@ -354,7 +355,7 @@ impl Task {
                 let span = Span::whole(layout.params_len);
                 Ok((
                     items,
-                    Object::new(self.args.merge_wire.encode(&flat, span)?),
+                    Object::new(self.args.merge_wire.encode(&flat, span, &[])?),
                 ))
             })
             .collect()
@@ -408,7 +409,7 @@ impl Task {
         let upload = self
             .args
             .merge_wire
-            .encode(&flat, Span::whole(layout.params_len))?;
+            .encode(&flat, Span::whole(layout.params_len), &[])?;
         Ok(bytes + upload.len())
     }
 
@@ -462,11 +463,11 @@ impl Task {
             let uploaded =
                 self.args
                     .merge_wire
-                    .decode(&upload.bytes, layout.total_len() as u64, params)?;
+                    .decode(&upload.bytes, layout.total_len() as u64, params, &[])?;
             let start_flat =
                 self.args
                     .merge_wire
-                    .decode(&start.bytes, layout.total_len() as u64, params)?;
+                    .decode(&start.bytes, layout.total_len() as u64, params, &[])?;
             let replayed = replayer.export_flat(layout)?;
             let p = usize::try_from(layout.params_len)?;
             state_cosine = Some(compare_progress(&start_flat, &replayed, &uploaded, p).cosine);
@@ -579,6 +580,12 @@ pub fn run(args: BenchValidateArgs) -> anyhow::Result<()> {
     }
     if args.samples == 0 {
         anyhow::bail!("--samples must be at least 1");
+    }
+    if args.merge_wire.needs_base() {
+        anyhow::bail!(
+            "--merge-wire {}: validators do not check that format yet (f32, bf16 or int8)",
+            args.merge_wire
+        );
     }
     let mut cfg = ModelConfig::preset(&args.preset)?;
     cfg.max_seq_len = cfg.max_seq_len.max(args.seq_len);

@@ -192,10 +192,10 @@ impl Task {
         let mut engine = Engine::new(section, EngineSettings::for_miner(&settings));
         let n = layout.total_len() as u64;
         verify_hash(&start.bytes, &start.hash)?;
-        let flat = self
-            .args
-            .merge_wire
-            .decode(&start.bytes, n, Span::whole(layout.params_len), &[])?;
+        let flat =
+            self.args
+                .merge_wire
+                .decode(&start.bytes, n, Span::whole(layout.params_len), &[])?;
         engine
             .adopt_flat(layout, &flat, None)
             .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -235,7 +235,11 @@ impl Task {
                     Section::<B>::new(&self.cfg, i, 0, OptimizerConfig::default(), device)?;
                 let flat = section.export_flat(&layout)?;
                 let span = Span::whole(layout.params_len);
-                Ok(Object::new(self.args.merge_wire.encode(&flat, span, &[])?))
+                Ok(Object::new(self.args.merge_wire.encode(
+                    &flat,
+                    span,
+                    &[],
+                )?))
             })
             .collect()
     }
@@ -460,14 +464,18 @@ impl Task {
         if n == items.len() {
             verify_hash(&upload.bytes, &upload.hash)?;
             let params = Span::whole(layout.params_len);
-            let uploaded =
-                self.args
-                    .merge_wire
-                    .decode(&upload.bytes, layout.total_len() as u64, params, &[])?;
-            let start_flat =
-                self.args
-                    .merge_wire
-                    .decode(&start.bytes, layout.total_len() as u64, params, &[])?;
+            let uploaded = self.args.merge_wire.decode(
+                &upload.bytes,
+                layout.total_len() as u64,
+                params,
+                &[],
+            )?;
+            let start_flat = self.args.merge_wire.decode(
+                &start.bytes,
+                layout.total_len() as u64,
+                params,
+                &[],
+            )?;
             let replayed = replayer.export_flat(layout)?;
             let p = usize::try_from(layout.params_len)?;
             state_cosine = Some(compare_progress(&start_flat, &replayed, &uploaded, p).cosine);

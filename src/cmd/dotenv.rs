@@ -19,14 +19,26 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 
-use super::profile::NodeProfile;
 use crate::model::backend::DeviceKind;
+
+/// The settings a reference `.env` can give (the lowest layer of a node's profile).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EnvSettings {
+    /// Wallet name.
+    pub wallet: Option<String>,
+    /// Hotkey name.
+    pub hotkey: Option<String>,
+    /// Base URL of the orchestrator.
+    pub orchestrator: Option<String>,
+    /// Compute backend.
+    pub device: Option<DeviceKind>,
+}
 
 /// A parsed `.env`: the settings it gives, and what was used and ignored.
 #[derive(Debug, Clone, Default)]
 pub struct DotEnv {
     /// Settings taken from it.
-    pub profile: NodeProfile,
+    pub settings: EnvSettings,
     /// Keys that became settings.
     pub used: Vec<String>,
     /// Keys iota does not use (reported to the user).
@@ -65,8 +77,8 @@ impl DotEnv {
         let port = take(&["ORCHESTRATOR_PORT"]);
         let scheme = take(&["ORCHESTRATOR_SCHEME"]);
         let device = take(&["DEVICE"]);
-        env.profile.wallet = wallet;
-        env.profile.hotkey = hotkey;
+        env.settings.wallet = wallet;
+        env.settings.hotkey = hotkey;
         if let Some(host) = host {
             let port = match port {
                 Some(p) => Some(
@@ -83,13 +95,13 @@ impl DotEnv {
                 }
             });
             let host = host.trim_end_matches('/');
-            env.profile.orchestrator = Some(match port {
+            env.settings.orchestrator = Some(match port {
                 Some(port) => format!("{scheme}://{host}:{port}"),
                 None => format!("{scheme}://{host}"),
             });
         }
         if let Some(device) = device {
-            env.profile.device = Some(match device.to_ascii_lowercase().as_str() {
+            env.settings.device = Some(match device.to_ascii_lowercase().as_str() {
                 "mps" | "metal" => DeviceKind::Wgpu,
                 other => other
                     .parse()
@@ -178,10 +190,10 @@ ORCHESTRATOR_SCHEME=https
     #[test]
     fn reference_keys_become_settings_and_the_rest_is_listed() {
         let env = DotEnv::parse(REFERENCE).unwrap();
-        assert_eq!(env.profile.wallet.as_deref(), Some("my_wallet"));
-        assert_eq!(env.profile.hotkey.as_deref(), Some("my_hotkey"));
+        assert_eq!(env.settings.wallet.as_deref(), Some("my_wallet"));
+        assert_eq!(env.settings.hotkey.as_deref(), Some("my_hotkey"));
         assert_eq!(
-            env.profile.orchestrator.as_deref(),
+            env.settings.orchestrator.as_deref(),
             Some("https://orchestrator.example:443")
         );
         for k in ["netuid", "network", "MOCK", "BITTENSOR", "HF_TOKEN"] {
@@ -197,9 +209,9 @@ ORCHESTRATOR_SCHEME=https
             "MINER_WALLET=w\nMINER_HOTKEY=h\nORCHESTRATOR_HOST=1.2.3.4\nDEVICE=mps\n",
         )
         .unwrap();
-        assert_eq!(env.profile.wallet.as_deref(), Some("w"));
-        assert_eq!(env.profile.orchestrator.as_deref(), Some("http://1.2.3.4"));
-        assert_eq!(env.profile.device, Some(DeviceKind::Wgpu));
+        assert_eq!(env.settings.wallet.as_deref(), Some("w"));
+        assert_eq!(env.settings.orchestrator.as_deref(), Some("http://1.2.3.4"));
+        assert_eq!(env.settings.device, Some(DeviceKind::Wgpu));
     }
 
     #[test]

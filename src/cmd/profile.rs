@@ -23,7 +23,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use super::dotenv::DotEnv;
+use super::dotenv::{DotEnv, EnvSettings};
 use super::wallet::{WalletArgs, WalletRef};
 use crate::model::backend::DeviceKind;
 
@@ -79,6 +79,18 @@ pub struct NodeProfile {
     /// Forwards in flight to ask for.
     #[serde(default)]
     pub max_in_flight: Option<usize>,
+}
+
+impl From<EnvSettings> for NodeProfile {
+    fn from(env: EnvSettings) -> NodeProfile {
+        NodeProfile {
+            wallet: env.wallet,
+            hotkey: env.hotkey,
+            orchestrator: env.orchestrator,
+            device: env.device,
+            ..NodeProfile::default()
+        }
+    }
 }
 
 impl NodeProfile {
@@ -281,7 +293,7 @@ impl NodeArgs {
             Some(path) => {
                 let env = DotEnv::load(&path)?;
                 sources.push(env.describe(&path));
-                env.profile
+                NodeProfile::from(env.settings)
             }
             None => NodeProfile::default(),
         };

@@ -351,11 +351,16 @@ impl RunKeys {
         )
     }
 
-    /// `runs/{run}/activations/{epoch}/{sample}/{section}/{direction}/{assignment}/{upload|accepted}`:
+    /// `runs/{run}/activations/{epoch}/{sample}/{section}.{direction}.{assignment}.{upload|accepted}`:
     /// one attempt's output. The miner that holds `assignment` uploads to `upload`; once the
     /// result is accepted the orchestrator copies it to `accepted`, a key nobody was ever given
     /// an upload URL for, so what was accepted cannot be overwritten afterwards and a stale
     /// URL of another attempt can only ever write its own `upload`.
+    ///
+    /// The attempt is one key component rather than four: on a local directory store every
+    /// component is a directory, and creating ~16 directories per sample cost the orchestrator
+    /// more CPU than its database (`perf` under `iota bench orchestrator`). Every attempt of a
+    /// sample now sits in the sample's one directory.
     pub fn activation_attempt(
         &self,
         epoch: u64,
@@ -365,9 +370,14 @@ impl RunKeys {
         assignment: u64,
         copy: AttemptCopy,
     ) -> ObjectKey {
-        self.activation(epoch, sample, section, direction)
-            .join(&assignment.into())
-            .join(&KeyPart(copy.name().to_owned()))
+        let name = format!(
+            "{section}.{}.{assignment}.{}",
+            direction.part().as_str(),
+            copy.name()
+        );
+        self.activations_epoch(epoch)
+            .join(&sample.into())
+            .join(&KeyPart(name))
     }
 
     /// `runs/{run}/weights/{section}/{epoch}`: every miner's upload of one section for one
@@ -480,6 +490,15 @@ mod tests {
         assert_eq!(
             keys.activations_epoch(3).as_str(),
             "runs/run-1/activations/3"
+        );
+        assert_eq!(
+            keys.activation_attempt(3, 7, 2, Direction::Backward, 41, AttemptCopy::Accepted)
+                .as_str(),
+            "runs/run-1/activations/3/7/2.backward.41.accepted"
+        );
+        assert!(
+            keys.activation_attempt(3, 7, 0, Direction::Forward, 9, AttemptCopy::Upload)
+                .starts_with(&keys.activations_epoch(3))
         );
         assert_eq!(
             keys.weights(2, 5, &alice, StatePart::Parameters).as_str(),

@@ -18,9 +18,9 @@ use serde::{Deserialize, Serialize};
 pub enum TrafficKind {
     /// A sample's token ids or targets (`activations/{e}/{sample}/tokens|targets`).
     Tokens,
-    /// A section's forward output (`activations/{e}/{sample}/{k}/forward`).
+    /// A section's forward output (`activations/{e}/{sample}/{k}.forward.{attempt}.{copy}`).
     Activations,
-    /// A gradient sent back (`activations/{e}/{sample}/{k}/backward`).
+    /// A gradient sent back (`activations/{e}/{sample}/{k}.backward.{attempt}.{copy}`).
     Gradients,
     /// A miner's flat state uploaded for a merge (`weights/...`).
     MergeUploads,
@@ -58,12 +58,14 @@ impl TrafficKind {
         };
         let rest = &parts[at + 2..];
         match rest {
-            // Within the activations area the part that names the direction decides (it
-            // stays a part of the key whatever else the key carries, e.g. an attempt).
+            // Within the activations area the word that names the direction decides, as a
+            // part of its own or a dot-separated word of one (an attempt's
+            // `{section}.{direction}.{assignment}.{copy}`).
             ["activations", tail @ ..] => tail
                 .iter()
                 .skip(2)
-                .find_map(|p| match *p {
+                .flat_map(|p| p.split('.'))
+                .find_map(|w| match w {
                     "tokens" | "targets" => Some(Self::Tokens),
                     "forward" => Some(Self::Activations),
                     "backward" => Some(Self::Gradients),
@@ -202,6 +204,14 @@ mod tests {
         );
         assert_eq!(
             k("/bucket/prefix/runs/r/activations/2/17/1/backward"),
+            TrafficKind::Gradients
+        );
+        assert_eq!(
+            k("/blob/runs/r/activations/2/17/1.forward.40.upload"),
+            TrafficKind::Activations
+        );
+        assert_eq!(
+            k("runs/r/activations/2/17/1.backward.41.accepted"),
             TrafficKind::Gradients
         );
         assert_eq!(

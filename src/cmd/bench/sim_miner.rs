@@ -1,7 +1,8 @@
 //! A simulated miner for load benchmarks: a real signed HTTP client that registers, polls for
 //! work, downloads its inputs, uploads a zero tensor of the announced shape and submits it,
-//! without any model compute. It polls like `iota mine` (10 ms after work, doubling to 150 ms
-//! while idle) and heartbeats at the run's interval.
+//! without any model compute (optionally it sleeps a fixed time per assignment in place of the
+//! compute). It polls like `iota mine` (10 ms after work, doubling to 150 ms while idle) and
+//! heartbeats at the run's interval.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,6 +38,9 @@ pub struct Shared {
     pub heartbeat: Duration,
     /// Longest idle poll interval.
     pub idle_max: Duration,
+    /// Time slept per assignment between download and upload, standing in for the model
+    /// compute a real miner would do (zero: none).
+    pub compute: Duration,
     /// Samples whose head backward was accepted (completed), as the miners saw them.
     pub completed: AtomicU64,
     /// Submissions refused by the orchestrator.
@@ -159,6 +163,9 @@ async fn serve(shared: &Shared, api: &ApiClient, blobs: &UrlClient, a: &Assignme
         {
             return false;
         }
+    }
+    if !shared.compute.is_zero() {
+        tokio::time::sleep(shared.compute).await;
     }
     let (output_hash, output_bytes) = match &a.output {
         Some(out) => {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
-use rusqlite::{Connection, Transaction};
+use rusqlite::{Connection, Params, Row, Transaction};
 
 use super::policy::Standing;
 use super::schema::{
@@ -23,6 +23,38 @@ pub struct Repository {
     pub(super) standing: Standing,
     /// Loss summaries of epochs whose training is over ([`super::epochs`]).
     pub(super) epochs: Mutex<BTreeMap<u64, EpochSummary>>,
+}
+
+/// Prepared statements kept per connection: more than the distinct statements the store runs,
+/// so that none is parsed twice.
+const STATEMENT_CACHE: usize = 256;
+
+/// Statements run through the connection's cache of prepared statements. Parsing and planning
+/// a statement cost more CPU than running most of the store's queries (`perf` of the
+/// orchestrator under `iota bench orchestrator`), and every request runs several.
+pub(super) trait Cached {
+    /// [`Connection::execute`] with the statement prepared once per connection.
+    fn execute_cached<P: Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+
+    /// [`Connection::query_row`] with the statement prepared once per connection.
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: Params,
+        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl Cached for Connection {
+    fn execute_cached<P: Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: Params,
+        F: FnOnce(&Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
 }
 
 pub(super) fn to_i64(v: u64) -> i64 {
@@ -70,6 +102,7 @@ impl Repository {
         // older ledger before any trigger fires on it.
         conn.execute_batch(COUNTER_SCHEMA)?;
         conn.execute_batch(COUNTER_BACKFILL)?;
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(Self {
             conn: Mutex::new(conn),
             standing: Standing::default(),

@@ -20,7 +20,7 @@ impl Repository {
     pub fn epoch_summaries(&self) -> Result<Vec<EpochSummary>, RepoError> {
         let (_, current, _) = self.run_state()?;
         let trained: Vec<u64> = self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT epoch FROM sample_counts WHERE kind = 'train' AND loss_n > 0 \
                  ORDER BY epoch",
             )?;
@@ -64,7 +64,7 @@ impl Repository {
     /// The training loss summary of one epoch, from its completed samples in completion order.
     fn summarise_epoch(&self, epoch: u64) -> Result<EpochSummary, RepoError> {
         let losses: Vec<f64> = self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT loss FROM samples WHERE kind = 'train' AND outcome = 'completed' \
                  AND epoch = ?1 AND loss IS NOT NULL ORDER BY finished_at, id",
             )?;

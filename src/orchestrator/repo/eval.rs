@@ -7,7 +7,7 @@
 
 use rusqlite::params;
 
-use super::db::{Repository, to_i64, to_u64};
+use super::db::{Cached, Repository, to_i64, to_u64};
 use crate::api::EvalSummary;
 use crate::orchestrator::repo_types::RepoError;
 
@@ -40,7 +40,7 @@ impl Repository {
     pub fn evals_started(&self, epoch: u64) -> Result<bool, RepoError> {
         self.read(|conn| {
             Ok(conn
-                .prepare("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
+                .prepare_cached("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
                 .exists([to_i64(epoch)])?)
         })
     }
@@ -59,13 +59,13 @@ impl Repository {
     ) -> Result<u64, RepoError> {
         self.write(|tx| {
             let exists = tx
-                .prepare("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
+                .prepare_cached("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
                 .exists([to_i64(epoch)])?;
             if exists {
                 return Ok(0);
             }
             for s in samples {
-                tx.execute(
+                tx.execute_cached(
                     "INSERT INTO samples (id, epoch, outcome, tokens_hash, targets_hash, \
                      started_at, kind) VALUES (?1, ?2, 'active', ?3, ?4, ?5, 'eval')",
                     params![
@@ -76,7 +76,7 @@ impl Repository {
                         to_i64(now_ms)
                     ],
                 )?;
-                tx.execute(
+                tx.execute_cached(
                     "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, \
                      created_at) VALUES (?1, ?2, 0, 'eval', 'open', ?3, ?4)",
                     params![to_i64(s.id), to_i64(epoch), s.tokens_hash, to_i64(now_ms)],
@@ -92,7 +92,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn evals_active(&self, epoch: u64) -> Result<u64, RepoError> {
         self.read(|conn| {
-            let n: i64 = conn.query_row(
+            let n: i64 = conn.query_row_cached(
                 "SELECT COALESCE((SELECT active FROM sample_counts WHERE kind = 'eval' \
                  AND epoch = ?1), 0)",
                 [to_i64(epoch)],
@@ -110,7 +110,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn eval_summaries(&self) -> Result<Vec<EvalSummary>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT e.epoch, e.active + e.completed + e.dropped, e.completed, e.active, \
                  CASE WHEN e.loss_n > 0 THEN e.loss_sum / e.loss_n END, \
                  COALESCE((SELECT SUM(t.completed) FROM sample_counts t WHERE t.kind = 'train' \

@@ -1,7 +1,7 @@
 //! What the dashboard plots over time: the training loss of completed samples in completion
 //! order (evaluation samples left out), and the verdicts and flags of finished merges.
 
-use super::db::{Repository, to_i64, to_u64};
+use super::db::{Cached, Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::RepoError;
 
 /// One completed sample.
@@ -24,7 +24,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn loss_history(&self, limit: usize) -> Result<Vec<LossPoint>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT id, epoch, finished_at, loss FROM samples \
                  WHERE outcome = 'completed' AND kind = 'train' AND loss IS NOT NULL \
                  AND finished_at IS NOT NULL \
@@ -71,14 +71,14 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn merge_history(&self, epochs: u64) -> Result<Vec<MergeRecord>, RepoError> {
         self.read(|conn| {
-            let first: i64 = conn.query_row(
+            let first: i64 = conn.query_row_cached(
                 "SELECT COALESCE(MAX(epoch), 0) FROM partition_outcomes",
                 [],
                 |r| r.get(0),
             )?;
             let first = (first - to_i64(epochs) + 1).max(0);
             let mut records: Vec<MergeRecord> = Vec::new();
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT epoch, section, verdict FROM partition_outcomes WHERE epoch >= ?1 \
                  ORDER BY epoch, section, partition",
             )?;
@@ -114,7 +114,7 @@ impl Repository {
                     }
                 }
             }
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT epoch, section, merger, partition, reason FROM merge_flags WHERE epoch >= ?1 \
                  ORDER BY epoch, section, partition, merger",
             )?;

@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::db::{Cached, Repository, to_i64, to_u64, usize_of};
 use super::eval::{EVAL_ID_BASE, eval_id};
 use super::rows::{ASSIGNMENT_COLUMNS, get_assignment, read_assignment};
 use super::standing::{Standing, strike};
@@ -28,7 +28,7 @@ impl Repository {
         tail: usize,
     ) -> Result<Vec<AssignmentRow>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(&format!(
+            let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {ASSIGNMENT_COLUMNS} FROM assignments a JOIN samples s ON s.id = a.sample \
                  WHERE a.sample = ?1 ORDER BY a.id"
             ))?;
@@ -44,7 +44,7 @@ impl Repository {
     pub fn sample(&self, id: u64) -> Result<Option<SampleRow>, RepoError> {
         self.read(|conn| {
             let raw = conn
-                .query_row(
+                .query_row_cached(
                     "SELECT id, epoch, outcome, reason, loss, started_at, finished_at FROM samples \
                      WHERE id = ?1",
                     [to_i64(id)],
@@ -82,8 +82,9 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn pathway(&self, sample: u64) -> Result<Vec<(usize, String)>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn
-                .prepare("SELECT section, miner FROM pathway WHERE sample = ?1 ORDER BY section")?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT section, miner FROM pathway WHERE sample = ?1 ORDER BY section",
+            )?;
             let rows = stmt.query_map([to_i64(sample)], |r| {
                 Ok((usize_of(r.get(0)?), r.get::<_, String>(1)?))
             })?;
@@ -101,11 +102,11 @@ pub(super) fn penalise(
     reason: &str,
     now_ms: u64,
 ) -> Result<(), RepoError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE miners SET penalties = penalties + 1 WHERE hotkey = ?1",
         [hotkey],
     )?;
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO penalties (miner, at, assignment, reason) VALUES (?1, ?2, ?3, ?4)",
         params![hotkey, to_i64(now_ms), assignment.map(to_i64), reason],
     )?;
@@ -118,12 +119,12 @@ pub(super) fn drop_sample(
     reason: &str,
     now_ms: u64,
 ) -> Result<(), RepoError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE samples SET outcome = 'dropped', reason = ?2, finished_at = ?3 \
          WHERE id = ?1 AND outcome = 'active'",
         params![to_i64(sample), reason, to_i64(now_ms)],
     )?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE assignments SET state = 'cancelled', reason = ?2, finished_at = ?3 \
          WHERE sample = ?1 AND state IN ('open', 'assigned')",
         params![
@@ -147,7 +148,7 @@ impl Repository {
     pub fn prune_routing(&self, last_epoch: u64) -> Result<u64, RepoError> {
         let next_epoch = to_i64(last_epoch.saturating_add(1));
         self.write(|tx| {
-            let train_bound: i64 = tx.query_row(
+            let train_bound: i64 = tx.query_row_cached(
                 "SELECT COALESCE((SELECT MIN(id) FROM samples WHERE kind = 'train' \
                  AND epoch >= ?1), (SELECT next_sample FROM run_state WHERE id = 0))",
                 [next_epoch],
@@ -157,7 +158,7 @@ impl Repository {
             let eval_bound = to_i64(eval_id(last_epoch.saturating_add(1), 0));
             let mut deleted = 0;
             for table in ["assignments", "pathway"] {
-                deleted += tx.execute(
+                deleted += tx.execute_cached(
                     &format!(
                         "DELETE FROM {table} WHERE sample < ?1 OR (sample >= ?2 AND sample < ?3)"
                     ),

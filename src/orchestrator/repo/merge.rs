@@ -4,7 +4,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::db::{Cached, Repository, to_i64, to_u64, usize_of};
 use super::ledger::penalise;
 use crate::api::Phase;
 use crate::orchestrator::outliers::UploadDistance;
@@ -143,7 +143,7 @@ impl Repository {
     pub fn upload(&self, epoch: u64, hotkey: &str) -> Result<Option<UploadRow>, RepoError> {
         self.read(|conn| {
             let row = conn
-                .query_row(
+                .query_row_cached(
                     "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
                      d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
                      WHERE epoch = ?1 AND miner = ?2",
@@ -161,7 +161,7 @@ impl Repository {
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn uploads_of(&self, epoch: u64, section: usize) -> Result<Vec<UploadRow>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT miner, section, state, lease_until, hash, weight, reason, d_params, \
                  d_exp_avg, d_exp_avg_sq, reference_norm FROM uploads \
                  WHERE epoch = ?1 AND section = ?2 ORDER BY miner",
@@ -184,7 +184,7 @@ impl Repository {
         lease_until_ms: u64,
     ) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR IGNORE INTO uploads (epoch, section, miner, state, lease_until) \
                  VALUES (?1, ?2, ?3, 'leased', ?4)",
                 params![
@@ -216,7 +216,7 @@ impl Repository {
         now_ms: u64,
     ) -> Result<bool, RepoError> {
         self.write(|tx| {
-            let n = tx.execute(
+            let n = tx.execute_cached(
                 "UPDATE uploads SET state = 'accepted', hash = ?3, bytes = ?4, weight = ?5, \
                  d_params = ?6, d_exp_avg = ?7, d_exp_avg_sq = ?8, reference_norm = ?9 \
                  WHERE epoch = ?1 AND miner = ?2 AND state = 'leased' AND lease_until >= ?10 \
@@ -281,7 +281,7 @@ impl Repository {
         now_ms: u64,
     ) -> Result<bool, RepoError> {
         self.write(|tx| {
-            let n = tx.execute(
+            let n = tx.execute_cached(
                 "UPDATE uploads SET state = 'refused', reason = ?3 \
                  WHERE epoch = ?1 AND miner = ?2 AND state = ?4",
                 params![to_i64(epoch), hotkey, reason, from.as_str()],
@@ -307,7 +307,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn backwards_in_epoch(&self, hotkey: &str, epoch: u64) -> Result<u64, RepoError> {
         self.read(|conn| {
-            let n: i64 = conn.query_row(
+            let n: i64 = conn.query_row_cached(
                 "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
                  WHERE p.miner = ?1 AND p.backward_done = 1 AND s.epoch = ?2 AND s.kind = 'train'",
                 params![hotkey, to_i64(epoch)],
@@ -327,7 +327,7 @@ impl Repository {
         let weights =
             serde_json::to_string(&plan.weights).map_err(|e| RepoError::Corrupt(e.to_string()))?;
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR IGNORE INTO merge_plans (epoch, section, uploaders, weights, len, \
                  partitions, replication) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![
@@ -351,7 +351,7 @@ impl Repository {
     pub fn plan(&self, epoch: u64, section: usize) -> Result<Option<PlanRow>, RepoError> {
         self.read(|conn| {
             let raw: Option<(String, String, i64, i64, i64, Option<i64>)> = conn
-                .query_row(
+                .query_row_cached(
                     "SELECT uploaders, weights, len, partitions, replication, finalized_at \
                      FROM merge_plans WHERE epoch = ?1 AND section = ?2",
                     params![to_i64(epoch), to_i64(section as u64)],
@@ -398,7 +398,7 @@ impl Repository {
         now_ms: u64,
     ) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR REPLACE INTO partition_results (epoch, section, partition, merger, \
                  hash, bytes, at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 params![
@@ -421,7 +421,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn results(&self, epoch: u64, section: usize) -> Result<Vec<ResultRow>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT partition, merger, hash FROM partition_results WHERE epoch = ?1 \
                  AND section = ?2 ORDER BY partition, merger",
             )?;
@@ -451,14 +451,14 @@ impl Repository {
         let (e, s) = (to_i64(epoch), to_i64(section as u64));
         self.write(|tx| {
             for (partition, verdict) in &outcome.verdicts {
-                tx.execute(
+                tx.execute_cached(
                     "INSERT OR REPLACE INTO partition_outcomes (epoch, section, partition, \
                      verdict) VALUES (?1, ?2, ?3, ?4)",
                     params![e, s, to_i64(*partition as u64), verdict],
                 )?;
             }
             for (partition, merger, reason) in &outcome.flags {
-                tx.execute(
+                tx.execute_cached(
                     "INSERT INTO merge_flags (epoch, section, partition, merger, reason) \
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                     params![e, s, to_i64(*partition as u64), merger, reason],
@@ -473,7 +473,7 @@ impl Repository {
                 )?;
             }
             if let Some((hash, bytes)) = &outcome.checkpoint {
-                tx.execute(
+                tx.execute_cached(
                     "INSERT OR REPLACE INTO checkpoints (section, epoch, hash, bytes, at, \
                      optimizer_step) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                     params![
@@ -486,12 +486,12 @@ impl Repository {
                     ],
                 )?;
             }
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR IGNORE INTO merge_plans (epoch, section, uploaders, weights, len, \
                  partitions, replication) VALUES (?1, ?2, '[]', '[]', 0, 0, 0)",
                 params![e, s],
             )?;
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE merge_plans SET finalized_at = ?3 WHERE epoch = ?1 AND section = ?2",
                 params![e, s, to_i64(now_ms)],
             )?;
@@ -505,7 +505,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn verdicts(&self, epoch: u64, section: usize) -> Result<Vec<(usize, String)>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT partition, verdict FROM partition_outcomes WHERE epoch = ?1 AND section = ?2 \
                  ORDER BY partition",
             )?;
@@ -526,7 +526,7 @@ impl Repository {
         section: usize,
     ) -> Result<Vec<(usize, String, String)>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT partition, merger, reason FROM merge_flags WHERE epoch = ?1 AND section = ?2 \
                  ORDER BY partition, merger",
             )?;
@@ -551,8 +551,9 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn checkpoint_epochs(&self, section: usize) -> Result<Vec<u64>, RepoError> {
         self.read(|conn| {
-            let mut stmt =
-                conn.prepare("SELECT epoch FROM checkpoints WHERE section = ?1 ORDER BY epoch")?;
+            let mut stmt = conn.prepare_cached(
+                "SELECT epoch FROM checkpoints WHERE section = ?1 ORDER BY epoch",
+            )?;
             let rows = stmt.query_map([to_i64(section as u64)], |r| r.get::<_, i64>(0))?;
             rows.map(|r| Ok(to_u64(r?))).collect()
         })

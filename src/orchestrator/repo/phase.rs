@@ -2,7 +2,7 @@
 
 use rusqlite::params;
 
-use super::db::{Repository, to_i64, to_u64};
+use super::db::{Cached, Repository, to_i64, to_u64};
 use super::ledger::drop_sample;
 use super::merge::PhaseInfo;
 use crate::api::Phase;
@@ -29,7 +29,7 @@ impl Repository {
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn run_state(&self) -> Result<(Phase, u64, u64), RepoError> {
         self.read(|conn| {
-            let (phase, epoch, next): (String, i64, i64) = conn.query_row(
+            let (phase, epoch, next): (String, i64, i64) = conn.query_row_cached(
                 "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -51,7 +51,7 @@ impl Repository {
     pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
         let (phase, epoch, _) = self.run_state()?;
         self.read(|conn| {
-            let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row(
+            let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row_cached(
                 "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?)),
@@ -72,7 +72,7 @@ impl Repository {
     pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
         self.read(|conn| {
             let (done, active): (i64, i64) =
-                conn.query_row(EPOCH_PROGRESS, [to_i64(epoch)], |r| {
+                conn.query_row_cached(EPOCH_PROGRESS, [to_i64(epoch)], |r| {
                     Ok((r.get(0)?, r.get(1)?))
                 })?;
             Ok((to_u64(done), to_u64(active)))
@@ -86,7 +86,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn epoch_steps(&self, epoch: u64, samples_per_step: u64) -> Result<u64, RepoError> {
         self.read(|conn| {
-            let steps: i64 = conn.query_row(
+            let steps: i64 = conn.query_row_cached(
                 "SELECT COUNT(DISTINCT id / ?2) FROM samples \
                  WHERE kind = 'train' AND outcome = 'completed' AND epoch = ?1",
                 params![to_i64(epoch), to_i64(samples_per_step.max(1))],
@@ -110,7 +110,8 @@ impl Repository {
     ) -> Result<u64, RepoError> {
         self.write(|tx| {
             let active: Vec<i64> = {
-                let mut stmt = tx.prepare("SELECT id FROM samples WHERE outcome = 'active'")?;
+                let mut stmt =
+                    tx.prepare_cached("SELECT id FROM samples WHERE outcome = 'active'")?;
                 let rows = stmt.query_map([], |r| r.get(0))?;
                 rows.collect::<Result<_, _>>()?
             };
@@ -118,7 +119,7 @@ impl Repository {
             for id in &active {
                 drop_sample(tx, to_u64(*id), &reason, now_ms)?;
             }
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE run_state SET phase = 'uploading', phase_deadline = ?1, \
                  upload_closed = NULL WHERE id = 0",
                 [to_i64(deadline_ms)],
@@ -133,7 +134,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn begin_merging(&self, deadline_ms: u64, now_ms: u64) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE run_state SET phase = 'merging', phase_deadline = ?1, upload_closed = ?2 \
                  WHERE id = 0",
                 params![to_i64(deadline_ms), to_i64(now_ms)],
@@ -148,7 +149,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn finish_merge(&self, epoch: u64) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE run_state SET phase = ?1, epoch = ?2, phase_deadline = NULL, \
                  upload_closed = NULL WHERE id = 0 AND epoch = ?3",
                 params![phase_str(Phase::Training), to_i64(epoch + 1), to_i64(epoch)],

@@ -3,7 +3,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::db::{Repository, to_i64, usize_of};
+use super::db::{Cached, Repository, to_i64, usize_of};
 use super::rows::{MINER_COLUMNS, read_miner};
 use super::standing::HOLDS_SEAT;
 use crate::orchestrator::repo_types::{MinerRow, RepoError};
@@ -30,7 +30,7 @@ impl Repository {
         let policy = self.standing;
         self.write(|tx| {
             let existing: Option<(i64, bool)> = tx
-                .query_row(
+                .query_row_cached(
                     &format!("SELECT section, {HOLDS_SEAT} FROM miners WHERE hotkey = ?4"),
                     params![
                         to_i64(now_ms),
@@ -42,7 +42,7 @@ impl Repository {
                 )
                 .optional()?;
             let mut seats = vec![0usize; n_sections];
-            let mut stmt = tx.prepare(&format!(
+            let mut stmt = tx.prepare_cached(&format!(
                 "SELECT section, COUNT(*) FROM miners WHERE {HOLDS_SEAT} AND hotkey != ?4 \
                  GROUP BY section"
             ))?;
@@ -70,7 +70,7 @@ impl Repository {
                 } else {
                     least_taken(&seats, max_per_section)?
                 };
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE miners SET device = ?2, max_in_flight = ?3, last_seen = ?4, \
                      section = ?5 WHERE hotkey = ?1",
                     params![
@@ -84,7 +84,7 @@ impl Repository {
                 return Ok(section);
             }
             let section = least_taken(&seats, max_per_section)?;
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO miners (hotkey, section, registered_at, last_seen, device, \
                  max_in_flight) VALUES (?1, ?2, ?3, ?3, ?4, ?5)",
                 params![
@@ -106,7 +106,7 @@ impl Repository {
     pub fn miner(&self, hotkey: &str) -> Result<Option<MinerRow>, RepoError> {
         self.read(|conn| {
             Ok(conn
-                .query_row(
+                .query_row_cached(
                     &format!("SELECT {MINER_COLUMNS} FROM miners WHERE hotkey = ?1"),
                     [hotkey],
                     read_miner,
@@ -121,7 +121,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn miners(&self) -> Result<Vec<MinerRow>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(&format!(
+            let mut stmt = conn.prepare_cached(&format!(
                 "SELECT {MINER_COLUMNS} FROM miners ORDER BY section, registered_at, hotkey"
             ))?;
             let rows = stmt.query_map([], read_miner)?;
@@ -135,7 +135,7 @@ impl Repository {
     /// [`RepoError::NotRegistered`].
     pub fn touch(&self, hotkey: &str, now_ms: u64) -> Result<(), RepoError> {
         self.write(|tx| {
-            let n = tx.execute(
+            let n = tx.execute_cached(
                 "UPDATE miners SET last_seen = ?2 WHERE hotkey = ?1",
                 params![hotkey, to_i64(now_ms)],
             )?;
@@ -159,7 +159,7 @@ impl Repository {
         hash: Option<&str>,
     ) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE miners SET weights_epoch = ?2, weights_hash = ?3 WHERE hotkey = ?1",
                 params![hotkey, to_i64(epoch), hash],
             )?;

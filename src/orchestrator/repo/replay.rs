@@ -2,7 +2,7 @@
 
 use rusqlite::params;
 
-use super::db::{Repository, to_i64, to_u64};
+use super::db::{Cached, Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::RepoError;
 
 /// Forgets signature ids that expired before `?1` (on every signed request: a range of the
@@ -22,8 +22,8 @@ impl Repository {
         now_ms: u64,
     ) -> Result<bool, RepoError> {
         self.write(|tx| {
-            tx.execute(FORGET_EXPIRED, [to_i64(now_ms)])?;
-            let n = tx.execute(
+            tx.execute_cached(FORGET_EXPIRED, [to_i64(now_ms)])?;
+            let n = tx.execute_cached(
                 "INSERT OR IGNORE INTO seen_signatures (id, expires_at) VALUES (?1, ?2)",
                 params![id, to_i64(expires_ms)],
             )?;
@@ -38,7 +38,7 @@ impl Repository {
     pub fn signature_count(&self) -> Result<u64, RepoError> {
         self.read(|conn| {
             let n: i64 =
-                conn.query_row("SELECT COUNT(*) FROM seen_signatures", [], |r| r.get(0))?;
+                conn.query_row_cached("SELECT COUNT(*) FROM seen_signatures", [], |r| r.get(0))?;
             Ok(to_u64(n))
         })
     }

@@ -3,7 +3,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::db::{Cached, Repository, to_i64, to_u64, usize_of};
 use super::ledger::{drop_sample, penalise};
 use super::rows::{MINER_COLUMNS, check_held, get_assignment, read_miner, set_state};
 use super::standing::{benched_until, clear};
@@ -29,7 +29,7 @@ impl Repository {
     ) -> Result<WorkTaken, RepoError> {
         self.write(|tx| {
             let miner = tx
-                .query_row(
+                .query_row_cached(
                     &format!("SELECT {MINER_COLUMNS} FROM miners WHERE hotkey = ?1"),
                     [hotkey],
                     read_miner,
@@ -38,7 +38,7 @@ impl Repository {
                 .ok_or_else(|| RepoError::NotRegistered {
                     hotkey: hotkey.to_string(),
                 })?;
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE miners SET last_seen = ?2 WHERE hotkey = ?1",
                 params![hotkey, to_i64(now_ms)],
             )?;
@@ -46,7 +46,7 @@ impl Repository {
             let mut out = Vec::new();
             // 1. Backwards waiting for this miner.
             let ids: Vec<i64> = {
-                let mut stmt = tx.prepare(
+                let mut stmt = tx.prepare_cached(
                     "SELECT id FROM assignments WHERE miner = ?1 AND kind = 'backward' \
                      AND state = 'assigned' AND delivered = 0 ORDER BY id LIMIT ?2",
                 )?;
@@ -54,7 +54,7 @@ impl Repository {
                 rows.collect::<Result<_, _>>()?
             };
             for id in ids {
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE assignments SET delivered = 1, delivered_at = ?2 WHERE id = ?1",
                     params![id, to_i64(now_ms)],
                 )?;
@@ -70,7 +70,7 @@ impl Repository {
             }
             // 2. Evaluations of the section (they keep nothing, so no allowance applies).
             let evals: Vec<i64> = {
-                let mut stmt = tx.prepare(
+                let mut stmt = tx.prepare_cached(
                     "SELECT id FROM assignments WHERE state = 'open' AND section = ?1 \
                      AND kind = 'eval' ORDER BY id LIMIT ?2",
                 )?;
@@ -82,7 +82,7 @@ impl Repository {
                 out.push(hand_out(tx, id, hotkey, section, limits, now_ms)?);
             }
             // 3. Forwards within the in-flight allowance.
-            let in_flight: i64 = tx.query_row(
+            let in_flight: i64 = tx.query_row_cached(
                 "SELECT COUNT(*) FROM pathway p JOIN samples s ON s.id = p.sample \
                  WHERE p.miner = ?1 AND p.section = ?2 AND p.backward_done = 0 \
                  AND s.outcome = 'active' AND s.kind = 'train'",
@@ -95,7 +95,7 @@ impl Repository {
                 .saturating_sub(usize_of(in_flight));
             let mut wanted = allowance.min(max.saturating_sub(out.len()));
             let open: Vec<i64> = {
-                let mut stmt = tx.prepare(
+                let mut stmt = tx.prepare_cached(
                     "SELECT id FROM assignments WHERE state = 'open' AND section = ?1 \
                      AND kind = 'forward' ORDER BY id LIMIT ?2",
                 )?;
@@ -132,7 +132,7 @@ impl Repository {
         now_ms: u64,
     ) -> Result<Option<AssignmentRow>, RepoError> {
         self.write(|tx| {
-            let (phase, epoch, next): (String, i64, i64) = tx.query_row(
+            let (phase, epoch, next): (String, i64, i64) = tx.query_row_cached(
                 "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
                 [],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -150,7 +150,7 @@ impl Repository {
                 return Ok(None);
             }
             if let Some(cap) = room.per_epoch {
-                let taken: i64 = tx.query_row(
+                let taken: i64 = tx.query_row_cached(
                     "SELECT COALESCE((SELECT completed + active FROM sample_counts \
                      WHERE kind = 'train' AND epoch = ?1), 0)",
                     [epoch],
@@ -161,7 +161,7 @@ impl Repository {
                 }
             }
             if room.per_step.is_some_and(|g| sample.id.is_multiple_of(g)) {
-                let active: i64 = tx.query_row(
+                let active: i64 = tx.query_row_cached(
                     "SELECT COALESCE(SUM(active), 0) FROM sample_counts WHERE kind = 'train'",
                     [],
                     |r| r.get(0),
@@ -170,7 +170,7 @@ impl Repository {
                     return Ok(None);
                 }
             }
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO samples (id, epoch, outcome, tokens_hash, targets_hash, started_at) \
                  VALUES (?1, ?2, 'active', ?3, ?4, ?5)",
                 params![
@@ -181,11 +181,11 @@ impl Repository {
                     to_i64(now_ms)
                 ],
             )?;
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE run_state SET next_sample = ?1 WHERE id = 0",
                 [to_i64(sample.id + 1)],
             )?;
-            tx.execute(
+            tx.execute_cached(
                 "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
                  delivered, input_hash, created_at, delivered_at) \
                  VALUES (?1, ?2, 0, 'forward', ?3, ?4, 'assigned', 1, ?5, ?6, ?6)",
@@ -199,7 +199,7 @@ impl Repository {
                 ],
             )?;
             let id = to_u64(tx.last_insert_rowid());
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR REPLACE INTO pathway (sample, section, miner, backward_done) \
                  VALUES (?1, 0, ?2, 0)",
                 params![to_i64(sample.id), hotkey],
@@ -239,7 +239,7 @@ impl Repository {
             let row = get_assignment(tx, id, limits.tail)?;
             check_held(&row, hotkey)?;
             let output_hash = result.output_hash.clone().unwrap_or_default();
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE assignments SET state = 'done', output_hash = ?2, finished_at = ?3, \
                  download_ms = ?4, compute_ms = ?5, upload_ms = ?6, output_key = ?7 WHERE id = ?1",
                 params![
@@ -256,7 +256,7 @@ impl Repository {
             let sample = to_i64(row.sample);
             let section = row.section;
             let backward_done = |s: usize| -> Result<(), RepoError> {
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE pathway SET backward_done = 1 WHERE sample = ?1 AND section = ?2",
                     params![sample, to_i64(s as u64)],
                 )?;
@@ -276,7 +276,7 @@ impl Repository {
                     None
                 }
                 WorkKind::Eval => {
-                    tx.execute(
+                    tx.execute_cached(
                         "UPDATE samples SET loss = ?2, outcome = 'completed', finished_at = ?3 \
                          WHERE id = ?1",
                         params![sample, result.loss.map(f64::from), to_i64(now_ms)],
@@ -284,7 +284,7 @@ impl Repository {
                     return Ok(());
                 }
                 WorkKind::Forward if section < limits.tail => {
-                    tx.execute(
+                    tx.execute_cached(
                         "UPDATE miners SET forwards = forwards + 1 WHERE hotkey = ?1",
                         [hotkey],
                     )?;
@@ -300,12 +300,12 @@ impl Repository {
                     None
                 }
                 WorkKind::Forward => {
-                    tx.execute(
+                    tx.execute_cached(
                         "UPDATE miners SET forwards = forwards + 1, backwards = backwards + 1 \
                          WHERE hotkey = ?1",
                         [hotkey],
                     )?;
-                    tx.execute(
+                    tx.execute_cached(
                         "UPDATE samples SET loss = ?2 WHERE id = ?1",
                         params![sample, result.loss.map(f64::from)],
                     )?;
@@ -313,7 +313,7 @@ impl Repository {
                     section.checked_sub(1)
                 }
                 WorkKind::Backward => {
-                    tx.execute(
+                    tx.execute_cached(
                         "UPDATE miners SET backwards = backwards + 1 WHERE hotkey = ?1",
                         [hotkey],
                     )?;
@@ -324,13 +324,13 @@ impl Repository {
             let done_at_head = row.kind == WorkKind::Backward && section == 0
                 || row.kind == WorkKind::Forward && section == limits.tail && section == 0;
             if done_at_head {
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE samples SET outcome = 'completed', finished_at = ?2 WHERE id = ?1",
                     params![sample, to_i64(now_ms)],
                 )?;
             } else if let Some(prev) = next_step {
                 let owner: Option<String> = tx
-                    .query_row(
+                    .query_row_cached(
                         "SELECT miner FROM pathway WHERE sample = ?1 AND section = ?2",
                         params![sample, to_i64(prev as u64)],
                         |r| r.get(0),
@@ -416,7 +416,7 @@ impl Repository {
     pub fn expire(&self, limits: RoutingLimits, now_ms: u64) -> Result<Vec<Fallout>, RepoError> {
         self.write(|tx| {
             let ids: Vec<i64> = {
-                let mut stmt = tx.prepare(
+                let mut stmt = tx.prepare_cached(
                     "SELECT id FROM assignments WHERE state = 'assigned' AND deadline < ?1 \
                      ORDER BY id",
                 )?;
@@ -466,7 +466,7 @@ fn hand_out(
     limits: RoutingLimits,
     now_ms: u64,
 ) -> Result<AssignmentRow, RepoError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE assignments SET state = 'assigned', miner = ?2, deadline = ?3, \
          delivered = 1, delivered_at = ?4 WHERE id = ?1",
         params![
@@ -477,7 +477,7 @@ fn hand_out(
         ],
     )?;
     let row = get_assignment(tx, to_u64(id), limits.tail)?;
-    tx.execute(
+    tx.execute_cached(
         "INSERT OR REPLACE INTO pathway (sample, section, miner, backward_done) \
          VALUES (?1, ?2, ?3, 0)",
         params![to_i64(row.sample), section, hotkey],
@@ -496,7 +496,7 @@ fn insert_open(
     attempts: u32,
     now_ms: u64,
 ) -> Result<u64, RepoError> {
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, input_from, \
          attempts, created_at) VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6, ?7, ?8)",
         params![
@@ -524,7 +524,7 @@ fn insert_backward(
     limits: RoutingLimits,
     now_ms: u64,
 ) -> Result<u64, RepoError> {
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO assignments (sample, epoch, section, kind, miner, deadline, state, \
          delivered, input_hash, input_from, attempts, created_at) \
          VALUES (?1, ?2, ?3, 'backward', ?4, ?5, 'assigned', 0, ?6, ?7, ?8, ?9)",
@@ -568,7 +568,7 @@ fn reoffer(
     }
     match row.kind {
         WorkKind::Forward | WorkKind::Eval => {
-            tx.execute(
+            tx.execute_cached(
                 "DELETE FROM pathway WHERE sample = ?1 AND section = ?2",
                 params![to_i64(row.sample), to_i64(row.section as u64)],
             )?;

@@ -2,7 +2,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::db::{to_i64, to_u64, usize_of};
+use super::db::{Cached, to_i64, to_u64, usize_of};
 use crate::api::WorkKind;
 use crate::orchestrator::repo_types::*;
 
@@ -92,7 +92,7 @@ pub(super) fn get_assignment(
     id: u64,
     tail: usize,
 ) -> Result<AssignmentRow, RepoError> {
-    conn.query_row(
+    conn.query_row_cached(
         &format!(
             "SELECT {ASSIGNMENT_COLUMNS} FROM assignments a JOIN samples s ON s.id = a.sample \
              WHERE a.id = ?1"
@@ -125,7 +125,7 @@ pub(super) fn set_state(
     reason: &str,
     now_ms: u64,
 ) -> Result<(), RepoError> {
-    tx.execute(
+    tx.execute_cached(
         "UPDATE assignments SET state = ?2, reason = ?3, finished_at = ?4 WHERE id = ?1",
         params![to_i64(id), state.as_str(), reason, to_i64(now_ms)],
     )?;

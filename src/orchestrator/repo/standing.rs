@@ -21,7 +21,7 @@
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::db::{Repository, to_i64, to_u64};
+use super::db::{Cached, Repository, to_i64, to_u64};
 pub use super::policy::Standing;
 use crate::orchestrator::repo_types::RepoError;
 
@@ -61,7 +61,7 @@ pub(super) fn strike(
     now_ms: u64,
 ) -> Result<(), RepoError> {
     let Some((strikes, struck_at)) = tx
-        .query_row(
+        .query_row_cached(
             "SELECT strikes, struck_at FROM miners WHERE hotkey = ?1",
             [hotkey],
             |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Option<i64>>(1)?)),
@@ -72,7 +72,7 @@ pub(super) fn strike(
     };
     if let (Some(id), Some(struck_at)) = (assignment, struck_at) {
         let delivered: Option<i64> = tx
-            .query_row(
+            .query_row_cached(
                 "SELECT delivered_at FROM assignments WHERE id = ?1",
                 [to_i64(id)],
                 |r| r.get(0),
@@ -86,7 +86,7 @@ pub(super) fn strike(
     let strikes = u32::try_from(strikes).unwrap_or(u32::MAX).saturating_add(1);
     let (span, excluded) = policy.penalty_for(strikes);
     let until = now_ms.saturating_add(span);
-    tx.execute(
+    tx.execute_cached(
         "UPDATE miners SET strikes = ?2, struck_at = ?3, benched_until = ?4 WHERE hotkey = ?1",
         params![hotkey, i64::from(strikes), to_i64(now_ms), to_i64(until)],
     )?;
@@ -96,7 +96,7 @@ pub(super) fn strike(
 
 /// Clears `hotkey`'s strikes after an accepted result (recorded when there were any).
 pub(super) fn clear(tx: &Connection, hotkey: &str, now_ms: u64) -> Result<(), RepoError> {
-    let n = tx.execute(
+    let n = tx.execute_cached(
         "UPDATE miners SET strikes = 0, struck_at = NULL, benched_until = NULL \
          WHERE hotkey = ?1 AND strikes > 0",
         [hotkey],
@@ -124,7 +124,7 @@ fn record(
     until: Option<u64>,
     reason: &str,
 ) -> Result<(), RepoError> {
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO standing (miner, at, decision, strikes, until, reason) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![
@@ -146,7 +146,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn standing_of(&self, hotkey: &str) -> Result<Vec<StandingDecision>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT miner, at, decision, strikes, until, reason FROM standing \
                  WHERE miner = ?1 ORDER BY id",
             )?;
@@ -190,7 +190,7 @@ impl Repository {
         now_ms: u64,
     ) -> Result<bool, RepoError> {
         self.write(|tx| {
-            let new = tx.execute(
+            let new = tx.execute_cached(
                 "INSERT OR IGNORE INTO flagged_windows (miner, epoch, at, reason) \
                  VALUES (?1, ?2, ?3, ?4)",
                 params![hotkey, to_i64(epoch), to_i64(now_ms), reason],
@@ -198,7 +198,7 @@ impl Repository {
             if new == 0 {
                 return Ok(false);
             }
-            let windows: i64 = tx.query_row(
+            let windows: i64 = tx.query_row_cached(
                 "SELECT COUNT(*) FROM flagged_windows WHERE miner = ?1 AND epoch > COALESCE(\
                  (SELECT flag_excluded_epoch FROM miners WHERE hotkey = ?1), -1)",
                 [hotkey],
@@ -210,7 +210,7 @@ impl Repository {
                 return Ok(false);
             }
             let until = now_ms.saturating_add(exclusion_ms);
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE miners SET flag_excluded_until = ?2, flag_excluded_epoch = ?3 \
                  WHERE hotkey = ?1",
                 params![hotkey, to_i64(until), to_i64(epoch)],
@@ -226,7 +226,7 @@ impl Repository {
 /// flags), if it is kept from it.
 pub(super) fn benched_until(tx: &Connection, hotkey: &str) -> Result<Option<u64>, RepoError> {
     Ok(tx
-        .query_row(
+        .query_row_cached(
             "SELECT CASE WHEN benched_until IS NULL AND flag_excluded_until IS NULL THEN NULL \
              ELSE MAX(COALESCE(benched_until, 0), COALESCE(flag_excluded_until, 0)) END \
              FROM miners WHERE hotkey = ?1",

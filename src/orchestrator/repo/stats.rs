@@ -1,6 +1,6 @@
 //! Aggregates for the status page and metrics.
 
-use super::db::{Repository, to_i64, to_u64};
+use super::db::{Cached, Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::{LedgerCounts, RepoError};
 
 /// Mean loss of the last `?1` completed training samples: the newest rows of the
@@ -21,7 +21,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn counts(&self) -> Result<LedgerCounts, RepoError> {
         self.read(|conn| {
-            let (active, completed, dropped): (i64, i64, i64) = conn.query_row(
+            let (active, completed, dropped): (i64, i64, i64) = conn.query_row_cached(
                 "SELECT COALESCE(SUM(active), 0), COALESCE(SUM(completed), 0), \
                  COALESCE(SUM(dropped), 0) FROM sample_counts WHERE kind = 'train'",
                 [],
@@ -43,8 +43,9 @@ impl Repository {
     pub fn recent(&self, n: usize, since_ms: u64) -> Result<(Option<f32>, u64), RepoError> {
         self.read(|conn| {
             let mean: Option<f64> =
-                conn.query_row(RECENT_LOSS, [to_i64(n as u64)], |r| r.get(0))?;
-            let done: i64 = conn.query_row(COMPLETED_SINCE, [to_i64(since_ms)], |r| r.get(0))?;
+                conn.query_row_cached(RECENT_LOSS, [to_i64(n as u64)], |r| r.get(0))?;
+            let done: i64 =
+                conn.query_row_cached(COMPLETED_SINCE, [to_i64(since_ms)], |r| r.get(0))?;
             Ok((mean.map(|m| m as f32), to_u64(done)))
         })
     }

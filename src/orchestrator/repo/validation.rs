@@ -4,7 +4,7 @@
 
 use rusqlite::{OptionalExtension, params};
 
-use super::db::{Repository, to_i64, to_u64, usize_of};
+use super::db::{Cached, Repository, to_i64, to_u64, usize_of};
 use super::merge::CheckpointRow;
 use crate::api::{LedgerSample, WorkKind};
 use crate::orchestrator::repo_types::RepoError;
@@ -59,7 +59,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn save_weights(&self, row: &PublishedRow) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR REPLACE INTO published_weights (validator, epoch, received_at, body, \
                  signature, signed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 params![
@@ -81,7 +81,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn latest_weights(&self) -> Result<Vec<PublishedRow>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT p.validator, p.epoch, p.received_at, p.body, p.signature, p.signed_at \
                  FROM published_weights p WHERE p.epoch = (SELECT MAX(q.epoch) FROM \
                  published_weights q WHERE q.validator = p.validator) ORDER BY p.validator",
@@ -97,7 +97,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn weights_of_epoch(&self, epoch: u64) -> Result<Vec<PublishedRow>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT validator, epoch, received_at, body, signature, signed_at \
                  FROM published_weights WHERE epoch = ?1 ORDER BY validator",
             )?;
@@ -112,7 +112,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn published_epoch(&self, validator: &str) -> Result<Option<u64>, RepoError> {
         self.read(|conn| {
-            let e: Option<i64> = conn.query_row(
+            let e: Option<i64> = conn.query_row_cached(
                 "SELECT MAX(epoch) FROM published_weights WHERE validator = ?1",
                 [validator],
                 |r| r.get(0),
@@ -132,7 +132,7 @@ impl Repository {
         now_ms: u64,
     ) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR REPLACE INTO upload_times (epoch, miner, accepted_at) VALUES (?1, ?2, ?3)",
                 params![to_i64(epoch), miner, to_i64(now_ms)],
             )?;
@@ -147,7 +147,7 @@ impl Repository {
     pub fn upload_time(&self, epoch: u64, miner: &str) -> Result<Option<u64>, RepoError> {
         self.read(|conn| {
             let at: Option<i64> = conn
-                .query_row(
+                .query_row_cached(
                     "SELECT accepted_at FROM upload_times WHERE epoch = ?1 AND miner = ?2",
                     params![to_i64(epoch), miner],
                     |r| r.get(0),
@@ -163,7 +163,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn keep_objects(&self, prefix: &str, epoch: u64, now_ms: u64) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute(
+            tx.execute_cached(
                 "INSERT OR IGNORE INTO kept_objects (prefix, epoch, eligible_at) VALUES (?1, ?2, ?3)",
                 params![prefix, to_i64(epoch), to_i64(now_ms)],
             )?;
@@ -177,7 +177,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn kept_objects(&self) -> Result<Vec<KeptObjects>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT prefix, epoch, eligible_at FROM kept_objects ORDER BY eligible_at",
             )?;
             let rows = stmt.query_map([], |r| {
@@ -197,7 +197,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn release_objects(&self, prefix: &str) -> Result<(), RepoError> {
         self.write(|tx| {
-            tx.execute("DELETE FROM kept_objects WHERE prefix = ?1", [prefix])?;
+            tx.execute_cached("DELETE FROM kept_objects WHERE prefix = ?1", [prefix])?;
             Ok(())
         })
     }
@@ -213,7 +213,7 @@ impl Repository {
     ) -> Result<Option<CheckpointRow>, RepoError> {
         self.read(|conn| {
             Ok(conn
-                .query_row(
+                .query_row_cached(
                     "SELECT section, epoch, hash, bytes, optimizer_step FROM checkpoints \
                      WHERE section = ?1 \
                      AND epoch <= ?2 ORDER BY epoch DESC LIMIT 1",
@@ -244,7 +244,7 @@ impl Repository {
     ) -> Result<Vec<LedgerSample>, RepoError> {
         self.read(|conn| {
             let tail = to_i64(n_sections.saturating_sub(1) as u64);
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT s.id, s.loss, COALESCE((SELECT MAX(a.finished_at) FROM assignments a \
                  WHERE a.sample = s.id AND a.section = ?2 AND a.kind = 'forward' \
                  AND a.state = 'done'), s.finished_at, 0) FROM samples s \
@@ -259,7 +259,7 @@ impl Repository {
                 })
             })?;
             let mut samples: Vec<LedgerSample> = rows.collect::<Result<_, _>>()?;
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT p.sample, p.section, p.miner FROM pathway p JOIN samples s ON s.id = p.sample \
                  WHERE s.epoch = ?1 AND s.outcome = 'completed' AND s.kind = 'train' \
                  ORDER BY p.sample",
@@ -289,7 +289,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn epoch_work_counts(&self, epoch: u64) -> Result<Vec<(String, WorkCounts)>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT a.miner, m.section, \
                  SUM(a.state = 'done'), \
                  SUM(a.state = 'done' AND s.outcome = 'completed'), \
@@ -323,7 +323,7 @@ impl Repository {
     /// [`RepoError::Sqlite`].
     pub fn accepted_in_order(&self, epoch: u64, miner: &str) -> Result<Vec<u64>, RepoError> {
         self.read(|conn| {
-            let mut stmt = conn.prepare(
+            let mut stmt = conn.prepare_cached(
                 "SELECT id FROM assignments WHERE epoch = ?1 AND miner = ?2 AND state = 'done' \
                  AND kind != 'eval' ORDER BY finished_at, kind = 'forward', id",
             )?;
@@ -345,7 +345,7 @@ impl Repository {
     ) -> Result<AcceptedDetail, RepoError> {
         self.read(|conn| {
             let (at, section, output_hash, loss): (Option<i64>, i64, Option<String>, Option<f64>) =
-                conn.query_row(
+                conn.query_row_cached(
                     "SELECT a.finished_at, a.section, a.output_hash, s.loss FROM assignments a \
                      JOIN samples s ON s.id = a.sample WHERE a.id = ?1",
                     [to_i64(id)],
@@ -371,7 +371,7 @@ impl Repository {
     ) -> Result<Option<(String, String)>, RepoError> {
         self.read(|conn| {
             Ok(conn
-                .query_row(
+                .query_row_cached(
                     "SELECT tokens_hash, targets_hash FROM samples WHERE id = ?1 AND epoch = ?2",
                     params![to_i64(sample), to_i64(epoch)],
                     |r| Ok((r.get(0)?, r.get(1)?)),

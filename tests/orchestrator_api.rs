@@ -70,7 +70,7 @@ async fn refused_requests_change_nothing() {
     let h = harness();
     let alice = key("//Alice");
     h.register(&alice).await;
-    let work = serde_json::to_vec(&WorkRequest { max: 1 }).unwrap();
+    let work = serde_json::to_vec(&WorkRequest { max: 1, wait_ms: 0 }).unwrap();
     let before = h.snapshot();
 
     // Unsigned.
@@ -85,11 +85,11 @@ async fn refused_requests_change_nothing() {
     assert_eq!(h.snapshot(), before, "unsigned");
 
     // Bad signature: signed for one body, sent with another.
-    let good = h.signed("/api/work", &WorkRequest { max: 1 }, &alice);
+    let good = h.signed("/api/work", &WorkRequest { max: 1, wait_ms: 0 }, &alice);
     let (parts, _) = good.into_parts();
     let tampered = Request::from_parts(
         parts,
-        Body::from(serde_json::to_vec(&WorkRequest { max: 9 }).unwrap()),
+        Body::from(serde_json::to_vec(&WorkRequest { max: 9, wait_ms: 0 }).unwrap()),
     );
     let (code, _) = h.send(tampered).await;
     assert_eq!(code, StatusCode::UNAUTHORIZED);
@@ -128,7 +128,11 @@ async fn refused_requests_change_nothing() {
 
     // Unregistered.
     let (code, body) = h
-        .send(h.signed("/api/work", &WorkRequest { max: 1 }, &key("//Bob")))
+        .send(h.signed(
+            "/api/work",
+            &WorkRequest { max: 1, wait_ms: 0 },
+            &key("//Bob"),
+        ))
         .await;
     assert_eq!(
         (code, error_code(&body).as_str()),

@@ -194,8 +194,14 @@ async fn r9_an_upload_past_its_limit_is_cut_off() {
         }
     }
     let head = head.unwrap();
-    let work: WorkResponse =
-        post_http(&url, "/api/work", &WorkRequest { max: 1 }, head, "oversize").await;
+    let work: WorkResponse = post_http(
+        &url,
+        "/api/work",
+        &WorkRequest { max: 1, wait_ms: 0 },
+        head,
+        "oversize",
+    )
+    .await;
     let output = work.assignments[0].output.clone().unwrap();
     let max: u64 = output
         .url

@@ -58,7 +58,7 @@ async fn head_work(state: &AppState, key: &Hotkey) -> WorkResponse {
     )
     .await;
     assert_eq!(reg.section, 0);
-    post(state, "/api/work", &WorkRequest { max: 1 }, key).await
+    post(state, "/api/work", &WorkRequest { max: 1, wait_ms: 0 }, key).await
 }
 
 #[tokio::test]
@@ -126,7 +126,13 @@ async fn r9_an_oversized_upload_is_refused_by_its_size() {
         reason.contains("size mismatch") && reason.contains(&(8u64 << 20).to_string()),
         "{reason}"
     );
-    let again: WorkResponse = post(&state, "/api/work", &WorkRequest { max: 1 }, &alice).await;
+    let again: WorkResponse = post(
+        &state,
+        "/api/work",
+        &WorkRequest { max: 1, wait_ms: 0 },
+        &alice,
+    )
+    .await;
     assert_eq!(
         again.assignments[0].sample_id, a.sample_id,
         "the work was not re-offered"

@@ -101,7 +101,7 @@ async fn serves_signed_requests_and_blobs_and_survives_a_restart() {
         .await;
     assert_eq!((reg.section, reg.settings.wire), (0, WireDtype::Bf16));
     let work: WorkResponse = server
-        .post("/api/work", &WorkRequest { max: 1 }, &alice)
+        .post("/api/work", &WorkRequest { max: 1, wait_ms: 0 }, &alice)
         .await;
     let a = &work.assignments[0];
     // Download the head's tokens, whole and by range, through the blob URL.
@@ -158,6 +158,113 @@ async fn serves_signed_requests_and_blobs_and_survives_a_restart() {
         )
         .await;
     assert_eq!(reg.section, 0);
+    server.stop().await;
+}
+
+/// A miner with nothing to do holds its `/api/work` request open (`wait_ms`): the request is
+/// answered with the forward the moment the head submits it, not at a later poll, and the time
+/// it waited is reported and left out of the latency metrics.
+#[tokio::test]
+async fn a_waiting_work_request_is_answered_the_moment_work_is_routed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let addr = server.addr;
+    let (alice, bob) = (
+        Hotkey::from_uri("//Alice").unwrap(),
+        Hotkey::from_uri("//Bob").unwrap(),
+    );
+    let register = RegisterRequest {
+        device: "cpu".into(),
+        max_in_flight: 2,
+    };
+    let reg_a: RegisterResponse = server.post("/api/register", &register, &alice).await;
+    let reg_b: RegisterResponse = server.post("/api/register", &register, &bob).await;
+    assert_eq!((reg_a.section, reg_b.section), (0, 1));
+
+    // Bob asks before any work exists for his section, and may wait up to 20 s.
+    let waiting = tokio::spawn({
+        let bob = bob.clone();
+        async move {
+            let wait = WorkRequest {
+                max: 1,
+                wait_ms: 20_000,
+            };
+            let started = std::time::Instant::now();
+            let work: WorkResponse =
+                post_http(&format!("http://{addr}"), "/api/work", &wait, &bob, "srv").await;
+            (work, started.elapsed())
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "bob's request came back with nothing to do"
+    );
+
+    // Alice computes a head forward and submits it: that opens a forward for section 1.
+    let work: WorkResponse = server
+        .post("/api/work", &WorkRequest { max: 1, wait_ms: 0 }, &alice)
+        .await;
+    let a = &work.assignments[0];
+    let shape = a.output.as_ref().unwrap().shape.clone().unwrap();
+    let n: usize = shape.iter().product();
+    let bytes = Bytes::from(encode(&shape, &vec![0.5; n], WireDtype::Bf16).unwrap());
+    upload_to_url(
+        &Url::parse(&a.output.as_ref().unwrap().url).unwrap(),
+        bytes.clone(),
+    )
+    .await
+    .unwrap();
+    let submit = SubmitRequest {
+        assignment_id: a.id,
+        output_hash: Some(payload_hash(&bytes)),
+        output_bytes: Some(bytes.len() as u64),
+        loss: None,
+        timings: Timings::default(),
+    };
+    let r: SubmitResponse = server.post("/api/submit", &submit, &alice).await;
+    assert!(r.accepted, "{r:?}");
+
+    // The same request of bob's now carries the forward of alice's sample.
+    let (got, took) = waiting.await.unwrap();
+    assert_eq!(got.assignments.len(), 1, "{got:?}");
+    assert_eq!(got.assignments[0].kind, WorkKind::Forward);
+    assert_eq!(got.assignments[0].sample_id, a.sample_id);
+    assert!(got.waited_ms >= 300, "waited {} ms", got.waited_ms);
+    assert!(took < std::time::Duration::from_secs(20), "{took:?}");
+
+    // Nothing more to do: a short wait ends empty, after its wait.
+    let empty: WorkResponse = server
+        .post(
+            "/api/work",
+            &WorkRequest {
+                max: 1,
+                wait_ms: 200,
+            },
+            &bob,
+        )
+        .await;
+    assert!(empty.assignments.is_empty(), "{empty:?}");
+    assert!(empty.waited_ms > 0);
+
+    // The latency histogram counts service time only, not the time bob's requests waited.
+    let waited_s = (got.waited_ms + empty.waited_ms) as f64 / 1000.0;
+    let metrics = reqwest::get(format!("http://{addr}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sum: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("iota_request_seconds_sum{route=\"/api/work\"} "))
+        .unwrap_or_else(|| panic!("no /api/work latency in {metrics}"))
+        .parse()
+        .unwrap();
+    assert!(
+        sum < waited_s,
+        "/api/work latency sum {sum} s includes the {waited_s} s of waiting"
+    );
     server.stop().await;
 }
 
@@ -237,7 +344,7 @@ async fn kill_9_and_restart_keeps_registrations_and_the_ledger() {
             .await;
     }
     let work: WorkResponse = client
-        .post("/api/work", &WorkRequest { max: 2 }, &keys[0])
+        .post("/api/work", &WorkRequest { max: 2, wait_ms: 0 }, &keys[0])
         .await;
     assert_eq!(work.assignments.len(), 2);
     // kill -9: no chance to flush anything.
@@ -263,7 +370,7 @@ async fn kill_9_and_restart_keeps_registrations_and_the_ledger() {
         .await;
     assert_eq!(reg.section, 1);
     let work: WorkResponse = client
-        .post("/api/work", &WorkRequest { max: 2 }, &keys[0])
+        .post("/api/work", &WorkRequest { max: 2, wait_ms: 0 }, &keys[0])
         .await;
     assert!(work.assignments.is_empty());
 }

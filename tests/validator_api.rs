@@ -135,7 +135,7 @@ async fn only_listed_validators_get_in_and_they_are_not_miners() {
     assert_eq!(reg.validation.dissent_l1, 0.8);
     // A validator is not a miner: it gets no training work.
     let (status, body) = h
-        .send(h.signed("/api/work", &WorkRequest { max: 1 }, &val))
+        .send(h.signed("/api/work", &WorkRequest { max: 1, wait_ms: 0 }, &val))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert_eq!(error_code(&body), "not_registered");

@@ -624,7 +624,10 @@ mod tests {
             client.run_info().await,
             Err(ClientError::BadResponse { .. })
         ));
-        let work = client.work(&WorkRequest { max: 2 }).await.unwrap();
+        let work = client
+            .work(&WorkRequest { max: 2, wait_ms: 0 })
+            .await
+            .unwrap();
         assert!(work.assignments.is_empty());
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 3, "one GET, one refused POST, one retry");

@@ -176,7 +176,16 @@ pub struct Assignment {
 pub struct WorkRequest {
     /// Most assignments wanted now.
     pub max: usize,
+    /// When there is no work now, how long the orchestrator may hold the request open
+    /// waiting for some, in ms (capped by the server at [`MAX_WORK_WAIT_MS`]; 0 = answer at
+    /// once). A miner that waits this way picks work up the moment it is routed instead of
+    /// at its next poll.
+    #[serde(default)]
+    pub wait_ms: u64,
 }
+
+/// The longest an `/api/work` request is held open waiting for work.
+pub const MAX_WORK_WAIT_MS: u64 = 5_000;
 
 /// `POST /api/work` response (possibly empty: ask again after a short wait).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -188,6 +197,10 @@ pub struct WorkResponse {
     /// Current epoch: a miner holding older weights adopts the merged ones first.
     #[serde(default)]
     pub epoch: u64,
+    /// How long the orchestrator held the request waiting for work, in ms (the rest of the
+    /// request's time was spent serving it).
+    #[serde(default)]
+    pub waited_ms: u64,
 }
 
 /// Time spent on an assignment, for the ledger and scoring.

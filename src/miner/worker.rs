@@ -38,12 +38,22 @@ use crate::storage::StorageError;
 use crate::wallet::Hotkey;
 use transfer::{Delivered, Fetched, Inputs, Outcome};
 
-/// Longest wait between two empty answers to `/api/work`.
+/// How long an `/api/work` request may be held open by the orchestrator when there is no work
+/// yet: the answer comes the moment work is routed to this miner, instead of at its next poll.
+const WORK_WAIT: Duration = Duration::from_millis(1_000);
+/// Longest wait between two empty answers to `/api/work` that came back early (an orchestrator
+/// that does not hold requests open, or one outside training).
 const IDLE_WAIT: Duration = Duration::from_millis(150);
 /// First wait after an empty answer; it doubles with each further empty answer up to
 /// [`IDLE_WAIT`] and starts over when work arrives, so a miner whose upstream is about to
 /// deliver picks the work up within milliseconds, and an idle one polls slowly.
 const IDLE_WAIT_MIN: Duration = Duration::from_millis(10);
+
+/// An `/api/work` request for up to `max` assignments, waiting up to [`WORK_WAIT`] for them.
+fn work_request(max: usize) -> WorkRequest {
+    let wait_ms = u64::try_from(WORK_WAIT.as_millis()).unwrap_or(u64::MAX);
+    WorkRequest { max, wait_ms }
+}
 
 /// Why the miner stopped with an error.
 #[derive(Debug, Error)]
@@ -405,7 +415,7 @@ impl<B: AutodiffBackend> Worker<B> {
                     .map_err(|e| MinerError::Runtime(format!("work poll task: {e}")))?,
                 None => {
                     let max = self.work_wanted(0).max(1);
-                    self.client.work(&WorkRequest { max }).await
+                    self.client.work(&work_request(max)).await
                 }
             };
             let polled = asked.elapsed();
@@ -450,16 +460,22 @@ impl<B: AutodiffBackend> Worker<B> {
             }
             if work.assignments.is_empty() || work.phase != Phase::Training {
                 self.show();
-                // A poll that found nothing is part of waiting for work.
+                // A poll that found nothing is part of waiting for work. One that waited its
+                // full time is asked again at once; one that came back early backs off.
                 let t = Instant::now();
-                tokio::time::sleep(idle_wait).await;
+                if work.phase != Phase::Training || polled < WORK_WAIT / 2 {
+                    tokio::time::sleep(idle_wait).await;
+                    idle_wait = (idle_wait * 2).min(IDLE_WAIT);
+                }
                 self.util.add(Activity::Idle, polled + t.elapsed());
-                idle_wait = (idle_wait * 2).min(IDLE_WAIT);
                 continue;
             }
             idle_wait = IDLE_WAIT_MIN;
             self.util.start();
-            self.util.add(Activity::Orchestrator, polled);
+            // Time the orchestrator held the request waiting for work is idle time.
+            let waited = Duration::from_millis(work.waited_ms).min(polled);
+            self.util.add(Activity::Idle, waited);
+            self.util.add(Activity::Orchestrator, polled - waited);
             self.work_batch(work.assignments, stop).await;
         }
         self.collect_deliveries(true).await;
@@ -522,7 +538,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 if max > 0 {
                     let client = self.client.clone();
                     self.next_poll = Some(tokio::spawn(async move {
-                        client.work(&WorkRequest { max }).await
+                        client.work(&work_request(max)).await
                     }));
                 }
             }

@@ -30,10 +30,15 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
     let start = Instant::now();
     let response = next.run(req).await;
+    // A long-polled `/api/work` reports the time it waited for work; that is not service time.
+    let waited = response
+        .extensions()
+        .get::<handlers::Waited>()
+        .map_or(Duration::ZERO, |w| w.0);
     state.metrics.observe(
         &route,
         response.status().as_u16(),
-        start.elapsed().as_secs_f64(),
+        start.elapsed().saturating_sub(waited).as_secs_f64(),
     );
     response
 }
@@ -82,6 +87,9 @@ pub fn router(state: AppState) -> Router {
 pub fn enforce_deadlines(state: &AppState) -> usize {
     match state.repo.expire(state.limits(), state.now_ms()) {
         Ok(fallout) => {
+            if !fallout.is_empty() {
+                state.routing_changed();
+            }
             for f in &fallout {
                 tracing::warn!(?f, "assignment missed its deadline");
                 Metrics::bump(&state.metrics.expired);

@@ -146,7 +146,7 @@ impl Harness {
 
     pub async fn work(&self, hotkey: &Hotkey, max: usize) -> Vec<Assignment> {
         let resp: WorkResponse = self
-            .call(self.signed("/api/work", &WorkRequest { max }, hotkey))
+            .call(self.signed("/api/work", &WorkRequest { max, wait_ms: 0 }, hotkey))
             .await;
         resp.assignments
     }

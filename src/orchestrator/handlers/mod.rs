@@ -15,5 +15,5 @@ mod status;
 
 pub use prometheus::metrics;
 pub use registry::{heartbeat, register};
-pub use routing::{release, submit, work};
+pub use routing::{Waited, release, submit, work};
 pub use status::{build_status, health, run_info, status};

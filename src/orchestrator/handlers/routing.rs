@@ -1,8 +1,10 @@
 //! The work loop: `/api/work` (backwards first, then forwards, then new samples at the head),
 //! `/api/submit` and `/api/release`.
 
-use axum::Json;
+use std::time::{Duration, Instant};
+
 use axum::extract::State;
+use axum::{Extension, Json};
 
 use super::payload::{Checked, check_result};
 use crate::api::*;
@@ -17,37 +19,72 @@ use crate::orchestrator::state::AppState;
 use crate::orchestrator::wire::to_wire;
 
 /// `POST /api/work`: backwards first, then evaluations of the epoch's starting weights, then
-/// open forwards, then (head miners) new samples.
+/// open forwards, then (head miners) new samples. A request that finds nothing waits up to its
+/// `wait_ms` (at most [`MAX_WORK_WAIT_MS`]) for routing to change and looks again, so work
+/// reaches an idle miner as soon as it exists; the time spent waiting is left out of the
+/// request's latency in `/metrics` ([`Waited`]).
 pub async fn work(
     State(state): State<AppState>,
     req: Signed<WorkRequest>,
-) -> Result<Json<WorkResponse>, HttpError> {
+) -> Result<(Extension<Waited>, Json<WorkResponse>), HttpError> {
+    let wait = Duration::from_millis(req.body.wait_ms.min(MAX_WORK_WAIT_MS));
+    let begun = Instant::now();
+    // Subscribed before looking, so a change between the look and the wait is not missed.
+    let mut changes = state.routing.subscribe();
+    let mut waited = Duration::ZERO;
+    loop {
+        let mut answer = take_work(&state, &req).await?;
+        let left = wait.saturating_sub(begun.elapsed());
+        let found = !answer.assignments.is_empty() || answer.phase != Phase::Training;
+        if !found && !left.is_zero() {
+            let t = Instant::now();
+            let changed = tokio::time::timeout(left, changes.changed()).await;
+            waited += t.elapsed();
+            if matches!(changed, Ok(Ok(()))) {
+                continue;
+            }
+            // Timed out, or the server is shutting down: answer with nothing.
+        }
+        answer.waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
+        return Ok((Extension(Waited(waited)), Json(answer)));
+    }
+}
+
+/// Time an `/api/work` request spent waiting for work, attached to its response so the
+/// latency metrics count only the time spent serving it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Waited(pub Duration);
+
+/// One look for `req`'s miner: what is routed to it now (and new samples for a head miner).
+async fn take_work(state: &AppState, req: &Signed<WorkRequest>) -> Result<WorkResponse, HttpError> {
     let limits = state.limits();
     let (phase, epoch, _) = state.repo.run_state()?;
     if phase != Phase::Training {
-        return Ok(Json(WorkResponse {
+        return Ok(WorkResponse {
             assignments: Vec::new(),
             phase,
             epoch,
-        }));
+            waited_ms: 0,
+        });
     }
-    start_evals(&state, epoch).await?;
+    start_evals(state, epoch).await?;
     let taken = state
         .repo
         .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
     let mut rows = taken.assignments;
     if taken.head_capacity > 0 {
-        rows.extend(start_samples(&state, &req.hotkey, epoch, taken.head_capacity).await?);
+        rows.extend(start_samples(state, &req.hotkey, epoch, taken.head_capacity).await?);
     }
     let mut assignments = Vec::with_capacity(rows.len());
     for row in &rows {
-        assignments.push(to_wire(&state, row).await?);
+        assignments.push(to_wire(state, row).await?);
     }
-    Ok(Json(WorkResponse {
+    Ok(WorkResponse {
         assignments,
         phase,
         epoch,
-    }))
+        waited_ms: 0,
+    })
 }
 
 /// Starts the evaluation samples of `epoch` (the weights it started with) unless they were:
@@ -82,6 +119,7 @@ async fn start_evals(state: &AppState, epoch: u64) -> Result<(), HttpError> {
         });
     }
     let started = state.repo.start_evals(epoch, &samples, state.now_ms())?;
+    state.routing_changed();
     tracing::info!(
         epoch,
         started,
@@ -186,6 +224,7 @@ pub async fn submit(
         for _ in &fallout {
             Metrics::bump(&state.metrics.expired);
         }
+        state.routing_changed();
         Metrics::bump(&state.metrics.refused);
         return Ok(Json(SubmitResponse {
             accepted: false,
@@ -207,6 +246,7 @@ pub async fn submit(
                 .repo
                 .refuse(id, &req.hotkey, &reason, limits, state.now_ms())?;
             tracing::warn!(hotkey = %req.hotkey, id, %reason, ?fallout, "result refused");
+            state.routing_changed();
             Metrics::bump(&state.metrics.refused);
             return Ok(Json(SubmitResponse {
                 accepted: false,
@@ -227,6 +267,7 @@ pub async fn submit(
     state
         .repo
         .accept(id, &req.hotkey, &accepted, limits, state.now_ms())?;
+    state.routing_changed();
     Metrics::bump(&state.metrics.accepted);
     Ok(Json(SubmitResponse {
         accepted: true,
@@ -245,6 +286,7 @@ pub async fn release(
         state.limits(),
         state.now_ms(),
     )?;
+    state.routing_changed();
     let dropped = fallout
         .iter()
         .filter(|f| matches!(f, Fallout::Dropped { .. }))

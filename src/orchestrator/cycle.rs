@@ -43,7 +43,7 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
             {
                 let deadline = now.saturating_add(m.upload_s.saturating_mul(1000));
                 let cancelled = state.repo.begin_uploading(info.epoch, deadline, now)?;
-                state.routing_changed();
+                state.wakeups.everyone();
                 tracing::info!(
                     epoch = info.epoch,
                     completed = done,
@@ -59,7 +59,7 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
                     .saturating_add(m.lease_grace_s.saturating_mul(1000))
                     .saturating_add(m.merge_s.saturating_mul(1000));
                 state.repo.begin_merging(merge_deadline, now)?;
-                state.routing_changed();
+                state.wakeups.everyone();
                 tracing::info!(epoch = info.epoch, "uploads closed: merging");
             }
         }
@@ -74,7 +74,7 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
             if all_done {
                 collect_garbage(state, info.epoch).await;
                 state.repo.finish_merge(info.epoch)?;
-                state.routing_changed();
+                state.wakeups.everyone();
                 super::retention::prune_ledger(state, info.epoch + 1);
                 tracing::info!(epoch = info.epoch + 1, "merge done: training");
             }

@@ -36,6 +36,7 @@ pub mod retention;
 pub mod server;
 pub mod state;
 pub mod validation_handlers;
+pub mod wakeups;
 pub mod wire;
 
 pub use config::{ConfigError, RunConfig};

@@ -328,6 +328,28 @@ pub struct WorkTaken {
     pub assignments: Vec<AssignmentRow>,
     /// How many new samples a head miner may still start now (0 outside section 0).
     pub head_capacity: usize,
+    /// The miner's section.
+    pub section: usize,
+    /// How many more forwards the miner could take within its in-flight allowance (0 for a
+    /// miner backed off or excluded).
+    pub forward_room: usize,
+}
+
+/// What an accepted result routed next (who may now have work).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Routed {
+    /// A forward or evaluation was opened to `section`.
+    Opened {
+        /// The section it is open to.
+        section: usize,
+    },
+    /// A backward was assigned to `miner`.
+    Backward {
+        /// Its holder.
+        miner: String,
+    },
+    /// The sample ended (completed or dropped): there may be room for new samples at the head.
+    Finished,
 }
 
 /// Sample counters and recent losses.

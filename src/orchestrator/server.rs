@@ -88,7 +88,7 @@ pub fn enforce_deadlines(state: &AppState) -> usize {
     match state.repo.expire(state.limits(), state.now_ms()) {
         Ok(fallout) => {
             if !fallout.is_empty() {
-                state.routing_changed();
+                state.wakeups.everyone();
             }
             for f in &fallout {
                 tracing::warn!(?f, "assignment missed its deadline");

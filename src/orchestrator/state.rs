@@ -107,10 +107,8 @@ pub struct Inner {
     pub blob_puts: Arc<tokio::sync::Semaphore>,
     /// Server start, ms since the Unix epoch.
     pub started_ms: u64,
-    /// Bumped whenever routing may have new work for someone (a result accepted or refused,
-    /// work released or expired, evaluations opened, the phase changed); `/api/work` requests
-    /// that found nothing wait on it ([`Self::routing_changed`]).
-    pub routing: tokio::sync::watch::Sender<u64>,
+    /// Wakes `/api/work` requests waiting for work when routing gives their miner some.
+    pub wakeups: super::wakeups::Wakeups,
 }
 
 impl std::ops::Deref for AppState {
@@ -165,6 +163,7 @@ impl AppState {
         let keys = RunKeys::new(&config.run)?;
         let started_ms = clock();
         let repo = repo.with_standing(config.standing());
+        let n_sections = config.model.n_sections();
         Ok(Self {
             inner: Arc::new(Inner {
                 config,
@@ -182,15 +181,9 @@ impl AppState {
                 in_check: std::sync::Mutex::new(std::collections::HashSet::new()),
                 blob_puts: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PUTS)),
                 started_ms,
-                routing: tokio::sync::watch::Sender::new(0),
+                wakeups: super::wakeups::Wakeups::new(n_sections),
             }),
         })
-    }
-
-    /// Wakes the `/api/work` requests waiting for work: routing may have changed.
-    pub fn routing_changed(&self) {
-        self.routing
-            .send_modify(|generation| *generation = generation.wrapping_add(1));
     }
 
     /// Now, in ms since the Unix epoch.

@@ -48,6 +48,10 @@ pub struct BenchOrchestratorArgs {
     /// Longest idle poll interval of a miner, in milliseconds (`iota mine`: 150).
     #[arg(long, default_value_t = 150)]
     pub poll_ms: u64,
+    /// How long each simulated miner's `/api/work` may be held open waiting for work, in ms
+    /// (`iota mine`: 1000; 0: plain polling). Its latency is counted without the wait.
+    #[arg(long, default_value_t = 1000)]
+    pub wait_ms: u64,
     /// Milliseconds each simulated miner sleeps per assignment in place of model compute (0: a
     /// closed loop at saturation, where every miner is always waiting on the orchestrator).
     #[arg(long, default_value_t = 0)]
@@ -205,6 +209,7 @@ async fn run_one(
         max_in_flight: args.max_in_flight,
         heartbeat: Duration::from_secs(args.heartbeat_s.max(1)),
         idle_max: Duration::from_millis(args.poll_ms.max(1)),
+        wait_ms: args.wait_ms,
         compute: Duration::from_millis(args.compute_ms),
         completed: AtomicU64::new(0),
         refused: AtomicU64::new(0),
@@ -392,12 +397,13 @@ pub fn run(args: BenchOrchestratorArgs) -> anyhow::Result<()> {
         std::env::temp_dir().join(format!("iota-bench-orchestrator-{}", std::process::id()))
     });
     println!(
-        "iota bench orchestrator: preset {} ({} sections), samples of {} x {} tokens (bf16 wire), {} samples per run, miners poll at 10-{} ms and ask for {} at a time, {} ms of simulated compute (a sleep) per assignment, heartbeat every {} s; one `iota orchestrate` process with local storage",
+        "iota bench orchestrator: preset {} ({} sections), samples of {} x {} tokens (bf16 wire), {} samples per run, miners' work requests wait up to {} ms for work (then poll at 10-{} ms) and ask for {} at a time, {} ms of simulated compute (a sleep) per assignment, heartbeat every {} s; one `iota orchestrate` process with local storage",
         model.name,
         model.n_sections(),
         args.batch_size,
         args.seq_len,
         args.samples,
+        args.wait_ms,
         args.poll_ms,
         args.max_in_flight,
         args.compute_ms,

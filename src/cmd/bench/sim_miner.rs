@@ -38,6 +38,9 @@ pub struct Shared {
     pub heartbeat: Duration,
     /// Longest idle poll interval.
     pub idle_max: Duration,
+    /// How long an `/api/work` request may be held open waiting for work, in ms (`iota mine`
+    /// asks for 1000; 0 polls).
+    pub wait_ms: u64,
     /// Time slept per assignment between download and upload, standing in for the model
     /// compute a real miner would do (zero: none).
     pub compute: Duration,
@@ -115,18 +118,27 @@ pub async fn run(shared: Arc<Shared>, tag: String, index: usize) -> anyhow::Resu
             };
             let _ = shared.timed("heartbeat", api.heartbeat(&hb)).await;
         }
-        // Polls without waiting, so the latency table measures the handler's own work.
         let work = WorkRequest {
             max: shared.max_in_flight,
-            wait_ms: 0,
+            wait_ms: shared.wait_ms,
         };
-        let assignments = match shared.timed("work", api.work(&work)).await {
-            Ok(resp) => resp.assignments,
-            Err(_) => Vec::new(),
-        };
+        // The time the orchestrator held the request waiting for work is not its latency.
+        let window = shared.window_now();
+        let start = Instant::now();
+        let answer = api.work(&work).await;
+        let took = start.elapsed();
+        let waited = Duration::from_millis(answer.as_ref().map_or(0, |w| w.waited_ms));
+        shared
+            .recorder
+            .add("work", took.saturating_sub(waited), window, answer.is_ok());
+        let assignments = answer.map(|w| w.assignments).unwrap_or_default();
         if assignments.is_empty() {
-            tokio::time::sleep(idle).await;
-            idle = (idle * 2).min(shared.idle_max);
+            // A request that waited its time is sent again at once; one that came back early
+            // (no wait asked, or an error) backs off.
+            if took < Duration::from_millis(shared.wait_ms / 2) || shared.wait_ms == 0 {
+                tokio::time::sleep(idle).await;
+                idle = (idle * 2).min(shared.idle_max);
+            }
             continue;
         }
         idle = IDLE_MIN;

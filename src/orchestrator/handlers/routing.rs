@@ -16,34 +16,37 @@ use crate::orchestrator::repo_types::{
     Accepted, AssignmentRow, Fallout, NewSample, RepoError, SampleRoom,
 };
 use crate::orchestrator::state::AppState;
+use crate::orchestrator::wakeups::{Interest, Woken};
 use crate::orchestrator::wire::to_wire;
 
 /// `POST /api/work`: backwards first, then evaluations of the epoch's starting weights, then
 /// open forwards, then (head miners) new samples. A request that finds nothing waits up to its
-/// `wait_ms` (at most [`MAX_WORK_WAIT_MS`]) for routing to change and looks again, so work
-/// reaches an idle miner as soon as it exists; the time spent waiting is left out of the
-/// request's latency in `/metrics` ([`Waited`]).
+/// `wait_ms` (at most [`MAX_WORK_WAIT_MS`]) until routing gives its miner something
+/// ([`crate::orchestrator::wakeups`]) and looks again, so work reaches an idle miner as soon as
+/// it exists; the time spent waiting is reported (`waited_ms`) and left out of the request's
+/// latency in `/metrics` ([`Waited`]).
 pub async fn work(
     State(state): State<AppState>,
     req: Signed<WorkRequest>,
 ) -> Result<(Extension<Waited>, Json<WorkResponse>), HttpError> {
     let wait = Duration::from_millis(req.body.wait_ms.min(MAX_WORK_WAIT_MS));
     let begun = Instant::now();
-    // Subscribed before looking, so a change between the look and the wait is not missed.
-    let mut changes = state.routing.subscribe();
+    // Taken before looking, so what is routed between the look and the wait is not missed.
+    let mut ticket = (!wait.is_zero()).then(|| state.wakeups.ticket(&req.hotkey));
     let mut waited = Duration::ZERO;
     loop {
-        let mut answer = take_work(&state, &req).await?;
+        let (mut answer, interest) = take_work(&state, &req).await?;
         let left = wait.saturating_sub(begun.elapsed());
         let found = !answer.assignments.is_empty() || answer.phase != Phase::Training;
-        if !found && !left.is_zero() {
+        if let (false, Some(ticket), Some(interest)) = (found, ticket.as_mut(), interest)
+            && !left.is_zero()
+        {
             let t = Instant::now();
-            let changed = tokio::time::timeout(left, changes.changed()).await;
+            let woken = state.wakeups.wait(ticket, interest, left).await;
             waited += t.elapsed();
-            if matches!(changed, Ok(Ok(()))) {
+            if woken == Woken::Look {
                 continue;
             }
-            // Timed out, or the server is shutting down: answer with nothing.
         }
         answer.waited_ms = u64::try_from(waited.as_millis()).unwrap_or(u64::MAX);
         return Ok((Extension(Waited(waited)), Json(answer)));
@@ -55,17 +58,22 @@ pub async fn work(
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Waited(pub Duration);
 
-/// One look for `req`'s miner: what is routed to it now (and new samples for a head miner).
-async fn take_work(state: &AppState, req: &Signed<WorkRequest>) -> Result<WorkResponse, HttpError> {
+/// One look for `req`'s miner: what is routed to it now (and new samples for a head miner),
+/// and what it could still take (none outside training).
+async fn take_work(
+    state: &AppState,
+    req: &Signed<WorkRequest>,
+) -> Result<(WorkResponse, Option<Interest>), HttpError> {
     let limits = state.limits();
     let (phase, epoch, _) = state.repo.run_state()?;
     if phase != Phase::Training {
-        return Ok(WorkResponse {
+        let answer = WorkResponse {
             assignments: Vec::new(),
             phase,
             epoch,
             waited_ms: 0,
-        });
+        };
+        return Ok((answer, None));
     }
     start_evals(state, epoch).await?;
     let taken = state
@@ -79,12 +87,17 @@ async fn take_work(state: &AppState, req: &Signed<WorkRequest>) -> Result<WorkRe
     for row in &rows {
         assignments.push(to_wire(state, row).await?);
     }
-    Ok(WorkResponse {
+    let interest = Interest {
+        section: taken.section,
+        forwards: taken.forward_room > 0,
+    };
+    let answer = WorkResponse {
         assignments,
         phase,
         epoch,
         waited_ms: 0,
-    })
+    };
+    Ok((answer, Some(interest)))
 }
 
 /// Starts the evaluation samples of `epoch` (the weights it started with) unless they were:
@@ -119,7 +132,7 @@ async fn start_evals(state: &AppState, epoch: u64) -> Result<(), HttpError> {
         });
     }
     let started = state.repo.start_evals(epoch, &samples, state.now_ms())?;
-    state.routing_changed();
+    state.wakeups.everyone();
     tracing::info!(
         epoch,
         started,
@@ -224,7 +237,7 @@ pub async fn submit(
         for _ in &fallout {
             Metrics::bump(&state.metrics.expired);
         }
-        state.routing_changed();
+        state.wakeups.everyone();
         Metrics::bump(&state.metrics.refused);
         return Ok(Json(SubmitResponse {
             accepted: false,
@@ -246,7 +259,7 @@ pub async fn submit(
                 .repo
                 .refuse(id, &req.hotkey, &reason, limits, state.now_ms())?;
             tracing::warn!(hotkey = %req.hotkey, id, %reason, ?fallout, "result refused");
-            state.routing_changed();
+            state.wakeups.everyone();
             Metrics::bump(&state.metrics.refused);
             return Ok(Json(SubmitResponse {
                 accepted: false,
@@ -264,10 +277,10 @@ pub async fn submit(
         loss: req.body.loss,
         timings: req.body.timings,
     };
-    state
+    let routed = state
         .repo
         .accept(id, &req.hotkey, &accepted, limits, state.now_ms())?;
-    state.routing_changed();
+    state.wakeups.routed(&routed);
     Metrics::bump(&state.metrics.accepted);
     Ok(Json(SubmitResponse {
         accepted: true,
@@ -286,7 +299,7 @@ pub async fn release(
         state.limits(),
         state.now_ms(),
     )?;
-    state.routing_changed();
+    state.wakeups.everyone();
     let dropped = fallout
         .iter()
         .filter(|f| matches!(f, Fallout::Dropped { .. }))

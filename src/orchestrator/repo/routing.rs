@@ -66,6 +66,8 @@ impl Repository {
                 return Ok(WorkTaken {
                     assignments: out,
                     head_capacity: 0,
+                    section: miner.section,
+                    forward_room: 0,
                 });
             }
             // 2. Evaluations of the section (they keep nothing, so no allowance applies).
@@ -110,6 +112,8 @@ impl Repository {
             Ok(WorkTaken {
                 assignments: out,
                 head_capacity,
+                section: miner.section,
+                forward_room: wanted,
             })
         })
     }
@@ -223,7 +227,8 @@ impl Repository {
     /// Accepts the result of assignment `id` from `hotkey` and routes the next piece of work:
     /// a forward output becomes an open forward of the next section; the tail's input gradient
     /// or a backward's becomes a backward of the previous section for the miner that ran its
-    /// forward; the head's backward completes the sample.
+    /// forward; the head's backward completes the sample. Returns what was routed, so the
+    /// miners it concerns can be woken ([`crate::orchestrator::wakeups`]).
     ///
     /// # Errors
     /// As [`Repository::held`].
@@ -234,7 +239,7 @@ impl Repository {
         result: &Accepted,
         limits: RoutingLimits,
         now_ms: u64,
-    ) -> Result<(), RepoError> {
+    ) -> Result<Routed, RepoError> {
         self.write(|tx| {
             let row = get_assignment(tx, id, limits.tail)?;
             check_held(&row, hotkey)?;
@@ -273,7 +278,9 @@ impl Repository {
                         0,
                         now_ms,
                     )?;
-                    None
+                    return Ok(Routed::Opened {
+                        section: section + 1,
+                    });
                 }
                 WorkKind::Eval => {
                     tx.execute_cached(
@@ -281,7 +288,7 @@ impl Repository {
                          WHERE id = ?1",
                         params![sample, result.loss.map(f64::from), to_i64(now_ms)],
                     )?;
-                    return Ok(());
+                    return Ok(Routed::Finished);
                 }
                 WorkKind::Forward if section < limits.tail => {
                     tx.execute_cached(
@@ -297,7 +304,9 @@ impl Repository {
                         0,
                         now_ms,
                     )?;
-                    None
+                    return Ok(Routed::Opened {
+                        section: section + 1,
+                    });
                 }
                 WorkKind::Forward => {
                     tx.execute_cached(
@@ -328,7 +337,9 @@ impl Repository {
                     "UPDATE samples SET outcome = 'completed', finished_at = ?2 WHERE id = ?1",
                     params![sample, to_i64(now_ms)],
                 )?;
-            } else if let Some(prev) = next_step {
+                return Ok(Routed::Finished);
+            }
+            if let Some(prev) = next_step {
                 let owner: Option<String> = tx
                     .query_row_cached(
                         "SELECT miner FROM pathway WHERE sample = ?1 AND section = ?2",
@@ -340,6 +351,7 @@ impl Repository {
                     Some(owner) => {
                         let input = (output_hash.as_str(), id);
                         insert_backward(tx, &row, prev, &owner, input, 0, limits, now_ms)?;
+                        return Ok(Routed::Backward { miner: owner });
                     }
                     None => drop_sample(
                         tx,
@@ -349,7 +361,7 @@ impl Repository {
                     )?,
                 }
             }
-            Ok(())
+            Ok(Routed::Finished)
         })
     }
 

@@ -73,7 +73,11 @@ fn registration_balances_and_remembers() {
 fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
     let repo = network();
     let f0 = start(&repo, 0);
-    repo.accept(f0, "a0", &ok("h0"), LIMITS, T0 + 10).unwrap();
+    // Each acceptance says who may now have work (they are woken: `orchestrator::wakeups`).
+    assert_eq!(
+        repo.accept(f0, "a0", &ok("h0"), LIMITS, T0 + 10).unwrap(),
+        Routed::Opened { section: 1 }
+    );
     // The head's output is an open forward of section 1, taken by whoever asks.
     let w = repo.take_work("b1", 4, LIMITS, T0 + 20).unwrap();
     assert_eq!(w.assignments.len(), 1);
@@ -89,13 +93,19 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
             .assignments
             .is_empty()
     );
-    repo.accept(f1.id, "b1", &ok("h1"), LIMITS, T0 + 30)
-        .unwrap();
+    assert_eq!(
+        repo.accept(f1.id, "b1", &ok("h1"), LIMITS, T0 + 30)
+            .unwrap(),
+        Routed::Opened { section: 2 }
+    );
     let w = repo.take_work("c0", 4, LIMITS, T0 + 40).unwrap();
     let f2 = &w.assignments[0];
     assert_eq!(f2.targets_hash.as_deref(), Some("tgt"));
-    repo.accept(f2.id, "c0", &ok("g2"), LIMITS, T0 + 50)
-        .unwrap();
+    assert_eq!(
+        repo.accept(f2.id, "c0", &ok("g2"), LIMITS, T0 + 50)
+            .unwrap(),
+        Routed::Backward { miner: "b1".into() }
+    );
     // The backward of section 1 goes to b1 (it ran the forward), not to b0.
     assert!(
         repo.take_work("b0", 4, LIMITS, T0 + 60)
@@ -109,8 +119,11 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
         (b1.kind, b1.section, b1.input_hash.as_str()),
         (WorkKind::Backward, 1, "g2")
     );
-    repo.accept(b1.id, "b1", &ok("g1"), LIMITS, T0 + 70)
-        .unwrap();
+    assert_eq!(
+        repo.accept(b1.id, "b1", &ok("g1"), LIMITS, T0 + 70)
+            .unwrap(),
+        Routed::Backward { miner: "a0".into() }
+    );
     let w = repo.take_work("a0", 1, LIMITS, T0 + 80).unwrap();
     let b0 = &w.assignments[0];
     assert_eq!((b0.kind, b0.section), (WorkKind::Backward, 0));
@@ -120,7 +133,10 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
         loss: None,
         timings: Default::default(),
     };
-    repo.accept(b0.id, "a0", &none, LIMITS, T0 + 90).unwrap();
+    assert_eq!(
+        repo.accept(b0.id, "a0", &none, LIMITS, T0 + 90).unwrap(),
+        Routed::Finished
+    );
     let s = repo.sample(0).unwrap().unwrap();
     assert_eq!(s.outcome, SampleOutcome::Completed);
     assert_eq!(s.loss, Some(2.5));

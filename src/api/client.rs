@@ -632,7 +632,7 @@ mod tests {
         let seen = seen.lock().unwrap();
         assert_eq!(seen.len(), 3, "one GET, one refused POST, one retry");
         let (head, body) = &seen[2];
-        assert_eq!(body.as_slice(), br#"{"max":2}"#);
+        assert_eq!(body.as_slice(), br#"{"max":2,"wait_ms":0}"#);
         let headers = SignedHeaders::from_lookup(|name| header(head, name)).unwrap();
         assert_eq!(headers.signed_for, "r1");
         assert_eq!(headers.hotkey, key.address().to_string());

@@ -94,6 +94,12 @@ pub struct LocalArgs {
     /// Samples completed per training epoch before the miners merge (ignored with --config).
     #[arg(long, default_value_t = 100)]
     pub merge_every: u64,
+    /// Samples per optimizer step: 0 steps asynchronously (each miner after every backward, on
+    /// weights up to `max_in_flight - 1` steps stale); G > 0 makes synchronous steps of G
+    /// samples, every one computed at the same weights, with the learning-rate schedule
+    /// counting steps (`--merge-every` must be a multiple of G; ignored with --config).
+    #[arg(long, value_name = "G", default_value_t = 0)]
+    pub samples_per_step: u64,
     /// Merge operator: mean, geometric, median, trimmed[:F] (ignored with --config).
     #[arg(long, default_value = "mean")]
     pub merge_op: MergeOp,
@@ -237,6 +243,7 @@ pub fn generated_config(
         "deadlines": { "forward_s": args.deadline_s, "backward_s": 2 * args.deadline_s },
         "heartbeat_s": 2,
         "batches_before_merging": args.merge_every,
+        "samples_per_step": args.samples_per_step,
         "max_samples": args.samples,
         "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
         "validators": validators,
@@ -251,14 +258,15 @@ pub fn generated_config(
 /// The learning-rate schedule of the generated config: `iota train`'s (warmup, then a cosine
 /// to a tenth of the peak) over the `--samples` budget, so a network and `iota train` at equal
 /// tokens follow the same rates. Sample ids are the schedule's steps (one sample unit is one
-/// `iota train` step of `--batch-size` windows). Without a budget the rate stays at its peak
-/// after the warmup.
+/// `iota train` step of `--batch-size` windows; with `--samples-per-step G`, G samples are one
+/// step). Without a budget the rate stays at its peak after the warmup.
 fn schedule_for(args: &LocalArgs) -> LrSchedule {
     let defaults = crate::cmd::train::TrainSettings::default();
+    let per_step = args.samples_per_step.max(1);
     LrSchedule {
         peak: args.lr,
         warmup_steps: defaults.warmup_steps,
-        total_steps: args.samples.unwrap_or(u64::MAX),
+        total_steps: args.samples.map_or(u64::MAX, |n| n.div_ceil(per_step)),
         min_ratio: defaults.min_lr_ratio,
     }
 }
@@ -791,6 +799,31 @@ mod tests {
         assert_eq!(cfg.batch_size, 2);
         assert_eq!(cfg.listen, listen);
         assert_eq!(cfg.data_dir, dir.path().join("state"));
+        assert_eq!(cfg.samples_per_step, 0);
+    }
+
+    #[test]
+    fn synchronous_steps_are_one_flag_and_the_schedule_counts_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let listen: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        let wrap = Wrap::parse_from([
+            "x",
+            "--samples-per-step",
+            "2",
+            "--samples",
+            "301",
+            "--merge-every",
+            "50",
+        ]);
+        let path = write_config(&wrap.args, dir.path(), listen).unwrap();
+        let cfg = crate::orchestrator::RunConfig::load(&path).unwrap();
+        assert_eq!(cfg.samples_per_step, 2);
+        assert_eq!(cfg.schedule.total_steps, 151);
+        // A merge interval that splits a step is refused by name when the config is read.
+        let wrap = Wrap::parse_from(["x", "--samples-per-step", "2", "--merge-every", "5"]);
+        let path = write_config(&wrap.args, dir.path(), listen).unwrap();
+        let err = crate::orchestrator::RunConfig::load(&path).unwrap_err();
+        assert!(err.to_string().contains("samples_per_step"), "{err}");
     }
 
     #[test]

@@ -490,6 +490,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         device: DeviceKind::Cpu,
         poll_ms: 500,
         merge_every: args.merge_every * split,
+        samples_per_step: args.samples_per_step,
         merge_op: args.merge_op,
         validators: 0,
         validator_wait_s: 0,

@@ -246,6 +246,7 @@ fn run_one(
         device: DeviceKind::Cpu,
         poll_ms: 200,
         merge_every: per_epoch,
+        samples_per_step: 0,
         merge_op: args.op,
         validators: 0,
         validator_wait_s: 0,

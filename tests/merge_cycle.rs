@@ -213,6 +213,33 @@ async fn three_players(h: &Harness) -> (Player, Player, Player, usize) {
     (a, b, c, n)
 }
 
+/// The epoch's last result moves the run to uploading at once: the submit that completes the
+/// epoch starts the phase machine, with no deadline-task tick (this harness runs none).
+#[tokio::test]
+async fn the_last_result_of_an_epoch_starts_the_merge_without_a_tick() {
+    let h = merge_harness("");
+    let alice = key("//Alice");
+    h.register(&alice).await;
+    let mut done = 0;
+    while done < 2 {
+        let work = h.work(&alice, 2).await;
+        assert!(!work.is_empty(), "no work after {done} samples");
+        for a in work {
+            let r = h.submit(&alice, &a, None, Some(3.0)).await;
+            assert!(r.accepted, "{r:?}");
+            done += 1;
+        }
+    }
+    // The phase machine runs in a background task: give it up to 5 s.
+    for _ in 0..500 {
+        if h.merge_status().await.phase == Phase::Uploading {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("the run stayed in training after its epoch's last result");
+}
+
 #[tokio::test]
 async fn a_full_cycle_merges_exactly_and_everyone_adopts_the_same_state() {
     let h = merge_harness("");

@@ -22,6 +22,18 @@ use crate::merge::{MergePlan, PlanSpec, partition_count};
 /// Seconds without a request after which a miner no longer counts as live (at least).
 const MIN_ALIVE_MS: u64 = 10_000;
 
+/// Runs the phase machine in the background (it may read and write large objects), so a step
+/// that completes a phase (the epoch's last sample, a merge upload or result) moves on without
+/// waiting for the deadline task's next tick.
+pub fn spawn_advance(state: &AppState) {
+    let state = state.clone();
+    tokio::spawn(async move {
+        if let Err(e) = advance(&state).await {
+            tracing::error!("merge cycle: {e}");
+        }
+    });
+}
+
 /// Runs one step of the phase machine; a no-op when nothing is due.
 ///
 /// # Errors

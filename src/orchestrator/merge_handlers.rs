@@ -31,17 +31,6 @@ fn wait(reason: impl Into<String>) -> MergeTask {
     }
 }
 
-/// Runs the phase machine in the background (it may read and write large objects), so a merge
-/// step that completes a phase moves on without waiting for the deadline task's next tick.
-pub fn spawn_advance(state: &AppState) {
-    let state = state.clone();
-    tokio::spawn(async move {
-        if let Err(e) = cycle::advance(&state).await {
-            tracing::error!("merge cycle: {e}");
-        }
-    });
-}
-
 /// The latest checkpoint of `section` as a downloadable [`SectionCheckpoint`].
 ///
 /// # Errors
@@ -434,7 +423,7 @@ pub async fn submit(
             })
         }
     };
-    spawn_advance(&state);
+    cycle::spawn_advance(&state);
     Ok(response)
 }
 

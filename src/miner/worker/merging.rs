@@ -28,12 +28,17 @@ use crate::storage::{payload_hash, upload_to_url};
 
 /// Longest wait between two polls of the merge task.
 const MAX_POLL: Duration = Duration::from_millis(1000);
+/// First wait after a merge step: it doubles while there is nothing to do, up to the
+/// orchestrator's suggested wait and [`MAX_POLL`], so the next step is picked up soon after
+/// it becomes possible without polling fast through a long wait.
+const MIN_POLL: Duration = Duration::from_millis(25);
 /// Wait after a failed step.
 const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
 
 impl<B: AutodiffBackend> Worker<B> {
     /// Takes part in the merge until the orchestrator says to train (or `stop` is set).
     pub(super) async fn merge_round(&mut self, stop: &AtomicBool) {
+        let mut pause = MIN_POLL;
         while !stop.load(Ordering::SeqCst) {
             let req = MergeTaskRequest {
                 held_epoch: self.held_epoch,
@@ -59,8 +64,10 @@ impl<B: AutodiffBackend> Worker<B> {
                 }
                 MergeTask::Wait { reason, retry_ms } => {
                     tracing::debug!(epoch = resp.epoch, "merge: waiting ({reason})");
-                    tokio::time::sleep(Duration::from_millis(retry_ms).min(MAX_POLL)).await;
-                    Ok(())
+                    let most = Duration::from_millis(retry_ms).min(MAX_POLL);
+                    tokio::time::sleep(pause.min(most)).await;
+                    pause = (pause * 2).min(most);
+                    continue;
                 }
                 MergeTask::Upload {
                     epoch,
@@ -70,8 +77,9 @@ impl<B: AutodiffBackend> Worker<B> {
                     ..
                 } => {
                     if self.uploaded_epoch == Some(epoch) {
-                        tokio::time::sleep(MAX_POLL).await;
-                        Ok(())
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_POLL);
+                        continue;
                     } else {
                         self.upload_state(epoch, &layout, &target, wire).await
                     }
@@ -88,6 +96,8 @@ impl<B: AutodiffBackend> Worker<B> {
                 }
                 MergeTask::Adopt { checkpoint } => self.adopt(&checkpoint).await,
             };
+            // A step was taken (or failed): the next one may be possible soon.
+            pause = MIN_POLL;
             if let Err(e) = result {
                 tracing::warn!(epoch = resp.epoch, "merge step failed (retrying): {e}");
                 tokio::time::sleep(RETRY_AFTER_ERROR).await;

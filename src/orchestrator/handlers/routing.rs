@@ -9,11 +9,12 @@ use axum::{Extension, Json};
 use super::payload::{Checked, check_result};
 use crate::api::*;
 use crate::orchestrator::auth::Signed;
+use crate::orchestrator::cycle;
 use crate::orchestrator::http_error::HttpError;
 use crate::orchestrator::metrics::Metrics;
 use crate::orchestrator::repo::{EvalSample, eval_id};
 use crate::orchestrator::repo_types::{
-    Accepted, AssignmentRow, Fallout, NewSample, RepoError, SampleRoom,
+    Accepted, AssignmentRow, Fallout, NewSample, RepoError, Routed, SampleRoom,
 };
 use crate::orchestrator::state::AppState;
 use crate::orchestrator::wakeups::{Interest, Woken};
@@ -281,11 +282,29 @@ pub async fn submit(
         .repo
         .accept(id, &req.hotkey, &accepted, limits, state.now_ms())?;
     state.wakeups.routed(&routed);
+    if routed == Routed::Finished {
+        end_epoch_if_done(&state)?;
+    }
     Metrics::bump(&state.metrics.accepted);
     Ok(Json(SubmitResponse {
         accepted: true,
         reason: None,
     }))
+}
+
+/// Moves the phase machine on at once when a finished sample completed the training epoch
+/// (or the run's budget), instead of at the deadline task's next tick.
+fn end_epoch_if_done(state: &AppState) -> Result<(), HttpError> {
+    let (phase, epoch, next) = state.repo.run_state()?;
+    if phase != Phase::Training {
+        return Ok(());
+    }
+    let (done, active) = state.repo.epoch_progress(epoch)?;
+    let budget_spent = state.config.max_samples.is_some_and(|b| next >= b);
+    if done >= state.config.batches_before_merging || (budget_spent && active == 0) {
+        cycle::spawn_advance(state);
+    }
+    Ok(())
 }
 
 /// `POST /api/release`: hands assignments back (forwards re-offered, backwards dropped).

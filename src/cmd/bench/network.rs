@@ -65,6 +65,10 @@ pub struct BenchNetworkArgs {
     /// Compute threads per miner (keep miners x threads near the core count).
     #[arg(long, value_name = "T", default_value_t = 1)]
     pub threads: usize,
+    /// Synchronous optimizer steps of G samples in the network (`iota local
+    /// --samples-per-step`; 0: asynchronous). The single process is the same either way.
+    #[arg(long, value_name = "G", default_value_t = 0)]
+    pub samples_per_step: u64,
 }
 
 /// Throughput of a run: samples completed over a time span.
@@ -339,6 +343,7 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
         .args(["--batch-size", &args.batch_size.to_string()])
         .args(["--seq-len", &args.seq_len.to_string()])
         .args(["--threads", &args.threads.max(1).to_string()])
+        .args(["--samples-per-step", &args.samples_per_step.to_string()])
         .args(["--listen", &listen.to_string()])
         .args(["--poll-ms", "200"])
         .arg("--dir")
@@ -528,7 +533,7 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
     cfg.max_seq_len = cfg.max_seq_len.max(args.seq_len);
     let tokens_per_sample = args.batch_size * args.seq_len;
     println!(
-        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each); single process on all {} cores",
+        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each, {}); single process on all {} cores",
         cfg.name,
         args.samples,
         args.batch_size,
@@ -536,6 +541,10 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
         cfg.n_sections(),
         args.miners_per_section.max(1),
         args.threads.max(1),
+        match args.samples_per_step {
+            0 => "asynchronous steps".to_string(),
+            g => format!("synchronous steps of {g} samples"),
+        },
         rayon::current_num_threads()
     );
     let task = Task {

@@ -206,7 +206,7 @@ fn a_miner_killed_during_the_merge_is_covered_and_the_run_goes_on() {
     let (url, config) = write_config(dir.path(), "merge-kill-test");
     let mut yaml = std::fs::read_to_string(&config).unwrap();
     yaml.push_str(
-        "batches_before_merging: 8\nmerge: { upload_s: 20, lease_grace_s: 2, merge_s: 6 }\n",
+        "batches_before_merging: 16\nmerge: { upload_s: 20, lease_grace_s: 2, merge_s: 6 }\n",
     );
     std::fs::write(&config, yaml).unwrap();
     let mut kids = Kids(Vec::new());
@@ -259,6 +259,21 @@ fn a_miner_killed_during_the_merge_is_covered_and_the_run_goes_on() {
     wait_for("the merge to finish", Duration::from_secs(90), || {
         status(&url).is_some_and(|s| s["epoch"].as_u64() == Some(1) && s["phase"] == "training")
     });
+    // `iota merge --status` shows the finished merge, read at once: the next epoch (16 samples)
+    // ends in its own merge, after which the document shows that one.
+    let out = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["merge", "--status", "--orchestrator", &url])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("| phase Training"), "{text}");
+    assert_eq!(
+        text.matches(" yes ").count(),
+        3,
+        "three finalised sections: {text}"
+    );
+
     let before = status(&url).map(|s| completed(&s)).unwrap_or(0);
     wait_for("training after the merge", Duration::from_secs(60), || {
         status(&url).is_some_and(|s| completed(&s) >= before + 4)
@@ -297,20 +312,6 @@ fn a_miner_killed_during_the_merge_is_covered_and_the_run_goes_on() {
         assert!(!uploaders.contains(&victim_address), "{uploaders}");
     }
     eprintln!("victim uploaded: {uploaded}, partition results: {merged_results}");
-
-    // `iota merge --status` shows the finished merge and the flag.
-    let out = Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args(["merge", "--status", "--orchestrator", &url])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("| phase Training"), "{text}");
-    assert_eq!(
-        text.matches(" yes ").count(),
-        3,
-        "three finalised sections: {text}"
-    );
 
     // A late joiner starts from its section's merged checkpoint: the hash it reports for the
     // state it holds is the checkpoint's.

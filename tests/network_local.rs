@@ -97,11 +97,7 @@ fn local_network_trains_and_mixes_pathways() {
 #[test]
 fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::net::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_iota"))
         .args([
             "local",

@@ -309,11 +309,7 @@ impl Drop for Child {
 #[tokio::test]
 async fn kill_9_and_restart_keeps_registrations_and_the_ledger() {
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::net::free_port();
     let addr = SocketAddr::from(([127, 0, 0, 1], port));
     let config = dir.path().join("run.yaml");
     std::fs::write(

@@ -51,6 +51,11 @@ impl Tty {
 
     /// Waits until the screen shows `text`.
     fn wait_for(&self, text: &str) {
+        self.wait_for_or(text, String::new);
+    }
+
+    /// Waits until the screen shows `text`; on timeout the panic adds `context()`.
+    fn wait_for_or(&self, text: &str, context: impl Fn() -> String) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let screen = self.screen();
@@ -59,7 +64,8 @@ impl Tty {
             }
             assert!(
                 Instant::now() < deadline,
-                "the screen never showed {text:?}; it shows:\n{screen}"
+                "the screen never showed {text:?}; it shows:\n{screen}\n{}",
+                context()
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -145,7 +151,8 @@ fn interactive_miner_creates_its_hotkey_and_settings() {
 
 #[test]
 fn interactive_orchestrator_checks_s3_and_hides_the_secret() {
-    let s3 = common::S3Server::start();
+    let s3 = std::cell::RefCell::new(common::S3Server::start());
+    let endpoint = s3.borrow().endpoint.clone();
     let home = tempfile::tempdir().unwrap();
     let h = home.path();
     let out = h.join("orch.yaml");
@@ -160,7 +167,7 @@ fn interactive_orchestrator_checks_s3_and_hides_the_secret() {
     tty.answer("Listen address", &["Enter"]);
     tty.answer("Public URL", &["Enter"]);
     tty.answer("Object storage", &["Down", "Enter"]);
-    tty.answer("S3 endpoint URL", &["C-u", &s3.endpoint, "Enter"]);
+    tty.answer("S3 endpoint URL", &["C-u", &endpoint, "Enter"]);
     tty.answer("Region", &["Enter"]);
     tty.answer(
         "Bucket and prefix",
@@ -174,7 +181,10 @@ fn interactive_orchestrator_checks_s3_and_hides_the_secret() {
     tty.answer("Object storage", &["Enter"]);
     tty.keys(&["Enter", "Enter", "Enter", "Enter"]);
     tty.answer("Secret access key", &[common::SECRET_KEY, "Enter"]);
-    tty.answer("write, read and delete work", &[]);
+    // When the check fails here, say whether the S3 server still runs (and what it logged).
+    tty.wait_for_or("write, read and delete work", || {
+        s3.borrow_mut().diagnosis()
+    });
     tty.answer("Write the settings to", &["Enter"]);
     tty.wait_for("SETUP-EXIT=");
     let screen = tty.screen();
@@ -190,10 +200,7 @@ fn interactive_orchestrator_checks_s3_and_hides_the_secret() {
     );
     let config = iota::orchestrator::RunConfig::load(&out).unwrap();
     assert_eq!(config.run, "ttyrun");
-    assert_eq!(
-        config.storage.endpoint.as_deref(),
-        Some(s3.endpoint.as_str())
-    );
+    assert_eq!(config.storage.endpoint.as_deref(), Some(endpoint.as_str()));
     assert_eq!(
         config.storage.secret_access_key.as_deref(),
         Some(common::SECRET_KEY)

@@ -13,7 +13,7 @@ pub mod net;
 pub mod procs;
 pub mod signed;
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -64,22 +64,32 @@ impl S3Server {
                  cargo install s3s-fs@0.14.1 --features binary --locked"
             )
         });
-        let dir = tempfile::tempdir().expect("temporary directory for s3s-fs");
-        // Ask the OS for a free port, then hand it to the server (a small race, but the
-        // port is fresh and loopback-only).
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free loopback port")
-            .port();
+        let mut dir = tempfile::tempdir().expect("temporary directory for s3s-fs");
         std::fs::create_dir(dir.path().join("data")).expect("data directory");
-        let child = spawn_s3s_fs(&bin, port, dir.path());
-        let mut server = Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-            dir,
-        };
-        server.wait_until_listening(port);
-        server
+        // A port picked free can still be taken before the server binds it: a server that
+        // exits early is started again on another port.
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            let port = net::free_port();
+            let mut server = Self {
+                child: spawn_s3s_fs(&bin, port, dir.path()),
+                endpoint: format!("http://127.0.0.1:{port}"),
+                dir,
+            };
+            match server.wait_until_listening(port) {
+                Ok(()) => return server,
+                Err(why) => {
+                    failures.push(why);
+                    let _ = server.child.kill();
+                    let _ = server.child.wait();
+                    dir = std::mem::replace(
+                        &mut server.dir,
+                        tempfile::tempdir().expect("temporary directory"),
+                    );
+                }
+            }
+        }
+        panic!("s3s-fs did not start:\n{}", failures.join("\n"));
     }
 
     /// Kills the server (SIGKILL: transfers under way are cut) and starts it again on the same
@@ -96,24 +106,46 @@ impl S3Server {
             .expect("endpoint port");
         let bin = find_s3s_fs().expect("s3s-fs");
         self.child = spawn_s3s_fs(&bin, port, self.dir.path());
-        self.wait_until_listening(port);
+        if let Err(why) = self.wait_until_listening(port) {
+            panic!("s3s-fs did not come back on port {port}: {why}");
+        }
     }
 
-    fn wait_until_listening(&mut self, port: u16) {
+    /// Whether the server process still runs, and its log: what a test prints when the
+    /// server stopped answering.
+    pub fn diagnosis(&mut self) -> String {
+        let state = match self.child.try_wait() {
+            Ok(None) => "s3s-fs is running".to_string(),
+            Ok(Some(status)) => format!("s3s-fs exited ({status})"),
+            Err(e) => format!("s3s-fs state unknown: {e}"),
+        };
+        let log = std::fs::read_to_string(self.dir.path().join("s3s-fs.log")).unwrap_or_default();
+        format!("{state}; its log:\n{log}")
+    }
+
+    /// Waits until the server answers HTTP on `port` (an HTTP status line, not merely an open
+    /// socket: a connect can succeed against another process, or against itself) and is still
+    /// running after it.
+    fn wait_until_listening(&mut self, port: u16) -> Result<(), String> {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + Duration::from_secs(20);
         while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                let log =
-                    std::fs::read_to_string(self.dir.path().join("s3s-fs.log")).unwrap_or_default();
-                panic!("s3s-fs exited early ({status}); its log:\n{log}");
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Err(self.diagnosis());
             }
-            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
-                return;
+            if answers_http(addr) {
+                std::thread::sleep(Duration::from_millis(50));
+                return match self.child.try_wait() {
+                    Ok(None) => Ok(()),
+                    _ => Err(self.diagnosis()),
+                };
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("s3s-fs did not listen on port {port} within 20 s");
+        Err(format!(
+            "no HTTP answer on port {port} within 20 s; {}",
+            self.diagnosis()
+        ))
     }
 
     pub fn config(&self, secret: &str) -> StorageConfig {
@@ -129,6 +161,23 @@ impl S3Server {
     pub fn storage(&self) -> Storage {
         Storage::open(&self.config(SECRET_KEY)).expect("open S3 storage")
     }
+}
+
+/// Whether something on `addr` answers a request with an HTTP status line.
+fn answers_http(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head).is_ok() && &head == b"HTTP/"
 }
 
 /// Starts s3s-fs on `port` serving `dir/data`, logging to `dir/s3s-fs.log` (appended).

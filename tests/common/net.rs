@@ -10,12 +10,41 @@ pub fn now_ms() -> u64 {
         .as_millis() as u64
 }
 
-/// A free loopback port (asked of the OS, then released for the caller to bind).
+/// A free loopback port for a server the test starts, picked below the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`). A port from that range (what binding port 0
+/// gives) can be taken, between release and the server's bind, as the source port of any
+/// outgoing connection, or even self-connect a readiness probe; ports below it are only ever
+/// bound on purpose.
 pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (first, span) = (10_000u16, low.saturating_sub(10_000).max(1_000));
+    for attempt in 0..500u64 {
+        let candidate = first + (random_u64(attempt) % u64::from(span)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
+            return candidate;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free loopback port")
         .port()
+}
+
+/// A random number (std's per-process random hash keys; no rand crate needed in tests).
+fn random_u64(salt: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(salt);
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
+    hasher.finish()
 }
 
 /// A blocking `GET` over a raw TCP socket (the crate's reqwest is async only): the body of a

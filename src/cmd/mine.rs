@@ -42,9 +42,10 @@ pub struct MineArgs {
 
 /// Sets the number of compute threads: the global rayon pool (burn's CPU backend runs its
 /// element-wise ops on it) and the matrix-multiply kernel's own pool (`matrixmultiply` reads
-/// `MATMUL_NUM_THREADS`, OpenBLAS `OPENBLAS_NUM_THREADS`, once, at their first product), so
-/// that several miners sharing a machine each stay within their share of the cores. A value
-/// already in the environment is left as it is.
+/// `MATMUL_NUM_THREADS` once, at its first product; OpenBLAS is resized through its C API,
+/// since it reads `OPENBLAS_NUM_THREADS` only at load time), so that several miners sharing a
+/// machine each stay within their share of the cores. A value already in the environment is
+/// left as it is.
 ///
 /// Call it at start-up, before any other thread exists.
 ///
@@ -52,6 +53,10 @@ pub struct MineArgs {
 /// When the pool was already built.
 pub fn set_threads(threads: Option<usize>) -> anyhow::Result<()> {
     if let Some(n) = threads {
+        // OpenBLAS already read a value the user set (at load time); only ours is applied.
+        if std::env::var_os("OPENBLAS_NUM_THREADS").is_none() {
+            crate::model::backend::limit_matmul_threads(n);
+        }
         for var in ["MATMUL_NUM_THREADS", "OPENBLAS_NUM_THREADS"] {
             if std::env::var_os(var).is_none() {
                 // SAFETY: called at start-up from the main thread before any other thread is

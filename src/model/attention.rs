@@ -4,9 +4,8 @@
 use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
-use burn::tensor::module::attention;
-use burn::tensor::ops::AttentionModuleOptions;
 
+use super::fused::causal_attention;
 use super::init::Init;
 use super::layers::Linear;
 use super::rope::Rope;
@@ -86,27 +85,6 @@ impl<B: Backend> Attention<B> {
     /// - k, v: `[batch, n_kv_heads, seq, head_dim]`
     /// - output: `[batch, n_heads, seq, head_dim]`
     pub fn core(&self, q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
-        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
-        let options = AttentionModuleOptions {
-            scale: None,
-            softcap: None,
-            is_causal: true,
-        };
-        attention(q, k, v, None, None, options)
-    }
-
-    /// Repeats each key/value head for the query heads it serves (grouped-query attention).
-    fn repeat_kv(&self, t: Tensor<B, 4>) -> Tensor<B, 4> {
-        let group = self.n_heads / self.n_kv_heads;
-        if group == 1 {
-            return t;
-        }
-        let [batch, kv_heads, seq, head_dim] = t.dims();
-        t.unsqueeze_dim::<5>(2).repeat_dim(2, group).reshape([
-            batch,
-            kv_heads * group,
-            seq,
-            head_dim,
-        ])
+        causal_attention(q, k, v)
     }
 }

@@ -22,6 +22,28 @@ pub const MATMUL: &str = if cfg!(feature = "openblas") {
     "matrixmultiply (pure Rust)"
 };
 
+/// Limits the threads of the matrix-multiply kernel's own pool to `n`.
+///
+/// OpenBLAS reads `OPENBLAS_NUM_THREADS` when the library is loaded, before `main` runs, so an
+/// environment variable set at start-up does not reach it: its pool is resized here through
+/// its C API. `matrixmultiply` reads `MATMUL_NUM_THREADS` at its first product instead (the
+/// caller sets that variable); for it this function does nothing.
+pub fn limit_matmul_threads(n: usize) {
+    #[cfg(feature = "openblas")]
+    {
+        unsafe extern "C" {
+            /// OpenBLAS's run-time thread count (`cblas.h`).
+            fn openblas_set_num_threads(num_threads: std::os::raw::c_int);
+        }
+        let n = std::os::raw::c_int::try_from(n.max(1)).unwrap_or(std::os::raw::c_int::MAX);
+        // SAFETY: a plain C call with an integer argument; OpenBLAS is linked by the
+        // `openblas` feature (burn-ndarray/blas-openblas-system).
+        unsafe { openblas_set_num_threads(n) };
+    }
+    #[cfg(not(feature = "openblas"))]
+    let _ = n;
+}
+
 /// A device the user can ask for with `--device`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -5,8 +5,8 @@
 //! [`super::init`]), so a model split into sections has exactly the weights of the same model
 //! in one piece, and every party that knows the seed builds the same section.
 
+use super::fused::swiglu;
 use burn::module::{Module, Param};
-use burn::tensor::activation::silu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -169,8 +169,8 @@ impl<B: Backend> Mlp<B> {
     /// # Shapes
     /// - x: `[batch, seq, d_model]` -> `[batch, seq, d_model]`
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gated = swiglu(self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
+        self.down_proj.forward(gated)
     }
 }
 

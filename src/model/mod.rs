@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`config`]: [`ModelConfig`], presets and section specs.
 //! - [`init`]: deterministic initialisation keyed by parameter name.
+//! - [`fused`]: fused CPU kernels with their own backward (SwiGLU's gated product).
 //! - [`layers`], [`rope`], [`attention`], [`block`], [`bottleneck`]: the blocks, leaves first.
 //! - [`section_model`]: the burn module of one section and the loss.
 //! - [`params`]: parameters by global Llama-style name; export/import as flat tensors.
@@ -19,6 +20,7 @@ pub mod block;
 pub mod bottleneck;
 pub mod checkpoint;
 pub mod config;
+pub mod fused;
 pub mod init;
 pub mod layers;
 pub mod layout;

@@ -377,12 +377,10 @@ fn op_times<B: AutodiffBackend>(
     });
     let (g, u) = (rand3(ff), rand3(ff));
     rows.push(OpTime {
-        name: "swiglu gate silu(g) * u".into(),
+        name: "swiglu silu(g) * u (fused on CPU)".into(),
         shape: format!("[{b},{s},{ff}]"),
         per_step: layers,
-        time: time_op(reps, || {
-            burn::tensor::activation::silu(g.clone()) * u.clone()
-        }),
+        time: time_op(reps, || crate::model::fused::swiglu(g.clone(), u.clone())),
     });
     let logits = rand3(cfg.vocab_size);
     let targets = Tensor::<B, 2, Int>::random(

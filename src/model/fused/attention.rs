@@ -35,20 +35,19 @@ pub fn causal_attention<B: Backend>(
         Ok((q, k, v)) => return same_backend(Forward::run(q, k, v).out),
         Err(qkv) => qkv,
     };
+    composed(q, k, v)
+}
+
+/// burn's own attention over repeated heads: the path of backends other than the CPU.
+fn composed<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
     let heads = q.dims()[1];
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,
         is_causal: true,
     };
-    attention(
-        q,
-        repeat_kv(k, heads),
-        repeat_kv(v, heads),
-        None,
-        None,
-        options,
-    )
+    let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads));
+    attention(q, k, v, None, None, options)
 }
 
 /// Repeats each key/value head for the `heads` query heads it serves.
@@ -263,24 +262,6 @@ mod tests {
     use crate::model::fused::tests_support::{close, sample};
     use crate::model::{TestAutodiff, TestBackend};
     use burn::tensor::TensorData;
-
-    /// burn's own attention over repeated heads: what [`causal_attention`] replaces.
-    fn composed<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
-        let heads = q.dims()[1];
-        let options = AttentionModuleOptions {
-            scale: None,
-            softcap: None,
-            is_causal: true,
-        };
-        attention(
-            q,
-            repeat_kv(k, heads),
-            repeat_kv(v, heads),
-            None,
-            None,
-            options,
-        )
-    }
 
     /// Causal GQA attention and its gradients in f64, straight from the definitions:
     /// `[output, grad q, grad k, grad v]` for the output gradient `d`.

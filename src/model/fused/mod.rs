@@ -5,8 +5,9 @@
 //! memory with its own allocation, and autodiff records, recomputes and differentiates every
 //! one of them. Measured with `iota bench step` on the `small` preset (one thread), SwiGLU's
 //! gated product took 22-28 ms per layer forward + backward and the attention core 28-35 ms,
-//! against PyTorch's 4.6 and 12 ms. Here each is one pass forward and one backward over plain
-//! slices (attention keeps burn's matrix products), with an `exp` the compiler can vectorise.
+//! against PyTorch's 4.6 and 13 ms (`benches/torch_ops.py`). Here each is one pass forward and
+//! one backward over plain slices (attention keeps burn's matrix products), with an `exp` the
+//! compiler can vectorise.
 //!
 //! The entry points are generic over the backend like the rest of the model: on the CPU
 //! backend (with or without autodiff) they take the fused path, on any other backend (CUDA,

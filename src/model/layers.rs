@@ -5,11 +5,11 @@
 //! [`super::init`]), so a model split into sections has exactly the weights of the same model
 //! in one piece, and every party that knows the seed builds the same section.
 
-use super::fused::swiglu;
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
+use super::fused::swiglu;
 use super::init::Init;
 
 /// Root-mean-square normalisation over the last dimension:

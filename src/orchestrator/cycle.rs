@@ -15,6 +15,7 @@ pub use super::cycle_error::CycleError;
 use super::finalize::{fall_back, finalize_section};
 use super::outliers::outliers;
 use super::repo::{PlanRow, SectionOutcome, UploadState};
+use super::repo_types::RepoError;
 use super::state::AppState;
 use crate::api::Phase;
 use crate::merge::{MergePlan, PlanSpec, partition_count};
@@ -34,6 +35,21 @@ pub fn spawn_advance(state: &AppState) {
     });
 }
 
+/// The samples completed in training epoch `epoch` when it is over: it reached the epoch's
+/// sample count, or the run's budget is spent and every sample of it has ended (the last epoch
+/// of a run with a budget is merged, and its model evaluated, even when it is short).
+///
+/// # Errors
+/// A state-store error.
+pub fn training_epoch_over(state: &AppState, epoch: u64) -> Result<Option<u64>, RepoError> {
+    let (done, active) = state.repo.epoch_progress(epoch)?;
+    let (_, _, next) = state.repo.run_state()?;
+    let budget_spent = state.config.max_samples.is_some_and(|b| next >= b);
+    let over =
+        done >= state.config.batches_before_merging || (budget_spent && active == 0 && done > 0);
+    Ok(over.then_some(done))
+}
+
 /// Runs one step of the phase machine; a no-op when nothing is due.
 ///
 /// # Errors
@@ -45,14 +61,7 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
     let m = &state.config.merge;
     match info.phase {
         Phase::Training => {
-            let (done, active) = state.repo.epoch_progress(info.epoch)?;
-            // The last epoch of a run with a budget is merged (and its model evaluated) even
-            // when it is short: once every sample of the budget has ended.
-            let (_, _, next) = state.repo.run_state()?;
-            let budget_spent = state.config.max_samples.is_some_and(|b| next >= b);
-            if done >= state.config.batches_before_merging
-                || (budget_spent && active == 0 && done > 0)
-            {
+            if let Some(done) = training_epoch_over(state, info.epoch)? {
                 let deadline = now.saturating_add(m.upload_s.saturating_mul(1000));
                 let cancelled = state.repo.begin_uploading(info.epoch, deadline, now)?;
                 state.wakeups.everyone();

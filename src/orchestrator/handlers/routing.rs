@@ -295,13 +295,8 @@ pub async fn submit(
 /// Moves the phase machine on at once when a finished sample completed the training epoch
 /// (or the run's budget), instead of at the deadline task's next tick.
 fn end_epoch_if_done(state: &AppState) -> Result<(), HttpError> {
-    let (phase, epoch, next) = state.repo.run_state()?;
-    if phase != Phase::Training {
-        return Ok(());
-    }
-    let (done, active) = state.repo.epoch_progress(epoch)?;
-    let budget_spent = state.config.max_samples.is_some_and(|b| next >= b);
-    if done >= state.config.batches_before_merging || (budget_spent && active == 0) {
+    let (phase, epoch, _) = state.repo.run_state()?;
+    if phase == Phase::Training && cycle::training_epoch_over(state, epoch)?.is_some() {
         cycle::spawn_advance(state);
     }
     Ok(())

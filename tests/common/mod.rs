@@ -14,7 +14,7 @@ pub mod procs;
 pub mod signed;
 
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -64,28 +64,26 @@ impl S3Server {
                  cargo install s3s-fs@0.14.1 --features binary --locked"
             )
         });
-        let mut dir = tempfile::tempdir().expect("temporary directory for s3s-fs");
+        let dir = tempfile::tempdir().expect("temporary directory for s3s-fs");
         std::fs::create_dir(dir.path().join("data")).expect("data directory");
         // A port picked free can still be taken before the server binds it: a server that
         // exits early is started again on another port.
         let mut failures = Vec::new();
         for _ in 0..3 {
             let port = net::free_port();
-            let mut server = Self {
-                child: spawn_s3s_fs(&bin, port, dir.path()),
-                endpoint: format!("http://127.0.0.1:{port}"),
-                dir,
-            };
-            match server.wait_until_listening(port) {
-                Ok(()) => return server,
+            let mut child = spawn_s3s_fs(&bin, port, dir.path());
+            match wait_until_listening(&mut child, dir.path(), port) {
+                Ok(()) => {
+                    return Self {
+                        child,
+                        endpoint: format!("http://127.0.0.1:{port}"),
+                        dir,
+                    };
+                }
                 Err(why) => {
                     failures.push(why);
-                    let _ = server.child.kill();
-                    let _ = server.child.wait();
-                    dir = std::mem::replace(
-                        &mut server.dir,
-                        tempfile::tempdir().expect("temporary directory"),
-                    );
+                    let _ = child.kill();
+                    let _ = child.wait();
                 }
             }
         }
@@ -106,7 +104,7 @@ impl S3Server {
             .expect("endpoint port");
         let bin = find_s3s_fs().expect("s3s-fs");
         self.child = spawn_s3s_fs(&bin, port, self.dir.path());
-        if let Err(why) = self.wait_until_listening(port) {
+        if let Err(why) = wait_until_listening(&mut self.child, self.dir.path(), port) {
             panic!("s3s-fs did not come back on port {port}: {why}");
         }
     }
@@ -114,38 +112,7 @@ impl S3Server {
     /// Whether the server process still runs, and its log: what a test prints when the
     /// server stopped answering.
     pub fn diagnosis(&mut self) -> String {
-        let state = match self.child.try_wait() {
-            Ok(None) => "s3s-fs is running".to_string(),
-            Ok(Some(status)) => format!("s3s-fs exited ({status})"),
-            Err(e) => format!("s3s-fs state unknown: {e}"),
-        };
-        let log = std::fs::read_to_string(self.dir.path().join("s3s-fs.log")).unwrap_or_default();
-        format!("{state}; its log:\n{log}")
-    }
-
-    /// Waits until the server answers HTTP on `port` (an HTTP status line, not merely an open
-    /// socket: a connect can succeed against another process, or against itself) and is still
-    /// running after it.
-    fn wait_until_listening(&mut self, port: u16) -> Result<(), String> {
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return Err(self.diagnosis());
-            }
-            if answers_http(addr) {
-                std::thread::sleep(Duration::from_millis(50));
-                return match self.child.try_wait() {
-                    Ok(None) => Ok(()),
-                    _ => Err(self.diagnosis()),
-                };
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(format!(
-            "no HTTP answer on port {port} within 20 s; {}",
-            self.diagnosis()
-        ))
+        diagnosis(&mut self.child, self.dir.path())
     }
 
     pub fn config(&self, secret: &str) -> StorageConfig {
@@ -161,6 +128,42 @@ impl S3Server {
     pub fn storage(&self) -> Storage {
         Storage::open(&self.config(SECRET_KEY)).expect("open S3 storage")
     }
+}
+
+/// Whether the s3s-fs `child` still runs, and its log in `dir`.
+fn diagnosis(child: &mut Child, dir: &Path) -> String {
+    let state = match child.try_wait() {
+        Ok(None) => "s3s-fs is running".to_string(),
+        Ok(Some(status)) => format!("s3s-fs exited ({status})"),
+        Err(e) => format!("s3s-fs state unknown: {e}"),
+    };
+    let log = std::fs::read_to_string(dir.join("s3s-fs.log")).unwrap_or_default();
+    format!("{state}; its log:\n{log}")
+}
+
+/// Waits until the s3s-fs `child` answers HTTP on `port` (an HTTP status line, not merely an
+/// open socket: a connect can succeed against another process, or against itself) and is still
+/// running after it.
+fn wait_until_listening(child: &mut Child, dir: &Path, port: u16) -> Result<(), String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            return Err(diagnosis(child, dir));
+        }
+        if answers_http(addr) {
+            std::thread::sleep(Duration::from_millis(50));
+            return match child.try_wait() {
+                Ok(None) => Ok(()),
+                _ => Err(diagnosis(child, dir)),
+            };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(format!(
+        "no HTTP answer on port {port} within 20 s; {}",
+        diagnosis(child, dir)
+    ))
 }
 
 /// Whether something on `addr` answers a request with an HTTP status line.

@@ -20,9 +20,8 @@ pub fn free_port() -> u16 {
         .ok()
         .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
         .unwrap_or(32768);
-    let (first, span) = (10_000u16, low.saturating_sub(10_000).max(1_000));
-    for attempt in 0..500u64 {
-        let candidate = first + (random_u64(attempt) % u64::from(span)) as u16;
+    for _ in 0..500 {
+        let candidate = rand::random_range(10_000..low.max(11_000));
         if std::net::TcpListener::bind(("127.0.0.1", candidate)).is_ok() {
             return candidate;
         }
@@ -31,20 +30,6 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("free loopback port")
         .port()
-}
-
-/// A random number (std's per-process random hash keys; no rand crate needed in tests).
-fn random_u64(salt: u64) -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u64(salt);
-    hasher.write_u128(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0),
-    );
-    hasher.finish()
 }
 
 /// A blocking `GET` over a raw TCP socket (the crate's reqwest is async only): the body of a

@@ -251,11 +251,12 @@ pub async fn validate_epoch<B: AutodiffBackend>(
                 for (hotkey, q) in found {
                     if let Some(e) = ev.get_mut(&hotkey) {
                         let peer = peers.get(&e.section).copied().unwrap_or(0.0);
-                        e.input.upload = Some(q.factor(peer));
+                        let factor = q.factor(peer);
+                        e.input.upload = Some(factor);
                         e.note(format!(
                             "upload: {:+.4} nats on its own {} samples, {:+.4} on {} others \
-                             (section peers' median {:+.4})",
-                            q.own, q.own_n, q.control, q.control_n, peer
+                             (section peers' median {:+.4}; starting loss {:.4}; factor {:.3})",
+                            q.own, q.own_n, q.control, q.control_n, peer, q.base_control, factor
                         ));
                     }
                 }

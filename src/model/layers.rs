@@ -5,11 +5,11 @@
 //! [`super::init`]), so a model split into sections has exactly the weights of the same model
 //! in one piece, and every party that knows the seed builds the same section.
 
+use super::fused::{linear, swiglu};
 use burn::module::{Module, Param};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
-use super::fused::swiglu;
 use super::init::Init;
 
 /// Root-mean-square normalisation over the last dimension:
@@ -69,15 +69,7 @@ impl<B: Backend> Linear<B> {
     /// # Shapes
     /// - x: `[batch, seq, d_in]` -> `[batch, seq, d_out]`
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [batch, seq, d_in] = x.dims();
-        let w = self.weight.val();
-        let d_out = w.dims()[0];
-        // One `[batch * seq, d_in] x [d_in, d_out]` product rather than `batch` small ones:
-        // the weight is packed once, and the weight gradient is one product over all rows
-        // instead of per-sample products summed afterwards.
-        x.reshape([batch * seq, d_in])
-            .matmul(w.transpose())
-            .reshape([batch, seq, d_out])
+        linear(x, self.weight.val())
     }
 }
 

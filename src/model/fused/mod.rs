@@ -16,11 +16,14 @@
 //! # Layout
 //! - [`swiglu`](mod@swiglu): SwiGLU's gated product.
 //! - [`attention`](mod@attention): causal grouped-query attention.
+//! - [`linear`](mod@linear): the bias-free linear map, its products on strided views.
 
 pub mod attention;
+pub mod linear;
 pub mod swiglu;
 
 pub use attention::causal_attention;
+pub use linear::linear;
 pub use swiglu::swiglu;
 
 use std::any::Any;

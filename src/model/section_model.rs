@@ -3,7 +3,6 @@
 //! head (tail). The whole model is just its sections applied in order.
 
 use burn::module::Module;
-use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
@@ -135,7 +134,89 @@ impl<B: Backend> SectionModel<B> {
 /// Mean cross-entropy of `logits` (`[batch, seq, vocab]`) against `targets` (`[batch, seq]`).
 pub fn cross_entropy<B: Backend>(logits: Tensor<B, 3>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
     let [batch, seq, vocab] = logits.dims();
-    let logp = log_softmax(logits.reshape([batch * seq, vocab]), 1);
+    let logp = exact_log_softmax(logits.reshape([batch * seq, vocab]));
     let picked = logp.gather(1, targets.reshape([batch * seq, 1]));
     picked.mean().neg()
+}
+
+/// `log_softmax` over the last dimension of `[rows, classes]`, with a backward that takes no
+/// reciprocal. burn's `log` backward multiplies by `recip(x)`, which burn-ndarray 0.21
+/// computes with the CPU's approximate reciprocal instruction (relative error up to 3.7e-4) on
+/// the elements its SIMD loop reaches and exactly on the rest; which elements those are depends
+/// on the buffer's alignment, so the same step gave different gradients from run to run. Here
+/// `log(s)` is taken on a detached `s = sum(exp(x - max))`, and `(s - s') * (1 / s')` (`s'`
+/// the detached `s`, `1 / s'` an exact division outside the graph) adds 0 to the value and
+/// `softmax(x)` to the gradient.
+fn exact_log_softmax<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let z = x.clone() - x.max_dim(1).detach();
+    let s = z.clone().exp().sum_dim(1);
+    let fixed = s.clone().detach();
+    let inv = fixed.ones_like() / fixed.clone();
+    let lse = fixed.clone().log() + (s - fixed) * inv;
+    z - lse
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::activation::log_softmax;
+    use burn::tensor::{Tensor, TensorData};
+
+    use super::exact_log_softmax;
+    use crate::model::TestAutodiff as B;
+
+    fn logits() -> Tensor<B, 2> {
+        let values: Vec<f32> = (0..37 * 53)
+            .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+            .collect();
+        Tensor::from_data(TensorData::new(values, [37, 53]), &Default::default()).require_grad()
+    }
+
+    fn weights() -> Tensor<B, 2> {
+        let values: Vec<f32> = (0..37 * 53)
+            .map(|i| ((i * 31) % 17) as f32 / 17.0)
+            .collect();
+        Tensor::from_data(TensorData::new(values, [37, 53]), &Default::default())
+    }
+
+    fn to_vec<const D: usize>(t: Tensor<crate::model::TestBackend, D>) -> Vec<f32> {
+        t.into_data().to_vec().unwrap()
+    }
+
+    #[test]
+    fn exact_log_softmax_has_burns_value_the_analytic_gradient_and_repeats_bit_for_bit() {
+        let x = logits();
+        let ours = exact_log_softmax(x.clone());
+        let burns = log_softmax(x.clone(), 1);
+        let (a, b) = (to_vec(ours.clone().inner()), to_vec(burns.inner()));
+        assert!(
+            a.iter().zip(&b).all(|(a, b)| (a - b).abs() <= 1e-6),
+            "values differ"
+        );
+        // d/dx sum(w * logp) = w - softmax(x) * sum_row(w), from the definitions in f64.
+        let grads = (ours * weights()).sum().backward();
+        let g = to_vec(x.grad(&grads).unwrap());
+        let (xs, ws) = (to_vec(x.inner()), to_vec(weights().inner()));
+        for r in 0..37 {
+            let row = &xs[r * 53..(r + 1) * 53];
+            let max = row.iter().fold(f64::MIN, |m, &v| m.max(f64::from(v)));
+            let z: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+            let wsum: f64 = ws[r * 53..(r + 1) * 53].iter().map(|&v| f64::from(v)).sum();
+            for c in 0..53 {
+                let p = (f64::from(row[c]) - max).exp() / z;
+                let want = f64::from(ws[r * 53 + c]) - p * wsum;
+                let got = f64::from(g[r * 53 + c]);
+                assert!(
+                    (got - want).abs() <= 2e-6,
+                    "row {r} col {c}: {got} vs {want}"
+                );
+            }
+        }
+        // The same graph again, on freshly allocated tensors, gives the same bits (burn's
+        // `log_softmax` did not: its backward used the approximate `recip`).
+        for _ in 0..8 {
+            let x = logits();
+            let grads = (exact_log_softmax(x.clone()) * weights()).sum().backward();
+            assert_eq!(to_vec(x.grad(&grads).unwrap()), g);
+        }
+    }
 }

@@ -183,6 +183,17 @@ impl Harness {
         partitions.len()
     }
 
+    /// Asserts that `miner`'s upload for epoch 0 was refused by the robust norm check.
+    fn assert_left_out(&self, miner: &str) {
+        let upload = self.state.repo.upload(0, miner).unwrap().unwrap();
+        assert_eq!(upload.state, UploadState::Refused, "{upload:?}");
+        let reason = upload.reason.as_deref().unwrap_or_default();
+        assert!(
+            reason.contains("away from the previous global state"),
+            "{upload:?}"
+        );
+    }
+
     /// The checkpoint a player is told to adopt, with its values.
     async fn adopt(&self, p: &Player, held: u64) -> (SectionCheckpoint, Vec<f32>) {
         let resp = self.task(p, held).await;
@@ -813,16 +824,7 @@ async fn r9_a_huge_but_finite_upload_is_left_out_of_the_merge() {
     }
     h.step().await;
     h.step().await;
-    let upload = h.state.repo.upload(0, &poisoner.name).unwrap().unwrap();
-    assert_eq!(upload.state, UploadState::Refused);
-    assert!(
-        upload
-            .reason
-            .as_deref()
-            .unwrap()
-            .contains("away from the previous global state"),
-        "{upload:?}"
-    );
+    h.assert_left_out(&poisoner.name);
     for p in &honest {
         h.merge_work(p, &honest, 0, 1.0).await;
     }
@@ -855,6 +857,48 @@ async fn r9_a_huge_but_finite_upload_is_left_out_of_the_merge() {
                 .penalties
                 >= 1
     );
+}
+
+/// A miner that did no work in the epoch uploads with zero merge weight: its upload does not
+/// enter the mean, but it joins the plan (its miner merges partitions). Such an upload of
+/// ±3e38 used to skip the norm check and stay accepted (CI saw it: `iota mine --adversary
+/// poisoner`, backed off after its first refusal, had no work in the next even epoch). It is
+/// now refused and penalised, and the checkpoint is the merge of the others.
+#[tokio::test]
+async fn a_huge_upload_of_zero_weight_is_refused_too() {
+    let h = merge_harness("");
+    let (a, b, c, n) = three_players(&h).await;
+    let idle = player("//Dave", 4.0, n);
+    h.register(&idle.key).await;
+    let workers = [&a, &b, &c];
+    h.train_until_upload(&workers).await;
+    let backwards = |p: &Player| h.state.repo.backwards_in_epoch(&p.name, 0).unwrap();
+    assert_eq!(backwards(&idle), 0);
+    // The parameters only (a negative second moment would fail the decoder), as the
+    // adversary of `iota mine` does.
+    let mut poison = idle.flat.clone();
+    for (i, v) in poison.iter_mut().take(n / 3).enumerate() {
+        *v = if i % 2 == 0 { 3e38 } else { -3e38 };
+    }
+    let r = h.upload_state(&idle, 0, &poison, |_| {}).await;
+    assert!(r.accepted, "{r:?}");
+    for p in workers {
+        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
+    }
+    h.step().await;
+    h.step().await;
+    h.assert_left_out(&idle.name);
+    assert!(h.state.repo.miner(&idle.name).unwrap().unwrap().penalties >= 1);
+    let everyone = [&a, &b, &c, &idle];
+    for p in workers {
+        h.merge_work(p, &everyone, 0, 1.0).await;
+    }
+    assert_eq!(h.merge_work(&idle, &everyone, 0, 1.0).await, 0);
+    h.step().await;
+    assert_eq!(h.merge_status().await.epoch, 1);
+    let weights: Vec<f32> = workers.iter().map(|p| backwards(p) as f32).collect();
+    let (_, values) = h.adopt(&a, 0).await;
+    assert_eq!(values, direct_mean(&workers, &weights));
 }
 
 /// After its upload is accepted, an uploader still holds a valid PUT URL until its lease ends.

@@ -37,13 +37,18 @@ pub fn spawn_advance(state: &AppState) {
 
 /// The samples completed in training epoch `epoch` when it is over: it reached the epoch's
 /// sample count, or the run's budget is spent and every sample of it has ended (the last epoch
-/// of a run with a budget is merged, and its model evaluated, even when it is short).
+/// of a run with a budget is merged, and its model evaluated, even when it is short). `next`
+/// is the run's next sample id (from [`super::repo::Repository::run_state`], which the callers
+/// have read already).
 ///
 /// # Errors
 /// A state-store error.
-pub fn training_epoch_over(state: &AppState, epoch: u64) -> Result<Option<u64>, RepoError> {
+pub fn training_epoch_over(
+    state: &AppState,
+    epoch: u64,
+    next: u64,
+) -> Result<Option<u64>, RepoError> {
     let (done, active) = state.repo.epoch_progress(epoch)?;
-    let (_, _, next) = state.repo.run_state()?;
     let budget_spent = state.config.max_samples.is_some_and(|b| next >= b);
     let over =
         done >= state.config.batches_before_merging || (budget_spent && active == 0 && done > 0);
@@ -61,7 +66,8 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
     let m = &state.config.merge;
     match info.phase {
         Phase::Training => {
-            if let Some(done) = training_epoch_over(state, info.epoch)? {
+            let (_, _, next) = state.repo.run_state()?;
+            if let Some(done) = training_epoch_over(state, info.epoch, next)? {
                 let deadline = now.saturating_add(m.upload_s.saturating_mul(1000));
                 let cancelled = state.repo.begin_uploading(info.epoch, deadline, now)?;
                 state.wakeups.everyone();
@@ -150,13 +156,16 @@ async fn advance_section(
             .filter(|u| u.state == UploadState::Accepted)
             .collect();
         // The robust norm check: uploads far from the reference, compared with the others,
-        // are left out. Those that carry merge weight are compared (a zero-weight upload does
-        // not enter the mean), or all of them when none does (then all weigh the same).
+        // are left out. Those that carry merge weight set the medians (a zero-weight upload
+        // does not enter the mean), or all of them when none does (then all weigh the same);
+        // every upload is checked, since a zero-weight one still joins the plan.
         let weighted = accepted.iter().any(|u| u.weight > 0.0);
         let measured: Vec<_> = accepted
             .iter()
-            .filter(|u| !weighted || u.weight > 0.0)
-            .filter_map(|u| u.distance.clone())
+            .filter_map(|u| {
+                let peer = !weighted || u.weight > 0.0;
+                u.distance.clone().map(|d| (d, peer))
+            })
             .collect();
         for (miner, reason) in outliers(&measured, state.config.merge.outlier_factor) {
             tracing::warn!(epoch, section, miner = %miner, %reason, "upload left out of the merge");

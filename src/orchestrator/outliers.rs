@@ -4,12 +4,17 @@
 //!
 //! Each upload is summarised by the L2 distance of each of its three blocks (parameters,
 //! first moments, second moments) from the same block of the reference. Two rules, per block:
-//! - **relative** (3 or more uploads): a distance above `factor` times the median of the
-//!   section's distances for that block. The median ignores up to half the uploads, so a
+//! - **relative** (3 or more peers): a distance above `factor` times the median of the
+//!   peers' distances for that block. The median ignores up to half the peers, so a
 //!   minority cannot move the bar;
 //! - **absolute** (any number of uploads, so also when two disagree and neither is a majority):
 //!   a distance above [`ABSOLUTE_FACTOR`] times the norm of the reference parameters. An honest
 //!   epoch of training moves a state by a small fraction of its own norm.
+//!
+//! The peers are the uploads that carry merge weight: they set the medians and are held to both
+//! rules. An upload of zero weight does not enter the mean, but it stays in the merge plan (its
+//! miner merges partitions), so it is held to the absolute rule: a huge one must not pass
+//! because it weighs nothing.
 //!
 //! A finite but huge upload (±3e38), which the finiteness check lets through and which would
 //! dominate a mean, fails both.
@@ -33,15 +38,15 @@ pub struct UploadDistance {
 }
 
 /// The uploads to leave out, each with the reason, among `uploads` (one section's accepted
-/// uploads that carry merge weight), for a relative `factor` (`merge.outlier_factor`).
-pub fn outliers(uploads: &[UploadDistance], factor: f64) -> Vec<(String, String)> {
+/// uploads, each with whether it is a peer: whether it sets the medians), for a relative
+/// `factor` (`merge.outlier_factor`).
+pub fn outliers(uploads: &[(UploadDistance, bool)], factor: f64) -> Vec<(String, String)> {
     let mut out = Vec::new();
+    let peers: Vec<&UploadDistance> = uploads.iter().filter(|u| u.1).map(|u| &u.0).collect();
     let medians: Vec<Option<f64>> = (0..BLOCKS.len())
-        .map(|b| {
-            (uploads.len() >= 3).then(|| median(uploads.iter().map(|u| u.distance[b]).collect()))
-        })
+        .map(|b| (peers.len() >= 3).then(|| median(peers.iter().map(|u| u.distance[b]).collect())))
         .collect();
-    for u in uploads {
+    for (u, peer) in uploads {
         let bound = ABSOLUTE_FACTOR * u.reference_norm;
         let reason = BLOCKS.iter().enumerate().find_map(|(b, name)| {
             let d = u.distance[b];
@@ -53,7 +58,7 @@ pub fn outliers(uploads: &[UploadDistance], factor: f64) -> Vec<(String, String)
                 ));
             }
             match medians[b] {
-                Some(m) if d > factor * m + f64::EPSILON * bound => Some(format!(
+                Some(m) if *peer && d > factor * m + f64::EPSILON * bound => Some(format!(
                     "{name} are {d:.3e} away from the previous global state, more than \
                      {factor} x the median distance of the section's uploads ({m:.3e})"
                 )),
@@ -116,12 +121,13 @@ impl DistanceSum {
 mod tests {
     use super::*;
 
-    fn up(miner: &str, d: [f64; 3]) -> UploadDistance {
-        UploadDistance {
+    fn up(miner: &str, d: [f64; 3]) -> (UploadDistance, bool) {
+        let u = UploadDistance {
             miner: miner.into(),
             distance: d,
             reference_norm: 10.0,
-        }
+        };
+        (u, true)
     }
 
     #[test]
@@ -148,6 +154,33 @@ mod tests {
         assert!(out[0].1.contains("parameters"));
         let inf = [up("a", [1.0, 0.1, 0.1]), up("y", [f64::INFINITY, 0.1, 0.1])];
         assert_eq!(outliers(&inf, 10.0).len(), 1);
+    }
+
+    #[test]
+    fn a_zero_weight_upload_is_held_to_the_absolute_rule_and_sets_no_median() {
+        let peers = [
+            up("a", [1.0, 0.1, 0.01]),
+            up("b", [2.5, 0.2, 0.02]),
+            up("c", [1.5, 0.15, 0.01]),
+        ];
+        let idle = |d: [f64; 3]| (up("z", d).0, false);
+        // A huge one weighs nothing in the mean but stays in the plan: it is refused.
+        let mut with = peers.to_vec();
+        with.push(idle([3e38, 0.1, 0.01]));
+        assert_eq!(outliers(&with, 10.0).len(), 1);
+        // Far from the peers' median but below the absolute bound: it moves no mean, it passes
+        // (the same upload from a peer is refused).
+        with.pop();
+        with.push(idle([30.0, 0.1, 0.01]));
+        assert!(outliers(&with, 10.0).is_empty());
+        with.last_mut().expect("pushed").1 = true;
+        assert_eq!(outliers(&with, 10.0)[0].0, "z");
+        // An honest idle upload (it holds the reference) passes, and non-peers set no median:
+        // with two peers only the absolute bound applies.
+        let two = [up("a", [1.0, 0.1, 0.01]), up("b", [50.0, 0.1, 0.01])];
+        let idle_ones = [idle([0.0; 3]), idle([0.0; 3])];
+        let all: Vec<_> = two.iter().chain(&idle_ones).cloned().collect();
+        assert!(outliers(&all, 10.0).is_empty());
     }
 
     #[test]

@@ -295,8 +295,8 @@ pub async fn submit(
 /// Moves the phase machine on at once when a finished sample completed the training epoch
 /// (or the run's budget), instead of at the deadline task's next tick.
 fn end_epoch_if_done(state: &AppState) -> Result<(), HttpError> {
-    let (phase, epoch, _) = state.repo.run_state()?;
-    if phase == Phase::Training && cycle::training_epoch_over(state, epoch)?.is_some() {
+    let (phase, epoch, next) = state.repo.run_state()?;
+    if phase == Phase::Training && cycle::training_epoch_over(state, epoch, next)?.is_some() {
         cycle::spawn_advance(state);
     }
     Ok(())

@@ -292,6 +292,11 @@ pub struct RoutingLimits {
     pub max_in_flight: usize,
     /// Index of the tail section.
     pub tail: usize,
+    /// Samples per synchronous optimizer step (0: asynchronous steps). With G > 0 a miner
+    /// holds at most its share of a step, `ceil(G / live miners of its section)`.
+    pub samples_per_step: u64,
+    /// A miner seen within this long counts as live for that share.
+    pub live_ms: u64,
 }
 
 /// A sample about to start ([`super::repo::Repository::start_sample`]): its id, the epoch it
@@ -333,6 +338,9 @@ pub struct WorkTaken {
     /// How many more forwards the miner could take within its in-flight allowance (0 for a
     /// miner backed off or excluded).
     pub forward_room: usize,
+    /// Whether it took open forwards up to its allowance, so some may be left for another
+    /// miner of the section to take.
+    pub filled: bool,
 }
 
 /// What an accepted result routed next (who may now have work).

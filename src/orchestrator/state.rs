@@ -198,6 +198,8 @@ impl AppState {
             backward_ms: self.config.deadlines.backward_s.saturating_mul(1000),
             max_in_flight: self.config.max_in_flight,
             tail: self.config.tail(),
+            samples_per_step: self.config.samples_per_step,
+            live_ms: self.config.miner_ttl_s.saturating_mul(1000),
         }
     }
 

@@ -3,14 +3,20 @@
 //! A waiting request is woken only by what can give its miner work, so a busy network does not
 //! wake every idle miner on every result:
 //! - a backward is routed to one miner (the one that computed the forward): that miner is woken;
+//!   so is a miner whose result freed room in its in-flight allowance (a backward, or the
+//!   tail's work) while a poll it sent during the computation waits after a look that found
+//!   no room ([`Ticket::looking`]): it looks again with the room;
 //! - a forward or evaluation opened to a section, or room for new samples at the head (a sample
 //!   completed or dropped): one waiting miner of that section that has forward room is woken
 //!   (a stored permit wakes the next one to wait, so an event between a look and a wait is not
-//!   lost);
+//!   lost); a miner that then takes all its allowance lets it (its in-flight cap, or its share
+//!   of a synchronous step) passes the wakeup on to one more of its section, since what it left
+//!   is for another;
 //! - rarer events whose consequences are not worked out here (a refusal, a release, a missed
 //!   deadline, evaluations opened, the phase changed) wake every waiting request.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,10 +29,18 @@ use super::repo_types::Routed;
 pub struct Wakeups {
     /// One per section: forwards opened there, or head room (section 0).
     sections: Vec<Notify>,
-    /// One per miner that has waited: backwards routed to it.
-    miners: Mutex<HashMap<String, Arc<Notify>>>,
+    /// One per miner that has waited: backwards routed to it, room freed for it.
+    miners: Mutex<HashMap<String, Arc<MinerSlot>>>,
     /// Bumped by events that wake everyone.
     everyone: watch::Sender<u64>,
+}
+
+/// A miner's own wakeups.
+#[derive(Debug, Default)]
+struct MinerSlot {
+    notify: Notify,
+    /// A request of this miner is looking, or waits after a look that found no forward room.
+    roomless: AtomicBool,
 }
 
 /// What a waiting request is interested in.
@@ -75,9 +89,18 @@ impl Wakeups {
 
     /// Wakes `hotkey`'s waiting request (or its next one), if it ever waited.
     pub fn miner(&self, hotkey: &str) {
-        let notify = self.lock().get(hotkey).cloned();
-        if let Some(notify) = notify {
-            notify.notify_one();
+        let slot = self.lock().get(hotkey).cloned();
+        if let Some(slot) = slot {
+            slot.notify.notify_one();
+        }
+    }
+
+    /// A result of `hotkey` freed room in its in-flight allowance: wakes its request if one is
+    /// looking or waits without room (a poll sent while it computed), so it looks again.
+    pub fn room_freed(&self, hotkey: &str) {
+        let slot = self.lock().get(hotkey).cloned();
+        if let Some(slot) = slot.filter(|s| s.roomless.load(Ordering::SeqCst)) {
+            slot.notify.notify_one();
         }
     }
 
@@ -106,7 +129,7 @@ impl Wakeups {
             }
         };
         tokio::select! {
-            () = ticket.own.notified() => Woken::Look,
+            () = ticket.own.notify.notified() => Woken::Look,
             () = section => Woken::Look,
             changed = ticket.everyone.changed() => match changed {
                 Ok(()) => Woken::Look,
@@ -116,7 +139,7 @@ impl Wakeups {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<MinerSlot>>> {
         self.miners.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -124,8 +147,28 @@ impl Wakeups {
 /// A waiting request's hold on its wakeups ([`Wakeups::ticket`]).
 #[derive(Debug)]
 pub struct Ticket {
-    own: Arc<Notify>,
+    own: Arc<MinerSlot>,
     everyone: watch::Receiver<u64>,
+}
+
+impl Ticket {
+    /// Called before a look: until [`Self::looked`] says the look found forward room, room
+    /// freed by this miner's results wakes the request ([`Wakeups::room_freed`]), so a result
+    /// accepted between the look and the wait is not missed.
+    pub fn looking(&self) {
+        self.own.roomless.store(true, Ordering::SeqCst);
+    }
+
+    /// Called after a look, with whether the miner had forward room.
+    pub fn looked(&self, forward_room: bool) {
+        self.own.roomless.store(!forward_room, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.own.roomless.store(false, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]
@@ -194,6 +237,37 @@ mod tests {
         }
         woken.sort_by_key(|w| *w == Woken::TimedOut);
         assert_eq!(woken, [Woken::Look, Woken::TimedOut]);
+    }
+
+    #[tokio::test]
+    async fn freed_room_wakes_only_a_request_that_looked_without_room() {
+        let w = Wakeups::new(2);
+        // A poll that found room is not woken when a result frees more.
+        let mut roomy = w.ticket("roomy");
+        roomy.looking();
+        roomy.looked(true);
+        w.room_freed("roomy");
+        assert_eq!(
+            w.wait(&mut roomy, interest(1, true), SHORT).await,
+            Woken::TimedOut
+        );
+        // One that found none is woken, also when the result came between look and wait.
+        let mut full = w.ticket("full");
+        full.looking();
+        w.room_freed("full");
+        full.looked(false);
+        assert_eq!(
+            w.wait(&mut full, interest(1, false), LONG).await,
+            Woken::Look
+        );
+        // Once the request has ended, freed room wakes nothing.
+        drop(full);
+        w.room_freed("full");
+        let mut next = w.ticket("full");
+        assert_eq!(
+            w.wait(&mut next, interest(1, false), SHORT).await,
+            Woken::TimedOut
+        );
     }
 
     #[tokio::test]

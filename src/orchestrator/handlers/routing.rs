@@ -36,7 +36,13 @@ pub async fn work(
     let mut ticket = (!wait.is_zero()).then(|| state.wakeups.ticket(&req.hotkey));
     let mut waited = Duration::ZERO;
     loop {
+        if let Some(ticket) = &ticket {
+            ticket.looking();
+        }
         let (mut answer, interest) = take_work(&state, &req).await?;
+        if let (Some(ticket), Some(interest)) = (&ticket, interest) {
+            ticket.looked(interest.forwards);
+        }
         let left = wait.saturating_sub(begun.elapsed());
         let found = !answer.assignments.is_empty() || answer.phase != Phase::Training;
         if let (false, Some(ticket), Some(interest)) = (found, ticket.as_mut(), interest)
@@ -81,8 +87,16 @@ async fn take_work(
         .repo
         .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
     let mut rows = taken.assignments;
+    let mut filled = taken.filled;
     if taken.head_capacity > 0 {
-        rows.extend(start_samples(state, &req.hotkey, epoch, taken.head_capacity).await?);
+        let started = start_samples(state, &req.hotkey, epoch, taken.head_capacity).await?;
+        filled |= started.len() == taken.head_capacity;
+        rows.extend(started);
+    }
+    if filled {
+        // It took all its allowance lets it: what is left (open forwards, room for samples)
+        // is for another miner of its section, who may be waiting on a wakeup this one used.
+        state.wakeups.section(taken.section);
     }
     let mut assignments = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -282,6 +296,11 @@ pub async fn submit(
         .repo
         .accept(id, &req.hotkey, &accepted, limits, state.now_ms())?;
     state.wakeups.routed(&routed);
+    if row.kind == WorkKind::Backward || row.section == limits.tail {
+        // The result freed room in its miner's in-flight allowance: a poll the miner holds
+        // open (sent while it computed) may have looked without that room.
+        state.wakeups.room_freed(&req.hotkey);
+    }
     if routed == Routed::Finished {
         end_epoch_if_done(&state)?;
     }

@@ -68,6 +68,7 @@ impl Repository {
                     head_capacity: 0,
                     section: miner.section,
                     forward_room: 0,
+                    filled: false,
                 });
             }
             // 2. Evaluations of the section (they keep nothing, so no allowance applies).
@@ -94,6 +95,7 @@ impl Repository {
             let allowance = limits
                 .max_in_flight
                 .min(miner.max_in_flight.max(1))
+                .min(step_share(tx, section, limits, now_ms)?)
                 .saturating_sub(usize_of(in_flight));
             let mut wanted = allowance.min(max.saturating_sub(out.len()));
             let open: Vec<i64> = {
@@ -104,6 +106,7 @@ impl Repository {
                 let rows = stmt.query_map(params![section, to_i64(wanted as u64)], |r| r.get(0))?;
                 rows.collect::<Result<_, _>>()?
             };
+            let filled = wanted > 0 && open.len() == wanted;
             for id in open {
                 out.push(hand_out(tx, id, hotkey, section, limits, now_ms)?);
                 wanted = wanted.saturating_sub(1);
@@ -114,6 +117,7 @@ impl Repository {
                 head_capacity,
                 section: miner.section,
                 forward_room: wanted,
+                filled,
             })
         })
     }
@@ -470,6 +474,31 @@ impl Repository {
 
 /// Gives the open assignment `id` (a forward or an evaluation of `section`) to `hotkey` and
 /// records it on the sample's pathway.
+/// With synchronous steps of G samples, the most a miner of `section` may hold at once: its
+/// share `ceil(G / live miners of the section)`, so a step's samples are spread over the
+/// section's miners and each steps on its part, as data parallelism would (otherwise whoever
+/// asks first takes the whole step and the others idle, and each miner's steps alternate
+/// between a full batch and none). A miner that holds its share takes more once one of its
+/// samples is done, so a silent miner still counted as live slows a step, never stalls it.
+/// `usize::MAX` (no cap) with asynchronous steps.
+fn step_share(
+    tx: &Connection,
+    section: i64,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<usize, RepoError> {
+    if limits.samples_per_step == 0 {
+        return Ok(usize::MAX);
+    }
+    let live: i64 = tx.query_row_cached(
+        "SELECT COUNT(*) FROM miners WHERE section = ?1 AND last_seen >= ?2",
+        params![section, to_i64(now_ms.saturating_sub(limits.live_ms))],
+        |r| r.get(0),
+    )?;
+    let share = limits.samples_per_step.div_ceil(to_u64(live.max(1)));
+    Ok(usize::try_from(share).unwrap_or(usize::MAX))
+}
+
 fn hand_out(
     tx: &Connection,
     id: i64,

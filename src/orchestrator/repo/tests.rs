@@ -10,6 +10,8 @@ const LIMITS: RoutingLimits = RoutingLimits {
     backward_ms: 2_000,
     max_in_flight: 2,
     tail: 2,
+    samples_per_step: 0,
+    live_ms: 60_000,
 };
 const T0: u64 = 1_000_000;
 
@@ -148,6 +150,55 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
     assert_eq!((c0.forwards, c0.backwards), (1, 1));
     let b1m = repo.miner("b1").unwrap().unwrap();
     assert_eq!((b1m.forwards, b1m.backwards), (1, 1));
+}
+
+#[test]
+fn synchronous_steps_share_a_step_among_the_live_miners_of_a_section() {
+    let repo = network();
+    let sync = RoutingLimits {
+        samples_per_step: 2,
+        max_in_flight: 4,
+        ..LIMITS
+    };
+    // Head: a0 and a1 are live, so each may start one of the step's two samples.
+    assert_eq!(repo.take_work("a0", 4, sync, T0).unwrap().head_capacity, 1);
+    let f0 = start(&repo, 0);
+    let f1 = start(&repo, 1);
+    repo.accept(f0, "a0", &ok("x0"), sync, T0).unwrap();
+    repo.accept(f1, "a0", &ok("x1"), sync, T0).unwrap();
+    // Middle: b0 takes one of the two open forwards, b1 the other.
+    let w = repo.take_work("b0", 4, sync, T0).unwrap();
+    assert_eq!(w.assignments.len(), 1);
+    let w = repo.take_work("b1", 4, sync, T0).unwrap();
+    assert_eq!(w.assignments.len(), 1);
+    // A miner silent for longer than `live_ms` does not count towards the share.
+    let repo = network();
+    let f0 = start(&repo, 0);
+    let f1 = start(&repo, 1);
+    repo.accept(f0, "a0", &ok("x0"), sync, T0).unwrap();
+    repo.accept(f1, "a0", &ok("x1"), sync, T0).unwrap();
+    // b1 was last seen at registration: b0 is the section's only live miner.
+    let later = T0 + sync.live_ms + 10;
+    assert_eq!(
+        repo.take_work("b0", 4, sync, later)
+            .unwrap()
+            .assignments
+            .len(),
+        2
+    );
+    // Asynchronous steps: no share, b0 takes up to its in-flight cap.
+    let repo = network();
+    let f0 = start(&repo, 0);
+    let f1 = start(&repo, 1);
+    repo.accept(f0, "a0", &ok("x0"), LIMITS, T0).unwrap();
+    repo.accept(f1, "a0", &ok("x1"), LIMITS, T0).unwrap();
+    assert_eq!(
+        repo.take_work("b0", 4, LIMITS, T0)
+            .unwrap()
+            .assignments
+            .len(),
+        2
+    );
 }
 
 #[test]

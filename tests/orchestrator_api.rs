@@ -16,6 +16,7 @@ use iota::api::*;
 use iota::orchestrator::{AppState, Repository, RunConfig, enforce_deadlines, router};
 use iota::storage::{WireDtype, encode, payload_hash};
 use iota::wallet::Hotkey;
+use tower::ServiceExt;
 
 /// A harness whose penalties keep nobody from work (back-off 0, no exclusion): for tests of
 /// how work is re-offered, where one miner per section retries at once. The back-off itself is
@@ -1049,7 +1050,15 @@ async fn evaluation_work_runs_forward_only_and_its_loss_reaches_the_status() {
 
 /// Runs the head forward `f0` of a sample through the rest of the pipeline (one miner per
 /// section), down to the head's backward.
-async fn round_trip(h: &Harness, [a, b, c]: &[Hotkey; 3], f0: &Assignment) {
+async fn round_trip(h: &Harness, keys: &[Hotkey; 3], f0: &Assignment) {
+    let b0 = until_head_backward(h, keys, f0).await;
+    let r = h.submit(&keys[0], &b0, None, None).await;
+    assert!(r.accepted, "{r:?}");
+}
+
+/// Takes head forward `f0` of `keys[0]` through the middle and tail miners and back, up to
+/// the head backward, which it returns (handed out, not submitted).
+async fn until_head_backward(h: &Harness, [a, b, c]: &[Hotkey; 3], f0: &Assignment) -> Assignment {
     let boundary = h.state.config.boundary_shape();
     let accepted = |r: SubmitResponse| assert!(r.accepted, "{r:?}");
     accepted(
@@ -1073,7 +1082,7 @@ async fn round_trip(h: &Harness, [a, b, c]: &[Hotkey; 3], f0: &Assignment) {
     );
     let b0 = h.work(a, 1).await.remove(0);
     assert_eq!((b0.kind, b0.sample_id), (WorkKind::Backward, f0.sample_id));
-    accepted(h.submit(a, &b0, None, None).await);
+    b0
 }
 
 #[tokio::test]
@@ -1101,6 +1110,57 @@ async fn synchronous_steps_start_no_sample_of_a_step_before_the_last_one_finishe
     let first = h.work(&keys[0], 4).await;
     round_trip(&h, &keys, &first[0]).await;
     assert_eq!(ids(&h.work(&keys[0], 4).await), vec![2]);
+}
+
+/// With synchronous steps each live head miner holds its share of a step (here one sample of
+/// two). A poll a miner sends while it computes its last backward finds no room and waits;
+/// the acceptance of that backward wakes it (it used to stay deaf until its `wait_ms` ran out,
+/// which made capped miners 12x slower), so the next step starts at once: the two head
+/// miners' waiting polls get one sample of step 1 each.
+#[tokio::test]
+async fn a_poll_that_found_no_room_is_woken_by_the_result_that_frees_it() {
+    let h = harness_with(
+        config("samples_per_step: 2\nbatches_before_merging: 8\n"),
+        Repository::open_in_memory().unwrap(),
+    );
+    let [alice, bob, charlie] = three(&h).await;
+    let dave = key("//Dave");
+    assert_eq!(h.register(&dave).await.section, 0);
+    let ids = |w: &[Assignment]| w.iter().map(|a| a.sample_id).collect::<Vec<_>>();
+    let f0 = h.work(&alice, 4).await;
+    assert_eq!(ids(&f0), vec![0], "alice's share of step 0");
+    let f1 = h.work(&dave, 4).await;
+    assert_eq!(ids(&f1), vec![1], "dave's share of step 0");
+    round_trip(&h, &[dave.clone(), bob.clone(), charlie.clone()], &f1[0]).await;
+    // Alice's sample up to its head backward, which she is now computing.
+    let b0 = until_head_backward(&h, &[alice.clone(), bob, charlie], &f0[0]).await;
+    // Both head miners poll, each willing to wait 20 s.
+    let poll = |k: &Hotkey| {
+        let wait = WorkRequest {
+            max: 4,
+            wait_ms: 20_000,
+        };
+        let req = h.signed("/api/work", &wait, k);
+        let app = h.app.clone();
+        tokio::spawn(async move {
+            let resp = app.oneshot(req).await.unwrap();
+            let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+            serde_json::from_slice::<WorkResponse>(&bytes).unwrap()
+        })
+    };
+    let (alice_poll, dave_poll) = (poll(&alice), poll(&dave));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!alice_poll.is_finished() && !dave_poll.is_finished());
+    let submitted = std::time::Instant::now();
+    let r = h.submit(&alice, &b0, None, None).await;
+    assert!(r.accepted, "{r:?}");
+    let (a, d) = (alice_poll.await.unwrap(), dave_poll.await.unwrap());
+    let mut step1 = ids(&a.assignments);
+    step1.extend(ids(&d.assignments));
+    step1.sort_unstable();
+    assert_eq!(step1, vec![2, 3], "alice {a:?}, dave {d:?}");
+    assert_eq!((a.assignments.len(), d.assignments.len()), (1, 1));
+    assert!(submitted.elapsed() < std::time::Duration::from_secs(20));
 }
 
 #[test]

@@ -472,15 +472,14 @@ impl Repository {
     }
 }
 
-/// Gives the open assignment `id` (a forward or an evaluation of `section`) to `hotkey` and
-/// records it on the sample's pathway.
 /// With synchronous steps of G samples, the most a miner of `section` may hold at once: its
-/// share `ceil(G / live miners of the section)`, so a step's samples are spread over the
-/// section's miners and each steps on its part, as data parallelism would (otherwise whoever
-/// asks first takes the whole step and the others idle, and each miner's steps alternate
-/// between a full batch and none). A miner that holds its share takes more once one of its
-/// samples is done, so a silent miner still counted as live slows a step, never stalls it.
-/// `usize::MAX` (no cap) with asynchronous steps.
+/// share `ceil(G / live miners of the section)` (seen within `live_ms`, not backed off or
+/// excluded), so a step's samples are spread over the section's miners and each steps on its
+/// part, as data parallelism would (otherwise whoever asks first takes the whole step and the
+/// others idle, and each miner's steps alternate between a full batch and none). A miner that
+/// holds its share takes more once one of its samples is done, so a silent miner still
+/// counted as live slows a step, never stalls it. `usize::MAX` (no cap) with asynchronous
+/// steps.
 fn step_share(
     tx: &Connection,
     section: i64,
@@ -490,15 +489,23 @@ fn step_share(
     if limits.samples_per_step == 0 {
         return Ok(usize::MAX);
     }
+    // Backed-off or excluded miners get no forwards, so they take no share.
     let live: i64 = tx.query_row_cached(
-        "SELECT COUNT(*) FROM miners WHERE section = ?1 AND last_seen >= ?2",
-        params![section, to_i64(now_ms.saturating_sub(limits.live_ms))],
+        "SELECT COUNT(*) FROM miners WHERE section = ?1 AND last_seen >= ?2 \
+         AND COALESCE(benched_until, 0) <= ?3 AND COALESCE(flag_excluded_until, 0) <= ?3",
+        params![
+            section,
+            to_i64(now_ms.saturating_sub(limits.live_ms)),
+            to_i64(now_ms)
+        ],
         |r| r.get(0),
     )?;
     let share = limits.samples_per_step.div_ceil(to_u64(live.max(1)));
     Ok(usize::try_from(share).unwrap_or(usize::MAX))
 }
 
+/// Gives the open assignment `id` (a forward or an evaluation of `section`) to `hotkey` and
+/// records it on the sample's pathway.
 fn hand_out(
     tx: &Connection,
     id: i64,

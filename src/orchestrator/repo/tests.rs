@@ -186,6 +186,15 @@ fn synchronous_steps_share_a_step_among_the_live_miners_of_a_section() {
             .len(),
         2
     );
+    // Nor does a backed-off one: b0's forward expires, and b1 takes both open forwards.
+    let repo = network();
+    head_done(&repo, 0, T0);
+    head_done(&repo, 1, T0);
+    let taken = |hk: &str, now: u64| repo.take_work(hk, 4, sync, now).unwrap().assignments.len();
+    assert_eq!(taken("b0", T0), 1);
+    assert_eq!(repo.expire(sync, T0 + 1_001).unwrap().len(), 1);
+    assert!(!repo.may_take_new_work("b0", T0 + 1_002).unwrap());
+    assert_eq!(taken("b1", T0 + 1_002), 2);
     // Asynchronous steps: no share, b0 takes up to its in-flight cap.
     let repo = network();
     let f0 = start(&repo, 0);

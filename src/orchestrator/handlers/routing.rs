@@ -94,8 +94,9 @@ async fn take_work(
         rows.extend(started);
     }
     if filled {
-        // It took all its allowance lets it: what is left (open forwards, room for samples)
-        // is for another miner of its section, who may be waiting on a wakeup this one used.
+        // It took all that its allowance lets it take: what is left (open forwards, room for
+        // samples) is for another miner of its section, who may be waiting on a wakeup this
+        // one used.
         state.wakeups.section(taken.section);
     }
     let mut assignments = Vec::with_capacity(rows.len());

@@ -233,8 +233,9 @@ impl Dice {
     }
 }
 
-/// Chaos: 9 miners (3 per section), epochs of 8 samples, a budget of 40 sample ids (samples
-/// cut off at the end of an epoch use ids too: three or four merges). In every epoch 3 miners (a
+/// Chaos: 9 miners (3 per section), epochs of 8 samples, a budget of 56 sample ids (samples
+/// cut off at the end of an epoch use ids too: four to six merges; an epoch's training can pass
+/// while this loop restarts processes, so the kills need several epochs to land in three). In every epoch 3 miners (a
 /// third) are killed at random once a few samples completed, leaving each section at least
 /// one; two of them come back at once with the same hotkey, the third at the next epoch. The
 /// orchestrator is killed and restarted in epoch 1 mid-training, and in the merges of epochs 2
@@ -245,7 +246,7 @@ fn chaos_kills_and_restarts_leave_a_consistent_run() {
     let started = Instant::now();
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
-    let (per_epoch, budget) = (8, 40);
+    let (per_epoch, budget) = (8, 56);
     let (url, config) = write_run(dir, "chaos", per_epoch, budget, "");
     let mut orchestrator = Kids(vec![start_orchestrator(dir, &config, &url)]);
     let mut miners: Vec<Miner> = (0..9)
@@ -261,13 +262,10 @@ fn chaos_kills_and_restarts_leave_a_consistent_run() {
             )
             .ok()
     };
-    wait_for("every miner to register", Duration::from_secs(60), || {
-        miners.iter().all(|m| section_of(&m.address).is_some())
-    });
-    let sections: Vec<i64> = miners
-        .iter()
-        .map(|m| section_of(&m.address).unwrap())
-        .collect();
+    // Sections as miners register: the first ones train while the others still start, so
+    // the chaos begins at once instead of after every registration (by then a fast network
+    // is epochs ahead).
+    let mut sections: Vec<Option<i64>> = vec![None; miners.len()];
 
     let restart_orchestrator = |orchestrator: &mut Kids, why: &str| {
         eprintln!("killing the orchestrator ({why})");
@@ -276,6 +274,7 @@ fn chaos_kills_and_restarts_leave_a_consistent_run() {
         *orchestrator = Kids(vec![start_orchestrator(dir, &config, &url)]);
     };
     let mut killed_in = BTreeMap::new();
+    let mut epoch_base = BTreeMap::new();
     let mut orchestrator_kills = Vec::new();
     let mut waiting: Option<usize> = None;
     let deadline = Instant::now() + Duration::from_secs(420);
@@ -289,36 +288,56 @@ fn chaos_kills_and_restarts_leave_a_consistent_run() {
         if s["finished"] == true {
             break;
         }
+        for (section, m) in sections.iter_mut().zip(&miners) {
+            if section.is_none() {
+                *section = section_of(&m.address);
+            }
+        }
         let epoch = s["epoch"].as_u64().unwrap_or(0);
         let phase = s["phase"].as_str().unwrap_or("").to_string();
-        let done_in_epoch = completed(&s).saturating_sub(epoch * per_epoch);
+        // Samples completed in this epoch, counted from the lower of where the epoch should
+        // start and where this loop first saw it (drops and cut-off samples can leave the
+        // run's count behind `epoch * per_epoch`, and then no epoch after would qualify).
+        let base = *epoch_base
+            .entry(epoch)
+            .or_insert_with(|| completed(&s).min(epoch * per_epoch));
+        let done_in_epoch = completed(&s).saturating_sub(base);
         // A third of the miners, once per epoch, a few samples into its training.
         if phase == "training" && done_in_epoch >= 2 && !killed_in.contains_key(&epoch) {
             if let Some(i) = waiting.take() {
                 miners[i].restart(dir, &url);
             }
             let mut victims = Vec::new();
-            while victims.len() < 3 {
+            // Until enough miners have registered there may be no three to kill: try later.
+            for _ in 0..1000 {
+                if victims.len() == 3 {
+                    break;
+                }
                 let i = dice.below(miners.len());
                 let left_in_section = (0..miners.len())
                     .filter(|&j| {
-                        sections[j] == sections[i] && miners[j].alive() && !victims.contains(&j)
+                        sections[j].is_some()
+                            && sections[j] == sections[i]
+                            && miners[j].alive()
+                            && !victims.contains(&j)
                     })
                     .count();
                 if !victims.contains(&i) && miners[i].alive() && left_in_section > 1 {
                     victims.push(i);
                 }
             }
-            for &i in &victims {
-                miners[i].kill();
+            if victims.len() == 3 {
+                for &i in &victims {
+                    miners[i].kill();
+                }
+                eprintln!("epoch {epoch}: killed miners {victims:?}");
+                std::thread::sleep(Duration::from_millis(500));
+                for &i in &victims[..2] {
+                    miners[i].restart(dir, &url);
+                }
+                waiting = Some(victims[2]);
+                killed_in.insert(epoch, victims);
             }
-            eprintln!("epoch {epoch}: killed miners {victims:?}");
-            std::thread::sleep(Duration::from_millis(500));
-            for &i in &victims[..2] {
-                miners[i].restart(dir, &url);
-            }
-            waiting = Some(victims[2]);
-            killed_in.insert(epoch, victims);
         }
         let due = match (epoch, phase.as_str()) {
             (1, "training") if done_in_epoch >= 4 => Some("epoch 1, training"),

@@ -235,9 +235,9 @@ impl Dice {
 
 /// Chaos: 9 miners (3 per section), epochs of 8 samples, a budget of 56 sample ids (samples
 /// cut off at the end of an epoch use ids too: four to six merges; an epoch's training can pass
-/// while this loop restarts processes, so the kills need several epochs to land in three). In every epoch 3 miners (a
-/// third) are killed at random once a few samples completed, leaving each section at least
-/// one; two of them come back at once with the same hotkey, the third at the next epoch. The
+/// while this loop restarts processes, so the kills need several epochs to land in three). In
+/// every epoch 3 miners (a third) are killed at random once a few samples completed, leaving
+/// each section at least one; two of them come back at once with the same hotkey, the third at the next epoch. The
 /// orchestrator is killed and restarted in epoch 1 mid-training, and in the merges of epochs 2
 /// (uploading) and 3 (merging).
 #[test]

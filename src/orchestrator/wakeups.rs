@@ -10,8 +10,8 @@
 //!   completed or dropped): one waiting miner of that section that has forward room is woken
 //!   (a stored permit wakes the next one to wait, so an event between a look and a wait is not
 //!   lost); a miner that then takes as much as its allowance lets it (its in-flight cap, or its
-//!   share of a synchronous step) passes the wakeup on to one more of its section, since what it left
-//!   is for another;
+//!   share of a synchronous step) passes the wakeup on to one more of its section, since what
+//!   it left is for another;
 //! - rarer events whose consequences are not worked out here (a refusal, a release, a missed
 //!   deadline, evaluations opened, the phase changed) wake every waiting request.
 

@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::db::{Cached, Repository, to_i64, to_u64, usize_of};
 use super::ledger::{drop_sample, penalise};
 use super::rows::{MINER_COLUMNS, check_held, get_assignment, read_miner, set_state};
-use super::standing::{benched_until, clear};
+use super::standing::{TAKES_WORK, benched_until, clear};
 use crate::api::WorkKind;
 use crate::orchestrator::repo_types::*;
 
@@ -491,13 +491,8 @@ fn step_share(
     }
     // Backed-off or excluded miners get no forwards, so they take no share.
     let live: i64 = tx.query_row_cached(
-        "SELECT COUNT(*) FROM miners WHERE section = ?1 AND last_seen >= ?2 \
-         AND COALESCE(benched_until, 0) <= ?3 AND COALESCE(flag_excluded_until, 0) <= ?3",
-        params![
-            section,
-            to_i64(now_ms.saturating_sub(limits.live_ms)),
-            to_i64(now_ms)
-        ],
+        &format!("SELECT COUNT(*) FROM miners WHERE {TAKES_WORK} AND section = ?3"),
+        params![to_i64(now_ms), to_i64(limits.live_ms), section],
         |r| r.get(0),
     )?;
     let share = limits.samples_per_step.div_ceil(to_u64(live.max(1)));

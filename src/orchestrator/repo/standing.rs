@@ -49,6 +49,12 @@ pub(super) const HOLDS_SEAT: &str = "last_seen >= ?1 - ?2 \
      AND NOT (strikes >= ?3 AND COALESCE(benched_until, 0) > ?1) \
      AND COALESCE(flag_excluded_until, 0) <= ?1";
 
+/// SQL condition (on table `miners`) of a miner that takes new forwards now: seen within the
+/// TTL, neither backed off nor excluded (what [`benched_until`] says of one miner). Parameters:
+/// `?1` now, `?2` TTL.
+pub(super) const TAKES_WORK: &str = "last_seen >= ?1 - ?2 \
+     AND COALESCE(benched_until, 0) <= ?1 AND COALESCE(flag_excluded_until, 0) <= ?1";
+
 /// Counts a strike against `hotkey` for a penalty on `assignment` (none: a merge-side
 /// penalty) if it is a new failure (see the module documentation), backing the miner off or
 /// excluding it, and records the decision.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
-use crate::orchestrator::{AppState, RunConfig, serve, shutdown_signal};
+use crate::orchestrator::{AppState, BLOCKING_THREADS, RunConfig, serve, shutdown_signal};
 
 /// Arguments of `iota orchestrate`.
 #[derive(Debug, Args)]
@@ -31,6 +31,7 @@ pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
         config.listen = listen;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build()
         .context("starting the async runtime")?;

@@ -42,5 +42,5 @@ pub mod wire;
 pub use config::{ConfigError, RunConfig};
 pub use http_error::HttpError;
 pub use repo::Repository;
-pub use server::{enforce_deadlines, router, serve, shutdown_signal};
+pub use server::{BLOCKING_THREADS, enforce_deadlines, router, serve, shutdown_signal};
 pub use state::{AppState, Clock, StartError};

@@ -360,10 +360,14 @@ mod tests {
             close(name, got, want, 2e-4);
         }
         // The fused gradients are within 8e-5 of the f64 reference here (grad q; the rest within
-        // 5e-6); burn's composed ops are further off (grad q 1.6e-3, grad k 6e-4), so they are
-        // held to a looser bound: the same function, not the same rounding.
+        // 5e-6). Burn's composed ops are further off, and by how much depends on the machine:
+        // their softmax backward multiplies by burn-ndarray's approximate reciprocal, and which
+        // elements its SIMD loop reaches depends on the vector width and the buffers' alignment
+        // (grad q 1.6e-3 where this test was written, 9.5e-3 on an AVX2-only AMD EPYC, where the
+        // old bound of 5e-3 failed). They are held only to showing the same function (a wrong
+        // one is off by order 1), not the same rounding.
         for (name, (got, want)) in names.iter().zip(burn.iter().zip(&want)) {
-            close(name, got, want, 5e-3);
+            close(name, got, want, 5e-2);
         }
         // Without autodiff, on permuted inputs, the same forward.
         let plain = |v: &Vec<f32>, shape: [usize; 4]| {

@@ -5,6 +5,7 @@ use axum::extract::State;
 
 use crate::api::*;
 use crate::orchestrator::http_error::HttpError;
+use crate::orchestrator::repo::StatusSnapshot;
 use crate::orchestrator::state::AppState;
 
 /// Losses averaged for `recent_loss`.
@@ -44,9 +45,13 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<StatusResponse
 /// A state-store error.
 pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
     let now = state.now_ms();
-    let info = state.repo.phase_info()?;
-    let (phase, epoch) = (info.phase, info.epoch);
-    let miners = state.repo.miners()?;
+    let since = now
+        .saturating_sub(THROUGHPUT_WINDOW_MS)
+        .max(state.started_ms);
+    // One read of the store: behind 150 miners' requests, each separate query waited its own
+    // turn for the connection.
+    let snap = state.repo.status_snapshot(RECENT_LOSSES, since)?;
+    let (phase, epoch) = (snap.phase.phase, snap.phase.epoch);
     let sections = state
         .config
         .model
@@ -56,7 +61,8 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
         .map(|(index, blocks)| SectionStatus {
             index,
             blocks: *blocks,
-            miners: miners
+            miners: snap
+                .miners
                 .iter()
                 .filter(|m| m.section == index)
                 .map(|m| MinerStatus {
@@ -71,54 +77,48 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
                 .collect(),
         })
         .collect();
-    let counts = state.repo.counts()?;
-    let since = now
-        .saturating_sub(THROUGHPUT_WINDOW_MS)
-        .max(state.started_ms);
-    let (recent_loss, recent_done) = state.repo.recent(RECENT_LOSSES, since)?;
     let window_s = (now.saturating_sub(since) as f64 / 1000.0).max(1.0);
     let tokens_per_sample = (state.config.batch_size * state.config.seq_len) as u64;
-    let tokens = recent_done as f64 * tokens_per_sample as f64;
-    let evals = state.repo.eval_summaries()?;
-    let eval_loss = evals.iter().rev().find_map(|e| e.eval_loss);
-    let finished = run_finished(state, phase, epoch)?;
+    let tokens = snap.completed_since as f64 * tokens_per_sample as f64;
+    let eval_loss = snap.evals.iter().rev().find_map(|e| e.eval_loss);
+    let finished = run_finished(state, &snap);
     Ok(StatusResponse {
         run: state.config.run.clone(),
         phase,
         epoch,
-        phase_deadline_unix_ms: info.deadline_ms,
+        phase_deadline_unix_ms: snap.phase.deadline_ms,
         sections,
         samples: SampleCounts {
-            completed: counts.completed,
-            dropped: counts.dropped,
-            in_flight: counts.active,
+            completed: snap.counts.completed,
+            dropped: snap.counts.dropped,
+            in_flight: snap.counts.active,
         },
-        recent_loss,
+        recent_loss: snap.recent_loss,
         tokens_per_s: tokens / window_s,
-        tokens: counts.completed * tokens_per_sample,
+        tokens: snap.counts.completed * tokens_per_sample,
         eval_loss,
-        evals,
+        evals: snap.evals,
         finished,
     })
 }
 
 /// Whether a run with a sample budget is over: the budget is spent, nothing is under way, the
 /// last training epoch was merged, and the merged model evaluated (when evaluation is on).
-fn run_finished(state: &AppState, phase: Phase, epoch: u64) -> Result<bool, HttpError> {
-    let (_, _, next) = state.repo.run_state()?;
+fn run_finished(state: &AppState, snap: &StatusSnapshot) -> bool {
     let Some(budget) = state.config.max_samples else {
-        return Ok(false);
+        return false;
     };
-    if next < budget || phase != Phase::Training {
-        return Ok(false);
+    if snap.next_sample < budget || snap.phase.phase != Phase::Training {
+        return false;
     }
-    let (done, active) = state.repo.epoch_progress(epoch)?;
+    let (done, active) = snap.epoch_progress;
     if done > 0 || active > 0 {
-        return Ok(false);
+        return false;
     }
     if state.eval_units() == 0 {
-        return Ok(true);
+        return true;
     }
     // Every evaluation sample of the final epoch ended (completed, or dropped with a reason).
-    Ok(state.repo.evals_started(epoch)? && state.repo.evals_active(epoch)? == 0)
+    let (started, under_way) = snap.epoch_evals;
+    started && under_way == 0
 }

@@ -5,7 +5,7 @@
 //! of kind `eval` with ids from [`EVAL_ID_BASE`] up, so training sample ids stay consecutive
 //! (they are the data order and the learning-rate schedule's clock).
 
-use rusqlite::params;
+use rusqlite::{Connection, params};
 
 use super::db::{Cached, Repository, to_i64, to_u64};
 use crate::api::EvalSummary;
@@ -38,11 +38,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn evals_started(&self, epoch: u64) -> Result<bool, RepoError> {
-        self.read(|conn| {
-            Ok(conn
-                .prepare_cached("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
-                .exists([to_i64(epoch)])?)
-        })
+        self.read(|conn| evals_started_in(conn, epoch))
     }
 
     /// Starts the evaluation samples of `epoch` (once: nothing happens when some exist): a
@@ -91,15 +87,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn evals_active(&self, epoch: u64) -> Result<u64, RepoError> {
-        self.read(|conn| {
-            let n: i64 = conn.query_row_cached(
-                "SELECT COALESCE((SELECT active FROM sample_counts WHERE kind = 'eval' \
-                 AND epoch = ?1), 0)",
-                [to_i64(epoch)],
-                |r| r.get(0),
-            )?;
-            Ok(to_u64(n))
-        })
+        self.read(|conn| evals_active_in(conn, epoch))
     }
 
     /// The evaluation of every epoch that has one, oldest first. An epoch's loss is the mean
@@ -109,30 +97,51 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn eval_summaries(&self) -> Result<Vec<EvalSummary>, RepoError> {
-        self.read(|conn| {
-            let mut stmt = conn.prepare_cached(
-                "SELECT e.epoch, e.active + e.completed + e.dropped, e.completed, e.active, \
-                 CASE WHEN e.loss_n > 0 THEN e.loss_sum / e.loss_n END, \
-                 COALESCE((SELECT SUM(t.completed) FROM sample_counts t WHERE t.kind = 'train' \
-                  AND t.epoch < e.epoch), 0) \
-                 FROM sample_counts e WHERE e.kind = 'eval' ORDER BY e.epoch",
-            )?;
-            let rows = stmt.query_map([], |r| {
-                let active: i64 = r.get(3)?;
-                let mean: Option<f64> = r.get(4)?;
-                Ok(EvalSummary {
-                    epoch: to_u64(r.get(0)?),
-                    samples: to_u64(r.get(1)?),
-                    completed: to_u64(r.get(2)?),
-                    eval_loss: if active == 0 {
-                        mean.map(|m| m as f32)
-                    } else {
-                        None
-                    },
-                    trained_samples: to_u64(r.get(5)?),
-                })
-            })?;
-            Ok(rows.collect::<Result<_, _>>()?)
-        })
+        self.read(eval_summaries_in)
     }
+}
+
+/// Whether the evaluation samples of `epoch` were started, read on `conn`.
+pub(super) fn evals_started_in(conn: &Connection, epoch: u64) -> Result<bool, RepoError> {
+    Ok(conn
+        .prepare_cached("SELECT 1 FROM samples WHERE kind = 'eval' AND epoch = ?1 LIMIT 1")?
+        .exists([to_i64(epoch)])?)
+}
+
+/// Evaluation samples of `epoch` still under way (from the counters), read on `conn`.
+pub(super) fn evals_active_in(conn: &Connection, epoch: u64) -> Result<u64, RepoError> {
+    let n: i64 = conn.query_row_cached(
+        "SELECT COALESCE((SELECT active FROM sample_counts WHERE kind = 'eval' \
+         AND epoch = ?1), 0)",
+        [to_i64(epoch)],
+        |r| r.get(0),
+    )?;
+    Ok(to_u64(n))
+}
+
+/// Every epoch's evaluation, oldest first (see [`Repository::eval_summaries`]), read on `conn`.
+pub(super) fn eval_summaries_in(conn: &Connection) -> Result<Vec<EvalSummary>, RepoError> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT e.epoch, e.active + e.completed + e.dropped, e.completed, e.active, \
+         CASE WHEN e.loss_n > 0 THEN e.loss_sum / e.loss_n END, \
+         COALESCE((SELECT SUM(t.completed) FROM sample_counts t WHERE t.kind = 'train' \
+          AND t.epoch < e.epoch), 0) \
+         FROM sample_counts e WHERE e.kind = 'eval' ORDER BY e.epoch",
+    )?;
+    let rows = stmt.query_map([], |r| {
+        let active: i64 = r.get(3)?;
+        let mean: Option<f64> = r.get(4)?;
+        Ok(EvalSummary {
+            epoch: to_u64(r.get(0)?),
+            samples: to_u64(r.get(1)?),
+            completed: to_u64(r.get(2)?),
+            eval_loss: if active == 0 {
+                mean.map(|m| m as f32)
+            } else {
+                None
+            },
+            trained_samples: to_u64(r.get(5)?),
+        })
+    })?;
+    Ok(rows.collect::<Result<_, _>>()?)
 }

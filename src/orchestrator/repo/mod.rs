@@ -54,4 +54,5 @@ pub use merge::{
 };
 pub use routing::MAX_ATTEMPTS;
 pub use standing::{Standing, StandingDecision};
+pub use stats::StatusSnapshot;
 pub use validation::{AcceptedDetail, KeptObjects, PublishedRow, WorkCounts};

@@ -1,6 +1,6 @@
 //! The run's phase machine state: phase, epoch, next sample id and deadlines.
 
-use rusqlite::params;
+use rusqlite::{Connection, params};
 
 use super::db::{Cached, Repository, to_i64, to_u64};
 use super::ledger::drop_sample;
@@ -22,26 +22,55 @@ pub(super) const EPOCH_PROGRESS: &str = "SELECT \
      COALESCE((SELECT completed FROM sample_counts WHERE kind = 'train' AND epoch = ?1), 0), \
      COALESCE((SELECT SUM(active) FROM sample_counts WHERE kind = 'train'), 0)";
 
+/// Phase, epoch and next sample id, read on `conn`.
+pub(super) fn run_state_in(conn: &Connection) -> Result<(Phase, u64, u64), RepoError> {
+    let (phase, epoch, next): (String, i64, i64) = conn.query_row_cached(
+        "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let phase = match phase.as_str() {
+        "training" => Phase::Training,
+        "uploading" => Phase::Uploading,
+        "merging" => Phase::Merging,
+        other => return Err(RepoError::Corrupt(format!("phase {other:?}"))),
+    };
+    Ok((phase, to_u64(epoch), to_u64(next)))
+}
+
+/// Phase, epoch and deadlines, read on `conn`.
+pub(super) fn phase_info_in(conn: &Connection) -> Result<PhaseInfo, RepoError> {
+    let (phase, epoch, _) = run_state_in(conn)?;
+    let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row_cached(
+        "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(PhaseInfo {
+        phase,
+        epoch,
+        deadline_ms: deadline.map(to_u64),
+        upload_closed_ms: closed.map(to_u64),
+    })
+}
+
+/// Training samples of `epoch` completed, and training samples active (any epoch), read on
+/// `conn`.
+pub(super) fn epoch_progress_in(conn: &Connection, epoch: u64) -> Result<(u64, u64), RepoError> {
+    let (done, active): (i64, i64) =
+        conn.query_row_cached(EPOCH_PROGRESS, [to_i64(epoch)], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    Ok((to_u64(done), to_u64(active)))
+}
+
 impl Repository {
     /// Phase, epoch and next sample id.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn run_state(&self) -> Result<(Phase, u64, u64), RepoError> {
-        self.read(|conn| {
-            let (phase, epoch, next): (String, i64, i64) = conn.query_row_cached(
-                "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )?;
-            let phase = match phase.as_str() {
-                "training" => Phase::Training,
-                "uploading" => Phase::Uploading,
-                "merging" => Phase::Merging,
-                other => return Err(RepoError::Corrupt(format!("phase {other:?}"))),
-            };
-            Ok((phase, to_u64(epoch), to_u64(next)))
-        })
+        self.read(run_state_in)
     }
 
     /// Phase, epoch and deadlines.
@@ -49,20 +78,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
-        let (phase, epoch, _) = self.run_state()?;
-        self.read(|conn| {
-            let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row_cached(
-                "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
-                [],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )?;
-            Ok(PhaseInfo {
-                phase,
-                epoch,
-                deadline_ms: deadline.map(to_u64),
-                upload_closed_ms: closed.map(to_u64),
-            })
-        })
+        self.read(phase_info_in)
     }
 
     /// Training samples of `epoch` completed, and training samples still active (any epoch).
@@ -70,13 +86,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
-        self.read(|conn| {
-            let (done, active): (i64, i64) =
-                conn.query_row_cached(EPOCH_PROGRESS, [to_i64(epoch)], |r| {
-                    Ok((r.get(0)?, r.get(1)?))
-                })?;
-            Ok((to_u64(done), to_u64(active)))
-        })
+        self.read(|conn| epoch_progress_in(conn, epoch))
     }
 
     /// Synchronous optimizer steps (of `samples_per_step` sample ids each) that completed

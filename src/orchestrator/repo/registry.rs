@@ -1,7 +1,7 @@
 //! Miners: registration (sections balanced, a returning hotkey keeps its section), liveness and
 //! the weights they report.
 
-use rusqlite::{OptionalExtension, params};
+use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::{Cached, Repository, to_i64, usize_of};
 use super::rows::{MINER_COLUMNS, read_miner};
@@ -120,13 +120,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn miners(&self) -> Result<Vec<MinerRow>, RepoError> {
-        self.read(|conn| {
-            let mut stmt = conn.prepare_cached(&format!(
-                "SELECT {MINER_COLUMNS} FROM miners ORDER BY section, registered_at, hotkey"
-            ))?;
-            let rows = stmt.query_map([], read_miner)?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
-        })
+        self.read(miners_in)
     }
 
     /// Records that `hotkey` was seen now.
@@ -166,6 +160,15 @@ impl Repository {
             Ok(())
         })
     }
+}
+
+/// Every registered miner, by section then registration time, read on `conn`.
+pub(super) fn miners_in(conn: &Connection) -> Result<Vec<MinerRow>, RepoError> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {MINER_COLUMNS} FROM miners ORDER BY section, registered_at, hotkey"
+    ))?;
+    let rows = stmt.query_map([], read_miner)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
 
 /// The section with the fewest seats taken that still has room (lowest index on ties).

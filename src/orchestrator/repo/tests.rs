@@ -332,6 +332,36 @@ fn missed_forward_is_reoffered_and_missed_backward_drops_the_sample() {
 }
 
 #[test]
+fn the_status_snapshot_reads_what_the_separate_queries_read() {
+    let repo = network();
+    let first = start(&repo, 0);
+    start(&repo, 1);
+    repo.accept(first, "a0", &ok("h"), LIMITS, T0 + 20).unwrap();
+    let snap = repo.status_snapshot(16, T0).unwrap();
+    let info = repo.phase_info().unwrap();
+    assert_eq!((snap.phase.phase, snap.phase.epoch), (info.phase, info.epoch));
+    assert_eq!(snap.phase.deadline_ms, info.deadline_ms);
+    assert_eq!(snap.next_sample, repo.run_state().unwrap().2);
+    assert_eq!(snap.next_sample, 2);
+    assert_eq!(snap.miners, repo.miners().unwrap());
+    assert_eq!(snap.counts, repo.counts().unwrap());
+    assert_eq!(snap.counts.active, 2, "{:?}", snap.counts);
+    assert_eq!(
+        (snap.recent_loss, snap.completed_since),
+        repo.recent(16, T0).unwrap()
+    );
+    assert_eq!(snap.evals, repo.eval_summaries().unwrap());
+    assert_eq!(snap.epoch_progress, repo.epoch_progress(info.epoch).unwrap());
+    assert_eq!(
+        snap.epoch_evals,
+        (
+            repo.evals_started(info.epoch).unwrap(),
+            repo.evals_active(info.epoch).unwrap()
+        )
+    );
+}
+
+#[test]
 fn refused_forward_is_reoffered_and_repeated_failures_drop() {
     // Penalties that keep no one from work, to try one miner again and again.
     let repo = network().with_standing(Standing {

@@ -339,7 +339,10 @@ fn the_status_snapshot_reads_what_the_separate_queries_read() {
     repo.accept(first, "a0", &ok("h"), LIMITS, T0 + 20).unwrap();
     let snap = repo.status_snapshot(16, T0).unwrap();
     let info = repo.phase_info().unwrap();
-    assert_eq!((snap.phase.phase, snap.phase.epoch), (info.phase, info.epoch));
+    assert_eq!(
+        (snap.phase.phase, snap.phase.epoch),
+        (info.phase, info.epoch)
+    );
     assert_eq!(snap.phase.deadline_ms, info.deadline_ms);
     assert_eq!(snap.next_sample, repo.run_state().unwrap().2);
     assert_eq!(snap.next_sample, 2);
@@ -351,7 +354,10 @@ fn the_status_snapshot_reads_what_the_separate_queries_read() {
         repo.recent(16, T0).unwrap()
     );
     assert_eq!(snap.evals, repo.eval_summaries().unwrap());
-    assert_eq!(snap.epoch_progress, repo.epoch_progress(info.epoch).unwrap());
+    assert_eq!(
+        snap.epoch_progress,
+        repo.epoch_progress(info.epoch).unwrap()
+    );
     assert_eq!(
         snap.epoch_evals,
         (

@@ -22,36 +22,28 @@ pub(super) const EPOCH_PROGRESS: &str = "SELECT \
      COALESCE((SELECT completed FROM sample_counts WHERE kind = 'train' AND epoch = ?1), 0), \
      COALESCE((SELECT SUM(active) FROM sample_counts WHERE kind = 'train'), 0)";
 
-/// Phase, epoch and next sample id, read on `conn`.
-pub(super) fn run_state_in(conn: &Connection) -> Result<(Phase, u64, u64), RepoError> {
-    let (phase, epoch, next): (String, i64, i64) = conn.query_row_cached(
-        "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-    )?;
+/// The run's state row, read on `conn` in one query: phase information and the next sample id.
+pub(super) fn run_row_in(conn: &Connection) -> Result<(PhaseInfo, u64), RepoError> {
+    let (phase, epoch, next, deadline, closed): (String, i64, i64, Option<i64>, Option<i64>) = conn
+        .query_row_cached(
+            "SELECT phase, epoch, next_sample, phase_deadline, upload_closed \
+             FROM run_state WHERE id = 0",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+        )?;
     let phase = match phase.as_str() {
         "training" => Phase::Training,
         "uploading" => Phase::Uploading,
         "merging" => Phase::Merging,
         other => return Err(RepoError::Corrupt(format!("phase {other:?}"))),
     };
-    Ok((phase, to_u64(epoch), to_u64(next)))
-}
-
-/// Phase, epoch and deadlines, read on `conn`.
-pub(super) fn phase_info_in(conn: &Connection) -> Result<PhaseInfo, RepoError> {
-    let (phase, epoch, _) = run_state_in(conn)?;
-    let (deadline, closed): (Option<i64>, Option<i64>) = conn.query_row_cached(
-        "SELECT phase_deadline, upload_closed FROM run_state WHERE id = 0",
-        [],
-        |r| Ok((r.get(0)?, r.get(1)?)),
-    )?;
-    Ok(PhaseInfo {
+    let info = PhaseInfo {
         phase,
-        epoch,
+        epoch: to_u64(epoch),
         deadline_ms: deadline.map(to_u64),
         upload_closed_ms: closed.map(to_u64),
-    })
+    };
+    Ok((info, to_u64(next)))
 }
 
 /// Training samples of `epoch` completed, and training samples active (any epoch), read on
@@ -70,7 +62,8 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn run_state(&self) -> Result<(Phase, u64, u64), RepoError> {
-        self.read(run_state_in)
+        let (info, next) = self.read(run_row_in)?;
+        Ok((info.phase, info.epoch, next))
     }
 
     /// Phase, epoch and deadlines.
@@ -78,7 +71,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
-        self.read(phase_info_in)
+        Ok(self.read(run_row_in)?.0)
     }
 
     /// Training samples of `epoch` completed, and training samples still active (any epoch).

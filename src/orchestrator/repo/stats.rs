@@ -5,7 +5,7 @@ use rusqlite::Connection;
 use super::db::{Cached, Repository, to_i64, to_u64};
 use super::eval::{eval_summaries_in, evals_active_in, evals_started_in};
 use super::merge::PhaseInfo;
-use super::phase::{epoch_progress_in, phase_info_in, run_state_in};
+use super::phase::{epoch_progress_in, run_row_in};
 use super::registry::miners_in;
 use crate::api::EvalSummary;
 use crate::orchestrator::repo_types::{LedgerCounts, MinerRow, RepoError};
@@ -95,8 +95,7 @@ impl Repository {
         since_ms: u64,
     ) -> Result<StatusSnapshot, RepoError> {
         self.read(|conn| {
-            let (_, _, next_sample) = run_state_in(conn)?;
-            let phase = phase_info_in(conn)?;
+            let (phase, next_sample) = run_row_in(conn)?;
             let (recent_loss, completed_since) = recent_in(conn, recent, since_ms)?;
             Ok(StatusSnapshot {
                 next_sample,

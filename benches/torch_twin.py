@@ -30,6 +30,7 @@ PRESETS = {
     # vocab, d_model, n_layers, n_heads, n_kv_heads, d_ff, sections
     "tiny": (256, 128, 6, 4, 2, 256, 3),
     "small": (256, 384, 8, 6, 2, 1024, 3),
+    "1b": (128256, 2048, 16, 32, 8, 8192, 3),
 }
 
 
@@ -135,6 +136,7 @@ class Model(nn.Module):
         b, s = tokens.shape
         cos, sin = rope_tables(s, self.hd)
         x = self.embed_tokens(tokens)
+        cos, sin = cos.to(x.device, x.dtype), sin.to(x.device, x.dtype)
         for i, block in enumerate(self.layers):
             if str(i) in self.decoders:
                 z = x
@@ -155,11 +157,25 @@ def main():
     ap.add_argument("--steps", type=int, default=20, help="timed steps (after 3 warm-up steps)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument(
+        "--dtype",
+        default="f32",
+        choices=["f32", "bf16"],
+        help="bf16: the whole model in bf16, as `iota bench model --float bf16` (no autocast)",
+    )
     args = ap.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = Model(args.preset)
+    device = torch.device(args.device)
+    model = Model(args.preset).to(device)
+    if args.dtype == "bf16":
+        model = model.to(torch.bfloat16)
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -174,6 +190,8 @@ def main():
     cpu_times = []
     for step in range(args.steps + 3):
         tokens = torch.randint(0, vocab, (args.batch_size, args.seq_len + 1), generator=gen)
+        tokens = tokens.to(device)
+        sync()
         t0 = time.perf_counter()
         c0 = time.process_time()
         logits = model(tokens[:, :-1])
@@ -182,6 +200,7 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         dt = time.perf_counter() - t0
         dc = time.process_time() - c0
         if step >= 3:
@@ -193,6 +212,8 @@ def main():
     out = {
         "framework": f"pytorch {torch.__version__}",
         "preset": args.preset,
+        "device": args.device,
+        "dtype": args.dtype,
         "params": params,
         "batch": args.batch_size,
         "seq": args.seq_len,

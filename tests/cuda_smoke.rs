@@ -21,36 +21,40 @@ fn windows() -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// Losses of three training steps of the `tiny` chain on backend `B`.
+fn three_steps<B: burn::tensor::backend::AutodiffBackend>(device: &B::Device) -> Vec<f32> {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let windows = windows();
+    let refs: Vec<&[u32]> = windows.iter().map(|w| w.as_slice()).collect();
+    let mut pipeline =
+        Pipeline::<B>::new(&cfg, 0, OptimizerConfig::default(), WireDtype::F32, device).unwrap();
+    (0..3)
+        .map(|_| {
+            let loss = pipeline.train_batch(&refs).unwrap().loss;
+            pipeline.step(1e-3);
+            loss
+        })
+        .collect()
+}
+
 #[test]
 fn tiny_chain_trains_on_cuda_like_on_cpu() {
+    // The CPU half runs everywhere: it checks that these steps do lower the loss (at 1e-2 they
+    // did not, on either backend: the first GPU run of this test, 2026-11-25).
+    let cpu = three_steps::<Autodiff<Cpu>>(&Default::default());
+    assert!(cpu[2] < cpu[0], "cpu losses {cpu:?}");
     if !gpu_present() {
         eprintln!(
             "cuda_smoke: skipped: no NVIDIA GPU here (no /proc/driver/nvidia/version); run it on a GPU machine"
         );
         return;
     }
-    let cfg = ModelConfig::preset("tiny").unwrap();
-    let windows = windows();
-    let refs: Vec<&[u32]> = windows.iter().map(|w| w.as_slice()).collect();
-    let opt = OptimizerConfig::default();
-
-    let mut cpu =
-        Pipeline::<Autodiff<Cpu>>::new(&cfg, 0, opt, WireDtype::F32, &Default::default()).unwrap();
-    let mut gpu =
-        Pipeline::<Autodiff<Cuda>>::new(&cfg, 0, opt, WireDtype::F32, &Default::default()).unwrap();
-    let mut losses = Vec::new();
-    for _ in 0..3 {
-        let c = cpu.train_batch(&refs).unwrap().loss;
-        let g = gpu.train_batch(&refs).unwrap().loss;
-        cpu.step(1e-2);
-        gpu.step(1e-2);
-        losses.push((c, g));
+    let gpu = three_steps::<Autodiff<Cuda>>(&Default::default());
+    eprintln!("cuda_smoke: losses cpu {cpu:?}, cuda {gpu:?}");
+    for (step, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
+        assert!(
+            (c - g).abs() < 1e-3 * c.abs().max(1.0),
+            "step {step}: cpu {c}, cuda {g} (all: cpu {cpu:?}, cuda {gpu:?})"
+        );
     }
-    let (c0, g0) = losses[0];
-    assert!(
-        (c0 - g0).abs() < 1e-3 * c0.abs().max(1.0),
-        "first loss: cpu {c0}, cuda {g0}"
-    );
-    let (_, g_last) = losses[losses.len() - 1];
-    assert!(g_last.is_finite() && g_last < g0, "cuda losses {losses:?}");
 }

@@ -511,10 +511,7 @@ impl<B: AutodiffBackend> Engine<B> {
 /// Copies a boundary tensor to host memory.
 fn to_host<B: burn::tensor::backend::Backend>(t: Tensor<B, 3>) -> Result<Activations, ModelError> {
     let shape = t.dims();
-    let data = t
-        .into_data()
-        .to_vec::<f32>()
-        .map_err(|e| ModelError::Shape(format!("reading a boundary tensor: {e:?}")))?;
+    let data = crate::model::host_f32(t.into_data())?;
     Ok(Activations { data, shape })
 }
 

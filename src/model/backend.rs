@@ -96,6 +96,38 @@ impl FromStr for DeviceKind {
     }
 }
 
+/// The float type the model computes and stores its tensors in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FloatType {
+    /// 32-bit floats, on every backend.
+    #[default]
+    F32,
+    /// bfloat16 everywhere (weights, activations, optimizer moments), on CUDA only: burn has
+    /// no mixed-precision autocast, so this is pure bf16, for throughput measurements.
+    Bf16,
+}
+
+impl fmt::Display for FloatType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
+impl FromStr for FloatType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            _ => Err(format!("unknown float type `{s}` (expected f32 or bf16)")),
+        }
+    }
+}
+
 /// Work that runs on any autodiff backend.
 pub trait BackendTask {
     /// What the work returns.
@@ -125,9 +157,50 @@ pub fn dispatch<T: BackendTask>(kind: DeviceKind, task: T) -> Result<T::Output, 
     }
 }
 
+/// Runs `task` on the backend for `kind`, computing in `float`.
+///
+/// # Errors
+/// When the binary lacks the backend, or `float` is bf16 on a backend other than CUDA.
+pub fn dispatch_float<T: BackendTask>(
+    kind: DeviceKind,
+    float: FloatType,
+    task: T,
+) -> Result<T::Output, String> {
+    match (kind, float) {
+        (_, FloatType::F32) => dispatch(kind, task),
+        #[cfg(feature = "cuda")]
+        (DeviceKind::Cuda, FloatType::Bf16) => {
+            use burn::backend::{Autodiff, Cuda};
+            Ok(task.run::<Autodiff<Cuda<burn::tensor::bf16>>>(Default::default()))
+        }
+        (other, FloatType::Bf16) => Err(format!(
+            "bf16 runs on the cuda backend only (asked for {other}{})",
+            if cfg!(feature = "cuda") {
+                ""
+            } else {
+                ", and this binary was built without cuda"
+            }
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bf16_is_refused_off_cuda_with_a_reason() {
+        struct Name;
+        impl BackendTask for Name {
+            type Output = ();
+            fn run<B: AutodiffBackend>(self, _: B::Device) {}
+        }
+        assert_eq!("BF16".parse::<FloatType>(), Ok(FloatType::Bf16));
+        assert!("fp8".parse::<FloatType>().is_err());
+        let err = dispatch_float(DeviceKind::Cpu, FloatType::Bf16, Name).unwrap_err();
+        assert!(err.contains("cuda backend only"), "{err}");
+        assert!(dispatch_float(DeviceKind::Cpu, FloatType::F32, Name).is_ok());
+    }
 
     #[test]
     fn parse_and_report_missing_backends() {

@@ -339,6 +339,17 @@ impl ModelConfig {
             .filter_map(|i| self.section_params(i).ok())
             .sum()
     }
+
+    /// Model FLOPs of one training token (forward and backward) at sequence length `seq`,
+    /// computed, not measured: 6 per parameter of every matrix product (the embedding is a
+    /// lookup and does not count) plus attention's two `seq`-long products, 12 x blocks x
+    /// `d_model` x `seq`, counted over the whole square as the kernels compute it (the
+    /// PaLM paper's accounting). Model FLOP utilization is this times tokens/s over the
+    /// hardware's peak.
+    pub fn train_flops_per_token(&self, seq: usize) -> f64 {
+        let matmul = self.total_params() - self.vocab_size * self.d_model;
+        6.0 * matmul as f64 + 12.0 * (self.n_layers * self.d_model * seq) as f64
+    }
 }
 
 /// Where one section sits in the model.
@@ -361,6 +372,24 @@ pub struct SectionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn training_flops_count_the_products_and_attention() {
+        let c = ModelConfig::preset("tiny").unwrap();
+        let (d, kv) = (c.d_model, c.d_model * c.n_kv_heads / c.n_heads);
+        // Per block: q and o (d x d), k and v (d x kv), gate, up and down (d x d_ff).
+        let blocks = c.n_layers * (2 * d * d + 2 * d * kv + 3 * d * c.d_ff);
+        let head = c.vocab_size * d;
+        let products = blocks + head;
+        let f0 = c.train_flops_per_token(0);
+        // Norm gains and the small bottleneck maps are counted too: within 10% of the products.
+        assert!(
+            f0 >= 6.0 * products as f64 && f0 < 6.6 * products as f64,
+            "{f0} vs {products}"
+        );
+        let attention = c.train_flops_per_token(100) - f0;
+        assert_eq!(attention, 12.0 * (c.n_layers * d * 100) as f64);
+    }
 
     #[test]
     fn presets_are_valid_and_match_their_names() {

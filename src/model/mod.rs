@@ -75,6 +75,18 @@ pub enum ModelError {
     },
 }
 
+/// A float tensor's values as `f32`, whatever the backend's float type (a bf16 backend's
+/// values are widened; an f32 tensor's are moved, not copied).
+///
+/// # Errors
+/// When burn cannot read the values as `f32` (a quantized tensor); the message names the dtype.
+pub fn host_f32(data: burn::tensor::TensorData) -> Result<Vec<f32>, ModelError> {
+    let dtype = data.dtype;
+    data.convert::<f32>()
+        .into_vec::<f32>()
+        .map_err(|e| ModelError::Shape(format!("reading a {dtype:?} tensor as f32: {e:?}")))
+}
+
 /// The CPU backend used by unit tests.
 #[cfg(test)]
 pub type TestBackend = burn::backend::NdArray<f32>;

@@ -118,7 +118,7 @@ pub fn export_params<B: Backend>(model: &SectionModel<B>, spec: &SectionSpec) ->
         out.push(NamedTensor {
             name: name.to_string(),
             shape: shape.to_vec(),
-            data: flat.into_data().to_vec::<f32>().unwrap_or_default(),
+            data: super::host_f32(flat.into_data()).unwrap_or_default(),
         })
     });
     out

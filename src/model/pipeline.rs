@@ -118,10 +118,7 @@ impl<B: AutodiffBackend> Pipeline<B> {
     /// Sends a boundary tensor through the wire codec, as the network would.
     fn cross(&self, t: Tensor<Inner<B>, 3>) -> Result<(Tensor<Inner<B>, 3>, usize), ModelError> {
         let shape = t.dims();
-        let data: Vec<f32> = t
-            .into_data()
-            .to_vec()
-            .map_err(|e| ModelError::Shape(format!("{e:?}")))?;
+        let data = super::host_f32(t.into_data())?;
         let bytes = codec::encode(&shape, &data, self.wire)?;
         let decoded = codec::decode_expecting(&bytes, &shape)?;
         let tensor = Tensor::from_data(TensorData::new(decoded.data, shape), &self.device);
@@ -173,7 +170,7 @@ impl<B: AutodiffBackend> Pipeline<B> {
             let (g, bytes) = self.cross(grad)?;
             bytes_backward += bytes;
             if record {
-                recorded.push(g.to_data().to_vec().unwrap_or_default());
+                recorded.push(super::host_f32(g.to_data())?);
             }
             let input = cached
                 .pop()
@@ -273,17 +270,16 @@ impl<B: AutodiffBackend> Pipeline<B> {
         let mut param_grads = HashMap::new();
         for s in &self.sections {
             for (name, g) in params::collect_grads(s.module(), s.spec(), &grads) {
-                param_grads.insert(name, g.into_data().to_vec().unwrap_or_default());
+                param_grads.insert(name, super::host_f32(g.into_data())?);
             }
         }
         let boundary_grads = probes
             .iter()
-            .map(|p| {
-                p.grad(&grads)
-                    .map(|g| g.into_data().to_vec().unwrap_or_default())
-                    .unwrap_or_default()
+            .map(|p| match p.grad(&grads) {
+                Some(g) => super::host_f32(g.into_data()),
+                None => Ok(Vec::new()),
             })
-            .collect();
+            .collect::<Result<_, _>>()?;
         Ok(WholeGraph {
             loss: value,
             param_grads,

@@ -444,7 +444,12 @@ impl<B: AutodiffBackend> Section<B> {
     pub fn accumulated_grads(&self) -> HashMap<String, Vec<f32>> {
         self.grads
             .iter()
-            .map(|(name, g)| (name.clone(), g.to_data().to_vec().unwrap_or_default()))
+            .map(|(name, g)| {
+                (
+                    name.clone(),
+                    super::host_f32(g.to_data()).unwrap_or_default(),
+                )
+            })
             .collect()
     }
 
@@ -553,7 +558,7 @@ impl<B: AutodiffBackend> Section<B> {
         for name in names {
             let m = &self.optimizer.moments[name];
             for (suffix, t) in [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)] {
-                let data: Vec<f32> = t.to_data().to_vec().unwrap_or_default();
+                let data = super::host_f32(t.to_data()).unwrap_or_default();
                 tensors.push(NamedTensor {
                     name: format!("{name}.{suffix}"),
                     shape: vec![data.len()],

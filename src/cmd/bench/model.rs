@@ -12,7 +12,7 @@ use super::peak_rss_bytes;
 use crate::cmd::model::{boundary_bytes, human_bytes, human_count};
 use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
-use crate::model::backend::{BackendTask, DeviceKind, dispatch};
+use crate::model::backend::{BackendTask, DeviceKind, FloatType, dispatch_float};
 use crate::model::pipeline::Pipeline;
 use crate::model::{ModelConfig, OptimizerConfig};
 
@@ -37,6 +37,13 @@ pub struct BenchModelArgs {
     /// Device.
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: DeviceKind,
+    /// Float type of the whole computation: f32, or bf16 (cuda only).
+    #[arg(long, value_name = "TYPE", default_value = "f32")]
+    pub float: FloatType,
+    /// The device's peak in TFLOP/s (e.g. 989 for an H100 SXM's dense bf16): adds model FLOP
+    /// utilization (MFU) to the report.
+    #[arg(long, value_name = "TFLOPS")]
+    pub peak_tflops: Option<f64>,
 }
 
 struct Measured {
@@ -61,33 +68,38 @@ impl BackendTask for Task {
         let data = Dataset::load(&DataSpec::default(), &Tokenizer::byte(), self.seq, 0)?;
         let mut pipeline =
             Pipeline::<B>::new(&self.cfg, 0, OptimizerConfig::default(), self.wire, &device)?;
+        // A GPU backend queues work and returns: every timed region ends by waiting for it.
+        let sync = || B::sync(&device).map_err(|e| anyhow::anyhow!("device sync: {e:?}"));
         let (mut whole, mut chain, mut step) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
         let mut wire_bytes = 0;
         for it in 0..=self.iters {
             let windows: Vec<&[u32]> = (0..self.batch)
                 .map(|i| data.train_sample((it * self.batch + i) as u64))
                 .collect();
+            let run_whole = |p: &mut Pipeline<B>| {
+                time(|| {
+                    p.train_whole(&windows)?;
+                    sync()
+                })
+            };
+            let mut run_chain = |p: &mut Pipeline<B>| {
+                time(|| {
+                    let r = p.train_batch(&windows)?;
+                    wire_bytes = r.bytes_forward + r.bytes_backward;
+                    sync()
+                })
+            };
             // Alternate the order so neither variant always runs on a warm cache.
-            let t_whole;
-            let t_chain;
-            if it % 2 == 0 {
-                t_whole = time(|| pipeline.whole_graph(&windows).map(|_| ()))?;
-                t_chain = time(|| {
-                    pipeline
-                        .train_batch(&windows)
-                        .map(|r| wire_bytes = r.bytes_forward + r.bytes_backward)
-                })?;
+            let (t_whole, t_chain) = if it % 2 == 0 {
+                let w = run_whole(&mut pipeline)?;
+                (w, run_chain(&mut pipeline)?)
             } else {
-                t_chain = time(|| {
-                    pipeline
-                        .train_batch(&windows)
-                        .map(|r| wire_bytes = r.bytes_forward + r.bytes_backward)
-                })?;
-                t_whole = time(|| pipeline.whole_graph(&windows).map(|_| ()))?;
-            }
+                let c = run_chain(&mut pipeline)?;
+                (run_whole(&mut pipeline)?, c)
+            };
             let t_step = time(|| {
                 pipeline.step(1e-4);
-                Ok::<(), anyhow::Error>(())
+                sync()
             })?;
             if it > 0 {
                 whole += t_whole;
@@ -104,10 +116,7 @@ impl BackendTask for Task {
     }
 }
 
-fn time<E>(f: impl FnOnce() -> Result<(), E>) -> anyhow::Result<Duration>
-where
-    anyhow::Error: From<E>,
-{
+fn time(f: impl FnOnce() -> anyhow::Result<()>) -> anyhow::Result<Duration> {
     let t = Instant::now();
     f()?;
     Ok(t.elapsed())
@@ -123,13 +132,14 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     cfg.max_seq_len = cfg.max_seq_len.max(seq);
     let iters = args.iters.max(1);
     println!(
-        "iota bench model: preset {} ({} params), batch {} x {} tokens, {} timed batches, device {}, wire {}",
+        "iota bench model: preset {} ({} params), batch {} x {} tokens, {} timed batches, device {} ({}), wire {}",
         cfg.name,
         human_count(cfg.total_params()),
         args.batch_size,
         seq,
         iters,
         args.device,
+        args.float,
         args.wire
     );
     println!("\nsection  blocks  params");
@@ -148,7 +158,7 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         iters,
         wire: args.wire,
     };
-    let m = dispatch(args.device, task)
+    let m = dispatch_float(args.device, args.float, task)
         .map_err(anyhow::Error::msg)?
         .context("running the benchmark")?;
     let tokens = (args.batch_size * seq * iters) as f64;
@@ -172,6 +182,21 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         "optimizer step (all sections) {:.1} ms",
         m.step.as_secs_f64() * 1e3 / iters as f64
     );
+    // Model FLOPs (computed from the shape) over measured time: the whole graph and one
+    // optimizer step per batch, as a training step of `iota train` runs.
+    let flops = cfg.train_flops_per_token(seq) * tokens;
+    let gflops = flops / (m.whole + m.step).as_secs_f64().max(1e-9) / 1e9;
+    print!(
+        "model FLOPs {:.3} G/token (computed); whole graph + step: {gflops:.1} GFLOP/s",
+        cfg.train_flops_per_token(seq) / 1e9
+    );
+    match args.peak_tflops {
+        Some(peak) if peak > 0.0 => println!(
+            ", MFU {:.2}% of {peak} TFLOP/s",
+            100.0 * gflops / (peak * 1e3)
+        ),
+        _ => println!(),
+    }
 
     let [f32_full, bf16_full, bf16_b, int8_b] = boundary_bytes(&cfg, seq);
     println!("\nbytes per sample per boundary per direction");

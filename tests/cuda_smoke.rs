@@ -1,7 +1,7 @@
-//! The CUDA backend on a real GPU: the `tiny` section chain trains on `--device cuda` and its
-//! first loss matches the CPU's. Built only with `--features cuda`
-//! (`cargo test --features cuda --test cuda_smoke`); on a machine without an NVIDIA driver it
-//! says so and passes without running anything.
+//! The CUDA backend on a real GPU: the `tiny` section chain trains on `--device cuda` and each
+//! step's loss matches the CPU's; and compiled GPU kernels are kept on disk between runs. Built
+//! only with `--features cuda` (`cargo test --features cuda --test cuda_smoke`); on a machine
+//! without an NVIDIA driver the GPU half says so and passes.
 #![cfg(feature = "cuda")]
 
 use burn::backend::{Autodiff, Cuda};
@@ -49,6 +49,7 @@ fn tiny_chain_trains_on_cuda_like_on_cpu() {
         );
         return;
     }
+    iota::model::backend::cache_gpu_kernels();
     let gpu = three_steps::<Autodiff<Cuda>>(&Default::default());
     eprintln!("cuda_smoke: losses cpu {cpu:?}, cuda {gpu:?}");
     for (step, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
@@ -57,4 +58,17 @@ fn tiny_chain_trains_on_cuda_like_on_cpu() {
             "step {step}: cpu {c}, cuda {g} (all: cpu {cpu:?}, cuda {gpu:?})"
         );
     }
+}
+
+#[test]
+fn compiled_gpu_kernels_are_kept_on_disk() {
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    // Needs no GPU: it checks the configuration cubecl will read when its first kernel
+    // compiles. (The other test may have set it first: either way it must hold a cache.)
+    iota::model::backend::cache_gpu_kernels();
+    let config = CubeClRuntimeConfig::get();
+    let cache = config.compilation.cache.as_ref();
+    assert!(cache.is_some(), "no kernel cache: {config:?}");
+    // A second call changes nothing once the configuration is in place.
+    assert!(!iota::model::backend::cache_gpu_kernels());
 }

@@ -128,6 +128,31 @@ impl FromStr for FloatType {
     }
 }
 
+/// Turns on cubecl's on-disk cache of compiled GPU kernels (PTX), unless a `cubecl.toml` or
+/// the environment already chose a cache, before the first kernel is compiled. Returns whether
+/// this call set the configuration (false when cubecl had already read its own).
+///
+/// burn compiles each kernel with NVRTC the first time it meets it: on one H100 the `small`
+/// preset's first batch compiled 399 kernels in about 325 s (README, "On a GPU"). cubecl keeps
+/// no compiled kernel between runs unless asked to, so without this every start of a miner paid
+/// that again. The cache lives where cubecl keeps its autotune results: `target/` when run
+/// inside a cargo project, else the user's cache directory (`~/.cache/cubecl`).
+#[cfg(feature = "cuda")]
+pub fn cache_gpu_kernels() -> bool {
+    use burn::cubecl::config::cache::CacheConfig;
+    use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+    let mut slot = CubeClRuntimeConfig::storage().lock();
+    if slot.is_some() {
+        return false;
+    }
+    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+    if config.compilation.cache.is_none() {
+        config.compilation.cache = Some(CacheConfig::Target);
+    }
+    *slot = Some(std::sync::Arc::new(config));
+    true
+}
+
 /// Work that runs on any autodiff backend.
 pub trait BackendTask {
     /// What the work returns.
@@ -145,7 +170,10 @@ pub fn dispatch<T: BackendTask>(kind: DeviceKind, task: T) -> Result<T::Output, 
     match kind {
         DeviceKind::Cpu => Ok(task.run::<Autodiff<Cpu>>(Default::default())),
         #[cfg(feature = "cuda")]
-        DeviceKind::Cuda => Ok(task.run::<Autodiff<burn::backend::Cuda>>(Default::default())),
+        DeviceKind::Cuda => {
+            cache_gpu_kernels();
+            Ok(task.run::<Autodiff<burn::backend::Cuda>>(Default::default()))
+        }
         #[cfg(feature = "wgpu")]
         DeviceKind::Wgpu => Ok(task.run::<Autodiff<burn::backend::Wgpu>>(Default::default())),
         #[cfg(feature = "flex")]
@@ -171,6 +199,7 @@ pub fn dispatch_float<T: BackendTask>(
         #[cfg(feature = "cuda")]
         (DeviceKind::Cuda, FloatType::Bf16) => {
             use burn::backend::{Autodiff, Cuda};
+            cache_gpu_kernels();
             Ok(task.run::<Autodiff<Cuda<burn::tensor::bf16>>>(Default::default()))
         }
         (other, FloatType::Bf16) => Err(format!(

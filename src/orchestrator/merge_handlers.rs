@@ -539,76 +539,71 @@ async fn check_upload(
     Ok(Ok(distance.finish(hotkey)))
 }
 
-/// `GET /api/merge/status`.
+/// `GET /api/merge/status`: the phase and every section's merge, read in one hold of the
+/// database connection ([`crate::orchestrator::repo::Repository::merge_status_rows`]).
 pub async fn status(State(state): State<AppState>) -> Result<Json<MergeStatus>, HttpError> {
-    let info = state.repo.phase_info()?;
-    // While training, show the merge that produced the current epoch.
-    let epoch = match info.phase {
-        Phase::Training => info.epoch.checked_sub(1),
-        _ => Some(info.epoch),
-    };
-    let mut sections = Vec::new();
-    for section in 0..state.config.model.n_sections() {
+    let rows = state
+        .repo
+        .merge_status_rows(state.config.model.n_sections(), |info| match info.phase {
+            // While training, show the merge that produced the current epoch.
+            Phase::Training => info.epoch.checked_sub(1),
+            _ => Some(info.epoch),
+        })?;
+    let mut sections = Vec::with_capacity(rows.sections.len());
+    for (section, r) in rows.sections.into_iter().enumerate() {
         let mut s = SectionMergeStatus {
             section,
-            uploads: 0,
+            uploads: r
+                .uploads
+                .iter()
+                .filter(|u| u.state == UploadState::Accepted)
+                .count(),
             partitions: 0,
             partitions_with_results: 0,
             results: 0,
             finalized: false,
             recomputed: 0,
             fallbacks: 0,
-            flagged: Vec::new(),
-            checkpoint_hash: None,
-            checkpoint_epoch: None,
-        };
-        if let Some(cp) = state.repo.latest_checkpoint(section)? {
-            s.checkpoint_hash = Some(cp.hash);
-            s.checkpoint_epoch = Some(cp.epoch);
-        }
-        if let Some(e) = epoch {
-            s.uploads = state
-                .repo
-                .uploads_of(e, section)?
-                .iter()
-                .filter(|u| u.state == UploadState::Accepted)
-                .count();
-            if let Some(row) = state.repo.plan(e, section)? {
-                s.finalized = row.finalized;
-                if row.len > 0 {
-                    let plan = build_plan(&state, e, section, &row).map_err(HttpError::internal)?;
-                    s.partitions = plan.partitions().len();
-                }
-                let results = state.repo.results(e, section)?;
-                s.results = results.len();
-                let mut with: Vec<usize> = results.iter().map(|r| r.partition).collect();
-                with.dedup();
-                s.partitions_with_results = with.len();
-            }
-            for (_, verdict) in state.repo.verdicts(e, section)? {
-                if verdict.starts_with("recomputed") {
-                    s.recomputed += 1;
-                } else if verdict.starts_with("fallback") {
-                    s.fallbacks += 1;
-                }
-            }
-            s.flagged = state
-                .repo
-                .flags(e, section)?
+            flagged: r
+                .flags
                 .into_iter()
                 .map(|(partition, hotkey, reason)| FlaggedMerger {
                     hotkey,
                     partition,
                     reason,
                 })
-                .collect();
+                .collect(),
+            checkpoint_hash: None,
+            checkpoint_epoch: None,
+        };
+        if let Some(cp) = r.checkpoint {
+            s.checkpoint_hash = Some(cp.hash);
+            s.checkpoint_epoch = Some(cp.epoch);
+        }
+        if let (Some(e), Some(row)) = (rows.epoch, r.plan) {
+            s.finalized = row.finalized;
+            if row.len > 0 {
+                let plan = build_plan(&state, e, section, &row).map_err(HttpError::internal)?;
+                s.partitions = plan.partitions().len();
+            }
+            s.results = r.results.len();
+            let mut with: Vec<usize> = r.results.iter().map(|x| x.partition).collect();
+            with.dedup();
+            s.partitions_with_results = with.len();
+        }
+        for (_, verdict) in &r.verdicts {
+            if verdict.starts_with("recomputed") {
+                s.recomputed += 1;
+            } else if verdict.starts_with("fallback") {
+                s.fallbacks += 1;
+            }
         }
         sections.push(s);
     }
     Ok(Json(MergeStatus {
-        phase: info.phase,
-        epoch: info.epoch,
-        phase_deadline_unix_ms: info.deadline_ms,
+        phase: rows.phase.phase,
+        epoch: rows.phase.epoch,
+        phase_deadline_unix_ms: rows.phase.deadline_ms,
         op: state.config.merge.op,
         batches_before_merging: state.config.batches_before_merging,
         sections,

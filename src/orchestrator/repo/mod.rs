@@ -50,7 +50,8 @@ pub use db::Repository;
 pub use eval::{EVAL_ID_BASE, EVAL_SAMPLES_MAX, EvalSample, eval_id};
 pub use history::{LossPoint, MergeRecord};
 pub use merge::{
-    CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
+    CheckpointRow, MergeStatusRows, PhaseInfo, PlanRow, ResultRow, SectionMergeRows,
+    SectionOutcome, UploadRow, UploadState,
 };
 pub use routing::MAX_ATTEMPTS;
 pub use standing::{Standing, StandingDecision};

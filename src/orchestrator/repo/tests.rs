@@ -368,6 +368,77 @@ fn the_status_snapshot_reads_what_the_separate_queries_read() {
 }
 
 #[test]
+fn the_merge_status_rows_are_what_the_separate_queries_read() {
+    let repo = network();
+    let distance = crate::orchestrator::outliers::UploadDistance {
+        miner: "a0".into(),
+        distance: [1.0; 3],
+        reference_norm: 1.0,
+    };
+    repo.lease_upload(0, 0, "a0", T0 + 1_000).unwrap();
+    repo.lease_upload(0, 0, "a1", T0 + 1_000).unwrap();
+    assert!(
+        repo.accept_upload(0, "a0", "h", 4, 1.0, &distance, T0 + 10)
+            .unwrap()
+    );
+    let plan = PlanRow {
+        uploaders: vec!["a0".into()],
+        weights: vec![1.0],
+        len: 4,
+        partitions: 1,
+        replication: 1,
+        finalized: false,
+    };
+    repo.save_plan(0, 0, &plan).unwrap();
+    repo.record_result(0, 0, 0, "a0", "r", 4, T0 + 20).unwrap();
+    repo.record_result(0, 0, 0, "a1", "r", 4, T0 + 21).unwrap();
+    let outcome = SectionOutcome {
+        verdicts: vec![(0, "recomputed: replicas disagreed".into())],
+        flags: vec![(0, "a1".into(), "wrong partition".into())],
+        checkpoint: Some(("ck".into(), 16)),
+        optimizer_step: 3,
+    };
+    repo.finalize_section(0, 0, &outcome, T0 + 30).unwrap();
+
+    let rows = repo.merge_status_rows(3, |_| Some(0)).unwrap();
+    assert_eq!(rows.phase, repo.phase_info().unwrap());
+    assert_eq!(rows.epoch, Some(0));
+    assert_eq!(rows.sections.len(), 3);
+    for (section, got) in rows.sections.iter().enumerate() {
+        let want = SectionMergeRows {
+            checkpoint: repo.latest_checkpoint(section).unwrap(),
+            uploads: repo.uploads_of(0, section).unwrap(),
+            plan: repo.plan(0, section).unwrap(),
+            results: repo.results(0, section).unwrap(),
+            verdicts: repo.verdicts(0, section).unwrap(),
+            flags: repo.flags(0, section).unwrap(),
+        };
+        assert_eq!(*got, want, "section {section}");
+    }
+    // Section 0 has one of everything (two results, two uploads), the others nothing.
+    let s0 = &rows.sections[0];
+    assert_eq!(s0.checkpoint.as_ref().map(|c| c.epoch), Some(1));
+    assert_eq!(s0.uploads.len(), 2);
+    assert!(s0.plan.as_ref().is_some_and(|p| p.finalized));
+    assert_eq!(
+        (s0.results.len(), s0.verdicts.len(), s0.flags.len()),
+        (2, 1, 1)
+    );
+    assert_eq!(rows.sections[1], SectionMergeRows::default());
+
+    // No merge to show: only the checkpoints are read.
+    let none = repo.merge_status_rows(3, |_| None).unwrap();
+    assert_eq!(none.epoch, None);
+    assert_eq!(
+        none.sections[0],
+        SectionMergeRows {
+            checkpoint: s0.checkpoint.clone(),
+            ..SectionMergeRows::default()
+        }
+    );
+}
+
+#[test]
 fn refused_forward_is_reoffered_and_repeated_failures_drop() {
     // Penalties that keep no one from work, to try one miner again and again.
     let repo = network().with_standing(Standing {

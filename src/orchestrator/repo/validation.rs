@@ -5,7 +5,7 @@
 use rusqlite::{OptionalExtension, params};
 
 use super::db::{Cached, Repository, to_i64, to_u64, usize_of};
-use super::merge::CheckpointRow;
+use super::merge::{CheckpointRow, start_checkpoint_in};
 use crate::api::{LedgerSample, WorkKind};
 use crate::orchestrator::repo_types::RepoError;
 
@@ -211,25 +211,7 @@ impl Repository {
         section: usize,
         epoch: u64,
     ) -> Result<Option<CheckpointRow>, RepoError> {
-        self.read(|conn| {
-            Ok(conn
-                .query_row_cached(
-                    "SELECT section, epoch, hash, bytes, optimizer_step FROM checkpoints \
-                     WHERE section = ?1 \
-                     AND epoch <= ?2 ORDER BY epoch DESC LIMIT 1",
-                    params![to_i64(section as u64), to_i64(epoch)],
-                    |r| {
-                        Ok(CheckpointRow {
-                            section: usize_of(r.get(0)?),
-                            epoch: to_u64(r.get(1)?),
-                            hash: r.get(2)?,
-                            bytes: to_u64(r.get(3)?),
-                            optimizer_step: to_u64(r.get(4)?),
-                        })
-                    },
-                )
-                .optional()?)
-        })
+        self.read(|conn| start_checkpoint_in(conn, section, epoch))
     }
 
     /// Completed samples of `epoch` with their loss, when the loss was accepted, and their

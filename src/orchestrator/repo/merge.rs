@@ -118,35 +118,6 @@ pub struct CheckpointRow {
     pub optimizer_step: u64,
 }
 
-/// The rows of one section's merge that `/api/merge/status` shows.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SectionMergeRows {
-    /// The section's newest checkpoint.
-    pub checkpoint: Option<CheckpointRow>,
-    /// Its uploads for the shown merge, by miner.
-    pub uploads: Vec<UploadRow>,
-    /// Its plan for the shown merge.
-    pub plan: Option<PlanRow>,
-    /// Submitted partition results, by partition then merger.
-    pub results: Vec<ResultRow>,
-    /// `(partition, verdict)` of the finished merge.
-    pub verdicts: Vec<(usize, String)>,
-    /// `(partition, merger, reason)` flags.
-    pub flags: Vec<(usize, String, String)>,
-}
-
-/// The phase and every section's merge rows, read under one hold of the connection
-/// ([`Repository::merge_status_rows`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct MergeStatusRows {
-    /// The run's phase.
-    pub phase: PhaseInfo,
-    /// The merge the section rows belong to (`None`: no merge to show yet).
-    pub epoch: Option<u64>,
-    /// One entry per section, in order.
-    pub sections: Vec<SectionMergeRows>,
-}
-
 /// What finalising one section's merge records.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SectionOutcome {
@@ -504,47 +475,6 @@ impl Repository {
         self.start_checkpoint(section, u64::MAX)
     }
 
-    /// What `/api/merge/status` shows, read under one hold of the connection: the phase,
-    /// then for each of `n_sections` sections its newest checkpoint and the rows of the merge
-    /// `shown(phase)` picks (none when it picks none). One wait behind the miners' requests
-    /// instead of about seven per section, and rows that agree with the phase beside them.
-    ///
-    /// # Errors
-    /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
-    pub fn merge_status_rows(
-        &self,
-        n_sections: usize,
-        shown: impl FnOnce(&PhaseInfo) -> Option<u64>,
-    ) -> Result<MergeStatusRows, RepoError> {
-        self.read(|conn| {
-            let (phase, _) = super::phase::run_row_in(conn)?;
-            let epoch = shown(&phase);
-            let sections = (0..n_sections)
-                .map(|section| {
-                    let mut rows = SectionMergeRows {
-                        checkpoint: start_checkpoint_in(conn, section, u64::MAX)?,
-                        ..SectionMergeRows::default()
-                    };
-                    if let Some(e) = epoch {
-                        rows.uploads = uploads_of_in(conn, e, section)?;
-                        rows.plan = plan_in(conn, e, section)?;
-                        if rows.plan.is_some() {
-                            rows.results = results_in(conn, e, section)?;
-                        }
-                        rows.verdicts = verdicts_in(conn, e, section)?;
-                        rows.flags = flags_in(conn, e, section)?;
-                    }
-                    Ok(rows)
-                })
-                .collect::<Result<_, RepoError>>()?;
-            Ok(MergeStatusRows {
-                phase,
-                epoch,
-                sections,
-            })
-        })
-    }
-
     /// The epochs `section` has a checkpoint for, oldest first.
     ///
     /// # Errors
@@ -631,7 +561,7 @@ pub(super) fn plan_in(
     let raw: Option<(String, String, i64, i64, i64, Option<i64>)> = conn
         .query_row_cached(
             "SELECT uploaders, weights, len, partitions, replication, finalized_at \
-                 FROM merge_plans WHERE epoch = ?1 AND section = ?2",
+             FROM merge_plans WHERE epoch = ?1 AND section = ?2",
             params![to_i64(epoch), to_i64(section as u64)],
             |r| {
                 Ok((
@@ -659,56 +589,61 @@ pub(super) fn plan_in(
     }))
 }
 
+/// The rows `sql` selects for one section's merge (`?1` the epoch, `?2` the section), each
+/// made by `row`, read on `conn`.
+fn merge_rows<T>(
+    conn: &Connection,
+    sql: &str,
+    epoch: u64,
+    section: usize,
+    row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> Result<Vec<T>, RepoError> {
+    let mut stmt = conn.prepare_cached(sql)?;
+    let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], row)?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
 /// Every submitted result of `section` for `epoch`, by partition then merger, read on `conn`.
 pub(super) fn results_in(
     conn: &Connection,
     epoch: u64,
     section: usize,
 ) -> Result<Vec<ResultRow>, RepoError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT partition, merger, hash FROM partition_results WHERE epoch = ?1 \
-             AND section = ?2 ORDER BY partition, merger",
-    )?;
-    let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+    let sql = "SELECT partition, merger, hash FROM partition_results \
+               WHERE epoch = ?1 AND section = ?2 ORDER BY partition, merger";
+    merge_rows(conn, sql, epoch, section, |r| {
         Ok(ResultRow {
             partition: usize_of(r.get(0)?),
             merger: r.get(1)?,
             hash: r.get(2)?,
         })
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
-/// Verdicts of a section's finished merge: `(partition, verdict)`, read on `conn`.
+/// Verdicts of a section's finished merge, `(partition, verdict)`, read on `conn`.
 pub(super) fn verdicts_in(
     conn: &Connection,
     epoch: u64,
     section: usize,
 ) -> Result<Vec<(usize, String)>, RepoError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT partition, verdict FROM partition_outcomes WHERE epoch = ?1 AND section = ?2 \
-             ORDER BY partition",
-    )?;
-    let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+    let sql = "SELECT partition, verdict FROM partition_outcomes \
+               WHERE epoch = ?1 AND section = ?2 ORDER BY partition";
+    merge_rows(conn, sql, epoch, section, |r| {
         Ok((usize_of(r.get(0)?), r.get(1)?))
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
-/// Flags of a section's merge: `(partition, merger, reason)`, read on `conn`.
+/// Flags of a section's merge, `(partition, merger, reason)`, read on `conn`.
 pub(super) fn flags_in(
     conn: &Connection,
     epoch: u64,
     section: usize,
 ) -> Result<Vec<(usize, String, String)>, RepoError> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT partition, merger, reason FROM merge_flags WHERE epoch = ?1 AND section = ?2 \
-             ORDER BY partition, merger",
-    )?;
-    let rows = stmt.query_map(params![to_i64(epoch), to_i64(section as u64)], |r| {
+    let sql = "SELECT partition, merger, reason FROM merge_flags \
+               WHERE epoch = ?1 AND section = ?2 ORDER BY partition, merger";
+    merge_rows(conn, sql, epoch, section, |r| {
         Ok((usize_of(r.get(0)?), r.get(1)?, r.get(2)?))
-    })?;
-    Ok(rows.collect::<Result<_, _>>()?)
+    })
 }
 
 /// The latest checkpoint of `section` at or before `epoch`, read on `conn`.

@@ -23,7 +23,8 @@
 //!   `history`: the loss and merge history the dashboard plots.
 //! - `epochs`: the loss summary of every epoch (finished epochs computed once).
 //! - `eval`: the evaluation samples of each epoch's merged model (forward-only).
-//! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints).
+//! - `merge`: the merge cycle's state (uploads, plans, results, verdicts, checkpoints);
+//!   `merge_status`: all of it for `/api/merge/status` in one read.
 //! - `validation`: published weights, upload times, objects kept for validators, and the
 //!   ledger queries validators ask for.
 
@@ -33,6 +34,7 @@ mod eval;
 mod history;
 mod ledger;
 mod merge;
+mod merge_status;
 mod phase;
 mod policy;
 mod registry;
@@ -50,9 +52,9 @@ pub use db::Repository;
 pub use eval::{EVAL_ID_BASE, EVAL_SAMPLES_MAX, EvalSample, eval_id};
 pub use history::{LossPoint, MergeRecord};
 pub use merge::{
-    CheckpointRow, MergeStatusRows, PhaseInfo, PlanRow, ResultRow, SectionMergeRows,
-    SectionOutcome, UploadRow, UploadState,
+    CheckpointRow, PhaseInfo, PlanRow, ResultRow, SectionOutcome, UploadRow, UploadState,
 };
+pub use merge_status::{MergeStatusRows, SectionMergeRows};
 pub use routing::MAX_ATTEMPTS;
 pub use standing::{Standing, StandingDecision};
 pub use stats::StatusSnapshot;

@@ -184,11 +184,11 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     // Model FLOPs (computed from the shape) over measured time: the whole graph and one
     // optimizer step per batch, as a training step of `iota train` runs.
-    let flops = cfg.train_flops_per_token(seq) * tokens;
-    let gflops = flops / (m.whole + m.step).as_secs_f64().max(1e-9) / 1e9;
+    let per_token = cfg.train_flops_per_token(seq);
+    let gflops = per_token * tokens / (m.whole + m.step).as_secs_f64().max(1e-9) / 1e9;
     print!(
         "model FLOPs {:.3} G/token (computed); whole graph + step: {gflops:.1} GFLOP/s",
-        cfg.train_flops_per_token(seq) / 1e9
+        per_token / 1e9
     );
     match args.peak_tflops {
         Some(peak) if peak > 0.0 => println!(

@@ -20,6 +20,8 @@
 //! local_steps: 1
 //! weight_stashing: true      # a backward recomputes at the weights its forward used
 //! lookahead: false           # forwards at the weights extrapolated to their gradient's step
+//! lanes: false               # route a sample through the same-ranked miner of each section
+//! lane_wait_ms: 2000         # then anyone of the section may take a forward its lane left
 //! eval_samples: 32           # held-out windows evaluated through the network per epoch (0: off)
 //! optimizer: {}              # OptimizerConfig overrides
 //! schedule: { peak: 0.003, warmup_steps: 20, total_steps: 1000, min_ratio: 0.1 }
@@ -258,6 +260,10 @@ struct RawRunConfig {
     #[serde(default)]
     lookahead: bool,
     #[serde(default)]
+    lanes: bool,
+    #[serde(default = "default_lane_wait_ms")]
+    lane_wait_ms: u64,
+    #[serde(default)]
     samples_per_step: u64,
     #[serde(default = "default_eval_samples")]
     eval_samples: usize,
@@ -304,6 +310,9 @@ fn default_seq_len() -> usize {
 }
 fn default_max_in_flight() -> usize {
     4
+}
+fn default_lane_wait_ms() -> u64 {
+    2000
 }
 fn default_one() -> u64 {
     1
@@ -405,6 +414,15 @@ pub struct RunConfig {
     pub weight_stashing: bool,
     /// Miners run forwards at the weights extrapolated to their gradient's step.
     pub lookahead: bool,
+    /// Lane routing: miners are ranked within their section (by registration), and the
+    /// forward a miner of rank `r` produces is offered first to the next section's miner of
+    /// rank `r` (modulo that section's live miners), so between merges each lane is one
+    /// consistent pipeline, as in data parallelism over whole pipeline replicas. Anyone of the
+    /// section may take it after `lane_wait_ms`.
+    pub lanes: bool,
+    /// How long a forward waits for its lane's miner before any miner of its section may take
+    /// it.
+    pub lane_wait_ms: u64,
     /// Samples per synchronous optimizer step: the orchestrator starts no sample of step
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
     /// step (0: asynchronous steps every `local_steps` backwards).
@@ -645,6 +663,8 @@ impl RunConfig {
             local_steps: raw.local_steps,
             weight_stashing: raw.weight_stashing,
             lookahead: raw.lookahead,
+            lanes: raw.lanes,
+            lane_wait_ms: raw.lane_wait_ms,
             samples_per_step: raw.samples_per_step,
             eval_samples: raw.eval_samples,
             optimizer: raw.optimizer,

@@ -297,6 +297,11 @@ pub struct RoutingLimits {
     pub samples_per_step: u64,
     /// A miner seen within this long counts as live for that share.
     pub live_ms: u64,
+    /// Lane routing (`Config::lanes`): a forward is offered first to the next section's miner
+    /// of its producer's rank.
+    pub lanes: bool,
+    /// How long a forward waits for its lane's miner before anyone of its section may take it.
+    pub lane_wait_ms: u64,
 }
 
 /// A sample about to start ([`super::repo::Repository::start_sample`]): its id, the epoch it
@@ -350,6 +355,8 @@ pub enum Routed {
     Opened {
         /// The section it is open to.
         section: usize,
+        /// The miner it is offered to first (lane routing), if any.
+        prefer: Option<String>,
     },
     /// A backward was assigned to `miner`.
     Backward {

@@ -200,6 +200,8 @@ impl AppState {
             tail: self.config.tail(),
             samples_per_step: self.config.samples_per_step,
             live_ms: self.config.miner_ttl_s.saturating_mul(1000),
+            lanes: self.config.lanes,
+            lane_wait_ms: self.config.lane_wait_ms,
         }
     }
 

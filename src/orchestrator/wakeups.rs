@@ -74,7 +74,11 @@ impl Wakeups {
     /// Wakes whoever `routed` gave work to.
     pub fn routed(&self, routed: &Routed) {
         match routed {
-            Routed::Opened { section } => self.section(*section),
+            Routed::Opened {
+                prefer: Some(miner),
+                ..
+            } => self.miner(miner),
+            Routed::Opened { section, .. } => self.section(*section),
             Routed::Backward { miner } => self.miner(miner),
             Routed::Finished => self.section(0),
         }
@@ -206,7 +210,10 @@ mod tests {
         let mut full = w.ticket("full");
         let mut other_section = w.ticket("other");
         // A forward opened before anyone waits is kept for the next waiter with room.
-        w.routed(&Routed::Opened { section: 1 });
+        w.routed(&Routed::Opened {
+            section: 1,
+            prefer: None,
+        });
         assert_eq!(
             w.wait(&mut full, interest(1, false), SHORT).await,
             Woken::TimedOut
@@ -230,13 +237,35 @@ mod tests {
             })
             .collect();
         tokio::time::sleep(SHORT).await;
-        w.routed(&Routed::Opened { section: 1 });
+        w.routed(&Routed::Opened {
+            section: 1,
+            prefer: None,
+        });
         let mut woken = Vec::new();
         for waiter in waiters {
             woken.push(waiter.await.unwrap());
         }
         woken.sort_by_key(|w| *w == Woken::TimedOut);
         assert_eq!(woken, [Woken::Look, Woken::TimedOut]);
+    }
+
+    #[tokio::test]
+    async fn a_forward_offered_to_its_lane_wakes_that_miner_not_the_section() {
+        let w = Wakeups::new(3);
+        let mut partner = w.ticket("partner");
+        let mut other = w.ticket("other");
+        w.routed(&Routed::Opened {
+            section: 1,
+            prefer: Some("partner".into()),
+        });
+        assert_eq!(
+            w.wait(&mut other, interest(1, true), SHORT).await,
+            Woken::TimedOut
+        );
+        assert_eq!(
+            w.wait(&mut partner, interest(1, true), LONG).await,
+            Woken::Look
+        );
     }
 
     #[tokio::test]

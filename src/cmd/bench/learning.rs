@@ -89,6 +89,10 @@ pub struct BenchLearningArgs {
     /// Variant: recompute backwards at the current weights instead of the forward's.
     #[arg(long)]
     pub no_weight_stashing: bool,
+    /// Variant: lane routing (run config `lanes`): a sample goes through the same-ranked miner
+    /// of every section, so each lane is one consistent pipeline between merges.
+    #[arg(long)]
+    pub lanes: bool,
     /// Variant: forwards at the weights extrapolated to the step their gradient is applied at.
     #[arg(long)]
     pub lookahead: bool,
@@ -242,6 +246,9 @@ impl BenchLearningArgs {
         }
         if self.no_weight_stashing {
             v.push_str(" --no-weight-stashing");
+        }
+        if self.lanes {
+            v.push_str(" --lanes");
         }
         if self.lookahead {
             v.push_str(" --lookahead");
@@ -505,6 +512,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["wire"] = json!(args.wire.to_string());
     config["weight_stashing"] = json!(!args.no_weight_stashing);
     config["lookahead"] = json!(args.lookahead);
+    config["lanes"] = json!(args.lanes);
     config["samples_per_step"] = json!(args.samples_per_step);
     // The schedule runs over optimizer steps: `iota train`'s.
     config["schedule"]["total_steps"] = json!(args.samples);

@@ -9,6 +9,9 @@
 //! - backward work is handed out first, and only to the miner that ran that sample's forward
 //!   in the same section (it caches the input);
 //! - a miner holds at most `max_in_flight` forwards whose backward it has not done;
+//! - with lane routing (`lanes`), the forward a miner's result opens is offered first to the
+//!   next section's miner of the same rank, and to anyone of that section after
+//!   `lane_wait_ms`;
 //! - a missed or refused forward is re-offered to any miner of the section; a missed backward
 //!   drops the sample with a recorded reason; a refused backward is retried by the same miner;
 //!   work tried [`MAX_ATTEMPTS`] times drops the sample. Nothing is dropped silently.

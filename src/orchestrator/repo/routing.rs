@@ -98,12 +98,19 @@ impl Repository {
                 .min(step_share(tx, section, limits, now_ms)?)
                 .saturating_sub(usize_of(in_flight));
             let mut wanted = allowance.min(max.saturating_sub(out.len()));
+            // A forward offered to another miner of the lane is left to it for a while.
+            let lane_open_before = to_i64(now_ms.saturating_sub(limits.lane_wait_ms));
             let open: Vec<i64> = {
                 let mut stmt = tx.prepare_cached(
                     "SELECT id FROM assignments WHERE state = 'open' AND section = ?1 \
-                     AND kind = 'forward' ORDER BY id LIMIT ?2",
+                     AND kind = 'forward' \
+                     AND (prefer IS NULL OR prefer = ?3 OR created_at <= ?4) \
+                     ORDER BY id LIMIT ?2",
                 )?;
-                let rows = stmt.query_map(params![section, to_i64(wanted as u64)], |r| r.get(0))?;
+                let rows = stmt.query_map(
+                    params![section, to_i64(wanted as u64), hotkey, lane_open_before],
+                    |r| r.get(0),
+                )?;
                 rows.collect::<Result<_, _>>()?
             };
             let filled = wanted > 0 && open.len() == wanted;
@@ -279,11 +286,12 @@ impl Repository {
                         section + 1,
                         WorkKind::Eval,
                         (&output_hash, Some(id)),
-                        0,
+                        (0, None),
                         now_ms,
                     )?;
                     return Ok(Routed::Opened {
                         section: section + 1,
+                        prefer: None,
                     });
                 }
                 WorkKind::Eval => {
@@ -299,17 +307,23 @@ impl Repository {
                         "UPDATE miners SET forwards = forwards + 1 WHERE hotkey = ?1",
                         [hotkey],
                     )?;
+                    let prefer = if limits.lanes {
+                        lane_partner(tx, hotkey, section, limits, now_ms)?
+                    } else {
+                        None
+                    };
                     insert_open(
                         tx,
                         &row,
                         section + 1,
                         WorkKind::Forward,
                         (&output_hash, Some(id)),
-                        0,
+                        (0, prefer.as_deref()),
                         now_ms,
                     )?;
                     return Ok(Routed::Opened {
                         section: section + 1,
+                        prefer,
                     });
                 }
                 WorkKind::Forward => {
@@ -528,20 +542,50 @@ fn hand_out(
     Ok(row)
 }
 
-/// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it;
-/// `input` is the hash of its input and the assignment whose accepted result that is.
+/// The miner of the section after `section` in `hotkey`'s lane: live miners of a section
+/// (seen within `live_ms`, not backed off or excluded) ranked by registration, and `hotkey`'s
+/// rank taken modulo the next section's live miners. `None` when `hotkey` does not count as
+/// live itself or the next section has nobody live.
+fn lane_partner(
+    tx: &Connection,
+    hotkey: &str,
+    section: usize,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<Option<String>, RepoError> {
+    let live = |s: usize| -> Result<Vec<String>, RepoError> {
+        let mut stmt = tx.prepare_cached(&format!(
+            "SELECT hotkey FROM miners WHERE {TAKES_WORK} AND section = ?3 \
+             ORDER BY registered_at, hotkey"
+        ))?;
+        let rows = stmt.query_map(
+            params![to_i64(now_ms), to_i64(limits.live_ms), to_i64(s as u64)],
+            |r| r.get(0),
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    };
+    let Some(rank) = live(section)?.iter().position(|h| h == hotkey) else {
+        return Ok(None);
+    };
+    let next = live(section + 1)?;
+    Ok((!next.is_empty()).then(|| next[rank % next.len()].clone()))
+}
+
+/// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it
+/// (offered first to `prefer`, if given); `input` is the hash of its input and the assignment
+/// whose accepted result that is.
 fn insert_open(
     tx: &Connection,
     row: &AssignmentRow,
     section: usize,
     kind: WorkKind,
     input: (&str, Option<u64>),
-    attempts: u32,
+    (attempts, prefer): (u32, Option<&str>),
     now_ms: u64,
 ) -> Result<u64, RepoError> {
     tx.execute_cached(
         "INSERT INTO assignments (sample, epoch, section, kind, state, input_hash, input_from, \
-         attempts, created_at) VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6, ?7, ?8)",
+         attempts, created_at, prefer) VALUES (?1, ?2, ?3, ?4, 'open', ?5, ?6, ?7, ?8, ?9)",
         params![
             to_i64(row.sample),
             to_i64(row.epoch),
@@ -550,7 +594,8 @@ fn insert_open(
             input.0,
             input.1.map(to_i64),
             i64::from(attempts),
-            to_i64(now_ms)
+            to_i64(now_ms),
+            prefer
         ],
     )?;
     Ok(to_u64(tx.last_insert_rowid()))
@@ -621,7 +666,7 @@ fn reoffer(
                 row.section,
                 row.kind,
                 (&row.input_hash, row.input_from),
-                attempts,
+                (attempts, None),
                 now_ms,
             )?;
             Ok(Fallout::Reoffered { assignment })

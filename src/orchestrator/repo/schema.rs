@@ -52,9 +52,11 @@ CREATE INDEX IF NOT EXISTS standing_miner ON standing (miner);
 /// `miners.flag_excluded_until` / `flag_excluded_epoch`: an exclusion for validator flags
 /// (`repo::standing::flag_window`), kept apart from the strikes an accepted result clears.
 ///
+/// `assignments.prefer`: the miner an open forward is offered to first (lane routing).
+///
 /// `checkpoints.optimizer_step`: the AdamW step count that goes with the merged moments (see
 /// `SectionOutcome::optimizer_step`).
-pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 14] = [
+pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 15] = [
     ("miners", "flag_excluded_until", "INTEGER"),
     ("miners", "flag_excluded_epoch", "INTEGER"),
     ("assignments", "input_from", "INTEGER"),
@@ -68,6 +70,7 @@ pub(super) const ADDED_COLUMNS: [(&str, &str, &str); 14] = [
     ("uploads", "d_exp_avg_sq", "REAL"),
     ("uploads", "reference_norm", "REAL"),
     ("samples", "kind", "TEXT NOT NULL DEFAULT 'train'"),
+    ("assignments", "prefer", "TEXT"),
     (
         "checkpoints",
         "optimizer_step",

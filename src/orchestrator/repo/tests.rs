@@ -11,6 +11,8 @@ const LIMITS: RoutingLimits = RoutingLimits {
     max_in_flight: 2,
     tail: 2,
     samples_per_step: 0,
+    lanes: false,
+    lane_wait_ms: 2000,
     live_ms: 60_000,
 };
 const T0: u64 = 1_000_000;
@@ -78,7 +80,10 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
     // Each acceptance says who may now have work (they are woken: `orchestrator::wakeups`).
     assert_eq!(
         repo.accept(f0, "a0", &ok("h0"), LIMITS, T0 + 10).unwrap(),
-        Routed::Opened { section: 1 }
+        Routed::Opened {
+            section: 1,
+            prefer: None
+        }
     );
     // The head's output is an open forward of section 1, taken by whoever asks.
     let w = repo.take_work("b1", 4, LIMITS, T0 + 20).unwrap();
@@ -98,7 +103,10 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
     assert_eq!(
         repo.accept(f1.id, "b1", &ok("h1"), LIMITS, T0 + 30)
             .unwrap(),
-        Routed::Opened { section: 2 }
+        Routed::Opened {
+            section: 2,
+            prefer: None
+        }
     );
     let w = repo.take_work("c0", 4, LIMITS, T0 + 40).unwrap();
     let f2 = &w.assignments[0];
@@ -150,6 +158,50 @@ fn a_sample_travels_forward_then_backward_through_the_forward_miners() {
     assert_eq!((c0.forwards, c0.backwards), (1, 1));
     let b1m = repo.miner("b1").unwrap().unwrap();
     assert_eq!((b1m.forwards, b1m.backwards), (1, 1));
+}
+
+#[test]
+fn lane_routing_offers_a_forward_to_the_same_ranked_miner_first_then_to_anyone() {
+    let repo = network();
+    let lanes = RoutingLimits {
+        lanes: true,
+        ..LIMITS
+    };
+    let start_by = |u: u64, hk: &str| {
+        repo.start_sample(&sample(u), hk, SampleRoom::default(), lanes, T0 + 10)
+            .unwrap()
+            .unwrap()
+            .id
+    };
+    // What `hk` is handed at `now`, by input hash, and the id of the first.
+    let take = |hk: &str, now: u64| {
+        let w = repo.take_work(hk, 4, lanes, now).unwrap();
+        let first = w.assignments.first().map(|a| a.id);
+        let inputs: Vec<String> = w.assignments.into_iter().map(|a| a.input_hash).collect();
+        (inputs, first)
+    };
+    let opened = |section: usize, prefer: &str| Routed::Opened {
+        section,
+        prefer: Some(prefer.into()),
+    };
+    let (f0, f1) = (start_by(0, "a0"), start_by(1, "a1"));
+    // Ranks by registration: a0, a1 at the head; b0, b1 in the middle; c0 alone at the tail.
+    let routed = repo.accept(f0, "a0", &ok("x0"), lanes, T0 + 20).unwrap();
+    assert_eq!(routed, opened(1, "b0"));
+    let routed = repo.accept(f1, "a1", &ok("x1"), lanes, T0 + 20).unwrap();
+    assert_eq!(routed, opened(1, "b1"));
+    // b1 asks first but gets only its own lane's forward; b0 then gets the other.
+    assert_eq!(take("b1", T0 + 30).0, ["x1"]);
+    let (inputs, b0) = take("b0", T0 + 30);
+    assert_eq!(inputs, ["x0"]);
+    // One tail miner: both lanes end at c0 (rank modulo the section's live miners).
+    let routed = repo.accept(b0.unwrap(), "b0", &ok("y0"), lanes, T0 + 40);
+    assert_eq!(routed.unwrap(), opened(2, "c0"));
+    // A forward its lane's miner leaves is anyone's after `lane_wait_ms`.
+    let f2 = start_by(2, "a0");
+    repo.accept(f2, "a0", &ok("x2"), lanes, T0 + 50).unwrap();
+    assert!(take("b1", T0 + 60).0.is_empty());
+    assert_eq!(take("b1", T0 + 50 + lanes.lane_wait_ms).0, ["x2"]);
 }
 
 #[test]

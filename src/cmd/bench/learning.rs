@@ -64,6 +64,10 @@ pub struct BenchLearningArgs {
     /// Peak learning rate (both runs).
     #[arg(long, value_name = "LR", default_value_t = 0.003)]
     pub lr: f64,
+    /// Seed of the initial weights and of the order of training windows (both runs; the
+    /// held-out windows do not depend on it), so a gap can be measured over several seeds.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    pub seed: u64,
     /// Samples per training epoch of the network, i.e. between merges (and between
     /// evaluations of both runs).
     #[arg(long, value_name = "N", default_value_t = 100)]
@@ -212,6 +216,8 @@ struct TrainKey {
     lr: f64,
     merge_every: u64,
     wire: String,
+    #[serde(default)]
+    seed: u64,
 }
 
 impl BenchLearningArgs {
@@ -225,6 +231,7 @@ impl BenchLearningArgs {
             lr: self.lr,
             merge_every: self.merge_every / ways,
             wire: self.wire.to_string(),
+            seed: self.seed,
         }
     }
 
@@ -325,11 +332,12 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir.canonicalize().context("resolving --dir")?;
     println!(
-        "iota bench learning: preset {}, {} samples of {} x {} tokens, network: {} sections, {}",
+        "iota bench learning: preset {}, {} samples of {} x {} tokens, seed {}, network: {} sections, {}",
         cfg.name,
         args.samples,
         args.batch_size,
         args.seq_len,
+        args.seed,
         cfg.n_sections(),
         args.variant()
     );
@@ -424,6 +432,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         .args(["--lr", &args.lr.to_string()])
         .args(["--eval-every", &key.merge_every.to_string()])
         .args(["--wire", &args.wire.to_string()])
+        .args(["--seed", &args.seed.to_string()])
         .arg("--out")
         .arg(dir.join("checkpoint"))
         .arg("--metrics-out")
@@ -501,7 +510,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         merge_op: args.merge_op,
         validators: 0,
         validator_wait_s: 0,
-        seed: 0,
+        seed: args.seed,
         adversaries: Vec::new(),
         validation: None,
         deadline_s: 20,
@@ -644,6 +653,26 @@ fn print_table(s: &LearningSummary) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reference_run_is_reused_only_for_its_seed() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: BenchLearningArgs,
+        }
+        let args = |extra: &[&str]| {
+            let argv = ["bench"].iter().chain(extra).copied();
+            <Cli as clap::Parser>::try_parse_from(argv).unwrap().args
+        };
+        let (zero, one) = (args(&[]).train_key(1), args(&["--seed", "1"]).train_key(1));
+        assert_ne!(zero, one);
+        // A key saved before `--seed` existed reads as seed 0.
+        let mut saved = serde_json::to_value(&zero).unwrap();
+        saved.as_object_mut().unwrap().remove("seed");
+        let old: TrainKey = serde_json::from_value(saved).unwrap();
+        assert_eq!((old == zero, old == one), (true, false));
+    }
 
     #[test]
     fn outer_step_flag_parses() {

@@ -103,6 +103,9 @@ pub struct BenchLearningArgs {
     /// Variant: AdamW's first-moment decay of the miners (default: `iota train`'s).
     #[arg(long, value_name = "BETA1")]
     pub beta1: Option<f64>,
+    /// Variant: the miners' gradient-norm clip per section (0: off; default: `iota train`'s).
+    #[arg(long, value_name = "NORM")]
+    pub grad_clip: Option<f64>,
     /// Variant: constant learning rate after the warmup instead of `iota train`'s cosine.
     #[arg(long)]
     pub constant_lr: bool,
@@ -262,6 +265,9 @@ impl BenchLearningArgs {
         }
         if let Some(beta1) = self.beta1 {
             v.push_str(&format!(" --beta1 {beta1}"));
+        }
+        if let Some(clip) = self.grad_clip {
+            v.push_str(&format!(" --grad-clip {clip}"));
         }
         if self.constant_lr {
             v.push_str(" --constant-lr");
@@ -527,7 +533,10 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["schedule"]["total_steps"] = json!(args.samples);
     config["merge"]["wire"] = json!(args.merge_wire.to_string());
     if let Some(beta1) = args.beta1 {
-        config["optimizer"] = json!({ "beta1": beta1 });
+        config["optimizer"]["beta1"] = json!(beta1);
+    }
+    if let Some(clip) = args.grad_clip {
+        config["optimizer"]["grad_clip"] = json!(clip);
     }
     if args.constant_lr {
         config["schedule"]["total_steps"] = json!(u64::MAX);

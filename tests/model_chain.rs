@@ -109,3 +109,45 @@ fn bf16_and_int8_codecs_stay_within_tolerance() {
     assert!(grads < 5e-2, "int8 param grad rel err {grads}");
     assert!(boundary < 5e-2, "int8 boundary grad rel err {boundary}");
 }
+
+#[test]
+fn averaging_replicas_gives_each_the_mean_of_weights_and_moments() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let device = Default::default();
+    let new = || Pipeline::<B>::new(&cfg, 3, OptimizerConfig::default(), WireDtype::F32, &device);
+    let mut replicas = vec![new().unwrap(), new().unwrap()];
+    // Different data: the replicas step apart.
+    let owned = windows();
+    for (r, p) in replicas.iter_mut().enumerate() {
+        p.train_batch(&[owned[r].as_slice()]).unwrap();
+        p.step(1e-2);
+    }
+    let layout = |i| iota::model::layout::section_layout(&cfg, i).unwrap();
+    let flats = |ps: &[Pipeline<B>], i: usize| -> Vec<Vec<f32>> {
+        ps.iter()
+            .map(|p| p.sections()[i].export_flat(&layout(i)).unwrap())
+            .collect()
+    };
+    let before: Vec<_> = (0..cfg.n_sections()).map(|i| flats(&replicas, i)).collect();
+    assert_ne!(
+        before[0][0], before[0][1],
+        "the replicas differ before averaging"
+    );
+    Pipeline::average(&mut replicas).unwrap();
+    for (i, was) in before.iter().enumerate() {
+        let now = flats(&replicas, i);
+        assert_eq!(now[0], now[1], "section {i}: the replicas hold one state");
+        for (k, got) in now[0].iter().enumerate() {
+            let want = (was[0][k] + was[1][k]) * 0.5;
+            assert!(
+                (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "section {i} value {k}: {got} != mean {want}"
+            );
+        }
+    }
+    for p in &replicas {
+        for s in p.sections() {
+            assert_eq!(s.export_optimizer().step, 1, "step counts are kept");
+        }
+    }
+}

@@ -211,6 +211,35 @@ fn bad_input_is_a_clear_error() {
     std::fs::write(&cfg, "train:\n  stepz: 3\n").unwrap();
     run_fail(&["--config", s(&cfg)], "stepz");
     run_fail(&["--preset", "tiny", "--resume"], "no checkpoint");
+    // Simulated replicas must split the batch, average, and be evaluated after averaging.
+    run_fail(
+        &[
+            "--preset",
+            "tiny",
+            "--replicas",
+            "3",
+            "--average-every",
+            "1",
+        ],
+        "does not split evenly over --replicas 3",
+    );
+    run_fail(
+        &["--preset", "tiny", "--replicas", "2"],
+        "needs --average-every",
+    );
+    run_fail(
+        &[
+            "--preset",
+            "tiny",
+            "--replicas",
+            "2",
+            "--average-every",
+            "3",
+            "--eval-every",
+            "4",
+        ],
+        "multiple of --average-every 3",
+    );
 
     // A checkpoint trained with the byte tokenizer refuses a BPE tokenizer.
     let args = base(&["--preset", "tiny"]);

@@ -60,6 +60,14 @@ pub struct TrainArgs {
     /// Encoding of tensors crossing section boundaries: f32, bf16 or int8.
     #[arg(long, value_name = "DTYPE")]
     pub wire: Option<WireDtype>,
+    /// Simulate R data-parallel miners per section in this process: each step, each replica
+    /// trains on 1/R of the batch and steps alone; every --average-every steps their weights and
+    /// moments are averaged (the network's `mean` merge). 1: ordinary training.
+    #[arg(long, value_name = "R")]
+    pub replicas: Option<usize>,
+    /// With --replicas: average the replicas every N steps (and at the end).
+    #[arg(long, value_name = "N")]
+    pub average_every: Option<u64>,
     /// Directory for the checkpoint.
     #[arg(long, value_name = "DIR", default_value = "runs/train")]
     pub out: PathBuf,
@@ -108,6 +116,11 @@ pub struct TrainSettings {
     pub seed: u64,
     /// Boundary tensor encoding.
     pub wire: WireDtype,
+    /// Data-parallel replicas simulated in this process (1: none); each trains on
+    /// `batch_size / replicas` windows per step.
+    pub replicas: usize,
+    /// Steps between two averagings of the replicas (the last step always averages).
+    pub average_every: u64,
 }
 
 impl Default for TrainSettings {
@@ -125,6 +138,8 @@ impl Default for TrainSettings {
             eval_samples: 32,
             seed: 0,
             wire: WireDtype::Bf16,
+            replicas: 1,
+            average_every: 0,
         }
     }
 }
@@ -220,6 +235,39 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Replicas must split the batch evenly, average at some interval, and be evaluated only
+/// right after averaging (the evaluated model is then their common one).
+fn check_replicas(s: &TrainSettings, resume: bool) -> anyhow::Result<()> {
+    let r = s.replicas;
+    if r == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    if r == 1 {
+        return Ok(());
+    }
+    if resume {
+        bail!("--replicas {r} cannot --resume (the checkpoint holds one model)");
+    }
+    if !s.batch_size.is_multiple_of(r) {
+        bail!(
+            "--batch-size {} does not split evenly over --replicas {r}",
+            s.batch_size
+        );
+    }
+    if s.average_every == 0 {
+        bail!("--replicas {r} needs --average-every N (steps between averagings)");
+    }
+    if !s.eval_every.is_multiple_of(s.average_every) {
+        bail!(
+            "--eval-every {} must be a multiple of --average-every {} (replicas are evaluated \
+             right after they are averaged)",
+            s.eval_every,
+            s.average_every
+        );
+    }
+    Ok(())
+}
+
 fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
     let file = match &args.config {
         Some(path) => TrainFile::load(path)?,
@@ -250,9 +298,16 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
     if let Some(v) = args.wire {
         settings.wire = v;
     }
+    if let Some(v) = args.replicas {
+        settings.replicas = v;
+    }
+    if let Some(v) = args.average_every {
+        settings.average_every = v;
+    }
     if settings.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
+    check_replicas(&settings, args.resume)?;
     let tokenizer_path = args.tokenizer.clone().or(file.data.tokenizer.clone());
     let tokenizer = Tokenizer::load(tokenizer_path.as_deref())
         .with_context(|| "loading the tokenizer".to_string())?;
@@ -398,6 +453,17 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         next_sample = ckpt.meta.next_sample;
     }
     let start_step = step;
+    // Data-parallel replicas (all from the same seed), when simulated.
+    let mut replicas = vec![pipeline];
+    for _ in 1..s.replicas.max(1) {
+        replicas.push(Pipeline::<B>::new(
+            &plan.model,
+            s.seed,
+            s.optimizer,
+            s.wire,
+            device,
+        )?);
+    }
     let mut metrics = match &plan.metrics_out {
         Some(path) => Some(BufWriter::new(
             File::create(path).with_context(|| format!("creating {}", path.display()))?,
@@ -418,7 +484,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         .collect();
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let initial_eval_loss = if step < s.steps {
-        Some(pipeline.eval_mean(&eval_windows, s.batch_size)?)
+        Some(replicas[0].eval_mean(&eval_windows, s.batch_size)?)
     } else {
         None
     };
@@ -429,21 +495,31 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
             .map(|i| dataset.train_sample(next_sample + i))
             .collect();
         let lr = plan.schedule.at(step);
-        let report = match pipeline.train_batch(&windows) {
-            Ok(r) => Some(r),
-            Err(crate::model::ModelError::NonFiniteLoss(v)) => {
-                bar.println(format!("step {step}: non-finite loss {v}; step skipped"));
-                None
+        // Each replica trains on its share of the batch and steps alone.
+        let share = s.batch_size / replicas.len();
+        let mut losses = Vec::with_capacity(replicas.len());
+        for (r, pipeline) in replicas.iter_mut().enumerate() {
+            match pipeline.train_batch(&windows[r * share..(r + 1) * share]) {
+                Ok(report) => losses.push(report.loss),
+                Err(crate::model::ModelError::NonFiniteLoss(v)) => {
+                    bar.println(format!("step {step}: non-finite loss {v}; step skipped"));
+                }
+                Err(e) => return Err(e.into()),
             }
-            Err(e) => return Err(e.into()),
-        };
-        for outcome in pipeline.step(lr) {
-            if let StepOutcome::Skipped { reason } = outcome {
-                bar.println(format!("step {step}: update skipped ({reason})"));
+            for outcome in pipeline.step(lr) {
+                if let StepOutcome::Skipped { reason } = outcome {
+                    bar.println(format!("step {step}: update skipped ({reason})"));
+                }
             }
         }
+        let report = (losses.len() == replicas.len())
+            .then(|| losses.iter().sum::<f32>() / losses.len() as f32);
         next_sample += s.batch_size as u64;
         step += 1;
+        if replicas.len() > 1 && (step.is_multiple_of(s.average_every) || step == s.steps) {
+            Pipeline::average(&mut replicas).context("averaging the replicas")?;
+        }
+        let pipeline = &mut replicas[0];
         tokens_done += (s.batch_size * seq_len) as u64;
         let tokens_per_s = tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9);
         let evaluate = step == s.steps || (s.eval_every > 0 && step % s.eval_every == 0);
@@ -454,14 +530,14 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         } else {
             None
         };
-        if let Some(r) = &report {
-            first_loss.get_or_insert(r.loss);
-            last_loss = Some(r.loss);
+        if let Some(loss) = report {
+            first_loss.get_or_insert(loss);
+            last_loss = Some(loss);
         }
         if let Some(w) = metrics.as_mut() {
             let line = MetricsLine {
                 step,
-                loss: report.as_ref().map_or(f32::NAN, |r| r.loss),
+                loss: report.unwrap_or(f32::NAN),
                 lr,
                 tokens: step * (s.batch_size * seq_len) as u64,
                 tokens_per_s,
@@ -481,10 +557,11 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
     if let Some(w) = metrics.as_mut() {
         w.flush()?;
     }
-    save(&pipeline, &plan, step, next_sample, &dataset)?;
-    let skipped_steps = pipeline
-        .sections()
+    // Replicas hold the same (averaged) model at the end.
+    save(&replicas[0], &plan, step, next_sample, &dataset)?;
+    let skipped_steps = replicas
         .iter()
+        .flat_map(|p| p.sections())
         .map(|s| s.stats().skipped_steps)
         .sum();
     Ok(TrainSummary {

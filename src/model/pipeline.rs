@@ -217,6 +217,41 @@ impl<B: AutodiffBackend> Pipeline<B> {
         Ok((total / n.max(1) as f64) as f32)
     }
 
+    /// Gives every pipeline of `replicas` (copies of one model) the mean of their parameters
+    /// and optimizer moments, section by section: what the network's `mean` merge does to
+    /// the miners of every section. Step counts are kept (they are equal when the replicas
+    /// stepped together).
+    ///
+    /// # Errors
+    /// Replicas of different models.
+    pub fn average(replicas: &mut [Self]) -> Result<(), ModelError> {
+        let Some(first) = replicas.first() else {
+            return Ok(());
+        };
+        let config = first.sections[0].config().clone();
+        let n = first.sections.len();
+        if replicas.iter().any(|r| r.sections.len() != n) {
+            return Err(ModelError::Invalid(
+                "replicas with different numbers of sections".into(),
+            ));
+        }
+        let scale = 1.0 / replicas.len() as f32;
+        for i in 0..n {
+            let layout = super::layout::section_layout(&config, i)?;
+            let mut sum = replicas[0].sections[i].export_flat(&layout)?;
+            for r in &replicas[1..] {
+                for (acc, x) in sum.iter_mut().zip(r.sections[i].export_flat(&layout)?) {
+                    *acc += x;
+                }
+            }
+            sum.iter_mut().for_each(|x| *x *= scale);
+            for r in replicas.iter_mut() {
+                r.sections[i].import_flat(&layout, &sum)?;
+            }
+        }
+        Ok(())
+    }
+
     /// One optimizer step in every section at learning rate `lr`.
     pub fn step(&mut self, lr: f64) -> Vec<StepOutcome> {
         self.sections.iter_mut().map(|s| s.step(lr)).collect()

@@ -512,10 +512,11 @@ async fn bad_uploads_are_refused_and_their_uploaders_left_out() {
         !r.accepted && r.reason.as_deref().unwrap().contains("hash"),
         "{r:?}"
     );
-    // A refused upload cannot be retried in the same merge.
+    // A refused upload cannot be retried in the same merge (the request waits for the cycle,
+    // which has nothing to merge and goes back to training).
     let again = h.task(&a, 0).await;
     assert!(
-        matches!(again.task, MergeTask::Wait { .. }),
+        matches!(again.task, MergeTask::Wait { .. } | MergeTask::Train),
         "{:?}",
         again.task
     );
@@ -529,6 +530,27 @@ async fn bad_uploads_are_refused_and_their_uploaders_left_out() {
     assert_eq!((ms.phase, ms.epoch), (Phase::Training, 1));
     assert_eq!(ms.sections[0].uploads, 0);
     assert_eq!(ms.sections[0].checkpoint_hash, None);
+}
+
+#[tokio::test]
+async fn a_merge_task_with_nothing_to_do_is_held_until_the_plan_is_built() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    h.train_until_upload(&[&a, &b, &c]).await;
+    assert!(h.upload_state(&a, 0, &a.flat, |_| {}).await.accepted);
+    // Alice has nothing to do until the others' uploads are in. Her request is held instead
+    // of answered "wait", and brings her merge task once the last upload builds the plan.
+    let (held, ()) = tokio::join!(h.task(&a, 0), async {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(h.upload_state(&b, 0, &b.flat, |_| {}).await.accepted);
+        assert!(h.upload_state(&c, 0, &c.flat, |_| {}).await.accepted);
+    });
+    assert!(
+        matches!(held.task, MergeTask::Merge { .. }),
+        "{:?}",
+        held.task
+    );
+    assert_eq!(held.phase, Phase::Merging);
 }
 
 #[tokio::test]

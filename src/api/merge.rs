@@ -55,7 +55,8 @@ pub struct MergeTaskResponse {
 pub enum MergeTask {
     /// The phase is `training` and the miner holds the current weights: ask `/api/work`.
     Train,
-    /// Nothing to do yet; ask again after `retry_ms`.
+    /// Nothing to do yet; ask again after `retry_ms` (0: at once, the orchestrator held the
+    /// request until the merge cycle moved or its hold ran out).
     Wait {
         /// Why (for logs).
         reason: String,

@@ -237,16 +237,13 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
 
 /// Replicas must split the batch evenly, average at some interval, and be evaluated only
 /// right after averaging (the evaluated model is then their common one).
-fn check_replicas(s: &TrainSettings, resume: bool) -> anyhow::Result<()> {
+fn check_replicas(s: &TrainSettings) -> anyhow::Result<()> {
     let r = s.replicas;
     if r == 0 {
         bail!("--replicas must be at least 1");
     }
     if r == 1 {
         return Ok(());
-    }
-    if resume {
-        bail!("--replicas {r} cannot --resume (the checkpoint holds one model)");
     }
     if !s.batch_size.is_multiple_of(r) {
         bail!(
@@ -307,7 +304,7 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
     if settings.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
-    check_replicas(&settings, args.resume)?;
+    check_replicas(&settings)?;
     let tokenizer_path = args.tokenizer.clone().or(file.data.tokenizer.clone());
     let tokenizer = Tokenizer::load(tokenizer_path.as_deref())
         .with_context(|| "loading the tokenizer".to_string())?;
@@ -456,13 +453,12 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
     // Data-parallel replicas (all from the same seed), when simulated.
     let mut replicas = vec![pipeline];
     for _ in 1..s.replicas.max(1) {
-        replicas.push(Pipeline::<B>::new(
-            &plan.model,
-            s.seed,
-            s.optimizer,
-            s.wire,
-            device,
-        )?);
+        let mut replica = Pipeline::<B>::new(&plan.model, s.seed, s.optimizer, s.wire, device)?;
+        if let Some(ckpt) = &plan.resume_from {
+            // Every replica continues from the checkpoint (one model, split from here on).
+            restore(&mut replica, ckpt)?;
+        }
+        replicas.push(replica);
     }
     let mut metrics = match &plan.metrics_out {
         Some(path) => Some(BufWriter::new(

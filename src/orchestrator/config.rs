@@ -20,7 +20,7 @@
 //! local_steps: 1
 //! weight_stashing: true      # a backward recomputes at the weights its forward used
 //! lookahead: false           # forwards at the weights extrapolated to their gradient's step
-//! lanes: false               # route a sample through the same-ranked miner of each section
+//! lanes: true                # route a sample through the same-ranked miner of each section
 //! lane_wait_ms: 2000         # then anyone of the section may take a forward its lane left
 //! eval_samples: 32           # held-out windows evaluated through the network per epoch (0: off)
 //! optimizer: {}              # OptimizerConfig overrides
@@ -259,7 +259,7 @@ struct RawRunConfig {
     weight_stashing: bool,
     #[serde(default)]
     lookahead: bool,
-    #[serde(default)]
+    #[serde(default = "default_true")]
     lanes: bool,
     #[serde(default = "default_lane_wait_ms")]
     lane_wait_ms: u64,

@@ -61,9 +61,27 @@ pub fn training_epoch_over(
 /// [`CycleError`]; nothing is half-applied (each step is one transaction at its end).
 pub async fn advance(state: &AppState) -> Result<(), CycleError> {
     let _guard = state.cycle_lock.lock().await;
+    // A phase that just began may be due at once (the uploads closed: the plans can be built
+    // now), so the machine steps until it stays put instead of waiting for the next tick.
+    for _ in 0..3 {
+        let moved = step(state).await?;
+        if moved {
+            state.merge_changed();
+        }
+        if !moved {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// One step of the phase machine (the caller holds the cycle lock); `true` when the phase
+/// changed or a merge plan was built, so the waiting merge tasks have news.
+async fn step(state: &AppState) -> Result<bool, CycleError> {
     let now = state.now_ms();
     let info = state.repo.phase_info()?;
     let m = &state.config.merge;
+    let mut moved = false;
     match info.phase {
         Phase::Training => {
             let (_, _, next) = state.repo.run_state()?;
@@ -71,6 +89,7 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
                 let deadline = now.saturating_add(m.upload_s.saturating_mul(1000));
                 let cancelled = state.repo.begin_uploading(info.epoch, deadline, now)?;
                 state.wakeups.everyone();
+                moved = true;
                 tracing::info!(
                     epoch = info.epoch,
                     completed = done,
@@ -87,6 +106,7 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
                     .saturating_add(m.merge_s.saturating_mul(1000));
                 state.repo.begin_merging(merge_deadline, now)?;
                 state.wakeups.everyone();
+                moved = true;
                 tracing::info!(epoch = info.epoch, "uploads closed: merging");
             }
         }
@@ -94,20 +114,25 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
             let deadline = info.deadline_ms.unwrap_or(now);
             let mut all_done = true;
             for section in 0..state.config.model.n_sections() {
-                if !advance_section(state, info.epoch, section, now, deadline).await? {
-                    all_done = false;
+                let (finalized, changed) =
+                    advance_section(state, info.epoch, section, now, deadline).await?;
+                all_done &= finalized;
+                if changed {
+                    // A plan was built or a section finalised: mergers have news.
+                    state.merge_changed();
                 }
             }
             if all_done {
                 collect_garbage(state, info.epoch).await;
                 state.repo.finish_merge(info.epoch)?;
                 state.wakeups.everyone();
+                moved = true;
                 super::retention::prune_ledger(state, info.epoch + 1);
                 tracing::info!(epoch = info.epoch + 1, "merge done: training");
             }
         }
     }
-    Ok(())
+    Ok(moved)
 }
 
 /// Whether every live miner has a resolved upload (and at least one miner is live).
@@ -135,21 +160,22 @@ fn all_live_uploads_in(state: &AppState, epoch: u64, now: u64) -> Result<bool, C
     Ok(true)
 }
 
-/// Moves one section's merge forward; `true` once it is finalised.
+/// Moves one section's merge forward: whether it is finalised, and whether this call changed
+/// something (built its plan, or finalised it).
 async fn advance_section(
     state: &AppState,
     epoch: u64,
     section: usize,
     now: u64,
     deadline: u64,
-) -> Result<bool, CycleError> {
+) -> Result<(bool, bool), CycleError> {
     let Some(row) = state.repo.plan(epoch, section)? else {
         let uploads = state.repo.uploads_of(epoch, section)?;
         let leases_open = uploads
             .iter()
             .any(|u| u.state == UploadState::Leased && now <= u.lease_until_ms);
         if leases_open && now < deadline {
-            return Ok(false);
+            return Ok((false, false));
         }
         let mut accepted: Vec<_> = uploads
             .iter()
@@ -181,7 +207,7 @@ async fn advance_section(
             state
                 .repo
                 .finalize_section(epoch, section, &SectionOutcome::default(), now)?;
-            return Ok(true);
+            return Ok((true, true));
         }
         let mut weights: Vec<f32> = accepted.iter().map(|u| u.weight.max(0.0)).collect();
         if weights.iter().all(|w| *w == 0.0) {
@@ -204,10 +230,10 @@ async fn advance_section(
             partitions = plan.partitions,
             "merge plan built"
         );
-        return Ok(false);
+        return Ok((false, true));
     };
     if row.finalized {
-        return Ok(true);
+        return Ok((true, false));
     }
     let plan = build_plan(state, epoch, section, &row)?;
     let results = state.repo.results(epoch, section)?;
@@ -219,10 +245,10 @@ async fn advance_section(
         })
     });
     if !complete && now < deadline {
-        return Ok(false);
+        return Ok((false, false));
     }
     match finalize_section(state, epoch, section, &row, &plan, &results).await {
-        Ok(()) => Ok(true),
+        Ok(()) => Ok((true, true)),
         // Before the deadline a failure is retried at the next tick; past it the section
         // falls back to its previous global state, with the reason recorded, so a merge can
         // never hold the run up for good.
@@ -230,7 +256,7 @@ async fn advance_section(
             let reason = format!("finalising failed past the merge deadline: {e}");
             tracing::error!(epoch, section, %reason, "section falls back");
             fall_back(state, epoch, section, &reason).await?;
-            Ok(true)
+            Ok((true, true))
         }
         Err(e) => Err(e),
     }

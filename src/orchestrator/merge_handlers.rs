@@ -17,17 +17,20 @@ use crate::codec::Span;
 use crate::model::layout::section_layout;
 use crate::storage::{StatePart, StorageError, payload_hash};
 
-/// How long a miner waits before asking again when there is nothing to do.
-const RETRY_MS: u64 = 500;
+/// How long `/api/merge/task` holds a request that has nothing to do, waiting for the merge
+/// cycle to move (a plan built, a section merged, a phase begun), before answering "wait".
+const HOLD: std::time::Duration = std::time::Duration::from_millis(1000);
 /// Values read at a time when checking an upload (a whole number of int8 blocks).
 const CHECK_CHUNK: u64 = 2 << 20;
 /// Validity of a checkpoint download URL.
 const CHECKPOINT_URL_MS: u64 = 3_600_000;
 
+/// "Nothing to do yet". The request was held until the cycle moved or [`HOLD`] passed, so
+/// the miner may ask again at once.
 fn wait(reason: impl Into<String>) -> MergeTask {
     MergeTask::Wait {
         reason: reason.into(),
-        retry_ms: RETRY_MS,
+        retry_ms: 0,
     }
 }
 
@@ -117,29 +120,45 @@ fn phase_and_section(state: &AppState, hotkey: &str) -> Result<(PhaseInfo, usize
     Ok((info, miner.section))
 }
 
-/// `POST /api/merge/task`: what the caller should do now.
+/// `POST /api/merge/task`: what the caller should do now. When that is to wait, the request
+/// is held until the merge cycle moves (or [`HOLD`] passes) and the task is worked out again,
+/// so a miner learns of the next step when it becomes possible, without polling for it.
 pub async fn task(
     State(state): State<AppState>,
     req: Signed<MergeTaskRequest>,
 ) -> Result<Json<MergeTaskResponse>, HttpError> {
-    let now = state.now_ms();
-    state.repo.touch(&req.hotkey, now)?;
-    let (info, section) = phase_and_section(&state, &req.hotkey)?;
-    let task = match section_checkpoint(&state, section).await? {
-        Some(mut cp) if cp.epoch > req.body.held_epoch => {
-            // The miner uses the delta if it holds its base, and downloads the whole state
-            // otherwise.
-            cp.delta = checkpoint_delta(&state, &cp).await?;
-            MergeTask::Adopt { checkpoint: cp }
+    state.repo.touch(&req.hotkey, state.now_ms())?;
+    let mut events = state.merge_events.subscribe();
+    let held_until = tokio::time::Instant::now() + HOLD;
+    loop {
+        // Changes from here on wake the wait below.
+        events.borrow_and_update();
+        let now = state.now_ms();
+        let (info, section) = phase_and_section(&state, &req.hotkey)?;
+        let task = match section_checkpoint(&state, section).await? {
+            Some(mut cp) if cp.epoch > req.body.held_epoch => {
+                // The miner uses the delta if it holds its base, and downloads the whole state
+                // otherwise.
+                cp.delta = checkpoint_delta(&state, &cp).await?;
+                MergeTask::Adopt { checkpoint: cp }
+            }
+            _ => next_task(&state, &req.hotkey, section, info, now).await?,
+        };
+        if matches!(task, MergeTask::Wait { .. })
+            && matches!(
+                tokio::time::timeout_at(held_until, events.changed()).await,
+                Ok(Ok(()))
+            )
+        {
+            continue;
         }
-        _ => next_task(&state, &req.hotkey, section, info, now).await?,
-    };
-    Ok(Json(MergeTaskResponse {
-        phase: info.phase,
-        epoch: info.epoch,
-        phase_deadline_unix_ms: info.deadline_ms,
-        task,
-    }))
+        return Ok(Json(MergeTaskResponse {
+            phase: info.phase,
+            epoch: info.epoch,
+            phase_deadline_unix_ms: info.deadline_ms,
+            task,
+        }));
+    }
 }
 
 async fn next_task(

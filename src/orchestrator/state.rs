@@ -109,6 +109,9 @@ pub struct Inner {
     pub started_ms: u64,
     /// Wakes `/api/work` requests waiting for work when routing gives their miner some.
     pub wakeups: super::wakeups::Wakeups,
+    /// Counts changes of the merge cycle (a phase began, a plan was built, a section was
+    /// merged): `/api/merge/task` requests that have nothing to do wait for the next one.
+    pub merge_events: tokio::sync::watch::Sender<u64>,
 }
 
 impl std::ops::Deref for AppState {
@@ -182,8 +185,14 @@ impl AppState {
                 blob_puts: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_PUTS)),
                 started_ms,
                 wakeups: super::wakeups::Wakeups::new(n_sections),
+                merge_events: tokio::sync::watch::Sender::new(0),
             }),
         })
+    }
+
+    /// Tells the merge tasks waiting on [`Inner::merge_events`] that the merge cycle moved.
+    pub fn merge_changed(&self) {
+        self.merge_events.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     /// Now, in ms since the Unix epoch.

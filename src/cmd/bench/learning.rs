@@ -93,9 +93,10 @@ pub struct BenchLearningArgs {
     /// Variant: recompute backwards at the current weights instead of the forward's.
     #[arg(long)]
     pub no_weight_stashing: bool,
-    /// Variant: lane routing (run config `lanes`): a sample goes through the same-ranked miner
-    /// of every section, so each lane is one consistent pipeline between merges.
-    #[arg(long)]
+    /// Lane routing (run config `lanes`, on by default): a sample goes through the same-ranked
+    /// miner of every section, so each lane is one consistent pipeline between merges.
+    /// `--lanes false`: mixed routing (any miner of the next section), the variant.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub lanes: bool,
     /// Variant: forwards at the weights extrapolated to the step their gradient is applied at.
     #[arg(long)]
@@ -257,8 +258,8 @@ impl BenchLearningArgs {
         if self.no_weight_stashing {
             v.push_str(" --no-weight-stashing");
         }
-        if self.lanes {
-            v.push_str(" --lanes");
+        if !self.lanes {
+            v.push_str(" --lanes false");
         }
         if self.lookahead {
             v.push_str(" --lookahead");

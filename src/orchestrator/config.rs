@@ -22,6 +22,8 @@
 //! lookahead: false           # forwards at the weights extrapolated to their gradient's step
 //! lanes: true                # route a sample through the same-ranked miner of each section
 //! lane_wait_ms: 2000         # then anyone of the section may take a forward its lane left
+//! single_lane_samples: 0     # the run's first N samples go through one lane only (a multiple
+//!                            # of batches_before_merging; 0: off)
 //! eval_samples: 32           # held-out windows evaluated through the network per epoch (0: off)
 //! optimizer: {}              # OptimizerConfig overrides
 //! schedule: { peak: 0.003, warmup_steps: 20, total_steps: 1000, min_ratio: 0.1 }
@@ -264,6 +266,8 @@ struct RawRunConfig {
     #[serde(default = "default_lane_wait_ms")]
     lane_wait_ms: u64,
     #[serde(default)]
+    single_lane_samples: u64,
+    #[serde(default)]
     samples_per_step: u64,
     #[serde(default = "default_eval_samples")]
     eval_samples: usize,
@@ -423,6 +427,12 @@ pub struct RunConfig {
     /// How long a forward waits for its lane's miner before any miner of its section may take
     /// it.
     pub lane_wait_ms: u64,
+    /// The run's first this many samples are trained by one lane only: the first-ranked live
+    /// miner of each section takes all training work, the others wait, and the merge that ends
+    /// them gives every miner that lane's state (the others upload with no merge weight). The
+    /// model then leaves its first plateau as one process would, before the miners train apart
+    /// (see the README's learning section). A multiple of `batches_before_merging`; 0: off.
+    pub single_lane_samples: u64,
     /// Samples per synchronous optimizer step: the orchestrator starts no sample of step
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
     /// step (0: asynchronous steps every `local_steps` backwards).
@@ -582,6 +592,19 @@ impl RunConfig {
                 ));
             }
         }
+        if !raw
+            .single_lane_samples
+            .is_multiple_of(raw.batches_before_merging.max(1))
+        {
+            return Err(invalid(
+                "single_lane_samples",
+                format!(
+                    "is {} but must be a multiple of batches_before_merging ({}), so that the \
+                     single lane ends with a merge",
+                    raw.single_lane_samples, raw.batches_before_merging
+                ),
+            ));
+        }
         for (key, value) in [
             ("retention.checkpoints", raw.retention.checkpoints),
             ("retention.ledger_epochs", raw.retention.ledger_epochs),
@@ -665,6 +688,7 @@ impl RunConfig {
             lookahead: raw.lookahead,
             lanes: raw.lanes,
             lane_wait_ms: raw.lane_wait_ms,
+            single_lane_samples: raw.single_lane_samples,
             samples_per_step: raw.samples_per_step,
             eval_samples: raw.eval_samples,
             optimizer: raw.optimizer,
@@ -727,6 +751,8 @@ mod tests {
         assert_eq!(cfg.storage.url, "iota-run/objects");
         assert_eq!(cfg.deadlines, Deadlines::default());
         assert_eq!(cfg.token_shape(), vec![4, 64]);
+        assert!(cfg.lanes, "lane routing is the default");
+        assert_eq!(cfg.single_lane_samples, 0);
     }
 
     #[test]
@@ -774,6 +800,12 @@ mod tests {
         assert!(err.to_string().contains("`run`"), "{err}");
         let err = RunConfig::from_yaml("run: r\nseq_len: 100000\n").unwrap_err();
         assert!(err.to_string().contains("`seq_len`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\nsingle_lane_samples: 150\n").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("multiple of batches_before_merging"),
+            "{err}"
+        );
         let err = RunConfig::from_yaml("run: r\nmerge: {replication: 0}\n").unwrap_err();
         assert!(err.to_string().contains("`merge.replication`"), "{err}");
         let err =

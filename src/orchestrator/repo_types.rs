@@ -302,6 +302,9 @@ pub struct RoutingLimits {
     pub lanes: bool,
     /// How long a forward waits for its lane's miner before anyone of its section may take it.
     pub lane_wait_ms: u64,
+    /// Epochs at the start of the run during which only the first-ranked live miner of each
+    /// section takes training work (`Config::single_lane_samples`); 0: none.
+    pub single_lane_epochs: u64,
 }
 
 /// A sample about to start ([`super::repo::Repository::start_sample`]): its id, the epoch it

@@ -211,6 +211,11 @@ impl AppState {
             live_ms: self.config.miner_ttl_s.saturating_mul(1000),
             lanes: self.config.lanes,
             lane_wait_ms: self.config.lane_wait_ms,
+            single_lane_epochs: self
+                .config
+                .single_lane_samples
+                .checked_div(self.config.batches_before_merging)
+                .unwrap_or(0),
         }
     }
 

@@ -98,6 +98,11 @@ pub struct BenchLearningArgs {
     /// `--lanes false`: mixed routing (any miner of the next section), the variant.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub lanes: bool,
+    /// Variant: the first N samples (a multiple of --merge-every) go through one lane only
+    /// (run config `single_lane_samples`): each section's first-ranked miner trains alone,
+    /// and the merge after them gives every miner its state.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub single_lane: u64,
     /// Variant: forwards at the weights extrapolated to the step their gradient is applied at.
     #[arg(long)]
     pub lookahead: bool,
@@ -261,6 +266,9 @@ impl BenchLearningArgs {
         if !self.lanes {
             v.push_str(" --lanes false");
         }
+        if self.single_lane > 0 {
+            v.push_str(&format!(" --single-lane {}", self.single_lane));
+        }
         if self.lookahead {
             v.push_str(" --lookahead");
         }
@@ -304,6 +312,13 @@ fn parse_outer(text: &str) -> anyhow::Result<(f64, f64)> {
 /// # Errors
 /// Bad flags, or a run that fails.
 pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
+    if !args.single_lane.is_multiple_of(args.merge_every.max(1)) {
+        bail!(
+            "--single-lane {} must be a multiple of --merge-every {} (the lane ends with a merge)",
+            args.single_lane,
+            args.merge_every
+        );
+    }
     if args.samples < args.merge_every || args.merge_every == 0 {
         bail!(
             "--samples ({}) must be at least --merge-every ({}), which must be positive",
@@ -529,6 +544,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["weight_stashing"] = json!(!args.no_weight_stashing);
     config["lookahead"] = json!(args.lookahead);
     config["lanes"] = json!(args.lanes);
+    config["single_lane_samples"] = json!(args.single_lane * split);
     config["samples_per_step"] = json!(args.samples_per_step);
     // The schedule runs over optimizer steps: `iota train`'s.
     config["schedule"]["total_steps"] = json!(args.samples);

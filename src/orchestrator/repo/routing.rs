@@ -92,11 +92,27 @@ impl Repository {
                 params![hotkey, section],
                 |r| r.get(0),
             )?;
-            let allowance = limits
-                .max_in_flight
-                .min(miner.max_in_flight.max(1))
-                .min(step_share(tx, section, limits, now_ms)?)
-                .saturating_sub(usize_of(in_flight));
+            // While the run trains on one lane, only each section's first-ranked miner
+            // takes training work, and it takes whole steps.
+            let lane_only = single_lane(tx, limits)?;
+            let off_lane = lane_only
+                && ranked_live(tx, miner.section, limits, now_ms)?
+                    .first()
+                    .is_none_or(|first| first != hotkey);
+            let share = if lane_only {
+                usize::try_from(limits.samples_per_step.max(1)).unwrap_or(usize::MAX)
+            } else {
+                step_share(tx, section, limits, now_ms)?
+            };
+            let allowance = if off_lane {
+                0
+            } else {
+                limits
+                    .max_in_flight
+                    .min(miner.max_in_flight.max(1))
+                    .min(share)
+                    .saturating_sub(usize_of(in_flight))
+            };
             let mut wanted = allowance.min(max.saturating_sub(out.len()));
             // A forward offered to another miner of the lane is left to it for a while.
             let lane_open_before = to_i64(now_ms.saturating_sub(limits.lane_wait_ms));
@@ -553,22 +569,45 @@ fn lane_partner(
     limits: RoutingLimits,
     now_ms: u64,
 ) -> Result<Option<String>, RepoError> {
-    let live = |s: usize| -> Result<Vec<String>, RepoError> {
-        let mut stmt = tx.prepare_cached(&format!(
-            "SELECT hotkey FROM miners WHERE {TAKES_WORK} AND section = ?3 \
-             ORDER BY registered_at, hotkey"
-        ))?;
-        let rows = stmt.query_map(
-            params![to_i64(now_ms), to_i64(limits.live_ms), to_i64(s as u64)],
-            |r| r.get(0),
-        )?;
-        Ok(rows.collect::<Result<_, _>>()?)
-    };
-    let Some(rank) = live(section)?.iter().position(|h| h == hotkey) else {
+    let ranked = ranked_live(tx, section, limits, now_ms)?;
+    let Some(rank) = ranked.iter().position(|h| h == hotkey) else {
         return Ok(None);
     };
-    let next = live(section + 1)?;
+    let next = ranked_live(tx, section + 1, limits, now_ms)?;
     Ok((!next.is_empty()).then(|| next[rank % next.len()].clone()))
+}
+
+/// The live miners of `section` (seen within `live_ms`, not backed off or excluded) in lane
+/// order: by registration, then hotkey.
+fn ranked_live(
+    tx: &Connection,
+    section: usize,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<Vec<String>, RepoError> {
+    let mut stmt = tx.prepare_cached(&format!(
+        "SELECT hotkey FROM miners WHERE {TAKES_WORK} AND section = ?3 \
+         ORDER BY registered_at, hotkey"
+    ))?;
+    let rows = stmt.query_map(
+        params![
+            to_i64(now_ms),
+            to_i64(limits.live_ms),
+            to_i64(section as u64)
+        ],
+        |r| r.get(0),
+    )?;
+    Ok(rows.collect::<Result<_, _>>()?)
+}
+
+/// Whether the run is still in its single-lane epochs ([`RoutingLimits::single_lane_epochs`]).
+fn single_lane(tx: &Connection, limits: RoutingLimits) -> Result<bool, RepoError> {
+    if limits.single_lane_epochs == 0 {
+        return Ok(false);
+    }
+    let epoch: i64 =
+        tx.query_row_cached("SELECT epoch FROM run_state WHERE id = 0", [], |r| r.get(0))?;
+    Ok(to_u64(epoch) < limits.single_lane_epochs)
 }
 
 /// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it

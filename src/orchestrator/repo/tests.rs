@@ -12,6 +12,7 @@ const LIMITS: RoutingLimits = RoutingLimits {
     tail: 2,
     samples_per_step: 0,
     lanes: false,
+    single_lane_epochs: 0,
     lane_wait_ms: 2000,
     live_ms: 60_000,
 };
@@ -202,6 +203,43 @@ fn lane_routing_offers_a_forward_to_the_same_ranked_miner_first_then_to_anyone()
     repo.accept(f2, "a0", &ok("x2"), lanes, T0 + 50).unwrap();
     assert!(take("b1", T0 + 60).0.is_empty());
     assert_eq!(take("b1", T0 + 50 + lanes.lane_wait_ms).0, ["x2"]);
+}
+
+#[test]
+fn a_single_lane_gives_all_training_work_to_the_first_ranked_miners_until_its_epochs_end() {
+    let repo = network();
+    let single = RoutingLimits {
+        samples_per_step: 2,
+        max_in_flight: 4,
+        single_lane_epochs: 1,
+        ..LIMITS
+    };
+    let head = |hk: &str| repo.take_work(hk, 4, single, T0).unwrap().head_capacity;
+    // Epoch 0: a0 (first registered) may start the whole step, a1 nothing.
+    assert_eq!((head("a0"), head("a1")), (2, 0));
+    let f0 = start(&repo, 0);
+    let f1 = start(&repo, 1);
+    repo.accept(f0, "a0", &ok("x0"), single, T0).unwrap();
+    repo.accept(f1, "a0", &ok("x1"), single, T0).unwrap();
+    // Middle: b1 asks first and gets nothing; b0 takes both forwards of the step.
+    assert!(
+        repo.take_work("b1", 4, single, T0)
+            .unwrap()
+            .assignments
+            .is_empty()
+    );
+    assert_eq!(
+        repo.take_work("b0", 4, single, T0)
+            .unwrap()
+            .assignments
+            .len(),
+        2
+    );
+    // After the merge that ends epoch 0, the step is shared again.
+    repo.begin_uploading(0, T0 + 100, T0).unwrap();
+    repo.begin_merging(T0 + 200, T0).unwrap();
+    repo.finish_merge(0).unwrap();
+    assert_eq!((head("a0"), head("a1")), (1, 1));
 }
 
 #[test]

@@ -64,13 +64,10 @@ pub async fn advance(state: &AppState) -> Result<(), CycleError> {
     // A phase that just began may be due at once (the uploads closed: the plans can be built
     // now), so the machine steps until it stays put instead of waiting for the next tick.
     for _ in 0..3 {
-        let moved = step(state).await?;
-        if moved {
-            state.merge_changed();
-        }
-        if !moved {
+        if !step(state).await? {
             break;
         }
+        state.merge_changed();
     }
     Ok(())
 }

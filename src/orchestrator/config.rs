@@ -20,7 +20,7 @@
 //! local_steps: 1
 //! weight_stashing: true      # a backward recomputes at the weights its forward used
 //! lookahead: false           # forwards at the weights extrapolated to their gradient's step
-//! lanes: false               # route a sample through the same-ranked miner of each section
+//! lanes: true                # route a sample through the same-ranked miner of each section
 //! lane_wait_ms: 2000         # then anyone of the section may take a forward its lane left
 //! single_lane_samples: 0     # the run's first N samples go through one lane only (a multiple
 //!                            # of batches_before_merging; 0: off)
@@ -261,7 +261,7 @@ struct RawRunConfig {
     weight_stashing: bool,
     #[serde(default)]
     lookahead: bool,
-    #[serde(default)]
+    #[serde(default = "default_true")]
     lanes: bool,
     #[serde(default = "default_lane_wait_ms")]
     lane_wait_ms: u64,
@@ -751,7 +751,7 @@ mod tests {
         assert_eq!(cfg.storage.url, "iota-run/objects");
         assert_eq!(cfg.deadlines, Deadlines::default());
         assert_eq!(cfg.token_shape(), vec![4, 64]);
-        assert!(!cfg.lanes, "mixed routing is the default");
+        assert!(cfg.lanes, "lane routing is the default");
         assert_eq!(cfg.single_lane_samples, 0);
     }
 

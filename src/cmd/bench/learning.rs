@@ -93,7 +93,7 @@ pub struct BenchLearningArgs {
     /// Variant: recompute backwards at the current weights instead of the forward's.
     #[arg(long)]
     pub no_weight_stashing: bool,
-    /// Lane routing (run config `lanes`; on by default here): a sample goes through the same-ranked
+    /// Lane routing (run config `lanes`, on by default): a sample goes through the same-ranked
     /// miner of every section, so each lane is one consistent pipeline between merges.
     /// `--lanes false`: mixed routing (any miner of the next section), the variant.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]

@@ -324,7 +324,7 @@ impl Repository {
                         [hotkey],
                     )?;
                     let prefer = if limits.lanes {
-                        lane_partner(tx, hotkey, section, limits, now_ms)?
+                        lane_partner(tx, (hotkey, row.sample), section, limits, now_ms)?
                     } else {
                         None
                     };
@@ -558,13 +558,17 @@ fn hand_out(
     Ok(row)
 }
 
-/// The miner of the section after `section` in `hotkey`'s lane: live miners of a section
-/// (seen within `live_ms`, not backed off or excluded) ranked by registration, and `hotkey`'s
-/// rank taken modulo the next section's live miners. `None` when `hotkey` does not count as
-/// live itself or the next section has nobody live.
+/// The miner of the section after `section` that should take `sample`'s forward from
+/// `hotkey` in lane routing. Live miners of a section (seen within `live_ms`, not backed off
+/// or excluded) are ranked by registration; the lane of rank `r` holds the next section's
+/// ranks `r`, `r + n`, `r + 2n`, ... (`n` this section's live miners), or rank `r mod m` when
+/// the next section has fewer (`m`) live miners. A lane with several miners downstream
+/// spreads its samples over them by sample id, so a section with more live miners than the
+/// one before it keeps every miner busy (and paid) instead of feeding only the first `n`.
+/// `None` when `hotkey` does not count as live itself or the next section has nobody live.
 fn lane_partner(
     tx: &Connection,
-    hotkey: &str,
+    (hotkey, sample): (&str, u64),
     section: usize,
     limits: RoutingLimits,
     now_ms: u64,
@@ -574,7 +578,22 @@ fn lane_partner(
         return Ok(None);
     };
     let next = ranked_live(tx, section + 1, limits, now_ms)?;
-    Ok((!next.is_empty()).then(|| next[rank % next.len()].clone()))
+    Ok(lane_index(rank, ranked.len(), next.len(), sample).map(|i| next[i].clone()))
+}
+
+/// Which of `next` live miners (in rank order) takes a forward from the miner of rank `rank`
+/// among `this` live miners, for sample `sample` (see [`lane_partner`]).
+fn lane_index(rank: usize, this: usize, next: usize, sample: u64) -> Option<usize> {
+    if next == 0 || this == 0 {
+        return None;
+    }
+    if next <= this {
+        return Some(rank % next);
+    }
+    // The lane's miners downstream: rank, rank + this, ... below next.
+    let lane = (next - rank).div_ceil(this);
+    let pick = usize::try_from(sample % lane as u64).unwrap_or(0);
+    Some(rank + pick * this)
 }
 
 /// The live miners of `section` (seen within `live_ms`, not backed off or excluded) in lane
@@ -731,5 +750,25 @@ fn reoffer(
                 reason: reason.to_string(),
             })
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::lane_index;
+
+    #[test]
+    fn lanes_map_ranks_modulo_a_smaller_next_section_and_spread_over_a_larger_one() {
+        // Three miners into two: ranks 0, 1, 2 -> 0, 1, 0, whatever the sample.
+        let down: Vec<_> = (0..3).map(|r| lane_index(r, 3, 2, 7)).collect();
+        assert_eq!(down, [Some(0), Some(1), Some(0)]);
+        // Two miners into five: rank 0's lane is 0, 2, 4 and rank 1's is 1, 3, by sample.
+        let lane0: Vec<_> = (0..6).map(|s| lane_index(0, 2, 5, s)).collect();
+        assert_eq!(lane0, [0, 2, 4, 0, 2, 4].map(Some));
+        let lane1: Vec<_> = (0..4).map(|s| lane_index(1, 2, 5, s)).collect();
+        assert_eq!(lane1, [1, 3, 1, 3].map(Some));
+        // Equal sections keep one partner; nobody live downstream means no preference.
+        assert_eq!(lane_index(2, 4, 4, 9), Some(2));
+        assert_eq!(lane_index(0, 1, 0, 0), None);
     }
 }

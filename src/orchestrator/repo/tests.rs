@@ -206,6 +206,48 @@ fn lane_routing_offers_a_forward_to_the_same_ranked_miner_first_then_to_anyone()
 }
 
 #[test]
+fn a_lane_spreads_its_forwards_over_a_next_section_with_more_live_miners() {
+    let repo = network();
+    let lanes = RoutingLimits {
+        lanes: true,
+        ..LIMITS
+    };
+    // a1 stops heartbeating: a0 is the head's only live miner, b0 and b1 both stay live.
+    let now = T0 + LIMITS.live_ms + 10;
+    for hk in ["a0", "b0", "b1", "c0"] {
+        repo.touch(hk, now).unwrap();
+    }
+    let mut partners = Vec::new();
+    for u in 0..4 {
+        let f = repo
+            .start_sample(&sample(u), "a0", SampleRoom::default(), lanes, now)
+            .unwrap()
+            .unwrap()
+            .id;
+        match repo
+            .accept(f, "a0", &ok(&format!("x{u}")), lanes, now)
+            .unwrap()
+        {
+            Routed::Opened {
+                section: 1,
+                prefer: Some(p),
+            } => partners.push(p),
+            other => panic!("sample {u}: {other:?}"),
+        }
+    }
+    // Both middle miners get a0's lane, alternately, instead of b0 alone.
+    assert_eq!(partners, ["b0", "b1", "b0", "b1"]);
+    assert_eq!(take_inputs(&repo, "b1", lanes, now), ["x1", "x3"]);
+    assert_eq!(take_inputs(&repo, "b0", lanes, now), ["x0", "x2"]);
+}
+
+/// The input hashes of what `hk` is handed at `now`.
+fn take_inputs(repo: &Repository, hk: &str, limits: RoutingLimits, now: u64) -> Vec<String> {
+    let w = repo.take_work(hk, 4, limits, now).unwrap();
+    w.assignments.into_iter().map(|a| a.input_hash).collect()
+}
+
+#[test]
 fn a_single_lane_gives_all_training_work_to_the_first_ranked_miners_until_its_epochs_end() {
     let repo = network();
     let single = RoutingLimits {

@@ -92,6 +92,8 @@ fn a_local_network_learns_within_five_percent_of_one_process() {
 /// two one-window network samples that make one optimizer step) and one miner per section, the
 /// network computes `iota train`'s steps: its held-out loss follows `iota train`'s at every
 /// evaluation, through the merges, up to float rounding (the batch is split differently).
+/// With `--eval-every 75` and merges every 25 the network evaluates every third epoch (run
+/// config `eval_every: 3`) and its final model, where `iota train` evaluates too.
 #[test]
 fn synchronous_steps_follow_one_process_at_every_evaluation() {
     let (s, stdout) = bench_learning(&[
@@ -100,14 +102,18 @@ fn synchronous_steps_follow_one_process_at_every_evaluation() {
         "--batch-size",
         "2",
         "--merge-every",
-        "50",
+        "25",
+        "--eval-every",
+        "75",
         "--samples-per-step",
         "2",
     ]);
     assert_eq!(s["network"]["completed"].as_u64(), Some(200), "{stdout}");
     let (train, network) = (evals(&s, "train"), evals(&s, "network"));
     let at: Vec<u64> = network.iter().map(|p| p.0).collect();
-    assert_eq!(at, [0, 50, 100], "{stdout}");
+    assert_eq!(at, [0, 75, 100], "{stdout}");
+    let train_at: Vec<u64> = train.iter().map(|p| p.0).collect();
+    assert_eq!(train_at, at, "{stdout}");
     assert!(
         network[2].1 < network[0].1 - 1.0,
         "it barely learned\n{stdout}"

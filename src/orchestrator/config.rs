@@ -25,6 +25,7 @@
 //! single_lane_samples: 0     # the run's first N samples go through one lane only (a multiple
 //!                            # of batches_before_merging; 0: off)
 //! eval_samples: 32           # held-out windows evaluated through the network per epoch (0: off)
+//! eval_every: 1              # evaluate every N-th epoch's starting weights (and the final ones)
 //! optimizer: {}              # OptimizerConfig overrides
 //! schedule: { peak: 0.003, warmup_steps: 20, total_steps: 1000, min_ratio: 0.1 }
 //! deadlines: { forward_s: 30, backward_s: 60 }
@@ -271,6 +272,8 @@ struct RawRunConfig {
     samples_per_step: u64,
     #[serde(default = "default_eval_samples")]
     eval_samples: usize,
+    #[serde(default = "default_one")]
+    eval_every: u64,
     #[serde(default)]
     optimizer: OptimizerConfig,
     #[serde(default)]
@@ -437,8 +440,13 @@ pub struct RunConfig {
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
     /// step (0: asynchronous steps every `local_steps` backwards).
     pub samples_per_step: u64,
-    /// Held-out windows evaluated through the network at the start of every epoch (0: none).
+    /// Held-out windows evaluated through the network at the start of an evaluated epoch (0:
+    /// none).
     pub eval_samples: usize,
+    /// Epochs evaluated: every `eval_every`-th (0, N, 2N, ...), and the run's final one (the
+    /// last merged model of a run with a sample budget). With frequent merges an evaluation
+    /// every epoch costs a share of the run's throughput.
+    pub eval_every: u64,
     /// Inner optimizer.
     pub optimizer: OptimizerConfig,
     /// Learning-rate schedule, evaluated at sample ids (the run's global progress).
@@ -592,6 +600,12 @@ impl RunConfig {
                 ));
             }
         }
+        if raw.eval_every == 0 {
+            return Err(invalid(
+                "eval_every",
+                "is 0 but must be at least 1 (eval_samples: 0 turns evaluation off)".to_string(),
+            ));
+        }
         if !raw
             .single_lane_samples
             .is_multiple_of(raw.batches_before_merging.max(1))
@@ -691,6 +705,7 @@ impl RunConfig {
             single_lane_samples: raw.single_lane_samples,
             samples_per_step: raw.samples_per_step,
             eval_samples: raw.eval_samples,
+            eval_every: raw.eval_every,
             optimizer: raw.optimizer,
             schedule: raw.schedule,
             deadlines: raw.deadlines,
@@ -753,6 +768,7 @@ mod tests {
         assert_eq!(cfg.token_shape(), vec![4, 64]);
         assert!(cfg.lanes, "lane routing is the default");
         assert_eq!(cfg.single_lane_samples, 0);
+        assert_eq!(cfg.eval_every, 1);
     }
 
     #[test]
@@ -800,6 +816,8 @@ mod tests {
         assert!(err.to_string().contains("`run`"), "{err}");
         let err = RunConfig::from_yaml("run: r\nseq_len: 100000\n").unwrap_err();
         assert!(err.to_string().contains("`seq_len`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\neval_every: 0\n").unwrap_err();
+        assert!(err.to_string().contains("`eval_every`"), "{err}");
         let err = RunConfig::from_yaml("run: r\nsingle_lane_samples: 150\n").unwrap_err();
         assert!(
             err.to_string()

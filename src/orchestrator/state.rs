@@ -319,6 +319,24 @@ impl AppState {
         }
     }
 
+    /// Whether training epoch `epoch` has its starting weights evaluated: every
+    /// `eval_every`-th epoch does, and so does the run's final one, the epoch after the last
+    /// merge of a run whose sample budget is spent (`next` is the run's next sample id) and
+    /// which trains no sample.
+    ///
+    /// # Errors
+    /// A state-store error.
+    pub fn evaluates(&self, epoch: u64, next: u64) -> Result<bool, RepoError> {
+        if epoch.is_multiple_of(self.config.eval_every.max(1)) {
+            return Ok(true);
+        }
+        if self.config.max_samples.is_none_or(|b| next < b) {
+            return Ok(false);
+        }
+        let (done, active) = self.repo.epoch_progress(epoch)?;
+        Ok(done == 0 && active == 0)
+    }
+
     /// Evaluation samples per epoch: `eval_samples` held-out windows in samples of
     /// `batch_size` windows (at least one when evaluation is on), no more than the held-out
     /// split holds. The same windows `iota train` evaluates on when `eval_samples` is a

@@ -1,16 +1,18 @@
 //! `iota bench learning`: does the network learn as well as one process? Runs `iota train`
 //! and a local network (`iota local`, real processes) on the same model, data and token
-//! budget, then prints held-out loss at equal tokens at every merge, the final gap in % and in
+//! budget, then prints held-out loss at equal tokens at every evaluation (by default every
+//! merge; `--eval-every`), the final gap in % and in
 //! excess loss above the synthetic corpus's entropy floor, and the throughput of each.
 //!
 //! How each number is taken:
-//! - `iota train`: a child process with `--eval-every` set to the merge interval, so it
-//!   evaluates at the same token counts as the network's merges (the mean loss on the first
+//! - `iota train`: a child process with `--eval-every` set to the evaluation interval (a
+//!   multiple of the merge interval), so it evaluates at the same token counts as the
+//!   network's evaluated merges (the mean loss on the first
 //!   32 held-out windows, as always).
 //! - with M > 1 miners per section, also `iota train` as perfect M-way data parallelism would
 //!   train (batch M times larger, M times fewer steps, the same tokens): the bound that
 //!   averaging the miners of a section approaches at best, printed as its own column.
-//! - network: `iota local` with the same budget as `max_samples`. At the start of every epoch
+//! - network: `iota local` with the same budget as `max_samples`. At the start of every evaluated epoch
 //!   the network evaluates the weights the epoch starts with (the merged model) on the same
 //!   held-out windows, through the network itself; the run ends with a merge of its last
 //!   epoch and that model's evaluation. An evaluation after `n` completed training samples
@@ -68,10 +70,14 @@ pub struct BenchLearningArgs {
     /// held-out windows do not depend on it), so a gap can be measured over several seeds.
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
-    /// Samples per training epoch of the network, i.e. between merges (and between
-    /// evaluations of both runs).
+    /// Samples per training epoch of the network, i.e. between merges.
     #[arg(long, value_name = "N", default_value_t = 100)]
     pub merge_every: u64,
+    /// Samples between evaluations of both runs (default: `--merge-every`; a multiple of it).
+    /// The network then evaluates every `N / merge-every`-th epoch (run config `eval_every`)
+    /// and its final model, so frequent merges need not pay for an evaluation each.
+    #[arg(long, value_name = "N")]
+    pub eval_every: Option<u64>,
     /// Compute threads per miner.
     #[arg(long, value_name = "T", default_value_t = 1)]
     pub threads: usize,
@@ -223,13 +229,21 @@ struct TrainKey {
     batch_size: usize,
     seq_len: usize,
     lr: f64,
-    merge_every: u64,
+    /// Steps between evaluations (named for the merge interval, which it was before
+    /// `--eval-every`, so saved runs are still recognised).
+    #[serde(rename = "merge_every")]
+    eval_every: u64,
     wire: String,
     #[serde(default)]
     seed: u64,
 }
 
 impl BenchLearningArgs {
+    /// Samples between evaluations of both runs.
+    fn eval_interval(&self) -> u64 {
+        self.eval_every.unwrap_or(self.merge_every)
+    }
+
     /// `iota train` with `ways` times the batch for `1 / ways` of the steps (1: the reference).
     fn train_key(&self, ways: u64) -> TrainKey {
         TrainKey {
@@ -238,7 +252,7 @@ impl BenchLearningArgs {
             batch_size: self.batch_size * ways as usize,
             seq_len: self.seq_len,
             lr: self.lr,
-            merge_every: self.merge_every / ways,
+            eval_every: self.eval_interval() / ways,
             wire: self.wire.to_string(),
             seed: self.seed,
         }
@@ -254,6 +268,9 @@ impl BenchLearningArgs {
             self.merge_every,
             self.merge_op
         );
+        if let Some(every) = self.eval_every {
+            v.push_str(&format!(" --eval-every {every}"));
+        }
         if self.samples_per_step > 0 {
             v.push_str(&format!(" --samples-per-step {}", self.samples_per_step));
         }
@@ -326,6 +343,14 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
             args.merge_every
         );
     }
+    if !args.eval_interval().is_multiple_of(args.merge_every) || args.eval_interval() == 0 {
+        bail!(
+            "--eval-every {} must be a positive multiple of --merge-every {} (the network \
+             evaluates the model an epoch starts with)",
+            args.eval_interval(),
+            args.merge_every
+        );
+    }
     if let Some(outer) = &args.outer {
         parse_outer(outer)?;
     }
@@ -383,12 +408,14 @@ fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSumma
     let train = run_train(args, &dir.join("train"), 1)?;
     // Perfect data parallelism over the section's miners, where the budget divides evenly.
     let ways = args.miners_per_section as u64;
-    let data_parallel =
-        if ways > 1 && args.samples.is_multiple_of(ways) && args.merge_every.is_multiple_of(ways) {
-            Some(run_train(args, &dir.join("train-data-parallel"), ways)?)
-        } else {
-            None
-        };
+    let data_parallel = if ways > 1
+        && args.samples.is_multiple_of(ways)
+        && args.eval_interval().is_multiple_of(ways)
+    {
+        Some(run_train(args, &dir.join("train-data-parallel"), ways)?)
+    } else {
+        None
+    };
     let network = run_network(args, &dir.join("network"))?;
     // The last evaluation of each; the network's may have seen a few samples fewer (samples
     // dropped on the way), never more.
@@ -452,7 +479,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         .args(["--batch-size", &key.batch_size.to_string()])
         .args(["--seq-len", &args.seq_len.to_string()])
         .args(["--lr", &args.lr.to_string()])
-        .args(["--eval-every", &key.merge_every.to_string()])
+        .args(["--eval-every", &key.eval_every.to_string()])
         .args(["--wire", &args.wire.to_string()])
         .args(["--seed", &args.seed.to_string()])
         .arg("--out")
@@ -546,6 +573,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["lanes"] = json!(args.lanes);
     config["single_lane_samples"] = json!(args.single_lane * split);
     config["samples_per_step"] = json!(args.samples_per_step);
+    config["eval_every"] = json!(args.eval_interval() / args.merge_every);
     // The schedule runs over optimizer steps: `iota train`'s.
     config["schedule"]["total_steps"] = json!(args.samples);
     config["merge"]["wire"] = json!(args.merge_wire.to_string());

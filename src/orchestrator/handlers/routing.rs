@@ -72,7 +72,7 @@ async fn take_work(
     req: &Signed<WorkRequest>,
 ) -> Result<(WorkResponse, Option<Interest>), HttpError> {
     let limits = state.limits();
-    let (phase, epoch, _) = state.repo.run_state()?;
+    let (phase, epoch, next) = state.repo.run_state()?;
     if phase != Phase::Training {
         let answer = WorkResponse {
             assignments: Vec::new(),
@@ -82,7 +82,7 @@ async fn take_work(
         };
         return Ok((answer, None));
     }
-    start_evals(state, epoch).await?;
+    start_evals(state, epoch, next).await?;
     let taken = state
         .repo
         .take_work(&req.hotkey, req.body.max, limits, state.now_ms())?;
@@ -116,13 +116,14 @@ async fn take_work(
     Ok((answer, Some(interest)))
 }
 
-/// Starts the evaluation samples of `epoch` (the weights it started with) unless they were:
-/// stores their tokens and targets, then opens them for the head section. One request does
-/// it; the others meanwhile go on without waiting (the evaluations reach them at their next
-/// poll).
-async fn start_evals(state: &AppState, epoch: u64) -> Result<(), HttpError> {
+/// Starts the evaluation samples of `epoch` (the weights it started with) unless they were
+/// or the epoch is not one to evaluate ([`AppState::evaluates`]; `next` is the run's next
+/// sample id): stores their tokens and targets, then opens them for the head section. One
+/// request does it; the others meanwhile go on without waiting (the evaluations reach them at
+/// their next poll).
+async fn start_evals(state: &AppState, epoch: u64, next: u64) -> Result<(), HttpError> {
     let units = state.eval_units();
-    if units == 0 || state.repo.evals_started(epoch)? {
+    if units == 0 || !state.evaluates(epoch, next)? || state.repo.evals_started(epoch)? {
         return Ok(());
     }
     let Ok(_guard) = state.eval_lock.try_lock() else {

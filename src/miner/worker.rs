@@ -457,6 +457,13 @@ impl<B: AutodiffBackend> Worker<B> {
                 let t = Instant::now();
                 self.merge_round(stop).await;
                 self.util.add(Activity::Merge, t.elapsed());
+                if work.assignments.is_empty() {
+                    // The merge round returns when the orchestrator says to train: ask for
+                    // work at once (the poll is held until there is some), not after a pause.
+                    self.util.add(Activity::Idle, polled);
+                    idle_wait = IDLE_WAIT_MIN;
+                    continue;
+                }
             }
             if work.assignments.is_empty() || work.phase != Phase::Training {
                 self.show();

@@ -17,7 +17,7 @@ use url::Url;
 use super::{MergeBase, MinerError, Worker};
 use crate::api::{
     BlobRef, CheckpointDelta, MergeSubmitRequest, MergeTask, MergeTaskRequest, PartitionTask,
-    SectionCheckpoint, UploadManifest,
+    Phase, SectionCheckpoint, UploadManifest,
 };
 use crate::codec::{MergeWire, Span};
 use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes, f32_to_le_bytes};
@@ -55,11 +55,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 MergeTask::Train => {
                     // No newer merged state for this section: the weights held are current,
                     // and the new epoch starts from them.
-                    if resp.epoch > self.held_epoch {
-                        self.engine.begin_epoch();
-                    }
-                    self.held_epoch = self.held_epoch.max(resp.epoch);
-                    self.set_weights_epoch();
+                    self.start_training(resp.epoch);
                     return;
                 }
                 MergeTask::Wait { reason, retry_ms } => {
@@ -94,7 +90,15 @@ impl<B: AutodiffBackend> Worker<B> {
                     let format = MergeFormat { wire, params_len };
                     self.merge_partitions(epoch, op, format, &partitions).await
                 }
-                MergeTask::Adopt { checkpoint } => self.adopt(&checkpoint).await,
+                MergeTask::Adopt { checkpoint } => {
+                    let adopted = self.adopt(&checkpoint).await;
+                    if adopted.is_ok() && resp.phase == Phase::Training {
+                        // The run trains again already: asking once more would only hear so.
+                        self.start_training(resp.epoch);
+                        return;
+                    }
+                    adopted
+                }
             };
             // A step was taken (or failed): the next one may be possible soon.
             pause = MIN_POLL;
@@ -353,6 +357,16 @@ impl<B: AutodiffBackend> Worker<B> {
                 None
             }
         }
+    }
+
+    /// Goes back to training in epoch `epoch` from the weights held (a new epoch forgets the
+    /// old one's cached inputs).
+    fn start_training(&mut self, epoch: u64) {
+        if epoch > self.held_epoch {
+            self.engine.begin_epoch();
+        }
+        self.held_epoch = self.held_epoch.max(epoch);
+        self.set_weights_epoch();
     }
 
     fn set_weights_epoch(&self) {

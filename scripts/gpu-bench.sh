@@ -9,14 +9,26 @@
 #   CUDARC_CUDA_VERSION=13000 cargo build --release --features cuda
 #   CUDARC_CUDA_VERSION=13000 cargo test --release --features cuda --test cuda_smoke --no-run
 #
-# Each step has its own time limit and its own log under $OUT, so one failure does not hide the
-# others. PyTorch (for the twin) is optional: its rows are skipped where `import torch` fails.
+# A first run of each model shape spends minutes compiling burn's kernels (NVRTC, one CPU
+# thread per process), so the script runs in two phases:
+#   1. cold: every job at once, each compiling its kernels on its own core into the shared
+#      on-disk kernel cache (`target/` here). Their timed batches may overlap with each other
+#      on the GPU, so phase 1's throughput numbers are not clean; its first-batch times are
+#      the cold-start cost.
+#   2. warm: the `small` benches again, one at a time with nothing else running: their
+#      first-batch time is a start with the kernel cache filled, their throughput the clean
+#      number. Then PyTorch's twin on the same card (skipped where `import torch` fails).
+# BIN, TEST and OUT must be absolute paths. Each job has its own time limit and log under $OUT; summary.txt has each log's tail and
+# every job's start and end (seconds since the script began).
 set -u
 BIN=${BIN:-target/release/iota}
 OUT=${OUT:-gpu-results}
 PEAK=${PEAK:-989}            # dense bf16 TFLOP/s of an H100 SXM (the H200's is the same)
-STEPS=${STEPS:-all}
-mkdir -p "$OUT"
+COLD=${COLD:-390}            # phase 1's time limit per job, in seconds
+DEADLINE=${DEADLINE:-560}    # no job runs past this many seconds after the start
+WORK=${WORK:-/tmp/iota-gpu-work}
+mkdir -p "$OUT" "$WORK"
+T0=$(date +%s)
 
 # The NVRTC library that compiles burn's kernels: from the CUDA toolkit or PyTorch's wheel.
 for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
@@ -24,50 +36,67 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
     [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
 export LD_LIBRARY_PATH
-# burn caches autotune results and compiled kernels under ./target (the first run of each
-# shape compiles its kernels with NVRTC: minutes, not counted in the timed batches).
 export HOME=${HOME:-/tmp}
 export CUBECL_AUTOTUNE_LEVEL=${CUBECL_AUTOTUNE_LEVEL:-minimal}
-echo "CUBECL_AUTOTUNE_LEVEL=$CUBECL_AUTOTUNE_LEVEL"
+
+{
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    echo "CUBECL_AUTOTUNE_LEVEL=$CUBECL_AUTOTUNE_LEVEL LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+} >"$OUT/summary.txt" 2>&1
 
 run() { # name, seconds, command...
     name=$1 limit=$2
     shift 2
-    case " $STEPS " in *" $name "* | " all ") ;; *) return ;; esac
-    echo "== $name: $*" | tee -a "$OUT/summary.txt"
-    start=$(date +%s)
+    start=$(($(date +%s) - T0))
+    [ $((DEADLINE - start)) -lt "$limit" ] && limit=$((DEADLINE - start))
+    [ "$limit" -le 0 ] && { echo "== $name: skipped (deadline)" >>"$OUT/summary.txt"; return; }
     timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
     rc=$?
-    tail -n 25 "$OUT/$name.log" >>"$OUT/summary.txt"
-    echo "== $name: exit $rc after $(($(date +%s) - start)) s" | tee -a "$OUT/summary.txt"
+    {
+        echo "== $name: $*"
+        tail -n 30 "$OUT/$name.log"
+        echo "== $name: exit $rc, from $start s to $(($(date +%s) - T0)) s"
+    } >>"$OUT/summary.txt"
+}
+# cubecl keeps its kernel cache in the `target/` beside the nearest Cargo.toml: each job gets a
+# folder of its own (a lone Cargo.toml marks it), since every insert into the cache file rereads
+# the whole file under a lock, which jobs sharing one file would wait on.
+in_dir() { # folder, command...
+    d="$WORK/$1"
+    shift
+    mkdir -p "$d" && touch "$d/Cargo.toml" && (cd "$d" && "$@")
+}
+model() { # name, seconds, preset, float, batch, seq, iters
+    run "$1" "$2" "$BIN" bench model --preset "$3" --device cuda --float "$4" \
+        --batch-size "$5" --seq-len "$6" --iters "$7" --peak-tflops "$PEAK"
 }
 
-{
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
-    ls /proc/driver/nvidia/version
-    echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
-    ls $(echo "$LD_LIBRARY_PATH" | tr ':' ' ') 2>/dev/null | grep -m3 nvrtc
-} >"$OUT/summary.txt" 2>&1
+# Phase 1: cold, all at once.
+in_dir f32 model small-f32-cold "$COLD" small f32 8 128 10 &
+in_dir bf16 model small-bf16-cold "$COLD" small bf16 8 128 10 &
+in_dir 1b model 1b-bf16-cold "$COLD" 1b bf16 4 1024 3 &
+[ -n "${TEST:-}" ] && in_dir smoke run smoke "$COLD" "$TEST" --test-threads 1 --nocapture &
+in_dir local run local "$COLD" "$BIN" local --device cuda --preset small --miners-per-section 1 \
+    --samples 80 --merge-every 40 --seq-len 128 --batch-size 8 --poll-ms 100 --dir /tmp/iota-local-gpu \
+    --summary-out "$OUT/local.json" &
+wait
+pkill -f "$BIN" 2>/dev/null # anything of `iota local` that outlived its time limit
+du -sh "$WORK"/*/target/* 2>/dev/null >>"$OUT/summary.txt"
 
-if python3 -c 'import torch' 2>/dev/null; then
-    for f in f32 bf16; do
-        run "torch-small-$f" 120 python3 benches/torch_twin.py --preset small --device cuda \
-            --dtype "$f" --batch-size 8 --seq-len 128 --steps 20
-        run "torch-small-big-$f" 120 python3 benches/torch_twin.py --preset small --device cuda \
-            --dtype "$f" --batch-size 64 --seq-len 512 --steps 10
-    done
-    run torch-1b-bf16 180 python3 benches/torch_twin.py --preset 1b --device cuda --dtype bf16 \
-        --batch-size 4 --seq-len 1024 --steps 5
-fi
-for f in f32 bf16; do
-    run "small-$f" 200 "$BIN" bench model --preset small --device cuda --float "$f" \
-        --batch-size 8 --seq-len 128 --iters 10 --peak-tflops "$PEAK"
-    run "small-big-$f" 240 "$BIN" bench model --preset small --device cuda --float "$f" \
-        --batch-size 64 --seq-len 512 --iters 10 --peak-tflops "$PEAK"
-done
-[ -n "${TEST:-}" ] && run smoke 200 "$TEST" --test-threads 1 --nocapture
-run local 240 "$BIN" local --device cuda --preset small --samples 200 --seq-len 128 \
-    --batch-size 8 --poll-ms 100 --dir /tmp/iota-local-gpu --summary-out "$OUT/local.json"
-run 1b-bf16 400 "$BIN" bench model --preset 1b --device cuda --float bf16 \
-    --batch-size 4 --seq-len 1024 --iters 3 --peak-tflops "$PEAK"
+# Phase 2: warm cache, one at a time (most wanted first: the deadline may cut the last ones).
+twin() { # dtype
+    python3 -c 'import torch' 2>/dev/null && run "torch-small-$1" 30 python3 \
+        benches/torch_twin.py --preset small --device cuda --dtype "$1" --batch-size 8 \
+        --seq-len 128 --steps 20
+}
+in_dir f32 model small-f32-warm 60 small f32 8 128 10
+twin f32
+in_dir bf16 model small-bf16-warm 60 small bf16 8 128 10
+twin bf16
+# Per-kernel GPU time of two batches (cubecl's profiler times each kernel, so this run's totals
+# are not the clean ones above): where the optimizer step's time goes.
+CUBECL_DEBUG_LOG="$OUT/profile.log" CUBECL_DEBUG_OPTION=profile \
+    in_dir f32 model small-f32-profile 45 small f32 8 128 2
+xz -9 "$OUT/profile.log" 2>/dev/null
+nvidia-smi >>"$OUT/summary.txt" 2>&1
 exit 0

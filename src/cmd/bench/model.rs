@@ -47,6 +47,10 @@ pub struct BenchModelArgs {
 }
 
 struct Measured {
+    /// The untimed first batch of all three variants (where a GPU compiles its kernels).
+    warmup: Duration,
+    /// Building the pipeline (weights, optimizer state) on the device.
+    setup: Duration,
     whole: Duration,
     chain: Duration,
     step: Duration,
@@ -66,11 +70,15 @@ impl BackendTask for Task {
 
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
         let data = Dataset::load(&DataSpec::default(), &Tokenizer::byte(), self.seq, 0)?;
-        let mut pipeline =
-            Pipeline::<B>::new(&self.cfg, 0, OptimizerConfig::default(), self.wire, &device)?;
         // A GPU backend queues work and returns: every timed region ends by waiting for it.
         let sync = || B::sync(&device).map_err(|e| anyhow::anyhow!("device sync: {e:?}"));
+        let started = Instant::now();
+        let mut pipeline =
+            Pipeline::<B>::new(&self.cfg, 0, OptimizerConfig::default(), self.wire, &device)?;
+        sync()?;
+        let setup = started.elapsed();
         let (mut whole, mut chain, mut step) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut warmup = Duration::ZERO;
         let mut wire_bytes = 0;
         for it in 0..=self.iters {
             let windows: Vec<&[u32]> = (0..self.batch)
@@ -105,9 +113,13 @@ impl BackendTask for Task {
                 whole += t_whole;
                 chain += t_chain;
                 step += t_step;
+            } else {
+                warmup = t_whole + t_chain + t_step;
             }
         }
         Ok(Measured {
+            warmup,
+            setup,
             whole,
             chain,
             step,
@@ -163,6 +175,11 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         .context("running the benchmark")?;
     let tokens = (args.batch_size * seq * iters) as f64;
     let tps = |d: Duration| tokens / d.as_secs_f64().max(1e-9);
+    println!(
+        "\nsetup (weights, optimizer state) {:.2} s; untimed first batch of each variant {:.2} s (on a GPU: kernel compilation, or the kernel cache's load)",
+        m.setup.as_secs_f64(),
+        m.warmup.as_secs_f64()
+    );
     println!("\nforward+backward          tokens/s   ms/batch");
     println!(
         "whole graph (one process)  {:>9.0}  {:>8.1}",

@@ -123,6 +123,20 @@ pub struct StepRecord {
     pub outcome: StepOutcome,
 }
 
+/// What [`Engine::warmed`] ran before the engine took real work.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmUp {
+    /// The throwaway optimizer step (undone afterwards).
+    pub step: Option<StepOutcome>,
+    /// Wall time of the whole warm-up.
+    pub took: std::time::Duration,
+}
+
+/// Small, varied, finite values for throwaway inputs and gradients.
+fn throwaway_values(n: usize) -> Vec<f32> {
+    (0..n).map(|i| ((i % 13) as f32 - 6.0) * 1e-2).collect()
+}
+
 /// Result of a forward of a non-tail section.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Forwarded {
@@ -211,6 +225,61 @@ impl<B: AutodiffBackend> Engine<B> {
             step_samples: Vec::new(),
             open_step: None,
         }
+    }
+
+    /// An engine around `section` that has first run each kind of its work once on throwaway
+    /// input of `batch` windows of `seq` tokens (a forward, an evaluation, a backward and an
+    /// optimizer step) and then put the section back as it was. A GPU backend compiles its
+    /// kernels the first time it meets them (minutes on a first start, about a second from its
+    /// kernel cache), so a miner that does this before asking for work does not spend that
+    /// time inside its first assignments' deadlines.
+    ///
+    /// # Errors
+    /// The section cannot run that shape (the first real work would fail the same way).
+    pub fn warmed(
+        section: Section<B>,
+        settings: EngineSettings,
+        [batch, seq]: [usize; 2],
+    ) -> Result<(Self, WarmUp), EngineError> {
+        let started = std::time::Instant::now();
+        let saved = section.save_state();
+        let mut engine = Self::new(section, settings);
+        let sample = 0;
+        let input = match engine.section.input_width() {
+            None => CachedInput::Tokens {
+                ids: vec![0; batch * seq],
+                shape: [batch, seq],
+            },
+            Some(width) => CachedInput::Hidden {
+                data: throwaway_values(batch * seq * width),
+                shape: [batch, seq, width],
+            },
+        };
+        let trained = if engine.section.spec().is_tail {
+            let targets = vec![0; batch * seq];
+            engine.eval_tail(&input, &targets, [batch, seq])?;
+            engine
+                .train_tail(sample, input, &targets, [batch, seq])?
+                .step
+        } else {
+            engine.eval_forward(&input)?;
+            let out = engine.forward(sample, input)?.output;
+            let upstream = Activations {
+                data: throwaway_values(out.data.len()),
+                shape: out.shape,
+            };
+            engine.backward(sample, upstream)?.step
+        };
+        let step = trained.or_else(|| engine.flush()).map(|r| r.outcome);
+        let mut section = engine.section;
+        section.restore_state(saved);
+        Ok((
+            Self::new(section, settings),
+            WarmUp {
+                step,
+                took: started.elapsed(),
+            },
+        ))
     }
 
     /// The section (weights, optimizer, counters).
@@ -617,6 +686,53 @@ mod tests {
             .unwrap();
         assert!(engines[0].backward(s, wire(g)).unwrap().grad.is_none());
         tail.loss
+    }
+
+    #[test]
+    fn a_warm_up_runs_each_kind_of_work_and_leaves_no_trace() {
+        let mut plain: Vec<E> = (0..3).map(|i| engine(i, true, 1)).collect();
+        let mut warmed: Vec<E> = (0..3)
+            .map(|i| {
+                let section = Section::new(
+                    &cfg(),
+                    i,
+                    3,
+                    OptimizerConfig::default(),
+                    &Default::default(),
+                )
+                .unwrap();
+                let (e, w) = Engine::warmed(section, *plain[i].settings(), [2, 8]).unwrap();
+                // The throwaway work reached the optimizer (so its kernels ran too) ...
+                assert!(
+                    matches!(w.step, Some(StepOutcome::Applied { .. })),
+                    "section {i}: {w:?}"
+                );
+                // ... and was undone.
+                assert_eq!(
+                    e.section().stats(),
+                    plain[i].section().stats(),
+                    "section {i}"
+                );
+                assert_eq!((e.version(), e.kept()), (0, 0), "section {i}");
+                e
+            })
+            .collect();
+        for s in 0..3 {
+            let (a, b) = (through(&mut plain, s), through(&mut warmed, s));
+            assert_eq!(a.to_bits(), b.to_bits(), "sample {s}: loss {a} against {b}");
+        }
+        // Same weights and optimizer moments after three steps each.
+        for i in 0..3 {
+            let layout = crate::model::layout::section_layout(&cfg(), i).unwrap();
+            let (a, b) = (
+                plain[i].section().export_flat(&layout).unwrap(),
+                warmed[i].section().export_flat(&layout).unwrap(),
+            );
+            assert!(
+                a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len(),
+                "section {i}: state differs after a warm-up"
+            );
+        }
     }
 
     #[test]

@@ -310,7 +310,20 @@ async fn mine<B: AutodiffBackend>(
             .unwrap_or_default(),
     };
     drop(initial);
-    let engine = Engine::new(section, engine_settings);
+    // Before the first request for work: a GPU compiles its kernels here, not inside the
+    // deadlines of the first assignments (silent meanwhile, so routing passes this miner by
+    // once its registration's TTL is out).
+    eprintln!(
+        "iota mine: warming up section {} (the first start on a GPU compiles its kernels: minutes; later starts load them from the kernel cache)",
+        reg.section
+    );
+    let (engine, warm) = Engine::warmed(
+        section,
+        engine_settings,
+        [settings.batch_size, settings.seq_len],
+    )?;
+    eprintln!("iota mine: warmed up in {:.1} s", warm.took.as_secs_f64());
+    tracing::info!(took_ms = warm.took.as_millis() as u64, step = ?warm.step, "warm-up done");
     let copier = match (options.adversary, &options.copy_from) {
         (Some(Adversary::Copier), Some(dir)) => Some(
             Copier::open(dir, &reg.run, options.hotkey.address().as_str())

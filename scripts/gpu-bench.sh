@@ -11,15 +11,16 @@
 #
 # A first run of each model shape spends minutes compiling burn's kernels (NVRTC, one CPU
 # thread per process), so the script runs in two phases:
-#   1. cold: every job at once, each compiling its kernels on its own core into the shared
-#      on-disk kernel cache (`target/` here). Their timed batches may overlap with each other
+#   1. cold: every job at once, each compiling its kernels on its own core into an on-disk
+#      kernel cache of its own (see `in_dir`). Their timed batches may overlap with each other
 #      on the GPU, so phase 1's throughput numbers are not clean; its first-batch times are
 #      the cold-start cost.
 #   2. warm: the `small` benches again, one at a time with nothing else running: their
 #      first-batch time is a start with the kernel cache filled, their throughput the clean
 #      number. Then PyTorch's twin on the same card (skipped where `import torch` fails).
-# BIN, TEST and OUT must be absolute paths. Each job has its own time limit and log under $OUT; summary.txt has each log's tail and
-# every job's start and end (seconds since the script began).
+# BIN, TEST and OUT must be absolute paths. Each job has its own time limit and log under
+# $OUT; summary.txt has each log's tail and every job's start and end (seconds since the
+# script began).
 set -u
 BIN=${BIN:-target/release/iota}
 OUT=${OUT:-gpu-results}

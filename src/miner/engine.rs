@@ -227,9 +227,9 @@ impl<B: AutodiffBackend> Engine<B> {
         }
     }
 
-    /// An engine around `section` that has first run each kind of its work once on throwaway
-    /// input of `batch` windows of `seq` tokens (a forward, an evaluation, a backward and an
-    /// optimizer step) and then put the section back as it was. A GPU backend compiles its
+    /// An engine around `section` that has first run each kind of its work once, on a clone of
+    /// the section and throwaway input of `batch` windows of `seq` tokens (a forward, an
+    /// evaluation, a backward and an optimizer step), leaving `section` itself as it was. A GPU backend compiles its
     /// kernels the first time it meets them (minutes on a first start, about a second from its
     /// kernel cache), so a miner that does this before asking for work does not spend that
     /// time inside its first assignments' deadlines.
@@ -242,8 +242,7 @@ impl<B: AutodiffBackend> Engine<B> {
         [batch, seq]: [usize; 2],
     ) -> Result<(Self, WarmUp), EngineError> {
         let started = std::time::Instant::now();
-        let saved = section.save_state();
-        let mut engine = Self::new(section, settings);
+        let mut engine = Self::new(section.clone(), settings);
         let sample = 0;
         let input = match engine.section.input_width() {
             None => CachedInput::Tokens {
@@ -271,8 +270,6 @@ impl<B: AutodiffBackend> Engine<B> {
             engine.backward(sample, upstream)?.step
         };
         let step = trained.or_else(|| engine.flush()).map(|r| r.outcome);
-        let mut section = engine.section;
-        section.restore_state(saved);
         Ok((
             Self::new(section, settings),
             WarmUp {

@@ -85,7 +85,9 @@ pub struct OptimizerState {
     pub tensors: Vec<NamedTensor>,
 }
 
-/// One pipeline section with its optimizer, on backend `B` (an autodiff backend).
+/// One pipeline section with its optimizer, on backend `B` (an autodiff backend). A clone
+/// shares the tensors (handles, not copies) and trains on independently of the original.
+#[derive(Clone)]
 pub struct Section<B: AutodiffBackend> {
     config: ModelConfig,
     spec: SectionSpec,
@@ -110,19 +112,6 @@ impl<B: AutodiffBackend> std::fmt::Debug for Section<B> {
             .field("stats", &self.stats)
             .finish()
     }
-}
-
-/// Everything a training step can change in a [`Section`], kept by [`Section::save_state`] to
-/// be put back by [`Section::restore_state`]. Tensors are shared handles, so keeping one costs
-/// no copy of the weights.
-pub struct SavedState<B: AutodiffBackend> {
-    model: SectionModel<B>,
-    forward_model: Option<SectionModel<Inner<B>>>,
-    optimizer: AdamW<Inner<B>>,
-    grads: BTreeMap<String, Tensor<Inner<B>, 1>>,
-    pending: u64,
-    poisoned: Option<String>,
-    stats: SectionStats,
 }
 
 impl<B: AutodiffBackend> Section<B> {
@@ -189,30 +178,6 @@ impl<B: AutodiffBackend> Section<B> {
     /// Backward passes accumulated since the last step.
     pub fn pending_backwards(&self) -> u64 {
         self.pending
-    }
-
-    /// Keeps the weights, optimizer state, accumulated gradients and counters as they are now.
-    pub fn save_state(&self) -> SavedState<B> {
-        SavedState {
-            model: self.model.clone(),
-            forward_model: self.forward_model.clone(),
-            optimizer: self.optimizer.clone(),
-            grads: self.grads.clone(),
-            pending: self.pending,
-            poisoned: self.poisoned.clone(),
-            stats: self.stats.clone(),
-        }
-    }
-
-    /// Puts back what [`Self::save_state`] kept, undoing every forward, backward and step since.
-    pub fn restore_state(&mut self, saved: SavedState<B>) {
-        self.model = saved.model;
-        self.forward_model = saved.forward_model;
-        self.optimizer = saved.optimizer;
-        self.grads = saved.grads;
-        self.pending = saved.pending;
-        self.poisoned = saved.poisoned;
-        self.stats = saved.stats;
     }
 
     /// Width of the activations this section receives (None for the head, which takes tokens).

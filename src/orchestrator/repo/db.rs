@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, Params, Row, Transaction};
 
 use super::policy::Standing;
@@ -103,6 +104,12 @@ impl Repository {
         conn.execute_batch(COUNTER_SCHEMA)?;
         conn.execute_batch(COUNTER_BACKFILL)?;
         conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+        // Without the query planner's stability guarantee, SQLite marks a cached statement
+        // whose `LIMIT ?` is a bound parameter as expired whenever that parameter is bound
+        // again, and parses and plans it anew on every run (`sqlite3Reprepare`: 6% of the
+        // orchestrator's CPU under `iota bench orchestrator`, all in `take_work`). The plans
+        // do not depend on bound values here (no `ANALYZE` statistics, no `LIKE ?`).
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)?;
         Ok(Self {
             conn: Mutex::new(conn),
             standing: Standing::default(),
@@ -140,7 +147,7 @@ impl Repository {
         })
     }
 
-    /// Runs `f` on the connection (reads).
+    /// Runs `f` on the connection (reads), off the async workers.
     pub(super) fn read<T>(
         &self,
         f: impl FnOnce(&Connection) -> Result<T, RepoError>,
@@ -148,19 +155,55 @@ impl Repository {
         off_async_workers(|| f(&self.lock()))
     }
 
-    /// Runs `f` in one transaction, committed when it returns `Ok`.
+    /// Runs `f` in one transaction, committed when it returns `Ok`, off the async workers.
     pub(super) fn write<T>(
         &self,
         f: impl FnOnce(&Transaction<'_>) -> Result<T, RepoError>,
     ) -> Result<T, RepoError> {
-        off_async_workers(|| {
-            let mut conn = self.lock();
-            let tx = conn.transaction()?;
-            let out = f(&tx)?;
-            tx.commit()?;
-            Ok(out)
-        })
+        off_async_workers(|| transact(&mut self.lock(), f))
     }
+
+    /// [`Self::read`] for the short, indexed queries every miner request makes (a handful of
+    /// index lookups): run where the caller is when the connection is free, and only a wait
+    /// for a busy connection moves off the async workers. Each move (`block_in_place`) hands
+    /// the worker's tasks to another thread, and at 150 simulated miners those hand-offs and
+    /// the blocking pool's wakeups were about a quarter of the orchestrator's CPU (`perf`,
+    /// `iota bench orchestrator`).
+    pub(super) fn read_hot<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, RepoError>,
+    ) -> Result<T, RepoError> {
+        f(&self.lock_hot())
+    }
+
+    /// [`Self::write`] for the short transactions of every miner request; see
+    /// [`Self::read_hot`].
+    pub(super) fn write_hot<T>(
+        &self,
+        f: impl FnOnce(&Transaction<'_>) -> Result<T, RepoError>,
+    ) -> Result<T, RepoError> {
+        transact(&mut self.lock_hot(), f)
+    }
+
+    /// The connection: at once when it is free, else waited for off the async workers.
+    fn lock_hot(&self) -> MutexGuard<'_, Connection> {
+        match self.conn.try_lock() {
+            Ok(guard) => guard,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => off_async_workers(|| self.lock()),
+        }
+    }
+}
+
+/// Runs `f` in one transaction on `conn`, committed when it returns `Ok`.
+fn transact<T>(
+    conn: &mut Connection,
+    f: impl FnOnce(&Transaction<'_>) -> Result<T, RepoError>,
+) -> Result<T, RepoError> {
+    let tx = conn.transaction()?;
+    let out = f(&tx)?;
+    tx.commit()?;
+    Ok(out)
 }
 
 /// Runs blocking database work `f` (waiting for the connection, then the queries) so that

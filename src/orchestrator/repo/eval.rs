@@ -38,7 +38,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn evals_started(&self, epoch: u64) -> Result<bool, RepoError> {
-        self.read(|conn| evals_started_in(conn, epoch))
+        self.read_hot(|conn| evals_started_in(conn, epoch))
     }
 
     /// Starts the evaluation samples of `epoch` (once: nothing happens when some exist): a

@@ -62,7 +62,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn run_state(&self) -> Result<(Phase, u64, u64), RepoError> {
-        let (info, next) = self.read(run_row_in)?;
+        let (info, next) = self.read_hot(run_row_in)?;
         Ok((info.phase, info.epoch, next))
     }
 
@@ -71,7 +71,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`] or [`RepoError::Corrupt`].
     pub fn phase_info(&self) -> Result<PhaseInfo, RepoError> {
-        Ok(self.read(run_row_in)?.0)
+        Ok(self.read_hot(run_row_in)?.0)
     }
 
     /// Training samples of `epoch` completed, and training samples still active (any epoch).
@@ -79,7 +79,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn epoch_progress(&self, epoch: u64) -> Result<(u64, u64), RepoError> {
-        self.read(|conn| epoch_progress_in(conn, epoch))
+        self.read_hot(|conn| epoch_progress_in(conn, epoch))
     }
 
     /// Synchronous optimizer steps (of `samples_per_step` sample ids each) that completed

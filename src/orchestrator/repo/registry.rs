@@ -104,7 +104,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::Sqlite`].
     pub fn miner(&self, hotkey: &str) -> Result<Option<MinerRow>, RepoError> {
-        self.read(|conn| {
+        self.read_hot(|conn| {
             Ok(conn
                 .query_row_cached(
                     &format!("SELECT {MINER_COLUMNS} FROM miners WHERE hotkey = ?1"),
@@ -128,7 +128,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::NotRegistered`].
     pub fn touch(&self, hotkey: &str, now_ms: u64) -> Result<(), RepoError> {
-        self.write(|tx| {
+        self.write_hot(|tx| {
             let n = tx.execute_cached(
                 "UPDATE miners SET last_seen = ?2 WHERE hotkey = ?1",
                 params![hotkey, to_i64(now_ms)],
@@ -152,7 +152,7 @@ impl Repository {
         epoch: u64,
         hash: Option<&str>,
     ) -> Result<(), RepoError> {
-        self.write(|tx| {
+        self.write_hot(|tx| {
             tx.execute_cached(
                 "UPDATE miners SET weights_epoch = ?2, weights_hash = ?3 WHERE hotkey = ?1",
                 params![hotkey, to_i64(epoch), hash],

@@ -21,7 +21,7 @@ impl Repository {
         expires_ms: u64,
         now_ms: u64,
     ) -> Result<bool, RepoError> {
-        self.write(|tx| {
+        self.write_hot(|tx| {
             tx.execute_cached(FORGET_EXPIRED, [to_i64(now_ms)])?;
             let n = tx.execute_cached(
                 "INSERT OR IGNORE INTO seen_signatures (id, expires_at) VALUES (?1, ?2)",

@@ -13,6 +13,10 @@ use crate::orchestrator::repo_types::*;
 /// Attempts at one piece of work before its sample is dropped.
 pub const MAX_ATTEMPTS: u32 = 5;
 
+/// The backwards waiting for a miner, oldest first, at most `?2` of them.
+pub(super) const BACKWARDS_WAITING: &str = "SELECT id FROM assignments WHERE miner = ?1 \
+     AND kind = 'backward' AND state = 'assigned' AND delivered = 0 ORDER BY id LIMIT ?2";
+
 impl Repository {
     /// Hands `hotkey` up to `max` assignments: its pending backwards first, then open forwards
     /// of its section within its in-flight allowance. For a head miner it also says how many
@@ -27,7 +31,7 @@ impl Repository {
         limits: RoutingLimits,
         now_ms: u64,
     ) -> Result<WorkTaken, RepoError> {
-        self.write(|tx| {
+        self.write_hot(|tx| {
             let miner = tx
                 .query_row_cached(
                     &format!("SELECT {MINER_COLUMNS} FROM miners WHERE hotkey = ?1"),
@@ -46,10 +50,7 @@ impl Repository {
             let mut out = Vec::new();
             // 1. Backwards waiting for this miner.
             let ids: Vec<i64> = {
-                let mut stmt = tx.prepare_cached(
-                    "SELECT id FROM assignments WHERE miner = ?1 AND kind = 'backward' \
-                     AND state = 'assigned' AND delivered = 0 ORDER BY id LIMIT ?2",
-                )?;
+                let mut stmt = tx.prepare_cached(BACKWARDS_WAITING)?;
                 let rows = stmt.query_map(params![hotkey, to_i64(max as u64)], |r| r.get(0))?;
                 rows.collect::<Result<_, _>>()?
             };
@@ -162,7 +163,7 @@ impl Repository {
         limits: RoutingLimits,
         now_ms: u64,
     ) -> Result<Option<AssignmentRow>, RepoError> {
-        self.write(|tx| {
+        self.write_hot(|tx| {
             let (phase, epoch, next): (String, i64, i64) = tx.query_row_cached(
                 "SELECT phase, epoch, next_sample FROM run_state WHERE id = 0",
                 [],
@@ -244,7 +245,7 @@ impl Repository {
     /// # Errors
     /// [`RepoError::UnknownAssignment`], [`RepoError::NotHolder`], [`RepoError::NotAssigned`].
     pub fn held(&self, id: u64, hotkey: &str, tail: usize) -> Result<AssignmentRow, RepoError> {
-        self.read(|conn| {
+        self.read_hot(|conn| {
             let row = get_assignment(conn, id, tail)?;
             check_held(&row, hotkey)?;
             Ok(row)
@@ -267,7 +268,7 @@ impl Repository {
         limits: RoutingLimits,
         now_ms: u64,
     ) -> Result<Routed, RepoError> {
-        self.write(|tx| {
+        self.write_hot(|tx| {
             let row = get_assignment(tx, id, limits.tail)?;
             check_held(&row, hotkey)?;
             let output_hash = result.output_hash.clone().unwrap_or_default();

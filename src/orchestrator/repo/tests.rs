@@ -896,6 +896,30 @@ fn hot_queries_use_indexes() {
     }
 }
 
+/// A cached statement whose `LIMIT` is a bound parameter runs as prepared: binding another
+/// limit does not make SQLite parse and plan it again (it did, on every `/api/work`, until
+/// the connection turned on the query planner's stability guarantee).
+#[test]
+fn a_bound_limit_does_not_replan_a_cached_statement() {
+    use rusqlite::StatementStatus;
+    let repo = network();
+    for (i, max) in [1, 4, 2, 3, 1, 4].into_iter().enumerate() {
+        repo.take_work("a0", max, LIMITS, T0 + 10 + i as u64)
+            .unwrap();
+    }
+    let (runs, replans) = repo
+        .read(|conn| {
+            let stmt = conn.prepare_cached(super::routing::BACKWARDS_WAITING)?;
+            Ok((
+                stmt.get_status(StatementStatus::VmStep),
+                stmt.get_status(StatementStatus::RePrepare),
+            ))
+        })
+        .unwrap();
+    assert!(runs > 0, "the statement never ran");
+    assert_eq!(replans, 0, "planned again {replans} times");
+}
+
 /// Race (issue 9): whether an epoch has room for one more sample is decided in the
 /// transaction that starts it, so no interleaving of requests can start more than its merge
 /// needs; nothing starts in an epoch other than the current one, or outside training.

@@ -621,6 +621,36 @@ fn signatures_are_remembered_until_expiry() {
     );
 }
 
+/// After a quiet spell, when every remembered id has expired, one request forgets at most
+/// [`super::replay::FORGET_AT_ONCE`] of them (it runs on an async worker), and the following
+/// requests forget the rest.
+#[test]
+fn expired_signatures_are_forgotten_a_bounded_batch_per_request() {
+    use super::replay::FORGET_AT_ONCE;
+    let repo = Repository::open_in_memory().unwrap();
+    let n = 3 * FORGET_AT_ONCE;
+    for i in 0..n {
+        assert!(
+            repo.record_signature(&format!("old{i}"), 1_000, 10)
+                .unwrap()
+        );
+    }
+    assert_eq!(repo.signature_count().unwrap(), n);
+    assert!(repo.record_signature("new0", 9_000, 2_000).unwrap());
+    assert_eq!(repo.signature_count().unwrap(), n - FORGET_AT_ONCE + 1);
+    for i in 1..=3 {
+        assert!(
+            repo.record_signature(&format!("new{i}"), 9_000, 2_000)
+                .unwrap()
+        );
+    }
+    assert_eq!(
+        repo.signature_count().unwrap(),
+        4,
+        "the expired ids are gone, the four new ones kept"
+    );
+}
+
 #[test]
 fn samples_start_in_order_within_the_budget() {
     let repo = network();

@@ -5,7 +5,7 @@ use rusqlite::params;
 use super::db::{Cached, Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::RepoError;
 
-/// Forgets at most [`FORGET_AT_ONCE`] signature ids that expired before `?1` (on every signed
+/// Forgets at most 256 signature ids that expired before `?1` (on every signed
 /// request: a range of the `seen_signatures_expiry` index, not a scan of the cache). Bounded,
 /// because it runs on an async worker with the other hot calls ([`Repository::read_hot`]):
 /// after a quiet spell every id recorded before it has expired at once, and one request
@@ -14,8 +14,9 @@ use crate::orchestrator::repo_types::RepoError;
 pub(super) const FORGET_EXPIRED: &str = "DELETE FROM seen_signatures WHERE id IN \
      (SELECT id FROM seen_signatures WHERE expires_at < ?1 LIMIT 256)";
 
-/// Most expired ids one request forgets (the `LIMIT` of [`FORGET_EXPIRED`]).
-pub const FORGET_AT_ONCE: u64 = 256;
+/// Most expired ids one request forgets (the `LIMIT` of [`FORGET_EXPIRED`]; tests).
+#[cfg(test)]
+pub(super) const FORGET_AT_ONCE: u64 = 256;
 
 impl Repository {
     /// Records a signature id until `expires_ms`; `false` when it was already recorded (a

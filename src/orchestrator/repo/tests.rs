@@ -626,7 +626,8 @@ fn signatures_are_remembered_until_expiry() {
 /// requests forget the rest.
 #[test]
 fn expired_signatures_are_forgotten_a_bounded_batch_per_request() {
-    use super::replay::FORGET_AT_ONCE;
+    use super::replay::{FORGET_AT_ONCE, FORGET_EXPIRED};
+    assert!(FORGET_EXPIRED.contains(&format!("LIMIT {FORGET_AT_ONCE})")));
     let repo = Repository::open_in_memory().unwrap();
     let n = 3 * FORGET_AT_ONCE;
     for i in 0..n {

@@ -229,10 +229,10 @@ impl<B: AutodiffBackend> Engine<B> {
 
     /// An engine around `section` that has first run each kind of its work once, on a clone of
     /// the section and throwaway input of `batch` windows of `seq` tokens (a forward, an
-    /// evaluation, a backward and an optimizer step), leaving `section` itself as it was. A GPU backend compiles its
-    /// kernels the first time it meets them (minutes on a first start, about a second from its
-    /// kernel cache), so a miner that does this before asking for work does not spend that
-    /// time inside its first assignments' deadlines.
+    /// evaluation, a backward and an optimizer step), leaving `section` itself as it was. A
+    /// GPU backend compiles its kernels the first time it meets them (minutes on a first
+    /// start, about a second from its kernel cache), so a miner that does this before asking
+    /// for work does not spend that time inside its first assignments' deadlines.
     ///
     /// # Errors
     /// The section cannot run that shape (the first real work would fail the same way).

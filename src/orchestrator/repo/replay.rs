@@ -5,12 +5,12 @@ use rusqlite::params;
 use super::db::{Cached, Repository, to_i64, to_u64};
 use crate::orchestrator::repo_types::RepoError;
 
-/// Forgets at most 256 signature ids that expired before `?1` (on every signed
-/// request: a range of the `seen_signatures_expiry` index, not a scan of the cache). Bounded,
-/// because it runs on an async worker with the other hot calls ([`Repository::read_hot`]):
-/// after a quiet spell every id recorded before it has expired at once, and one request
-/// would delete them all. Each request records one id and forgets up to 256, so the cache
-/// still only holds ids of the last two signature lifetimes.
+/// Forgets at most 256 signature ids that expired before `?1` (on every signed request: a
+/// range of the `seen_signatures_expiry` index, not a scan of the cache). Bounded, because it
+/// runs on an async worker with the other hot calls ([`Repository::write_hot`]): after a
+/// quiet spell every id recorded before it has expired at once, and one request would delete
+/// them all. Each request records one id and forgets up to 256, so a backlog of expired ids
+/// is gone within a few requests.
 pub(super) const FORGET_EXPIRED: &str = "DELETE FROM seen_signatures WHERE id IN \
      (SELECT id FROM seen_signatures WHERE expires_at < ?1 LIMIT 256)";
 

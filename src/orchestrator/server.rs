@@ -25,9 +25,8 @@ pub const BLOB_BODY_LIMIT: usize = 1 << 30;
 /// other tasks to a fresh thread, so requests queued on the one connection each held a thread
 /// (when every call did so): 209 to 370 threads at 150 simulated miners, and the process grew
 /// by about 14 MiB over 8,000 samples (`iota bench orchestrator`). Capped, the rest of the
-/// queue waits for a thread instead. Storage I/O
-/// shares this pool, which is why the cap is not lower: at 16 and 32 blob uploads slowed and
-/// samples/s fell by 9-24%.
+/// queue waits for a thread instead. Storage I/O shares this pool, which is why the cap is not
+/// lower: at 16 and 32 blob uploads slowed and samples/s fell by 9-24%.
 pub const BLOCKING_THREADS: usize = 64;
 /// How often the deadline task looks for missed deadlines and advances the merge cycle.
 pub const DEADLINE_TICK: Duration = Duration::from_millis(500);

@@ -562,11 +562,17 @@ fn hand_out(
 /// The miner of the section after `section` that should take `sample`'s forward from
 /// `hotkey` in lane routing. Live miners of a section (seen within `live_ms`, not backed off
 /// or excluded) are ranked by registration; the lane of rank `r` holds the next section's
-/// ranks `r`, `r + n`, `r + 2n`, ... (`n` this section's live miners), or rank `r mod m` when
-/// the next section has fewer (`m`) live miners. A lane with several miners downstream
+/// ranks `r`, `r + n`, `r + 2n`, ... (`n` this section's feeding miners), or rank `r mod m`
+/// when the next section has fewer (`m`) live miners. A lane with several miners downstream
 /// spreads its samples over them by sample id, so a section with more live miners than the
 /// one before it keeps every miner busy (and paid) instead of feeding only the first `n`.
-/// `None` when `hotkey` does not count as live itself or the next section has nobody live.
+///
+/// Upstream, only *feeding* miners hold a lane: live ones that have delivered a forward and
+/// have no failure outstanding (no strikes since their last accepted result). A miner that
+/// takes work and never finishes it (dead, or a free-rider) would otherwise keep a lane whose
+/// downstream miners get no work at all, through no fault of theirs, until it is backed off;
+/// downstream every live miner counts, since a new one must get work to prove itself.
+/// `None` when `hotkey` does not feed itself or the next section has nobody live.
 fn lane_partner(
     tx: &Connection,
     (hotkey, sample): (&str, u64),
@@ -574,7 +580,7 @@ fn lane_partner(
     limits: RoutingLimits,
     now_ms: u64,
 ) -> Result<Option<String>, RepoError> {
-    let ranked = ranked_live(tx, section, limits, now_ms)?;
+    let ranked = ranked_feeding(tx, section, limits, now_ms)?;
     let Some(rank) = ranked.iter().position(|h| h == hotkey) else {
         return Ok(None);
     };
@@ -605,8 +611,36 @@ fn ranked_live(
     limits: RoutingLimits,
     now_ms: u64,
 ) -> Result<Vec<String>, RepoError> {
+    ranked(tx, "", section, limits, now_ms)
+}
+
+/// The feeding miners of `section` in lane order: live ([`ranked_live`]), with at least one
+/// forward delivered and no strikes outstanding (see [`lane_partner`]).
+fn ranked_feeding(
+    tx: &Connection,
+    section: usize,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<Vec<String>, RepoError> {
+    ranked(
+        tx,
+        "AND forwards > 0 AND strikes = 0",
+        section,
+        limits,
+        now_ms,
+    )
+}
+
+/// The live miners of `section` that also meet the SQL condition `also`, in lane order.
+fn ranked(
+    tx: &Connection,
+    also: &str,
+    section: usize,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<Vec<String>, RepoError> {
     let mut stmt = tx.prepare_cached(&format!(
-        "SELECT hotkey FROM miners WHERE {TAKES_WORK} AND section = ?3 \
+        "SELECT hotkey FROM miners WHERE {TAKES_WORK} AND section = ?3 {also} \
          ORDER BY registered_at, hotkey"
     ))?;
     let rows = stmt.query_map(

@@ -217,28 +217,76 @@ fn a_lane_spreads_its_forwards_over_a_next_section_with_more_live_miners() {
     for hk in ["a0", "b0", "b1", "c0"] {
         repo.touch(hk, now).unwrap();
     }
-    let mut partners = Vec::new();
-    for u in 0..4 {
-        let f = repo
-            .start_sample(&sample(u), "a0", SampleRoom::default(), lanes, now)
-            .unwrap()
-            .unwrap()
-            .id;
-        match repo
-            .accept(f, "a0", &ok(&format!("x{u}")), lanes, now)
-            .unwrap()
-        {
-            Routed::Opened {
-                section: 1,
-                prefer: Some(p),
-            } => partners.push(p),
-            other => panic!("sample {u}: {other:?}"),
-        }
-    }
+    let partners: Vec<_> = (0..4)
+        .map(|u| head_forward_to(&repo, "a0", u, lanes, now))
+        .collect();
     // Both middle miners get a0's lane, alternately, instead of b0 alone.
     assert_eq!(partners, ["b0", "b1", "b0", "b1"]);
     assert_eq!(take_inputs(&repo, "b1", lanes, now), ["x1", "x3"]);
     assert_eq!(take_inputs(&repo, "b0", lanes, now), ["x0", "x2"]);
+}
+
+#[test]
+fn a_lane_skips_a_head_miner_that_takes_work_and_delivers_none() {
+    let repo = network();
+    let lanes = RoutingLimits {
+        lanes: true,
+        ..LIMITS
+    };
+    let a0_forward = |u: u64, now: u64| head_forward_to(&repo, "a0", u, lanes, now);
+    // a1 is live and holds a forward but has delivered none: it holds no lane, so a0's
+    // forwards spread over both middle miners (before, every one waited for b0 and b1 got
+    // nothing while a1 held its work).
+    let held = repo
+        .start_sample(&sample(0), "a1", SampleRoom::default(), lanes, T0 + 10)
+        .unwrap()
+        .unwrap()
+        .id;
+    let partners: Vec<_> = (1..5).map(|u| a0_forward(u, T0 + 20)).collect();
+    assert_eq!(partners, ["b1", "b0", "b1", "b0"]);
+    // a1 delivers: one lane each.
+    repo.accept(held, "a1", &ok("x0"), lanes, T0 + 30).unwrap();
+    let partners: Vec<_> = (5..7).map(|u| a0_forward(u, T0 + 40)).collect();
+    assert_eq!(partners, ["b0", "b0"]);
+    // a1 takes a forward and misses its deadline: once its back-off is over it is live again
+    // but holds no lane until a result of it is accepted.
+    let f = repo
+        .start_sample(&sample(7), "a1", SampleRoom::default(), lanes, T0 + 50)
+        .unwrap()
+        .unwrap()
+        .id;
+    let late = T0 + 50 + lanes.forward_ms + 1;
+    repo.expire(lanes, late).unwrap();
+    let later = late + Standing::default().backoff_ms + 1;
+    for hk in ["a0", "a1", "b0", "b1", "c0"] {
+        repo.touch(hk, later).unwrap();
+    }
+    assert!(
+        repo.held(f, "a1", lanes.tail).is_err(),
+        "the forward went back"
+    );
+    let partners: Vec<_> = (8..10).map(|u| a0_forward(u, later)).collect();
+    assert_eq!(partners, ["b0", "b1"]);
+}
+
+/// Starts sample `u` at head miner `hk`, accepts its forward (output `x{u}`) at `now` and
+/// returns the middle miner it is offered to.
+fn head_forward_to(repo: &Repository, hk: &str, u: u64, limits: RoutingLimits, now: u64) -> String {
+    let f = repo
+        .start_sample(&sample(u), hk, SampleRoom::default(), limits, now)
+        .unwrap()
+        .unwrap()
+        .id;
+    match repo
+        .accept(f, hk, &ok(&format!("x{u}")), limits, now)
+        .unwrap()
+    {
+        Routed::Opened {
+            section: 1,
+            prefer: Some(p),
+        } => p,
+        other => panic!("sample {u}: {other:?}"),
+    }
 }
 
 /// The input hashes of what `hk` is handed at `now` (up to 4 assignments).

@@ -1,8 +1,9 @@
 //! The section chain (forward without a graph, backward by recomputation, boundary tensors
 //! through the wire codec) must compute what the whole model computes in one autodiff graph.
 
-use iota::codec::WireDtype;
+use iota::codec::{MergeWire, WireDtype};
 use iota::model::pipeline::Pipeline;
+use iota::model::replica_merge::ReplicaMerge;
 use iota::model::{ModelConfig, OptimizerConfig};
 
 type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
@@ -108,6 +109,47 @@ fn bf16_and_int8_codecs_stay_within_tolerance() {
     assert!(loss < 1e-2, "int8 loss rel err {loss}");
     assert!(grads < 5e-2, "int8 param grad rel err {grads}");
     assert!(boundary < 5e-2, "int8 boundary grad rel err {boundary}");
+}
+
+#[test]
+fn a_sparse_merge_format_carries_what_an_upload_left_out_into_the_next_merge() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let device = Default::default();
+    let new = || Pipeline::<B>::new(&cfg, 3, OptimizerConfig::default(), WireDtype::F32, &device);
+    let mut replicas = vec![new().unwrap(), new().unwrap()];
+    let wire: MergeWire = "dct".parse().unwrap();
+    let mut merging = ReplicaMerge::new(wire, &replicas).unwrap();
+    let owned = windows();
+    for (r, p) in replicas.iter_mut().enumerate() {
+        p.train_batch(&[owned[r].as_slice()]).unwrap();
+        p.step(1e-2);
+    }
+    let layout = iota::model::layout::section_layout(&cfg, 0).unwrap();
+    let p_len = layout.params_len as usize;
+    let params = |p: &Pipeline<B>| p.sections()[0].export_flat(&layout).unwrap()[..p_len].to_vec();
+    let (a, b) = (params(&replicas[0]), params(&replicas[1]));
+    let mean: Vec<f32> = a.iter().zip(&b).map(|(x, y)| (x + y) * 0.5).collect();
+    let distance = |p: &Pipeline<B>| -> f64 {
+        params(p)
+            .iter()
+            .zip(&mean)
+            .map(|(x, m)| f64::from(x - m).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    // The first merge keeps 4 of 64 coefficients of each chunk's change: far from the mean.
+    merging.merge(&mut replicas).unwrap();
+    assert_eq!(params(&replicas[0]), params(&replicas[1]), "one state");
+    let first = distance(&replicas[0]);
+    assert!(first > 0.0, "a sparse merge is not the exact mean");
+    // Merging again with no training between: the uploads now carry only what the first ones
+    // left out, and the state moves towards the mean of what the replicas had trained.
+    merging.merge(&mut replicas).unwrap();
+    let second = distance(&replicas[0]);
+    assert!(
+        second < 0.9 * first,
+        "error feedback: distance to the mean {first} -> {second}"
+    );
 }
 
 #[test]

@@ -240,6 +240,10 @@ fn bad_input_is_a_clear_error() {
         ],
         "multiple of --average-every 3",
     );
+    run_fail(
+        &["--preset", "tiny", "--merge-wire", "dct"],
+        "--merge-wire dct needs --replicas",
+    );
 
     // A checkpoint trained with the byte tokenizer refuses a BPE tokenizer.
     let args = base(&["--preset", "tiny"]);

@@ -13,11 +13,12 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use crate::codec::WireDtype;
+use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::checkpoint::{self, CheckpointMeta, SectionMeta};
 use crate::model::pipeline::Pipeline;
+use crate::model::replica_merge::ReplicaMerge;
 use crate::model::section::OptimizerState;
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, StepOutcome};
 
@@ -68,6 +69,11 @@ pub struct TrainArgs {
     /// With --replicas: average the replicas every N steps (and at the end).
     #[arg(long, value_name = "N")]
     pub average_every: Option<u64>,
+    /// With --replicas: merge them through this merge format (the run config's `merge.wire`:
+    /// f32, bf16, int8, dct or dct:CHUNK:KEEP[:MERGED_KEEP]), with error feedback for dct, as
+    /// the network does; measures a format's learning cost without the network's timing noise.
+    #[arg(long, value_name = "FORMAT")]
+    pub merge_wire: Option<MergeWire>,
     /// Directory for the checkpoint.
     #[arg(long, value_name = "DIR", default_value = "runs/train")]
     pub out: PathBuf,
@@ -121,6 +127,8 @@ pub struct TrainSettings {
     pub replicas: usize,
     /// Steps between two averagings of the replicas (the last step always averages).
     pub average_every: u64,
+    /// The merge format the replicas are averaged through.
+    pub merge_wire: MergeWire,
 }
 
 impl Default for TrainSettings {
@@ -140,6 +148,7 @@ impl Default for TrainSettings {
             wire: WireDtype::Bf16,
             replicas: 1,
             average_every: 0,
+            merge_wire: MergeWire::F32,
         }
     }
 }
@@ -243,6 +252,12 @@ fn check_replicas(s: &TrainSettings) -> anyhow::Result<()> {
         bail!("--replicas must be at least 1");
     }
     if r == 1 {
+        if s.merge_wire != MergeWire::F32 {
+            bail!(
+                "--merge-wire {} needs --replicas R (R > 1): one process has nothing to merge",
+                s.merge_wire
+            );
+        }
         return Ok(());
     }
     if !s.batch_size.is_multiple_of(r) {
@@ -300,6 +315,9 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
     }
     if let Some(v) = args.average_every {
         settings.average_every = v;
+    }
+    if let Some(v) = args.merge_wire {
+        settings.merge_wire = v;
     }
     if settings.batch_size == 0 {
         bail!("--batch-size must be at least 1");
@@ -460,6 +478,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         }
         replicas.push(replica);
     }
+    let mut merging = ReplicaMerge::new(s.merge_wire, &replicas)?;
     let mut metrics = match &plan.metrics_out {
         Some(path) => Some(BufWriter::new(
             File::create(path).with_context(|| format!("creating {}", path.display()))?,
@@ -513,7 +532,9 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         next_sample += s.batch_size as u64;
         step += 1;
         if replicas.len() > 1 && (step.is_multiple_of(s.average_every) || step == s.steps) {
-            Pipeline::average(&mut replicas).context("averaging the replicas")?;
+            merging
+                .merge(&mut replicas)
+                .with_context(|| format!("merging the replicas through {}", s.merge_wire))?;
         }
         let pipeline = &mut replicas[0];
         tokens_done += (s.batch_size * seq_len) as u64;

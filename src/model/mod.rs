@@ -11,6 +11,8 @@
 //! - [`optimizer`], [`schedule`]: AdamW with clipping, warmup + cosine learning rate.
 //! - [`section`]: [`Section`], the forward/backward/step API with non-finite protection.
 //! - [`pipeline`]: all sections chained in one process through the wire codec.
+//! - [`replica_merge`]: the network's merge through a merge format, over replicas in one
+//!   process.
 //! - [`checkpoint`]: safetensors checkpoints with a JSON sidecar.
 //! - [`backend`]: run-time choice among the compiled-in burn backends.
 
@@ -27,6 +29,7 @@ pub mod layout;
 pub mod optimizer;
 pub mod params;
 pub mod pipeline;
+pub mod replica_merge;
 pub mod rope;
 pub mod schedule;
 pub mod section;

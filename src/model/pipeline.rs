@@ -13,7 +13,7 @@ use super::optimizer::OptimizerConfig;
 use super::params;
 use super::section::{Inner, Section, StepOutcome};
 use super::section_model::{SectionInput, cross_entropy};
-use crate::codec::{self, WireDtype};
+use crate::codec::{self, MergeWire, WireDtype};
 
 /// What one training micro-batch did.
 #[derive(Debug, Clone, PartialEq)]
@@ -219,37 +219,17 @@ impl<B: AutodiffBackend> Pipeline<B> {
 
     /// Gives every pipeline of `replicas` (copies of one model) the mean of their parameters
     /// and optimizer moments, section by section: what the network's `mean` merge does to
-    /// the miners of every section. Step counts are kept (they are equal when the replicas
-    /// stepped together).
+    /// the miners of every section (in `f32`; [`super::replica_merge`] merges through the
+    /// other formats). Step counts are kept (they are equal when the replicas stepped
+    /// together).
     ///
     /// # Errors
     /// Replicas of different models.
     pub fn average(replicas: &mut [Self]) -> Result<(), ModelError> {
-        let Some(first) = replicas.first() else {
+        if replicas.is_empty() {
             return Ok(());
-        };
-        let config = first.sections[0].config().clone();
-        let n = first.sections.len();
-        if replicas.iter().any(|r| r.sections.len() != n) {
-            return Err(ModelError::Invalid(
-                "replicas with different numbers of sections".into(),
-            ));
         }
-        let scale = 1.0 / replicas.len() as f32;
-        for i in 0..n {
-            let layout = super::layout::section_layout(&config, i)?;
-            let mut sum = replicas[0].sections[i].export_flat(&layout)?;
-            for r in &replicas[1..] {
-                for (acc, x) in sum.iter_mut().zip(r.sections[i].export_flat(&layout)?) {
-                    *acc += x;
-                }
-            }
-            sum.iter_mut().for_each(|x| *x *= scale);
-            for r in replicas.iter_mut() {
-                r.sections[i].import_flat(&layout, &sum)?;
-            }
-        }
-        Ok(())
+        super::replica_merge::ReplicaMerge::new(MergeWire::F32, replicas)?.merge(replicas)
     }
 
     /// One optimizer step in every section at learning rate `lr`.

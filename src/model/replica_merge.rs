@@ -1,0 +1,132 @@
+//! The network's merge of one section's miners, simulated over data-parallel replicas held in
+//! one process (`iota train --replicas R --merge-wire W`): each replica's flat state (see
+//! [`super::layout`]) goes through the merge format `W` as an upload, the decoded uploads are
+//! averaged (the `mean` operator with equal weights), the mean goes through `W` again as the
+//! merged partitions do, and every replica adopts what that decodes to.
+//!
+//! A format with a base ([`MergeWire::needs_base`], `dct`) encodes the parameters as their
+//! change from the previous global state, which is kept here per section, and each replica
+//! keeps the change its upload left out and adds it to its next one (error feedback), as a
+//! miner does. So the learning cost of a format can be measured deterministically, apart
+//! from the timing noise of a real network; what differs from the network: the mean is taken
+//! over the whole vector, where the network's butterfly cuts it into partitions (a `dct`
+//! chunk grid restarts at each partition's first element).
+
+use burn::tensor::backend::AutodiffBackend;
+
+use super::ModelError;
+use super::layout::section_layout;
+use super::pipeline::Pipeline;
+use crate::codec::{FlatLayout, MergeWire, Span};
+
+/// What the merges of replicas carry from one to the next: the format, each section's global
+/// parameters of the last merge, and each replica's error feedback.
+#[derive(Debug, Clone)]
+pub struct ReplicaMerge {
+    wire: MergeWire,
+    /// Per section: the flat layout and the parameters of the last global state.
+    sections: Vec<(FlatLayout, Vec<f32>)>,
+    /// Per replica, per section: the parameters' change its uploads left out so far.
+    residual: Vec<Vec<Vec<f32>>>,
+}
+
+impl ReplicaMerge {
+    /// Starts from `replicas`' current state (they must hold the same model, as after a
+    /// merge or at initialisation from one seed).
+    ///
+    /// # Errors
+    /// No replicas, or replicas of different models.
+    pub fn new<B: AutodiffBackend>(
+        wire: MergeWire,
+        replicas: &[Pipeline<B>],
+    ) -> Result<Self, ModelError> {
+        let first = replicas
+            .first()
+            .ok_or_else(|| ModelError::Invalid("no replicas to merge".into()))?;
+        let n = first.sections().len();
+        if replicas.iter().any(|r| r.sections().len() != n) {
+            return Err(ModelError::Invalid(
+                "replicas with different numbers of sections".into(),
+            ));
+        }
+        let config = first.sections()[0].config().clone();
+        let mut sections = Vec::with_capacity(n);
+        for (i, section) in first.sections().iter().enumerate() {
+            let layout = section_layout(&config, i)?;
+            let p = params_len(&layout);
+            let mut params = section.export_flat(&layout)?;
+            params.truncate(p);
+            sections.push((layout, params));
+        }
+        Ok(Self {
+            wire,
+            sections,
+            residual: vec![vec![Vec::new(); n]; replicas.len()],
+        })
+    }
+
+    /// The format merged through.
+    pub fn wire(&self) -> MergeWire {
+        self.wire
+    }
+
+    /// Merges `replicas` section by section through the format and gives each the result.
+    ///
+    /// # Errors
+    /// A different number of replicas than at [`Self::new`], or a state the format refuses
+    /// (a non-finite or out-of-range value).
+    pub fn merge<B: AutodiffBackend>(
+        &mut self,
+        replicas: &mut [Pipeline<B>],
+    ) -> Result<(), ModelError> {
+        if replicas.len() != self.residual.len() {
+            return Err(ModelError::Invalid(format!(
+                "{} replicas to merge, {} at the start",
+                replicas.len(),
+                self.residual.len()
+            )));
+        }
+        let wire = self.wire;
+        let scale = 1.0 / replicas.len() as f32;
+        let encoding = |e| ModelError::Invalid(format!("merge format {wire}: {e}"));
+        for (i, (layout, base)) in self.sections.iter_mut().enumerate() {
+            let p = params_len(layout);
+            let span = Span::whole(p as u64);
+            let base_now: &[f32] = if wire.needs_base() { base } else { &[] };
+            let mut sum: Vec<f32> = Vec::new();
+            for (r, replica) in replicas.iter().enumerate() {
+                let mut flat = replica.sections()[i].export_flat(layout)?;
+                let residual = &mut self.residual[r][i];
+                let feedback = wire.needs_base() && residual.len() == p;
+                if feedback {
+                    for (x, e) in flat[..p].iter_mut().zip(residual.iter()) {
+                        *x += e;
+                    }
+                }
+                let sent = wire.round_trip(&flat, span, base_now).map_err(encoding)?;
+                if wire.needs_base() {
+                    *residual = flat[..p].iter().zip(&sent).map(|(x, s)| x - s).collect();
+                }
+                if sum.is_empty() {
+                    sum = sent;
+                } else {
+                    sum.iter_mut().zip(&sent).for_each(|(acc, x)| *acc += x);
+                }
+            }
+            sum.iter_mut().for_each(|x| *x *= scale);
+            let merged = wire
+                .round_trip(&sum, Span::partition(0, p as u64), base_now)
+                .map_err(encoding)?;
+            for replica in replicas.iter_mut() {
+                replica.sections_mut()[i].import_flat(layout, &merged)?;
+            }
+            base.clear();
+            base.extend_from_slice(&merged[..p]);
+        }
+        Ok(())
+    }
+}
+
+fn params_len(layout: &FlatLayout) -> usize {
+    usize::try_from(layout.params_len).unwrap_or(usize::MAX)
+}

@@ -3,7 +3,7 @@
 
 use iota::codec::{MergeWire, WireDtype};
 use iota::model::pipeline::Pipeline;
-use iota::model::replica_merge::ReplicaMerge;
+use iota::model::replica_merge::{self, ReplicaMerge};
 use iota::model::{ModelConfig, OptimizerConfig};
 
 type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
@@ -175,7 +175,7 @@ fn averaging_replicas_gives_each_the_mean_of_weights_and_moments() {
         before[0][0], before[0][1],
         "the replicas differ before averaging"
     );
-    Pipeline::average(&mut replicas).unwrap();
+    replica_merge::average(&mut replicas).unwrap();
     for (i, was) in before.iter().enumerate() {
         let now = flats(&replicas, i);
         assert_eq!(now[0], now[1], "section {i}: the replicas hold one state");

@@ -13,7 +13,7 @@ use super::optimizer::OptimizerConfig;
 use super::params;
 use super::section::{Inner, Section, StepOutcome};
 use super::section_model::{SectionInput, cross_entropy};
-use crate::codec::{self, MergeWire, WireDtype};
+use crate::codec::{self, WireDtype};
 
 /// What one training micro-batch did.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,21 +215,6 @@ impl<B: AutodiffBackend> Pipeline<B> {
             n += chunk.len();
         }
         Ok((total / n.max(1) as f64) as f32)
-    }
-
-    /// Gives every pipeline of `replicas` (copies of one model) the mean of their parameters
-    /// and optimizer moments, section by section: what the network's `mean` merge does to
-    /// the miners of every section (in `f32`; [`super::replica_merge`] merges through the
-    /// other formats). Step counts are kept (they are equal when the replicas stepped
-    /// together).
-    ///
-    /// # Errors
-    /// Replicas of different models.
-    pub fn average(replicas: &mut [Self]) -> Result<(), ModelError> {
-        if replicas.is_empty() {
-            return Ok(());
-        }
-        super::replica_merge::ReplicaMerge::new(MergeWire::F32, replicas)?.merge(replicas)
     }
 
     /// One optimizer step in every section at learning rate `lr`.

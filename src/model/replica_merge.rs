@@ -19,6 +19,20 @@ use super::layout::section_layout;
 use super::pipeline::Pipeline;
 use crate::codec::{FlatLayout, MergeWire, Span};
 
+/// Gives every pipeline of `replicas` (copies of one model) the mean of their parameters and
+/// optimizer moments, section by section: what the network's `mean` merge does to the miners
+/// of every section, in `f32`. Step counts are kept (they are equal when the replicas stepped
+/// together).
+///
+/// # Errors
+/// Replicas of different models.
+pub fn average<B: AutodiffBackend>(replicas: &mut [Pipeline<B>]) -> Result<(), ModelError> {
+    if replicas.is_empty() {
+        return Ok(());
+    }
+    ReplicaMerge::new(MergeWire::F32, replicas)?.merge(replicas)
+}
+
 /// What the merges of replicas carry from one to the next: the format, each section's global
 /// parameters of the last merge, and each replica's error feedback.
 #[derive(Debug, Clone)]

@@ -111,19 +111,29 @@ fn bf16_and_int8_codecs_stay_within_tolerance() {
     assert!(boundary < 5e-2, "int8 boundary grad rel err {boundary}");
 }
 
-#[test]
-fn a_sparse_merge_format_carries_what_an_upload_left_out_into_the_next_merge() {
-    let cfg = ModelConfig::preset("tiny").unwrap();
+/// Two copies of the model `cfg` from one seed.
+fn two_replicas(cfg: &ModelConfig) -> Vec<Pipeline<B>> {
     let device = Default::default();
-    let new = || Pipeline::<B>::new(&cfg, 3, OptimizerConfig::default(), WireDtype::F32, &device);
-    let mut replicas = vec![new().unwrap(), new().unwrap()];
-    let wire: MergeWire = "dct".parse().unwrap();
-    let mut merging = ReplicaMerge::new(wire, &replicas).unwrap();
+    let new = || Pipeline::<B>::new(cfg, 3, OptimizerConfig::default(), WireDtype::F32, &device);
+    vec![new().unwrap(), new().unwrap()]
+}
+
+/// One training step of each replica on different data, so that they step apart.
+fn step_apart(replicas: &mut [Pipeline<B>]) {
     let owned = windows();
     for (r, p) in replicas.iter_mut().enumerate() {
         p.train_batch(&[owned[r].as_slice()]).unwrap();
         p.step(1e-2);
     }
+}
+
+#[test]
+fn a_sparse_merge_format_carries_what_an_upload_left_out_into_the_next_merge() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let mut replicas = two_replicas(&cfg);
+    let wire: MergeWire = "dct".parse().unwrap();
+    let mut merging = ReplicaMerge::new(wire, &replicas).unwrap();
+    step_apart(&mut replicas);
     let layout = iota::model::layout::section_layout(&cfg, 0).unwrap();
     let p_len = layout.params_len as usize;
     let params = |p: &Pipeline<B>| p.sections()[0].export_flat(&layout).unwrap()[..p_len].to_vec();
@@ -155,15 +165,8 @@ fn a_sparse_merge_format_carries_what_an_upload_left_out_into_the_next_merge() {
 #[test]
 fn averaging_replicas_gives_each_the_mean_of_weights_and_moments() {
     let cfg = ModelConfig::preset("tiny").unwrap();
-    let device = Default::default();
-    let new = || Pipeline::<B>::new(&cfg, 3, OptimizerConfig::default(), WireDtype::F32, &device);
-    let mut replicas = vec![new().unwrap(), new().unwrap()];
-    // Different data: the replicas step apart.
-    let owned = windows();
-    for (r, p) in replicas.iter_mut().enumerate() {
-        p.train_batch(&[owned[r].as_slice()]).unwrap();
-        p.step(1e-2);
-    }
+    let mut replicas = two_replicas(&cfg);
+    step_apart(&mut replicas);
     let layout = |i| iota::model::layout::section_layout(&cfg, i).unwrap();
     let flats = |ps: &[Pipeline<B>], i: usize| -> Vec<Vec<f32>> {
         ps.iter()

@@ -553,6 +553,39 @@ impl MergeWire {
     }
 }
 
+/// Error feedback of a format with a base ([`MergeWire::needs_base`]): the parameters' change
+/// that one party's uploads have left out so far. [`add_to`](Self::add_to) puts it into the
+/// next upload before encoding, [`keep`](Self::keep) keeps what that upload left out in turn.
+/// The formats without a base lose nothing worth carrying, so for them both do nothing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ErrorFeedback {
+    residual: Vec<f32>,
+}
+
+impl ErrorFeedback {
+    /// Adds what earlier uploads in `wire` left out to the `params_len` parameters that start
+    /// `flat` (nothing when none was kept for a state of that size).
+    pub fn add_to(&self, wire: MergeWire, flat: &mut [f32], params_len: usize) {
+        if wire.needs_base() && self.residual.len() == params_len && params_len <= flat.len() {
+            for (x, e) in flat[..params_len].iter_mut().zip(&self.residual) {
+                *x += e;
+            }
+        }
+    }
+
+    /// Keeps what the upload of `flat` left out of its `params_len` parameters: `sent` is what
+    /// the others decode from it.
+    pub fn keep(&mut self, wire: MergeWire, flat: &[f32], sent: &[f32], params_len: usize) {
+        if wire.needs_base() {
+            self.residual = flat[..params_len]
+                .iter()
+                .zip(sent)
+                .map(|(x, s)| x - s)
+                .collect();
+        }
+    }
+}
+
 /// The largest scale whose values (and, for a block with second moments, their squares)
 /// decode finite.
 fn scale_is_valid(scale: f32, squared: bool) -> bool {

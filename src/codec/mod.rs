@@ -24,7 +24,7 @@ pub use flat::{
 };
 pub use hash::{payload_hash, verify_hash};
 pub use merge_dct::{DctError, DctSpec};
-pub use merge_wire::{INT8_BLOCK, MergeWire, MergeWireError, Span};
+pub use merge_wire::{ErrorFeedback, INT8_BLOCK, MergeWire, MergeWireError, Span};
 pub use tensor::{
     CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len,
 };

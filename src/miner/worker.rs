@@ -32,6 +32,7 @@ use crate::api::{
     Assignment, HeartbeatRequest, MinerSettings, MinerUsage, Phase, RegisterRequest,
     ReleaseRequest, SubmitRequest, Timings, WorkKind, WorkRequest, WorkResponse,
 };
+use crate::codec::ErrorFeedback;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::{ModelError, Section, StepOutcome};
 use crate::storage::StorageError;
@@ -226,7 +227,7 @@ struct Worker<B: AutodiffBackend> {
     /// format with a base encodes and decodes against.
     merge_base: MergeBase,
     /// Error feedback of such a format: the parameters' change its uploads left out so far.
-    residual: Vec<f32>,
+    feedback: ErrorFeedback,
     /// Hostile behaviour (tests only).
     adversary: Option<Adversary>,
     /// Where a copier finds the uploads it copies (tests only).
@@ -367,7 +368,7 @@ async fn mine<B: AutodiffBackend>(
         view,
         uploaded_epoch: None,
         merge_base,
-        residual: Vec::new(),
+        feedback: ErrorFeedback::default(),
         util: Utilization::for_section(reg.section),
         stats_out: options.stats_out.clone(),
         adversary: options.adversary,

@@ -17,7 +17,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::ModelError;
 use super::layout::section_layout;
 use super::pipeline::Pipeline;
-use crate::codec::{FlatLayout, MergeWire, Span};
+use crate::codec::{ErrorFeedback, FlatLayout, MergeWire, Span};
 
 /// Gives every pipeline of `replicas` (copies of one model) the mean of their parameters and
 /// optimizer moments, section by section: what the network's `mean` merge does to the miners
@@ -41,7 +41,7 @@ pub struct ReplicaMerge {
     /// Per section: the flat layout and the parameters of the last global state.
     sections: Vec<(FlatLayout, Vec<f32>)>,
     /// Per replica, per section: the parameters' change its uploads left out so far.
-    residual: Vec<Vec<Vec<f32>>>,
+    feedback: Vec<Vec<ErrorFeedback>>,
 }
 
 impl ReplicaMerge {
@@ -75,13 +75,8 @@ impl ReplicaMerge {
         Ok(Self {
             wire,
             sections,
-            residual: vec![vec![Vec::new(); n]; replicas.len()],
+            feedback: vec![vec![ErrorFeedback::default(); n]; replicas.len()],
         })
-    }
-
-    /// The format merged through.
-    pub fn wire(&self) -> MergeWire {
-        self.wire
     }
 
     /// Merges `replicas` section by section through the format and gives each the result.
@@ -93,11 +88,11 @@ impl ReplicaMerge {
         &mut self,
         replicas: &mut [Pipeline<B>],
     ) -> Result<(), ModelError> {
-        if replicas.len() != self.residual.len() {
+        if replicas.len() != self.feedback.len() {
             return Err(ModelError::Invalid(format!(
                 "{} replicas to merge, {} at the start",
                 replicas.len(),
-                self.residual.len()
+                self.feedback.len()
             )));
         }
         let wire = self.wire;
@@ -110,17 +105,10 @@ impl ReplicaMerge {
             let mut sum: Vec<f32> = Vec::new();
             for (r, replica) in replicas.iter().enumerate() {
                 let mut flat = replica.sections()[i].export_flat(layout)?;
-                let residual = &mut self.residual[r][i];
-                let feedback = wire.needs_base() && residual.len() == p;
-                if feedback {
-                    for (x, e) in flat[..p].iter_mut().zip(residual.iter()) {
-                        *x += e;
-                    }
-                }
+                let feedback = &mut self.feedback[r][i];
+                feedback.add_to(wire, &mut flat, p);
                 let sent = wire.round_trip(&flat, span, base_now).map_err(encoding)?;
-                if wire.needs_base() {
-                    *residual = flat[..p].iter().zip(&sent).map(|(x, s)| x - s).collect();
-                }
+                feedback.keep(wire, &flat, &sent, p);
                 if sum.is_empty() {
                     sum = sent;
                 } else {

@@ -144,12 +144,7 @@ impl<B: AutodiffBackend> Worker<B> {
         let span = Span::whole(layout.params_len);
         let p = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
         // Error feedback: the parameters' change the last uploads could not carry.
-        let feedback = wire.needs_base() && self.residual.len() == p && p <= flat.len();
-        if feedback {
-            for (x, e) in flat[..p].iter_mut().zip(&self.residual) {
-                *x += e;
-            }
-        }
+        self.feedback.add_to(wire, &mut flat, p);
         if let Some(copier) = &self.copier {
             let section = u32::try_from(self.report.section).unwrap_or(u32::MAX);
             let global = self.base_params(wire, layout.params_len)?.to_vec();
@@ -170,7 +165,7 @@ impl<B: AutodiffBackend> Worker<B> {
             let sent = wire
                 .decode(&bytes, flat.len() as u64, span, base)
                 .map_err(|e| MinerError::Weights(format!("decoding its own {wire} upload: {e}")))?;
-            self.residual = flat[..p].iter().zip(&sent).map(|(x, s)| x - s).collect();
+            self.feedback.keep(wire, &flat, &sent, p);
         }
         let manifest = UploadManifest {
             layout: layout.clone(),

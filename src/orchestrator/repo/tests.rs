@@ -49,7 +49,12 @@ fn sample(u: u64) -> NewSample<'static> {
 
 /// Starts sample `u` at the head and returns its assignment id.
 fn start(repo: &Repository, u: u64) -> u64 {
-    repo.start_sample(&sample(u), "a0", SampleRoom::default(), LIMITS, T0)
+    start_at(repo, u, "a0", LIMITS, T0)
+}
+
+/// Starts sample `u` with its head forward assigned to `hk` at `now`; its assignment id.
+fn start_at(repo: &Repository, u: u64, hk: &str, limits: RoutingLimits, now: u64) -> u64 {
+    repo.start_sample(&sample(u), hk, SampleRoom::default(), limits, now)
         .unwrap()
         .unwrap()
         .id
@@ -168,12 +173,7 @@ fn lane_routing_offers_a_forward_to_the_same_ranked_miner_first_then_to_anyone()
         lanes: true,
         ..LIMITS
     };
-    let start_by = |u: u64, hk: &str| {
-        repo.start_sample(&sample(u), hk, SampleRoom::default(), lanes, T0 + 10)
-            .unwrap()
-            .unwrap()
-            .id
-    };
+    let start_by = |u: u64, hk: &str| start_at(&repo, u, hk, lanes, T0 + 10);
     // What `hk` is handed at `now`, by input hash, and the id of the first.
     let take = |hk: &str, now: u64| {
         let w = repo.take_work(hk, 4, lanes, now).unwrap();
@@ -237,11 +237,7 @@ fn a_lane_skips_a_head_miner_that_takes_work_and_delivers_none() {
     // a1 is live and holds a forward but has delivered none: it holds no lane, so a0's
     // forwards spread over both middle miners (before, every one waited for b0 and b1 got
     // nothing while a1 held its work).
-    let held = repo
-        .start_sample(&sample(0), "a1", SampleRoom::default(), lanes, T0 + 10)
-        .unwrap()
-        .unwrap()
-        .id;
+    let held = start_at(&repo, 0, "a1", lanes, T0 + 10);
     let partners: Vec<_> = (1..5).map(|u| a0_forward(u, T0 + 20)).collect();
     assert_eq!(partners, ["b1", "b0", "b1", "b0"]);
     // a1 delivers: one lane each.
@@ -250,11 +246,7 @@ fn a_lane_skips_a_head_miner_that_takes_work_and_delivers_none() {
     assert_eq!(partners, ["b0", "b0"]);
     // a1 takes a forward and misses its deadline: once its back-off is over it is live again
     // but holds no lane until a result of it is accepted.
-    let f = repo
-        .start_sample(&sample(7), "a1", SampleRoom::default(), lanes, T0 + 50)
-        .unwrap()
-        .unwrap()
-        .id;
+    let f = start_at(&repo, 7, "a1", lanes, T0 + 50);
     let late = T0 + 50 + lanes.forward_ms + 1;
     repo.expire(lanes, late).unwrap();
     let later = late + Standing::default().backoff_ms + 1;
@@ -272,11 +264,7 @@ fn a_lane_skips_a_head_miner_that_takes_work_and_delivers_none() {
 /// Starts sample `u` at head miner `hk`, accepts its forward (output `x{u}`) at `now` and
 /// returns the middle miner it is offered to.
 fn head_forward_to(repo: &Repository, hk: &str, u: u64, limits: RoutingLimits, now: u64) -> String {
-    let f = repo
-        .start_sample(&sample(u), hk, SampleRoom::default(), limits, now)
-        .unwrap()
-        .unwrap()
-        .id;
+    let f = start_at(repo, u, hk, limits, now);
     match repo
         .accept(f, hk, &ok(&format!("x{u}")), limits, now)
         .unwrap()
@@ -762,11 +750,7 @@ fn state_survives_reopening_the_file() {
 /// Starts sample `u` at `now` and has the head accept its forward at once: an open forward of
 /// section 1 follows.
 fn head_done(repo: &Repository, u: u64, now: u64) {
-    let id = repo
-        .start_sample(&sample(u), "a0", SampleRoom::default(), LIMITS, now)
-        .unwrap()
-        .unwrap()
-        .id;
+    let id = start_at(repo, u, "a0", LIMITS, now);
     repo.accept(id, "a0", &ok(&format!("h{u}")), LIMITS, now)
         .unwrap();
 }

@@ -1034,19 +1034,21 @@ async fn upload_raw(h: &Harness, p: &Player, bytes: Vec<u8>, dtype: &str) -> Sub
         .await
 }
 
-/// A run with `merge.wire: bf16`, `int8` or `dct`: the upload and partition URLs are sized
-/// for that format, a hostile uploader's bytes (a NaN or overflowing int8 scale, a NaN bf16 or
-/// dct value, a negative second moment, a repeated dct index, f32 bytes in a compressed run)
+/// A run with `merge.wire: bf16`, `int8`, `dct` or `sign`: the upload and partition URLs are
+/// sized for that format, a hostile uploader's bytes (a NaN or overflowing int8 scale, a NaN
+/// bf16 or dct value, a NaN or negative sign scale, a negative second moment, a repeated dct
+/// index, f32 bytes in a compressed run)
 /// are refused with the reason, and the honest uploads merge, partition by partition, into
-/// exactly the merge of their decoded values as the format writes them back. With `dct`
-/// everything is a change from the initial state (the previous global one at epoch 0), and
+/// exactly the merge of their decoded values as the format writes them back. With `dct` and
+/// `sign` everything is a change from the initial state (the previous global one at epoch 0), and
 /// the checkpoint's delta rebuilds the checkpoint bit for bit.
 #[tokio::test]
 async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
-    use iota::codec::{MergeWire, Span};
+    use iota::codec::{MergeWire, ParamCode, Span};
     use iota::miner::participant::{MergeFormat, merge_encoded};
     let dct: MergeWire = "dct:16:2:4".parse().unwrap();
-    for wire in [MergeWire::Bf16, MergeWire::Int8, dct] {
+    let sign: MergeWire = "sign:16:2:4".parse().unwrap();
+    for wire in [MergeWire::Bf16, MergeWire::Int8, dct, sign] {
         let h = merge_harness(&format!(", wire: \"{wire}\""));
         let (a, b, c, n) = three_players(&h).await;
         let eve = player("//Eve", 5.0, n);
@@ -1081,7 +1083,10 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
         let mut bad = encode(&eve);
         match wire {
             MergeWire::Int8 => bad[..4].copy_from_slice(&f32::NAN.to_le_bytes()),
-            MergeWire::Dct(_) => bad[1..3].copy_from_slice(&0x7FC0u16.to_le_bytes()),
+            MergeWire::Delta(s) if s.params == ParamCode::Sign => {
+                bad[..4].copy_from_slice(&f32::NAN.to_le_bytes())
+            }
+            MergeWire::Delta(_) => bad[1..3].copy_from_slice(&0x7FC0u16.to_le_bytes()),
             _ => bad[..2].copy_from_slice(&0x7FC0u16.to_le_bytes()),
         }
         let r = upload_raw(&h, &eve, bad, &name).await;
@@ -1100,7 +1105,12 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
                 bad[end - 1] = (-3i8) as u8;
                 "negative second moment"
             }
-            MergeWire::Dct(_) => {
+            MergeWire::Delta(s) if s.params == ParamCode::Sign => {
+                // The second parameter chunk's scale below zero.
+                bad[6..10].copy_from_slice(&(-1.0f32).to_le_bytes());
+                "invalid scale -1"
+            }
+            MergeWire::Delta(_) => {
                 // The first chunk's second entry names the same index as its first.
                 bad[3] = bad[0];
                 "repeated or out of order"
@@ -1229,7 +1239,7 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
             values, expected,
             "{wire}: the checkpoint is not the decoded merge"
         );
-        if let MergeWire::Dct(_) = wire {
+        if let MergeWire::Delta(_) = wire {
             // The delta (the agreed partitions back to back) rebuilds the checkpoint from the
             // state the miners hold, bit for bit, at a fraction of its size.
             let delta = checkpoint

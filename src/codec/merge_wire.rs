@@ -1,6 +1,7 @@
 //! [`MergeWire`]: how a section's flat state (see [`super::flat`]) and the butterfly merge's
 //! partitions are written on the wire: `f32`, `bf16`, `int8` in blocks with one scale each, or
-//! `dct`, the sparse change from the previous global state ([`super::merge_dct`]).
+//! `dct` and `sign`, compressed changes from the previous global state
+//! ([`super::merge_delta`]).
 //!
 //! The run config picks one format for the whole run (`merge.wire`); every party knows the
 //! layout, so the objects carry no header and an element range maps to a byte range that can
@@ -17,7 +18,8 @@
 //! int8  ceil(n / 256) blocks; block k holds elements 256k..min(256k + 256, n):
 //!         f32 scale, then one i8 per element      block k at byte 260k
 //!
-//! dct   chunks of C values, each in a fixed number of bytes; see [`super::merge_dct`]
+//! dct   chunks of C values, each in a fixed number of bytes; see [`super::merge_delta`]
+//! sign  likewise
 //! ```
 //!
 //! int8 is symmetric: `scale = max|t| / 127` over the block (0 for an all-zero block), values
@@ -27,8 +29,8 @@
 //! never decodes to 0 and the Adam step `m / sqrt(v)` after a merge is never larger than the
 //! one the miner held.
 //!
-//! # The base (dct only)
-//! `dct` stores the parameters as a change from the previous global state `g`, which every
+//! # The base (dct and sign)
+//! `dct` and `sign` store the parameters as a change from the previous global state `g`, which every
 //! party holds (miners adopted it, the orchestrator and validators read the checkpoint), so
 //! encoding and decoding take `g`'s values for the object's parameters as `base` (the other
 //! formats ignore it; pass `&[]`). [`MergeWire::base_range`] says which values that is.
@@ -37,7 +39,7 @@
 //! The bytes come from miners. [`MergeWire::decode`] refuses, naming the global index: a
 //! payload of the wrong length, NaN or infinity (f32, bf16), a block scale that is NaN,
 //! negative, infinite or so large that a value would decode to infinity, the int8 value -128,
-//! a negative second moment (any format), and everything [`super::merge_dct`] refuses.
+//! a negative second moment (any format), and everything [`super::merge_delta`] refuses.
 //! Every decoded value is therefore finite.
 
 use std::fmt;
@@ -48,7 +50,7 @@ use half::bf16;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use super::merge_dct::{DctError, DctSpec, Place};
+use super::merge_delta::{DeltaError, DeltaSpec, Place};
 
 /// Elements per int8 block (each block has one `f32` scale).
 pub const INT8_BLOCK: usize = 256;
@@ -111,7 +113,7 @@ impl Span {
 /// The element format of merge uploads and partitions (run config `merge.wire`).
 ///
 /// Serialises (serde, [`Display`](fmt::Display), [`FromStr`]) as `f32`, `bf16`, `int8`,
-/// `dct` or `dct:CHUNK:KEEP[:MERGED_KEEP]`.
+/// `dct`, `dct:CHUNK:KEEP[:MERGED_KEEP]`, `sign` or `sign:CHUNK:KEEP[:MERGED_KEEP]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum MergeWire {
     /// Little-endian `f32`: lossless, the default.
@@ -121,8 +123,9 @@ pub enum MergeWire {
     Bf16,
     /// int8 with one `f32` scale per [`INT8_BLOCK`] elements: about a quarter of the bytes.
     Int8,
-    /// The sparse change from the previous global state ([`super::merge_dct`]).
-    Dct(DctSpec),
+    /// A compressed change from the previous global state, `dct` or `sign`
+    /// ([`super::merge_delta`]).
+    Delta(DeltaSpec),
 }
 
 /// Why merge bytes could not be encoded or decoded.
@@ -181,9 +184,9 @@ pub enum MergeWireError {
         /// Global flat index.
         index: u64,
     },
-    /// A `dct` object or base that is not what the format allows.
+    /// A `dct` or `sign` object or base that is not what the format allows.
     #[error(transparent)]
-    Dct(#[from] DctError),
+    Delta(#[from] DeltaError),
     /// A range that does not lie inside the object.
     #[error("range {start}..{end} is not inside an object of {len} values")]
     BadRange {
@@ -205,43 +208,45 @@ impl MergeWireError {
             | Self::NegativeSecondMoment { index, .. }
             | Self::BadScale { index, .. }
             | Self::QuantizedOutOfRange { index } => Some(*index),
-            Self::Dct(e) => e.index(),
+            Self::Delta(e) => e.index(),
             Self::Length { .. } | Self::BadRange { .. } => None,
         }
     }
 }
 
 impl MergeWire {
-    /// Every format, lossless first (`dct` with its default parameters).
-    pub const ALL: [MergeWire; 4] = [
+    /// Every format, lossless first (`dct` and `sign` with their default parameters).
+    pub const ALL: [MergeWire; 6] = [
         MergeWire::F32,
         MergeWire::Bf16,
         MergeWire::Int8,
-        MergeWire::Dct(DctSpec::DEFAULT),
+        MergeWire::Delta(DeltaSpec::DEFAULT),
+        MergeWire::Delta(DeltaSpec::SIGN),
+        MergeWire::Delta(DeltaSpec::SIGN2),
     ];
 
-    /// The lowercase name of the format's family (`dct` for every `dct` spec); [`Display`]
-    /// (fmt::Display) gives the full spec.
+    /// The lowercase name of the format's family (`dct` for every `dct` spec, `sign` for every
+    /// `sign` spec); [`Display`](fmt::Display) gives the full spec.
     pub fn name(self) -> &'static str {
         match self {
             MergeWire::F32 => "f32",
             MergeWire::Bf16 => "bf16",
             MergeWire::Int8 => "int8",
-            MergeWire::Dct(_) => "dct",
+            MergeWire::Delta(spec) => spec.params.name(),
         }
     }
 
-    /// Whether encoding and decoding need the previous global values (`dct`).
+    /// Whether encoding and decoding need the previous global values (`dct`, `sign`).
     pub fn needs_base(self) -> bool {
-        matches!(self, MergeWire::Dct(_))
+        matches!(self, MergeWire::Delta(_))
     }
 
     /// The flat indices (a prefix of the object's `n` elements at `span`, as global indices)
-    /// whose previous global values are the object's base: its parameters for `dct`, none
+    /// whose previous global values are the object's base: its parameters for `dct` and `sign`, none
     /// otherwise.
     pub fn base_range(self, n: u64, span: Span) -> Range<u64> {
         match self {
-            MergeWire::Dct(_) => span.start..span.start + DctSpec::params_in(n, span.place()),
+            MergeWire::Delta(_) => span.start..span.start + DeltaSpec::params_in(n, span.place()),
             _ => span.start..span.start,
         }
     }
@@ -250,7 +255,7 @@ impl MergeWire {
     /// values from flat index 0 (its parameters at least; `&[]` for a format without a base).
     ///
     /// # Errors
-    /// [`MergeWireError::Dct`] when `global` is too short.
+    /// [`MergeWireError::Delta`] when `global` is too short.
     pub fn base_of(self, global: &[f32], n: u64, span: Span) -> Result<&[f32], MergeWireError> {
         let r = self.base_range(n, span);
         if r.is_empty() {
@@ -262,7 +267,7 @@ impl MergeWire {
         );
         global
             .get(a..b)
-            .ok_or(MergeWireError::Dct(DctError::BaseLength {
+            .ok_or(MergeWireError::Delta(DeltaError::BaseLength {
                 expected: r.end,
                 got: global.len() as u64,
             }))
@@ -274,12 +279,12 @@ impl MergeWire {
             MergeWire::F32 => n.saturating_mul(4),
             MergeWire::Bf16 => n.saturating_mul(2),
             MergeWire::Int8 => n.saturating_add(n.div_ceil(INT8_BLOCK as u64).saturating_mul(4)),
-            MergeWire::Dct(spec) => spec.encoded_len(n, span.place()),
+            MergeWire::Delta(spec) => spec.encoded_len(n, span.place()),
         }
     }
 
     /// Elements a range read must start at and cover so it can be decoded on its own: `elems`
-    /// itself for f32/bf16, widened to whole int8 blocks or dct chunks (clipped at the
+    /// itself for f32/bf16, widened to whole int8 blocks or dct/sign chunks (clipped at the
     /// object's `len`). `span` is the whole object's.
     pub fn aligned(self, elems: Range<u64>, len: u64, span: Span) -> Range<u64> {
         match self {
@@ -290,7 +295,7 @@ impl MergeWire {
                 let end = elems.end.div_ceil(b).saturating_mul(b).min(len);
                 start..end.max(start)
             }
-            MergeWire::Dct(spec) => spec.aligned(elems, len, span.place()),
+            MergeWire::Delta(spec) => spec.aligned(elems, len, span.place()),
         }
     }
 
@@ -307,7 +312,7 @@ impl MergeWire {
                 let first = a.start / INT8_BLOCK as u64 * INT8_BLOCK_BYTES;
                 first..first.saturating_add(self.encoded_len(a.end - a.start, span))
             }
-            MergeWire::Dct(spec) => spec.byte_range(elems, len, span.place()),
+            MergeWire::Delta(spec) => spec.byte_range(elems, len, span.place()),
         }
     }
 
@@ -316,7 +321,7 @@ impl MergeWire {
     ///
     /// # Errors
     /// [`MergeWireError::NonFinite`], [`MergeWireError::NegativeSecondMoment`],
-    /// [`MergeWireError::OutOfRange`]: an honest state never has them; [`MergeWireError::Dct`]
+    /// [`MergeWireError::OutOfRange`]: an honest state never has them; [`MergeWireError::Delta`]
     /// for a base that does not fit.
     pub fn encode(
         self,
@@ -360,7 +365,7 @@ impl MergeWire {
                     encode_int8_block(block, first, span, &mut out)?;
                 }
             }
-            MergeWire::Dct(spec) => out = spec.encode(values, span.place(), base)?,
+            MergeWire::Delta(spec) => out = spec.encode(values, span.place(), base)?,
         }
         Ok(out)
     }
@@ -377,8 +382,8 @@ impl MergeWire {
         span: Span,
         base: &[f32],
     ) -> Result<Vec<f32>, MergeWireError> {
-        if let MergeWire::Dct(spec) = self {
-            // The dct decoder checks its own length; its values are finite and its second
+        if let MergeWire::Delta(spec) = self {
+            // The delta decoder checks its own length; its values are finite and its second
             // moments non-negative by construction.
             return Ok(spec.decode(bytes, n, span.place(), base)?);
         }
@@ -409,7 +414,7 @@ impl MergeWire {
                     decode_int8_block(block, first, span, &mut out)?;
                 }
             }
-            MergeWire::Dct(_) => {}
+            MergeWire::Delta(_) => {}
         }
         for (i, &value) in out.iter().enumerate() {
             let index = span.start + i as u64;
@@ -458,7 +463,7 @@ impl MergeWire {
             base
         } else {
             if base.len() as u64 != wanted.end - wanted.start {
-                return Err(MergeWireError::Dct(DctError::BaseLength {
+                return Err(MergeWireError::Delta(DeltaError::BaseLength {
                     expected: wanted.end - wanted.start,
                     got: base.len() as u64,
                 }));
@@ -676,7 +681,7 @@ fn decode_int8_block(
 impl fmt::Display for MergeWire {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            MergeWire::Dct(spec) => spec.fmt(f),
+            MergeWire::Delta(spec) => spec.fmt(f),
             other => f.write_str(other.name()),
         }
     }
@@ -685,19 +690,19 @@ impl fmt::Display for MergeWire {
 impl FromStr for MergeWire {
     type Err = String;
 
-    /// Parses `f32`, `bf16`, `int8`, `dct` or `dct:CHUNK:KEEP[:MERGED_KEEP]` (ASCII case
-    /// ignored).
+    /// Parses `f32`, `bf16`, `int8`, `dct`, `sign`, or `dct`/`sign` with
+    /// `:CHUNK:KEEP[:MERGED_KEEP]` (ASCII case ignored).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        if let Some(spec) = DctSpec::parse(s) {
-            return spec.map(MergeWire::Dct);
+        if let Some(spec) = DeltaSpec::parse(s) {
+            return spec.map(MergeWire::Delta);
         }
         [MergeWire::F32, MergeWire::Bf16, MergeWire::Int8]
             .into_iter()
             .find(|w| w.name().eq_ignore_ascii_case(s.trim()))
             .ok_or_else(|| {
                 format!(
-                    "unknown merge wire format {s:?}: expected f32, bf16, int8, dct or \
-                     dct:CHUNK:KEEP[:MERGED_KEEP]"
+                    "unknown merge wire format {s:?}: expected f32, bf16, int8, dct, sign, \
+                     sign2, or dct/sign/sign2:CHUNK:KEEP[:MERGED_KEEP]"
                 )
             })
     }
@@ -799,7 +804,7 @@ mod tests {
                         MergeWire::Int8 => {
                             assert!((x - y).abs() <= scale * 0.5 * (1.0 + 1e-5), "{x} {y}")
                         }
-                        MergeWire::Dct(_) => unreachable!("not among the dense formats"),
+                        MergeWire::Delta(_) => unreachable!("not among the dense formats"),
                     }
                 }
             }
@@ -962,16 +967,21 @@ mod tests {
         assert!(serde_json::from_str::<MergeWire>("\"dct:64\"").is_err());
     }
 
-    /// A dct state read by ranges (as mergers read partitions) decodes to the same values as
-    /// the whole object, with the base given for the range alone.
+    /// A dct or sign state read by ranges (as mergers read partitions) decodes to the same
+    /// values as the whole object, with the base given for the range alone.
     #[test]
     fn dct_ranges_take_the_base_of_the_range_only() {
+        for wire in ["dct:64:8", "sign:64:8"] {
+            delta_ranges_take_the_base_of_the_range_only(wire.parse().unwrap());
+        }
+    }
+
+    fn delta_ranges_take_the_base_of_the_range_only(wire: MergeWire) {
         let p = 700u64;
         let mut flat = state(p as usize, 5);
         let base: Vec<f32> = flat[..p as usize].iter().map(|v| v * 0.9).collect();
         // Second moments of the test state are tiny; the chunk tops carry them.
         flat[2 * p as usize] = 0.0;
-        let wire: MergeWire = "dct:64:8".parse().unwrap();
         let span = Span::whole(p);
         let n = flat.len() as u64;
         let bytes = wire.encode(&flat, span, &base).unwrap();
@@ -988,7 +998,7 @@ mod tests {
             assert_eq!(
                 got,
                 &whole[range.start as usize..range.end as usize],
-                "{range:?}"
+                "{wire} {range:?}"
             );
         }
         // The base of a range is its parameters.

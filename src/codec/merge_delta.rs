@@ -1,5 +1,6 @@
-//! The `dct` merge format: a section's flat state as a sparse change from the previous global
-//! state, about 13x to 20x smaller than f32 (see [`DctSpec`]).
+//! The `dct`, `sign` and `sign2` merge formats: a section's flat state as a compressed change
+//! from the previous global state, 11x to 13x smaller than f32 in uploads (see
+//! [`DeltaSpec`]). They differ only in how the parameters' change is coded ([`ParamCode`]).
 //!
 //! The flat state has three segments (see [`super::flat`]): parameters (flat indices `0..P`),
 //! first moments (`P..2P`) and second moments (`2P..3P`). Each is cut into chunks of `C`
@@ -7,11 +8,18 @@
 //! maps to a byte range (HTTP range reads of a partition) and every object has a size known
 //! from its position alone.
 //!
-//! - **Parameters**: the *pseudo-gradient* `x - g` (`g`: the previous global state, which every
-//!   party holds) in an orthonormal DCT-II basis of the chunk; only the `k` largest
-//!   coefficients are kept (`k = keep` in uploads, `keep_merged` in merged partitions), as
-//!   `(u8 index, bf16 value)`. Decoded as `g + IDCT(coefficients)`. Miners keep what the top-k
-//!   left out and add it to their next upload (error feedback), like DeMo and Templar.
+//! - **Parameters**: the *pseudo-gradient* `d = x - g` (`g`: the previous global state, which
+//!   every party holds), decoded as `g + d'`. Miners keep what the code left out (`d - d'`)
+//!   and add it to their next upload (error feedback), like DeMo and Templar.
+//!   - `dct`: `d` in an orthonormal DCT-II basis of the chunk ([`super::dct_basis`]); only the
+//!     `k` largest coefficients are kept (`k = keep` in uploads, `keep_merged` in merged
+//!     partitions), as `(u8 index, bf16 value)`.
+//!   - `sign`: every value of `d`, one bit each in uploads (its sign, times the chunk's mean
+//!     magnitude) and four bits in merged partitions ([`super::sign_code`]). The same upload
+//!     size as `dct`'s default, but nothing is left out for long: measured in the in-process
+//!     simulation (README), `dct`'s top-k parameter code is what costs it its learning.
+//!   - `sign2`: as `sign` with two bits per value in uploads (the sign, and whether the value
+//!     is above the chunk's mean magnitude; two scales per chunk).
 //! - **First moments**: the `k` largest values themselves (identity basis, no base), the rest
 //!   zero: a moment is renewed within a few dozen steps, so its change from `g` is no smaller
 //!   than the moment, and a zero first moment can never cause a large step.
@@ -27,7 +35,13 @@
 //!
 //! # Bytes
 //! ```text
-//! parameter or first-moment chunk of L values   min(k, L) x (u8 index, bf16 value)
+//! dct parameter or first-moment chunk of L values
+//!                                               min(k, L) x (u8 index, bf16 value)
+//! sign parameter chunk of L values              f32 scale, ceil(L / 8) bytes of sign bits in
+//!                                               uploads; f32 scale, ceil(L / 2) bytes of
+//!                                               4-bit codes in merged partitions
+//! sign2 parameter chunk of L values             two f32 scales, ceil(L / 4) bytes of 2-bit
+//!                                               codes in uploads; merged as sign
 //! second-moment chunk of L values               f32 top, ceil(L / 2) bytes of 4-bit codes
 //!                                               (value i in the low nibble of byte i/2 when i
 //!                                               is even, the high nibble when odd)
@@ -44,15 +58,19 @@
 //! # What decoding refuses
 //! A payload of the wrong length, a base of the wrong length or with a non-finite value, an
 //! index beyond its chunk, indices not strictly increasing (duplicates), a NaN, infinite or
-//! huge (> [`MAX_MAGNITUDE`]) coefficient, a second-moment top that is NaN, negative, infinite
-//! or above [`MAX_MAGNITUDE`] squared, a padding nibble that is not zero, and a decoded value
-//! that is not finite. Every error names the flat index of the chunk (and the entry).
+//! huge (> [`MAX_MAGNITUDE`]) coefficient, a `sign` scale that is NaN, negative, infinite or
+//! above [`MAX_MAGNITUDE`], the 4-bit code -8, a second-moment top that is NaN, negative,
+//! infinite or above [`MAX_MAGNITUDE`] squared, padding bits that are not zero, and a decoded
+//! value that is not finite. Every error names the flat index of the chunk (and the entry).
 
 use std::fmt;
 use std::ops::Range;
 
 use half::bf16;
 use thiserror::Error;
+
+use super::dct_basis::Basis;
+use super::sign_code::{Bits, Fault};
 
 /// Longest chunk (indices are one byte).
 pub const MAX_CHUNK: u16 = 256;
@@ -70,49 +88,108 @@ const MAX_CODE: u8 = 15;
 /// Bytes of one sparse entry: u8 index, bf16 value.
 const ENTRY_BYTES: u64 = 3;
 
-/// Parameters of the `dct` format: chunk length and how many coefficients each chunk keeps.
+/// How the parameters' change from the previous global state is coded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DctSpec {
+pub enum ParamCode {
+    /// The largest coefficients of each chunk's DCT (`keep` in uploads, `keep_merged` in
+    /// merged partitions).
+    Dct,
+    /// Every value: 1 bit (sign x the chunk's mean magnitude) in uploads, 4 bits in merged
+    /// partitions.
+    Sign,
+    /// Every value: 2 bits (sign, and one of two magnitudes) in uploads, 4 bits in merged
+    /// partitions.
+    Sign2,
+}
+
+impl ParamCode {
+    /// The format's name: `dct` or `sign`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ParamCode::Dct => "dct",
+            ParamCode::Sign => "sign",
+            ParamCode::Sign2 => "sign2",
+        }
+    }
+}
+
+/// Parameters of the `dct` and `sign` formats: the parameter code, the chunk length and how
+/// many values each sparse chunk keeps (first moments, and `dct`'s parameters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeltaSpec {
+    /// How the parameters' change is coded.
+    pub params: ParamCode,
     /// Values per chunk `C` (2 to [`MAX_CHUNK`]).
     pub chunk: u16,
-    /// Coefficients kept per chunk in uploads (1 to `C`).
+    /// Values kept per sparse chunk in uploads (1 to `C`).
     pub keep: u16,
-    /// Coefficients kept per chunk in merged partitions (`keep` to `C`): a merge of several
+    /// Values kept per sparse chunk in merged partitions (`keep` to `C`): a merge of several
     /// sparse uploads holds more than one upload's worth.
     pub keep_merged: u16,
 }
 
-impl Default for DctSpec {
+impl Default for DeltaSpec {
     fn default() -> Self {
         Self::DEFAULT
     }
 }
 
-impl DctSpec {
+impl DeltaSpec {
     /// `dct`: chunks of 64, 4 coefficients per chunk in uploads, 8 in merged partitions.
-    pub const DEFAULT: DctSpec = DctSpec {
+    pub const DEFAULT: DeltaSpec = DeltaSpec {
+        params: ParamCode::Dct,
         chunk: 64,
         keep: 4,
         keep_merged: 8,
     };
 
-    /// A checked spec.
+    /// `sign`: chunks of 64, parameters in 1 bit (uploads) and 4 bits (merged partitions),
+    /// first moments as `dct`'s default.
+    pub const SIGN: DeltaSpec = DeltaSpec {
+        params: ParamCode::Sign,
+        ..Self::DEFAULT
+    };
+
+    /// `sign2`: as [`SIGN`](Self::SIGN) with 2-bit parameters in uploads.
+    pub const SIGN2: DeltaSpec = DeltaSpec {
+        params: ParamCode::Sign2,
+        ..Self::DEFAULT
+    };
+
+    /// A checked `dct` spec.
     ///
     /// # Errors
     /// A message naming the bound that is broken.
     pub fn new(chunk: u16, keep: u16, keep_merged: u16) -> Result<Self, String> {
+        Self::with_code(ParamCode::Dct, chunk, keep, keep_merged)
+    }
+
+    /// A checked spec with the parameter code `params`.
+    ///
+    /// # Errors
+    /// A message naming the bound that is broken.
+    pub fn with_code(
+        params: ParamCode,
+        chunk: u16,
+        keep: u16,
+        keep_merged: u16,
+    ) -> Result<Self, String> {
+        let name = params.name();
         if !(2..=MAX_CHUNK).contains(&chunk) {
-            return Err(format!("dct chunk {chunk} must be 2 to {MAX_CHUNK}"));
+            return Err(format!("{name} chunk {chunk} must be 2 to {MAX_CHUNK}"));
         }
         if keep == 0 || keep > chunk {
-            return Err(format!("dct keep {keep} must be 1 to the chunk ({chunk})"));
+            return Err(format!(
+                "{name} keep {keep} must be 1 to the chunk ({chunk})"
+            ));
         }
         if keep_merged < keep || keep_merged > chunk {
             return Err(format!(
-                "dct merged keep {keep_merged} must be {keep} to the chunk ({chunk})"
+                "{name} merged keep {keep_merged} must be {keep} to the chunk ({chunk})"
             ));
         }
         Ok(Self {
+            params,
             chunk,
             keep,
             keep_merged,
@@ -124,33 +201,44 @@ impl DctSpec {
     }
 }
 
-impl fmt::Display for DctSpec {
-    /// `dct` for the default, `dct:C:K:KM` otherwise.
+impl fmt::Display for DeltaSpec {
+    /// `dct` or `sign` for the defaults, `NAME:C:K:KM` otherwise.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if *self == Self::DEFAULT {
-            f.write_str("dct")
+        let name = self.params.name();
+        if (self.chunk, self.keep, self.keep_merged) == (64, 4, 8) {
+            f.write_str(name)
         } else {
-            write!(f, "dct:{}:{}:{}", self.chunk, self.keep, self.keep_merged)
+            write!(
+                f,
+                "{name}:{}:{}:{}",
+                self.chunk, self.keep, self.keep_merged
+            )
         }
     }
 }
 
-impl DctSpec {
-    /// Parses `dct`, `dct:C:K` (merged keep `min(2K, C)`) or `dct:C:K:KM`; `None` when `s` is
-    /// not a `dct` name at all.
+impl DeltaSpec {
+    /// Parses `NAME`, `NAME:C:K` (merged keep `min(2K, C)`) or `NAME:C:K:KM` for `NAME` `dct`
+    /// or `sign` (ASCII case ignored); `None` when `s` is neither.
     pub fn parse(s: &str) -> Option<Result<Self, String>> {
         let s = s.trim();
         let mut parts = s.split(':');
-        if !parts.next()?.eq_ignore_ascii_case("dct") {
-            return None;
-        }
+        let head = parts.next()?;
+        let params = [ParamCode::Dct, ParamCode::Sign, ParamCode::Sign2]
+            .into_iter()
+            .find(|c| c.name().eq_ignore_ascii_case(head))?;
+        let name = params.name();
         let nums: Result<Vec<u16>, _> = parts.map(str::parse::<u16>).collect();
         Some(match nums.as_deref() {
-            Ok([]) => Ok(Self::DEFAULT),
-            Ok([c, k]) => Self::new(*c, *k, (k.saturating_mul(2)).min(*c)),
-            Ok([c, k, km]) => Self::new(*c, *k, *km),
+            Ok([]) => Ok(DeltaSpec {
+                params,
+                ..Self::DEFAULT
+            }),
+            Ok([c, k]) => Self::with_code(params, *c, *k, (k.saturating_mul(2)).min(*c)),
+            Ok([c, k, km]) => Self::with_code(params, *c, *k, *km),
             _ => Err(format!(
-                "bad dct spec {s:?}: expected dct, dct:CHUNK:KEEP or dct:CHUNK:KEEP:MERGED_KEEP"
+                "bad {name} spec {s:?}: expected {name}, {name}:CHUNK:KEEP or \
+                 {name}:CHUNK:KEEP:MERGED_KEEP"
             )),
         })
     }
@@ -170,9 +258,9 @@ pub struct Place {
 
 /// Why a `dct` object could not be encoded or decoded.
 #[derive(Debug, Clone, PartialEq, Error)]
-pub enum DctError {
+pub enum DeltaError {
     /// The payload's length is not the one the layout gives.
-    #[error("dct payload of {got} bytes, expected {expected} for {elements} values")]
+    #[error("merge payload of {got} bytes, expected {expected} for {elements} values")]
     Length {
         /// Values expected.
         elements: u64,
@@ -232,15 +320,29 @@ pub enum DctError {
         /// The top found.
         value: f32,
     },
-    /// The unused high nibble after an odd number of codes is not zero.
-    #[error("non-zero padding nibble after the chunk at flat index {index}")]
+    /// Unused bits after the last code of a chunk are not zero.
+    #[error("non-zero padding bits after the chunk at flat index {index}")]
     Padding {
         /// Flat index of the chunk's first value.
         index: u64,
     },
+    /// A `sign` chunk scale that is NaN, negative, infinite or above [`MAX_MAGNITUDE`].
+    #[error("invalid scale {value} of the sign chunk at flat index {index}")]
+    BadScale {
+        /// Flat index of the chunk's first value.
+        index: u64,
+        /// The scale found.
+        value: f32,
+    },
+    /// The 4-bit code -8, which the symmetric code never writes.
+    #[error("invalid 4-bit code -8 at flat index {index}")]
+    BadCode {
+        /// Flat index of the value.
+        index: u64,
+    },
 }
 
-impl DctError {
+impl DeltaError {
     /// The flat index the error is about, if any.
     pub fn index(&self) -> Option<u64> {
         match self {
@@ -249,6 +351,8 @@ impl DctError {
             | Self::NonFinite { index, .. }
             | Self::TooLarge { index, .. }
             | Self::BadTop { index, .. }
+            | Self::BadScale { index, .. }
+            | Self::BadCode { index }
             | Self::Padding { index } => Some(*index),
             Self::Length { .. } | Self::BaseLength { .. } => None,
         }
@@ -327,10 +431,13 @@ fn chunks(start: u64, n: u64, p: u64, c: u64) -> impl Iterator<Item = Chunk> {
     })
 }
 
-impl DctSpec {
+impl DeltaSpec {
     /// Bytes of a chunk of `len` values of `segment`.
     fn chunk_bytes(self, len: u64, segment: Segment, merged: bool) -> u64 {
         match segment {
+            Segment::Params if self.params != ParamCode::Dct => {
+                sign_bits(self.params, merged).chunk_bytes(len)
+            }
             Segment::Params | Segment::Moment1 => {
                 ENTRY_BYTES * len.min(self.keep_for(merged) as u64)
             }
@@ -406,9 +513,9 @@ impl DctSpec {
     /// `values` are finite and second moments non-negative.
     ///
     /// # Errors
-    /// [`DctError::BaseLength`], a non-finite base or difference, or a value beyond
+    /// [`DeltaError::BaseLength`], a non-finite base or difference, or a value beyond
     /// [`MAX_MAGNITUDE`].
-    pub fn encode(self, values: &[f32], place: Place, base: &[f32]) -> Result<Vec<u8>, DctError> {
+    pub fn encode(self, values: &[f32], place: Place, base: &[f32]) -> Result<Vec<u8>, DeltaError> {
         let n = values.len() as u64;
         check_base(n, place, base)?;
         let c = u64::from(self.chunk);
@@ -424,20 +531,27 @@ impl DctSpec {
                     for (i, (&x, &g)) in vals.iter().zip(&base[local..]).enumerate() {
                         let index = chunk.start + i as u64;
                         if !g.is_finite() {
-                            return Err(DctError::NonFinite { index, value: g });
+                            return Err(DeltaError::NonFinite { index, value: g });
                         }
                         let d = x - g;
                         if !d.is_finite() {
-                            return Err(DctError::NonFinite { index, value: d });
+                            return Err(DeltaError::NonFinite { index, value: d });
                         }
                         delta.push(d);
                     }
-                    let coefs = if chunk.len == full.len {
-                        full.forward(&delta)
-                    } else {
-                        Basis::new(chunk.len).forward(&delta)
-                    };
-                    write_top_k(&coefs, keep, chunk.start, &mut out)?;
+                    match self.params {
+                        ParamCode::Dct => {
+                            let coefs = if chunk.len == full.len {
+                                full.forward(&delta)
+                            } else {
+                                Basis::new(chunk.len).forward(&delta)
+                            };
+                            write_top_k(&coefs, keep, chunk.start, &mut out)?;
+                        }
+                        code => sign_bits(code, place.merged)
+                            .write(&delta, MAX_MAGNITUDE, &mut out)
+                            .map_err(|f| fault(f, chunk.start))?,
+                    }
                 }
                 Segment::Moment1 => {
                     let coefs: Vec<f64> = vals.iter().map(|&v| f64::from(v)).collect();
@@ -459,10 +573,10 @@ impl DctSpec {
         n: u64,
         place: Place,
         base: &[f32],
-    ) -> Result<Vec<f32>, DctError> {
+    ) -> Result<Vec<f32>, DeltaError> {
         let expected = self.encoded_len(n, place);
         if bytes.len() as u64 != expected {
-            return Err(DctError::Length {
+            return Err(DeltaError::Length {
                 elements: n,
                 expected,
                 got: bytes.len() as u64,
@@ -481,20 +595,27 @@ impl DctSpec {
             let local = (chunk.start - place.start) as usize;
             match chunk.segment {
                 Segment::Params => {
-                    let entries = read_entries(bytes, chunk.len, keep, chunk.start)?;
-                    let x = if chunk.len == full.len {
-                        full.inverse(&entries)
-                    } else {
-                        Basis::new(chunk.len).inverse(&entries)
+                    let x = match self.params {
+                        ParamCode::Dct => {
+                            let entries = read_entries(bytes, chunk.len, keep, chunk.start)?;
+                            if chunk.len == full.len {
+                                full.inverse(&entries)
+                            } else {
+                                Basis::new(chunk.len).inverse(&entries)
+                            }
+                        }
+                        code => sign_bits(code, place.merged)
+                            .read(bytes, chunk.len, MAX_MAGNITUDE)
+                            .map_err(|f| fault(f, chunk.start))?,
                     };
                     for (i, (d, &g)) in x.into_iter().zip(&base[local..]).enumerate() {
                         let index = chunk.start + i as u64;
                         if !g.is_finite() {
-                            return Err(DctError::NonFinite { index, value: g });
+                            return Err(DeltaError::NonFinite { index, value: g });
                         }
                         let v = g + d;
                         if !v.is_finite() {
-                            return Err(DctError::NonFinite { index, value: v });
+                            return Err(DeltaError::NonFinite { index, value: v });
                         }
                         out.push(v);
                     }
@@ -514,11 +635,33 @@ impl DctSpec {
     }
 }
 
+/// The parameter code of a `sign` or `sign2` upload (1 or 2 bits) or merged partition (4
+/// bits).
+fn sign_bits(code: ParamCode, merged: bool) -> Bits {
+    match (code, merged) {
+        (_, true) => Bits::Four,
+        (ParamCode::Sign2, false) => Bits::Two,
+        _ => Bits::One,
+    }
+}
+
+/// A [`Fault`] of the `sign` chunk at flat index `index`.
+fn fault(f: Fault, index: u64) -> DeltaError {
+    match f {
+        Fault::Scale(value) => DeltaError::BadScale { index, value },
+        Fault::TooLarge(value) => DeltaError::TooLarge { index, value },
+        Fault::Padding => DeltaError::Padding { index },
+        Fault::Code(at) => DeltaError::BadCode {
+            index: index + at as u64,
+        },
+    }
+}
+
 /// `base` must hold exactly the object's parameters.
-fn check_base(n: u64, place: Place, base: &[f32]) -> Result<(), DctError> {
-    let expected = DctSpec::params_in(n, place);
+fn check_base(n: u64, place: Place, base: &[f32]) -> Result<(), DeltaError> {
+    let expected = DeltaSpec::params_in(n, place);
     if base.len() as u64 != expected {
-        return Err(DctError::BaseLength {
+        return Err(DeltaError::BaseLength {
             expected,
             got: base.len() as u64,
         });
@@ -527,7 +670,12 @@ fn check_base(n: u64, place: Place, base: &[f32]) -> Result<(), DctError> {
 }
 
 /// Writes the `keep` largest of `coefs` (ties to the lower index) as entries in index order.
-fn write_top_k(coefs: &[f64], keep: usize, index: u64, out: &mut Vec<u8>) -> Result<(), DctError> {
+fn write_top_k(
+    coefs: &[f64],
+    keep: usize,
+    index: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), DeltaError> {
     let k = keep.min(coefs.len());
     let mut order: Vec<usize> = (0..coefs.len()).collect();
     order.sort_by(|&a, &b| coefs[b].abs().total_cmp(&coefs[a].abs()).then(a.cmp(&b)));
@@ -536,10 +684,10 @@ fn write_top_k(coefs: &[f64], keep: usize, index: u64, out: &mut Vec<u8>) -> Res
     for j in kept {
         let value = coefs[j] as f32;
         if !value.is_finite() {
-            return Err(DctError::NonFinite { index, value });
+            return Err(DeltaError::NonFinite { index, value });
         }
         if value.abs() > MAX_MAGNITUDE {
-            return Err(DctError::TooLarge { index, value });
+            return Err(DeltaError::TooLarge { index, value });
         }
         out.push(u8::try_from(j).unwrap_or(u8::MAX));
         out.extend_from_slice(&bf16::from_f32(value).to_bits().to_le_bytes());
@@ -553,29 +701,29 @@ fn read_entries(
     len: usize,
     keep: usize,
     index: u64,
-) -> Result<Vec<(u8, f32)>, DctError> {
+) -> Result<Vec<(u8, f32)>, DeltaError> {
     let k = keep.min(len);
     let mut entries = Vec::with_capacity(k);
     let mut last: Option<u8> = None;
     for e in bytes.chunks_exact(ENTRY_BYTES as usize) {
         let j = e[0];
         if usize::from(j) >= len {
-            return Err(DctError::IndexOutOfRange {
+            return Err(DeltaError::IndexOutOfRange {
                 index,
                 value: j,
                 len,
             });
         }
         if last.is_some_and(|l| j <= l) {
-            return Err(DctError::UnorderedIndex { index, value: j });
+            return Err(DeltaError::UnorderedIndex { index, value: j });
         }
         last = Some(j);
         let value = bf16::from_bits(u16::from_le_bytes([e[1], e[2]])).to_f32();
         if !value.is_finite() {
-            return Err(DctError::NonFinite { index, value });
+            return Err(DeltaError::NonFinite { index, value });
         }
         if value.abs() > MAX_MAGNITUDE {
-            return Err(DctError::TooLarge { index, value });
+            return Err(DeltaError::TooLarge { index, value });
         }
         entries.push((j, value));
     }
@@ -588,10 +736,10 @@ fn scaled(top: f32, q: u8) -> f32 {
 }
 
 /// Writes a second-moment chunk: its top, then the rounded-up 4-bit codes.
-fn write_codes(vals: &[f32], index: u64, out: &mut Vec<u8>) -> Result<(), DctError> {
+fn write_codes(vals: &[f32], index: u64, out: &mut Vec<u8>) -> Result<(), DeltaError> {
     let top = vals.iter().fold(0f32, |m, &v| m.max(v));
     if top > MAX_SECOND_MOMENT {
-        return Err(DctError::TooLarge { index, value: top });
+        return Err(DeltaError::TooLarge { index, value: top });
     }
     out.extend_from_slice(&top.to_le_bytes());
     let code = |v: f32| -> u8 {
@@ -610,10 +758,10 @@ fn write_codes(vals: &[f32], index: u64, out: &mut Vec<u8>) -> Result<(), DctErr
 }
 
 /// Reads and checks a second-moment chunk of `len` values.
-fn read_codes(bytes: &[u8], len: usize, index: u64, out: &mut Vec<f32>) -> Result<(), DctError> {
+fn read_codes(bytes: &[u8], len: usize, index: u64, out: &mut Vec<f32>) -> Result<(), DeltaError> {
     let top = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     if !(0.0..=MAX_SECOND_MOMENT).contains(&top) {
-        return Err(DctError::BadTop { index, value: top });
+        return Err(DeltaError::BadTop { index, value: top });
     }
     let codes = &bytes[4..];
     for i in 0..len {
@@ -622,105 +770,9 @@ fn read_codes(bytes: &[u8], len: usize, index: u64, out: &mut Vec<f32>) -> Resul
         out.push(scaled(top, q));
     }
     if len % 2 == 1 && codes[len / 2] >> 4 != 0 {
-        return Err(DctError::Padding { index });
+        return Err(DeltaError::Padding { index });
     }
     Ok(())
-}
-
-/// The orthonormal DCT-II basis of length `len`: row `j` is `s_j cos(pi (2n + 1) j / 2len)`,
-/// `s_0 = sqrt(1/len)`, `s_j = sqrt(2/len)`.
-struct Basis {
-    len: usize,
-    rows: Vec<f64>,
-}
-
-impl Basis {
-    fn new(len: usize) -> Self {
-        let l = len as f64;
-        let (s0, s) = ((1.0 / l).sqrt(), (2.0 / l).sqrt());
-        let period = 4 * len as u64;
-        let mut rows = Vec::with_capacity(len * len);
-        for j in 0..len as u64 {
-            let scale = if j == 0 { s0 } else { s };
-            for n in 0..len as u64 {
-                let m = ((2 * n + 1) * j) % period;
-                rows.push(scale * cos_pi_ratio(m, 2 * len as u64));
-            }
-        }
-        Self { len, rows }
-    }
-
-    /// Coefficients of `x` (`len` values).
-    fn forward(&self, x: &[f32]) -> Vec<f64> {
-        (0..self.len)
-            .map(|j| {
-                let row = &self.rows[j * self.len..(j + 1) * self.len];
-                row.iter()
-                    .zip(x)
-                    .fold(0f64, |acc, (&b, &v)| acc + b * f64::from(v))
-            })
-            .collect()
-    }
-
-    /// Values from sparse coefficients, summed in entry order.
-    fn inverse(&self, entries: &[(u8, f32)]) -> Vec<f32> {
-        let mut acc = vec![0f64; self.len];
-        for &(j, c) in entries {
-            let row = &self.rows[usize::from(j) * self.len..(usize::from(j) + 1) * self.len];
-            for (a, &b) in acc.iter_mut().zip(row) {
-                *a += f64::from(c) * b;
-            }
-        }
-        acc.into_iter().map(|v| v as f32).collect()
-    }
-}
-
-/// `cos(pi * m / d)` for `0 <= m < 2d`, from `+`, `-`, `*` and `/` alone (the same bits on
-/// every IEEE machine), within a few ulps of the true value.
-fn cos_pi_ratio(m: u64, d: u64) -> f64 {
-    // Fold the angle into [0, pi/4] with exact integer arithmetic on m / d.
-    let mut m = m % (2 * d);
-    if m > d {
-        m = 2 * d - m; // cos(2pi - a) = cos(a)
-    }
-    let mut sign = 1.0;
-    if 2 * m > d {
-        m = d - m; // cos(pi - a) = -cos(a)
-        sign = -1.0;
-    }
-    // Now a = pi m / d is in [0, pi/2].
-    if 4 * m > d {
-        // cos(a) = sin(pi/2 - a)
-        let x = std::f64::consts::PI * (d - 2 * m) as f64 / (2 * d) as f64;
-        sign * taylor_sin(x)
-    } else {
-        let x = std::f64::consts::PI * m as f64 / d as f64;
-        sign * taylor_cos(x)
-    }
-}
-
-/// `cos(x)` for `|x| <= pi/4` by its Taylor series (terms to `x^20`).
-fn taylor_cos(x: f64) -> f64 {
-    let x2 = x * x;
-    let (mut term, mut sum) = (1.0f64, 1.0f64);
-    for k in 1..=10u32 {
-        let k = f64::from(k);
-        term *= -x2 / ((2.0 * k - 1.0) * (2.0 * k));
-        sum += term;
-    }
-    sum
-}
-
-/// `sin(x)` for `|x| <= pi/4` by its Taylor series (terms to `x^21`).
-fn taylor_sin(x: f64) -> f64 {
-    let x2 = x * x;
-    let (mut term, mut sum) = (x, x);
-    for k in 1..=10u32 {
-        let k = f64::from(k);
-        term *= -x2 / ((2.0 * k) * (2.0 * k + 1.0));
-        sum += term;
-    }
-    sum
 }
 
 #[cfg(test)]
@@ -752,32 +804,8 @@ mod tests {
     }
 
     #[test]
-    fn the_basis_is_orthonormal_and_the_cosine_is_accurate() {
-        for d in [1u64, 2, 7, 64, 128, 255] {
-            for m in 0..2 * d {
-                // The platform's cos of a rounded argument is itself a few ulps off.
-                let want = (std::f64::consts::PI * m as f64 / d as f64).cos();
-                let got = cos_pi_ratio(m, d);
-                assert!((got - want).abs() < 4e-15, "{m}/{d}: {got} {want}");
-            }
-        }
-        for len in [2usize, 5, 64] {
-            let b = Basis::new(len);
-            for i in 0..len {
-                for j in 0..len {
-                    let dot: f64 = (0..len)
-                        .map(|n| b.rows[i * len + n] * b.rows[j * len + n])
-                        .sum();
-                    let want = if i == j { 1.0 } else { 0.0 };
-                    assert!((dot - want).abs() < 1e-12, "{len}: <{i},{j}> = {dot}");
-                }
-            }
-        }
-    }
-
-    #[test]
     fn lengths_follow_the_chunk_grid() {
-        let s = DctSpec::new(4, 2, 3).unwrap();
+        let s = DeltaSpec::new(4, 2, 3).unwrap();
         // P = 10: params 0..10 as chunks 4,4,2 (6+6+6 bytes), moments 10..20 likewise (18),
         // second moments 20..30 as 4,4,2 (6+6+5).
         assert_eq!(s.encoded_len(30, place(0, 10, false)), 18 + 18 + 17);
@@ -797,20 +825,32 @@ mod tests {
         assert_eq!(s.byte_range(29..30, 30, up), 48..53);
         // P = 0: every value is a parameter.
         assert_eq!(s.encoded_len(10, place(3, 0, false)), 18);
-        assert_eq!(DctSpec::params_in(10, place(3, 0, false)), 10);
-        assert_eq!(DctSpec::params_in(16, place(7, 10, false)), 3);
-        assert_eq!(DctSpec::params_in(5, place(20, 10, false)), 0);
+        assert_eq!(DeltaSpec::params_in(10, place(3, 0, false)), 10);
+        assert_eq!(DeltaSpec::params_in(16, place(7, 10, false)), 3);
+        assert_eq!(DeltaSpec::params_in(5, place(20, 10, false)), 0);
     }
 
     #[test]
     fn specs_parse_and_print() {
-        assert_eq!(DctSpec::parse("dct"), Some(Ok(DctSpec::DEFAULT)));
-        assert_eq!(DctSpec::DEFAULT.to_string(), "dct");
-        let s = DctSpec::parse("DCT:128:8").unwrap().unwrap();
+        assert_eq!(DeltaSpec::parse("dct"), Some(Ok(DeltaSpec::DEFAULT)));
+        assert_eq!(DeltaSpec::DEFAULT.to_string(), "dct");
+        let s = DeltaSpec::parse("DCT:128:8").unwrap().unwrap();
         assert_eq!((s.chunk, s.keep, s.keep_merged), (128, 8, 16));
         assert_eq!(s.to_string(), "dct:128:8:16");
-        assert_eq!(DctSpec::parse(&s.to_string()), Some(Ok(s)));
-        assert!(DctSpec::parse("int8").is_none());
+        assert_eq!(DeltaSpec::parse(&s.to_string()), Some(Ok(s)));
+        assert!(DeltaSpec::parse("int8").is_none());
+        assert_eq!(DeltaSpec::parse("sign"), Some(Ok(DeltaSpec::SIGN)));
+        assert_eq!(DeltaSpec::SIGN.to_string(), "sign");
+        let s = DeltaSpec::parse("Sign:32:2").unwrap().unwrap();
+        assert_eq!(
+            (s.params, s.chunk, s.keep, s.keep_merged),
+            (ParamCode::Sign, 32, 2, 4)
+        );
+        assert_eq!(s.to_string(), "sign:32:2:4");
+        assert!(matches!(DeltaSpec::parse("sign:1:1"), Some(Err(e)) if e.contains("sign chunk")));
+        assert!(DeltaSpec::parse("signs").is_none());
+        assert_eq!(DeltaSpec::parse("sign2"), Some(Ok(DeltaSpec::SIGN2)));
+        assert_eq!(DeltaSpec::SIGN2.to_string(), "sign2");
         for bad in [
             "dct:1:1",
             "dct:300:4",
@@ -819,7 +859,7 @@ mod tests {
             "dct:64:4:3",
             "dct:x",
         ] {
-            assert!(matches!(DctSpec::parse(bad), Some(Err(_))), "{bad}");
+            assert!(matches!(DeltaSpec::parse(bad), Some(Err(_))), "{bad}");
         }
     }
 
@@ -827,7 +867,7 @@ mod tests {
     fn round_trips_keep_the_largest_coefficients() {
         let p = 300usize;
         let (flat, base) = state(p, 1);
-        let spec = DctSpec::new(64, 8, 16).unwrap();
+        let spec = DeltaSpec::new(64, 8, 16).unwrap();
         let at = place(0, p as u64, false);
         let bytes = spec.encode(&flat, at, &base).unwrap();
         assert_eq!(bytes.len() as u64, spec.encoded_len(flat.len() as u64, at));
@@ -839,7 +879,7 @@ mod tests {
         let norm: f32 = (0..p).map(|i| (flat[i] - base[i]).powi(2)).sum();
         assert!(err < norm, "{err} {norm}");
         // With every coefficient kept, the round trip is exact to bf16's precision.
-        let dense = DctSpec::new(64, 64, 64).unwrap();
+        let dense = DeltaSpec::new(64, 64, 64).unwrap();
         let back = dense
             .decode(
                 &dense.encode(&flat, at, &base).unwrap(),
@@ -898,11 +938,16 @@ mod tests {
         let p = 300u64;
         let (flat, base) = state(p as usize, 2);
         let n = flat.len() as u64;
-        let spec = DctSpec::new(16, 3, 6).unwrap();
-        let at = place(0, p, false);
-        let bytes = spec.encode(&flat, at, &base).unwrap();
-        let whole = spec.decode(&bytes, n, at, &base).unwrap();
-        for r in [0..1, 5..40, 290..310, 299..601, 600..900, 899..900, 17..18] {
+        for (spec, r) in [ParamCode::Dct, ParamCode::Sign]
+            .into_iter()
+            .map(|c| DeltaSpec::with_code(c, 16, 3, 6).unwrap())
+            .flat_map(|s| {
+                [0..1, 5..40, 290..310, 299..601, 600..900, 899..900, 17..18].map(|r| (s, r))
+            })
+        {
+            let at = place(0, p, false);
+            let bytes = spec.encode(&flat, at, &base).unwrap();
+            let whole = spec.decode(&bytes, n, at, &base).unwrap();
             let a = spec.aligned(r.clone(), n, at);
             let br = spec.byte_range(r.clone(), n, at);
             let sub = place(a.start, p, false);
@@ -915,7 +960,84 @@ mod tests {
                     &base[pb],
                 )
                 .unwrap();
-            assert_eq!(got, whole[a.start as usize..a.end as usize], "{r:?}");
+            assert_eq!(got, whole[a.start as usize..a.end as usize], "{spec} {r:?}");
+        }
+    }
+
+    #[test]
+    fn sign_lengths_follow_the_chunk_grid() {
+        let s = DeltaSpec::with_code(ParamCode::Sign, 4, 2, 3).unwrap();
+        // P = 10: params 0..10 as chunks 4,4,2, each a 4-byte scale and one byte of sign bits
+        // (15); first moments top-2 (18); second moments 4,4,2 (6 + 6 + 5).
+        assert_eq!(s.encoded_len(30, place(0, 10, false)), 15 + 18 + 17);
+        // Merged: parameters in 4 bits (6 + 6 + 5), first moments top-3 (24).
+        assert_eq!(s.encoded_len(30, place(0, 10, true)), 17 + 24 + 17);
+        // The default: 12 bytes per 64 parameters in an upload, as dct's default; sign2 24.
+        let p = 64 * 100;
+        let up = place(0, p, false);
+        let dct = DeltaSpec::DEFAULT.encoded_len(3 * p, up);
+        assert_eq!(DeltaSpec::SIGN.encoded_len(3 * p, up), dct);
+        assert_eq!(DeltaSpec::SIGN2.encoded_len(3 * p, up), dct + 12 * 100);
+        let up = place(0, 10, false);
+        assert_eq!(s.aligned(5..6, 30, up), 4..8);
+        assert_eq!(s.byte_range(5..6, 30, up), 5..10);
+    }
+
+    /// The sign code sends every parameter's change: in a round trip each decoded change has
+    /// the true sign, and with error feedback what a run of uploads delivers converges to what
+    /// the miner's state moved, which a top-k code only does for the coefficients it keeps.
+    #[test]
+    fn the_sign_code_delivers_every_change_with_error_feedback() {
+        let p = 640usize;
+        let (flat, base) = state(p, 7);
+        let at = place(0, p as u64, false);
+        let back = DeltaSpec::SIGN
+            .decode(
+                &DeltaSpec::SIGN.encode(&flat, at, &base).unwrap(),
+                flat.len() as u64,
+                at,
+                &base,
+            )
+            .unwrap();
+        for i in 0..p {
+            let (d, e) = (flat[i] - base[i], back[i] - base[i]);
+            assert!(d == 0.0 || (d > 0.0) == (e > 0.0), "{i}: {d} sent as {e}");
+        }
+        // A miner whose parameters move by the same `d` between uploads: after T uploads with
+        // error feedback, the receivers have summed T x d less what is still held back.
+        let d: Vec<f32> = (0..p).map(|i| flat[i] - base[i]).collect();
+        for spec in [DeltaSpec::SIGN, DeltaSpec::SIGN2, DeltaSpec::DEFAULT] {
+            let mut residual = vec![0f32; p];
+            let mut delivered = vec![0f64; p];
+            let rounds = 200;
+            for _ in 0..rounds {
+                let mut x = base.clone();
+                for i in 0..p {
+                    x[i] += d[i] + residual[i];
+                }
+                let at = place(0, 0, false);
+                let sent = spec
+                    .decode(&spec.encode(&x, at, &base).unwrap(), p as u64, at, &base)
+                    .unwrap();
+                for i in 0..p {
+                    let s = sent[i] - base[i];
+                    delivered[i] += f64::from(s);
+                    residual[i] = x[i] - base[i] - s;
+                }
+            }
+            let (mut err, mut norm) = (0f64, 0f64);
+            for i in 0..p {
+                let want = f64::from(d[i]) * f64::from(rounds);
+                err += (delivered[i] - want).powi(2);
+                norm += want.powi(2);
+            }
+            let rel = (err / norm).sqrt();
+            if spec != DeltaSpec::DEFAULT {
+                assert!(rel < 0.02, "{spec} delivered {rel} off");
+            } else {
+                // dct with error feedback converges too, more slowly (4 of 64 coefficients).
+                assert!(rel < 0.2, "dct delivered {rel} off");
+            }
         }
     }
 
@@ -924,7 +1046,7 @@ mod tests {
         // A merged partition 250..700 of P = 300 cuts its chunks at 250, 266, ..., 300, ...
         let p = 300u64;
         let (flat, base) = state(p as usize, 3);
-        let spec = DctSpec::new(16, 3, 6).unwrap();
+        let spec = DeltaSpec::new(16, 3, 6).unwrap();
         let at = place(250, p, true);
         let part = &flat[250..700];
         let bytes = spec.encode(part, at, &base[250..300]).unwrap();
@@ -938,7 +1060,7 @@ mod tests {
     /// Hostile bytes: each is refused with an error that says what and where.
     #[test]
     fn hostile_payloads_are_refused() {
-        let spec = DctSpec::new(4, 2, 2).unwrap();
+        let spec = DeltaSpec::new(4, 2, 2).unwrap();
         let p = 8u64;
         let at = place(0, p, false);
         let (flat, base) = {
@@ -955,7 +1077,7 @@ mod tests {
         bad[3] = 5;
         assert_eq!(
             decode(&bad),
-            Err(DctError::IndexOutOfRange {
+            Err(DeltaError::IndexOutOfRange {
                 index: 0,
                 value: 4,
                 len: 4
@@ -965,13 +1087,13 @@ mod tests {
         bad[3] = bad[0];
         assert!(matches!(
             decode(&bad),
-            Err(DctError::UnorderedIndex { index: 0, .. })
+            Err(DeltaError::UnorderedIndex { index: 0, .. })
         ));
         let mut bad = good.clone();
         (bad[0], bad[3]) = (3, 1);
         assert!(matches!(
             decode(&bad),
-            Err(DctError::UnorderedIndex { index: 0, value: 1 })
+            Err(DeltaError::UnorderedIndex { index: 0, value: 1 })
         ));
         for (bits, name) in [(0x7FC0u16, "NaN"), (0x7F80, "inf"), (0x7F00, "huge")] {
             let mut bad = good.clone();
@@ -980,7 +1102,7 @@ mod tests {
             assert!(
                 matches!(
                     err,
-                    DctError::NonFinite { index: 0, .. } | DctError::TooLarge { index: 0, .. }
+                    DeltaError::NonFinite { index: 0, .. } | DeltaError::TooLarge { index: 0, .. }
                 ),
                 "{name}: {err}"
             );
@@ -996,17 +1118,17 @@ mod tests {
             let mut bad = good.clone();
             bad[v0..v0 + 4].copy_from_slice(&top.to_le_bytes());
             assert!(
-                matches!(decode(&bad), Err(DctError::BadTop { index: 16, .. })),
+                matches!(decode(&bad), Err(DeltaError::BadTop { index: 16, .. })),
                 "{name}"
             );
         }
         assert!(matches!(
             decode(&good[..good.len() - 1]),
-            Err(DctError::Length { .. })
+            Err(DeltaError::Length { .. })
         ));
         assert!(matches!(
             spec.decode(&good, n, at, &base[..7]),
-            Err(DctError::BaseLength {
+            Err(DeltaError::BaseLength {
                 expected: 8,
                 got: 7
             })
@@ -1015,16 +1137,16 @@ mod tests {
         nan_base[2] = f32::NAN;
         assert!(matches!(
             spec.decode(&good, n, at, &nan_base),
-            Err(DctError::NonFinite { index: 2, .. })
+            Err(DeltaError::NonFinite { index: 2, .. })
         ));
         let mut inf_base = base.clone();
         inf_base[5] = f32::NEG_INFINITY;
         assert!(matches!(
             spec.decode(&good, n, at, &inf_base),
-            Err(DctError::NonFinite { index: 5, .. })
+            Err(DeltaError::NonFinite { index: 5, .. })
         ));
         // Odd chunk: a non-zero padding nibble.
-        let odd = DctSpec::new(3, 1, 1).unwrap();
+        let odd = DeltaSpec::new(3, 1, 1).unwrap();
         let at3 = place(0, 1, false);
         let v = [0.5f32, 0.1, 1e-3];
         let enc = odd.encode(&v, at3, &[0.4]).unwrap();
@@ -1035,26 +1157,76 @@ mod tests {
         bad[last] |= 0x10;
         assert_eq!(
             odd.decode(&bad, 3, at3, &[0.4]),
-            Err(DctError::Padding { index: 2 })
+            Err(DeltaError::Padding { index: 2 })
         );
         assert!(odd.decode(&enc, 3, at3, &[0.4]).is_ok());
     }
 
+    /// Hostile `sign` bytes: each is refused naming the chunk or the value.
+    #[test]
+    fn hostile_sign_payloads_are_refused() {
+        let (flat, base) = state(8, 4);
+        let n = flat.len() as u64;
+        for (code, merged) in [
+            (ParamCode::Sign, false),
+            (ParamCode::Sign, true),
+            (ParamCode::Sign2, false),
+        ] {
+            let spec = DeltaSpec::with_code(code, 4, 2, 2).unwrap();
+            let at = place(0, 8, merged);
+            let good = spec.encode(&flat, at, &base).unwrap();
+            let decode = |bytes: &[u8]| spec.decode(bytes, n, at, &base);
+            assert!(decode(&good).is_ok());
+            // Chunk 1 (flat index 4) starts after chunk 0's scale(s) and codes.
+            let c1 = spec.chunk_bytes(4, Segment::Params, merged) as usize;
+            for scale in [f32::NAN, -1.0, f32::INFINITY, 1e13] {
+                let mut bad = good.clone();
+                bad[c1..c1 + 4].copy_from_slice(&scale.to_le_bytes());
+                assert!(
+                    matches!(decode(&bad), Err(DeltaError::BadScale { index: 4, .. })),
+                    "{scale}: {:?}",
+                    decode(&bad)
+                );
+            }
+            if merged {
+                // Value 5 sits in the high nibble of chunk 1's first code byte.
+                let mut bad = good.clone();
+                bad[c1 + 4] = (bad[c1 + 4] & 0x0F) | 0x80;
+                assert_eq!(decode(&bad), Err(DeltaError::BadCode { index: 5 }));
+            }
+        }
+        // A chunk of 3 values: bits 3..8 of its sign byte are padding.
+        let at = place(0, 3, false);
+        let odd = DeltaSpec::with_code(ParamCode::Sign, 3, 1, 1).unwrap();
+        let (flat, base) = state(3, 5);
+        let mut bad = odd.encode(&flat, at, &base).unwrap();
+        bad[4] |= 0x20;
+        assert_eq!(
+            odd.decode(&bad, 9, at, &base),
+            Err(DeltaError::Padding { index: 0 })
+        );
+        // A change too large to carry is refused when encoding.
+        assert!(matches!(
+            DeltaSpec::SIGN.encode(&[1e13], place(0, 0, false), &[0.0]),
+            Err(DeltaError::TooLarge { index: 0, .. })
+        ));
+    }
+
     #[test]
     fn encoding_refuses_what_it_cannot_carry() {
-        let spec = DctSpec::DEFAULT;
+        let spec = DeltaSpec::DEFAULT;
         let at = place(0, 0, false);
         assert!(matches!(
             spec.encode(&[1e13], at, &[0.0]),
-            Err(DctError::TooLarge { index: 0, .. })
+            Err(DeltaError::TooLarge { index: 0, .. })
         ));
         assert!(matches!(
             spec.encode(&[1.0], at, &[f32::INFINITY]),
-            Err(DctError::NonFinite { index: 0, .. })
+            Err(DeltaError::NonFinite { index: 0, .. })
         ));
         assert!(matches!(
             spec.encode(&[f32::MAX], at, &[-f32::MAX]),
-            Err(DctError::NonFinite { index: 0, .. })
+            Err(DeltaError::NonFinite { index: 0, .. })
         ));
     }
 
@@ -1069,10 +1241,10 @@ mod tests {
             // value checks are reached too (random indices mostly fail the order check).
             let one = i % 2 == 0;
             let spec = if one {
-                DctSpec::new(chunk, 1, 1).unwrap()
+                DeltaSpec::new(chunk, 1, 1).unwrap()
             } else {
                 let k = rng.random_range(1..=chunk);
-                DctSpec::new(chunk, k, rng.random_range(k..=chunk)).unwrap()
+                DeltaSpec::new(chunk, k, rng.random_range(k..=chunk)).unwrap()
             };
             let p = rng.random_range(0..200u64);
             let at = place(i % 500, p, rng.random());
@@ -1080,12 +1252,12 @@ mod tests {
             let len = spec.encoded_len(n, at) as usize;
             let mut bytes: Vec<u8> = (0..len).map(|_| rng.random()).collect();
             if one {
-                let sparse = 3 * DctSpec::params_in(n, at).div_ceil(u64::from(chunk)) as usize;
+                let sparse = 3 * DeltaSpec::params_in(n, at).div_ceil(u64::from(chunk)) as usize;
                 for b in bytes.iter_mut().take(sparse).step_by(3) {
                     *b = 0;
                 }
             }
-            let base: Vec<f32> = (0..DctSpec::params_in(n, at))
+            let base: Vec<f32> = (0..DeltaSpec::params_in(n, at))
                 .map(|_| {
                     if one {
                         rng.random_range(-1e3f32..1e3)

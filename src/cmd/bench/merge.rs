@@ -33,12 +33,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Args;
 
-use super::network::{fresh_run_dir, miner_stats, own_traffic, scrape};
+use super::network::{fresh_run_dir, own_traffic, scrape};
 use crate::api::client::ApiClient;
 use crate::api::{MergeStatus, Phase, StatusResponse};
 use crate::cmd::local::{LocalArgs, generated_config};
 use crate::cmd::model::human_bytes;
-use crate::codec::MergeWire;
+use crate::codec::{MergeWire, Span};
 use crate::merge::MergeOp;
 use crate::miner::utilization::UtilizationReport;
 use crate::model::ModelConfig;
@@ -162,6 +162,27 @@ struct Watch {
     after_merge: Option<String>,
     merge: Option<MergeStatus>,
     status: Option<StatusResponse>,
+    /// Each miner's first stats report that shows the adoption (a miner writes one as it
+    /// adopts), by file: its bytes before the next merge can add to them.
+    adopted: BTreeMap<PathBuf, UtilizationReport>,
+}
+
+/// Records in `w` every miner stats file in `dir` that shows its first adoption.
+fn snapshot_adoptions(dir: &Path, w: &mut Watch) {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_none_or(|e| e != "json") || w.adopted.contains_key(&path) {
+            continue;
+        }
+        let report = fs::read(&path)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<UtilizationReport>(&b).ok());
+        if let Some(r) = report.filter(|r| MinerBytes::of(r).adopt > 0) {
+            w.adopted.insert(path, r);
+        }
+    }
 }
 
 fn every_miner_adopted(status: &StatusResponse, miners: usize) -> bool {
@@ -173,8 +194,15 @@ fn every_miner_adopted(status: &StatusResponse, miners: usize) -> bool {
     held.len() >= miners && held.iter().all(|&e| e >= 1)
 }
 
-/// Polls the orchestrator at `addr` until `child` exits or every miner adopted the merge.
-async fn watch(addr: SocketAddr, miners: usize, child: &mut Child, timeout: Duration) -> Watch {
+/// Polls the orchestrator at `addr` until `child` exits or every miner adopted the merge, and
+/// the miners' stats files in `stats` until each has shown its adoption.
+async fn watch(
+    addr: SocketAddr,
+    miners: usize,
+    stats: &Path,
+    child: &mut Child,
+    timeout: Duration,
+) -> Watch {
     let mut w = Watch::default();
     let policy = RetryPolicy {
         max_attempts: 1,
@@ -203,13 +231,21 @@ async fn watch(addr: SocketAddr, miners: usize, child: &mut Child, timeout: Dura
             if status.phase == Phase::Uploading && w.uploading_at.is_none() {
                 w.uploading_at = Some(now);
             }
-            if w.uploading_at.is_some() && every_miner_adopted(&status, miners) {
+            if w.uploading_at.is_some()
+                && w.adopted_at.is_none()
+                && every_miner_adopted(&status, miners)
+            {
                 w.adopted_at = Some(now);
                 w.after_merge = scrape(addr);
                 w.merge = c.merge_status().await.ok();
                 w.status = Some(status);
-                break;
             }
+        }
+        if w.uploading_at.is_some() {
+            snapshot_adoptions(stats, &mut w);
+        }
+        if w.adopted_at.is_some() && w.adopted.len() >= miners {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -288,19 +324,9 @@ fn run_one(
         .build()
         .context("starting the async runtime")?;
     let timeout = Duration::from_secs(args.timeout_s);
-    let w = rt.block_on(watch(listen, miners, &mut child, timeout));
-    // Each miner rewrites its stats file about once a second: wait until every file shows
-    // the adoption's download, then take them (before the next merge adds to them).
     let stats_dir = dir.join("stats");
-    let mut reports = Vec::new();
-    let settle = Instant::now();
-    while w.adopted_at.is_some() && settle.elapsed() < Duration::from_secs(30) {
-        reports = miner_stats(&stats_dir).unwrap_or_default();
-        if reports.len() >= miners && reports.iter().all(|r| MinerBytes::of(r).adopt > 0) {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let mut w = rt.block_on(watch(listen, miners, &stats_dir, &mut child, timeout));
+    let reports: Vec<UtilizationReport> = std::mem::take(&mut w.adopted).into_values().collect();
     // The network ends by itself once its budget is spent (one merge); wait for the miners'
     // final stats files.
     let started = Instant::now();
@@ -337,6 +363,17 @@ fn run_one(
             "the miners' stats ({}) never showed every adoption",
             stats_dir.display()
         );
+    }
+    // Every miner uploads its state once per merge: more means the next merge had begun
+    // before the stats were read, and its bytes would be counted with this one's.
+    let layout = section_layout(&single_section(ModelConfig::preset(&args.preset)?)?, 0)?;
+    let one_upload = wire.encoded_len(layout.total_len() as u64, Span::whole(layout.params_len));
+    if let Some(b) = bytes.iter().find(|b| b.upload != one_upload) {
+        return Err(SecondMerge {
+            uploaded: b.upload,
+            expected: one_upload,
+        }
+        .into());
     }
     let orchestrator = match (&w.before_merge, &w.after_merge) {
         (Some(a), Some(b)) => {
@@ -382,6 +419,21 @@ fn run_one(
     })
 }
 
+/// Networks run per (format, miner count) before giving up on one whose stats mixed two
+/// merges.
+const ATTEMPTS: usize = 3;
+
+/// A miner's stats counted more than one upload: the next merge had begun.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "a miner's stats show {uploaded} bytes of merge uploads, one upload is {expected}: the \
+     next merge began before they were read"
+)]
+struct SecondMerge {
+    uploaded: u64,
+    expected: u64,
+}
+
 /// `cfg` with all its blocks in one section.
 fn single_section(mut cfg: ModelConfig) -> anyhow::Result<ModelConfig> {
     cfg.sections = vec![[0, cfg.n_layers]];
@@ -417,7 +469,16 @@ pub fn run(args: BenchMergeArgs) -> anyhow::Result<()> {
             }
             let dir = root.join(format!("{}-{n}", wire.to_string().replace(':', "_")));
             eprintln!("merging {n} miners in {wire}...");
-            let run = run_one(&args, wire, n, &dir);
+            let mut run = run_one(&args, wire, n, &dir);
+            for _ in 1..ATTEMPTS {
+                match &run {
+                    Err(e) if e.is::<SecondMerge>() => {
+                        eprintln!("  {e}; running it again");
+                        run = run_one(&args, wire, n, &dir);
+                    }
+                    _ => break,
+                }
+            }
             if args.dir.is_none() {
                 let _ = fs::remove_dir_all(&dir);
             }

@@ -290,7 +290,9 @@ impl<B: AutodiffBackend> Worker<B> {
             hash = %hash,
             "merge: adopted the merged state"
         );
-        // Tell the orchestrator at once which weights this miner now holds.
+        // The stats file and the orchestrator learn at once which weights this miner holds
+        // (`iota bench merge` reads the merge's bytes from the file written here).
+        self.write_stats(true);
         if let Err(e) = self.client.heartbeat(&self.counters.heartbeat()).await {
             tracing::warn!("heartbeat after adopting: {e}");
         }

@@ -1,5 +1,5 @@
-//! The `dct`, `sign` and `sign2` merge formats: a section's flat state as a compressed change
-//! from the previous global state, 11x to 13x smaller than f32 in uploads (see
+//! The `dct`, `sign`, `sign2` and `q4` merge formats: a section's flat state as a compressed change
+//! from the previous global state, 9x to 13x smaller than f32 in uploads (see
 //! [`DeltaSpec`]). They differ only in how the parameters' change is coded ([`ParamCode`]).
 //!
 //! The flat state has three segments (see [`super::flat`]): parameters (flat indices `0..P`),
@@ -20,6 +20,7 @@
 //!     simulation (README), `dct`'s top-k parameter code is what costs it its learning.
 //!   - `sign2`: as `sign` with two bits per value in uploads (the sign, and whether the value
 //!     is above the chunk's mean magnitude; two scales per chunk).
+//!   - `q4`: four bits per value in uploads too (symmetric, scale max / 7).
 //! - **First moments**: the `k` largest values themselves (identity basis, no base), the rest
 //!   zero: a moment is renewed within a few dozen steps, so its change from `g` is no smaller
 //!   than the moment, and a zero first moment can never cause a large step.
@@ -42,6 +43,8 @@
 //!                                               4-bit codes in merged partitions
 //! sign2 parameter chunk of L values             two f32 scales, ceil(L / 4) bytes of 2-bit
 //!                                               codes in uploads; merged as sign
+//! q4 parameter chunk of L values                f32 scale, ceil(L / 2) bytes of 4-bit codes
+//!                                               (uploads and merged partitions)
 //! second-moment chunk of L values               f32 top, ceil(L / 2) bytes of 4-bit codes
 //!                                               (value i in the low nibble of byte i/2 when i
 //!                                               is even, the high nibble when odd)
@@ -100,6 +103,8 @@ pub enum ParamCode {
     /// Every value: 2 bits (sign, and one of two magnitudes) in uploads, 4 bits in merged
     /// partitions.
     Sign2,
+    /// Every value: 4 bits (symmetric, scale max / 7) in uploads and merged partitions.
+    Q4,
 }
 
 impl ParamCode {
@@ -109,6 +114,7 @@ impl ParamCode {
             ParamCode::Dct => "dct",
             ParamCode::Sign => "sign",
             ParamCode::Sign2 => "sign2",
+            ParamCode::Q4 => "q4",
         }
     }
 }
@@ -147,6 +153,12 @@ impl DeltaSpec {
     /// first moments as `dct`'s default.
     pub const SIGN: DeltaSpec = DeltaSpec {
         params: ParamCode::Sign,
+        ..Self::DEFAULT
+    };
+
+    /// `q4`: as [`SIGN`](Self::SIGN) with 4-bit parameters in uploads.
+    pub const Q4: DeltaSpec = DeltaSpec {
+        params: ParamCode::Q4,
         ..Self::DEFAULT
     };
 
@@ -224,9 +236,14 @@ impl DeltaSpec {
         let s = s.trim();
         let mut parts = s.split(':');
         let head = parts.next()?;
-        let params = [ParamCode::Dct, ParamCode::Sign, ParamCode::Sign2]
-            .into_iter()
-            .find(|c| c.name().eq_ignore_ascii_case(head))?;
+        let params = [
+            ParamCode::Dct,
+            ParamCode::Sign,
+            ParamCode::Sign2,
+            ParamCode::Q4,
+        ]
+        .into_iter()
+        .find(|c| c.name().eq_ignore_ascii_case(head))?;
         let name = params.name();
         let nums: Result<Vec<u16>, _> = parts.map(str::parse::<u16>).collect();
         Some(match nums.as_deref() {
@@ -641,6 +658,7 @@ fn sign_bits(code: ParamCode, merged: bool) -> Bits {
     match (code, merged) {
         (_, true) => Bits::Four,
         (ParamCode::Sign2, false) => Bits::Two,
+        (ParamCode::Q4, false) => Bits::Four,
         _ => Bits::One,
     }
 }
@@ -851,6 +869,8 @@ mod tests {
         assert!(DeltaSpec::parse("signs").is_none());
         assert_eq!(DeltaSpec::parse("sign2"), Some(Ok(DeltaSpec::SIGN2)));
         assert_eq!(DeltaSpec::SIGN2.to_string(), "sign2");
+        assert_eq!(DeltaSpec::parse("q4"), Some(Ok(DeltaSpec::Q4)));
+        assert_eq!(DeltaSpec::Q4.to_string(), "q4");
         for bad in [
             "dct:1:1",
             "dct:300:4",
@@ -978,6 +998,7 @@ mod tests {
         let dct = DeltaSpec::DEFAULT.encoded_len(3 * p, up);
         assert_eq!(DeltaSpec::SIGN.encoded_len(3 * p, up), dct);
         assert_eq!(DeltaSpec::SIGN2.encoded_len(3 * p, up), dct + 12 * 100);
+        assert_eq!(DeltaSpec::Q4.encoded_len(3 * p, up), dct + 24 * 100);
         let up = place(0, 10, false);
         assert_eq!(s.aligned(5..6, 30, up), 4..8);
         assert_eq!(s.byte_range(5..6, 30, up), 5..10);
@@ -1006,7 +1027,12 @@ mod tests {
         // A miner whose parameters move by the same `d` between uploads: after T uploads with
         // error feedback, the receivers have summed T x d less what is still held back.
         let d: Vec<f32> = (0..p).map(|i| flat[i] - base[i]).collect();
-        for spec in [DeltaSpec::SIGN, DeltaSpec::SIGN2, DeltaSpec::DEFAULT] {
+        for spec in [
+            DeltaSpec::SIGN,
+            DeltaSpec::SIGN2,
+            DeltaSpec::Q4,
+            DeltaSpec::DEFAULT,
+        ] {
             let mut residual = vec![0f32; p];
             let mut delivered = vec![0f64; p];
             let rounds = 200;
@@ -1171,6 +1197,7 @@ mod tests {
             (ParamCode::Sign, false),
             (ParamCode::Sign, true),
             (ParamCode::Sign2, false),
+            (ParamCode::Q4, false),
         ] {
             let spec = DeltaSpec::with_code(code, 4, 2, 2).unwrap();
             let at = place(0, 8, merged);

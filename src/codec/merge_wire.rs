@@ -29,8 +29,8 @@
 //! never decodes to 0 and the Adam step `m / sqrt(v)` after a merge is never larger than the
 //! one the miner held.
 //!
-//! # The base (dct and sign)
-//! `dct` and `sign` store the parameters as a change from the previous global state `g`, which every
+//! # The base (dct, sign, sign2, q4)
+//! These store the parameters as a change from the previous global state `g`, which every
 //! party holds (miners adopted it, the orchestrator and validators read the checkpoint), so
 //! encoding and decoding take `g`'s values for the object's parameters as `base` (the other
 //! formats ignore it; pass `&[]`). [`MergeWire::base_range`] says which values that is.
@@ -216,13 +216,14 @@ impl MergeWireError {
 
 impl MergeWire {
     /// Every format, lossless first (`dct` and `sign` with their default parameters).
-    pub const ALL: [MergeWire; 6] = [
+    pub const ALL: [MergeWire; 7] = [
         MergeWire::F32,
         MergeWire::Bf16,
         MergeWire::Int8,
         MergeWire::Delta(DeltaSpec::DEFAULT),
         MergeWire::Delta(DeltaSpec::SIGN),
         MergeWire::Delta(DeltaSpec::SIGN2),
+        MergeWire::Delta(DeltaSpec::Q4),
     ];
 
     /// The lowercase name of the format's family (`dct` for every `dct` spec, `sign` for every
@@ -242,8 +243,8 @@ impl MergeWire {
     }
 
     /// The flat indices (a prefix of the object's `n` elements at `span`, as global indices)
-    /// whose previous global values are the object's base: its parameters for `dct` and `sign`, none
-    /// otherwise.
+    /// whose previous global values are the object's base: its parameters for the formats with
+    /// one, none otherwise.
     pub fn base_range(self, n: u64, span: Span) -> Range<u64> {
         match self {
             MergeWire::Delta(_) => span.start..span.start + DeltaSpec::params_in(n, span.place()),
@@ -702,7 +703,7 @@ impl FromStr for MergeWire {
             .ok_or_else(|| {
                 format!(
                     "unknown merge wire format {s:?}: expected f32, bf16, int8, dct, sign, \
-                     sign2, or dct/sign/sign2:CHUNK:KEEP[:MERGED_KEEP]"
+                     sign2, q4, or one of the last four with :CHUNK:KEEP[:MERGED_KEEP]"
                 )
             })
     }

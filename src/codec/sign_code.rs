@@ -62,90 +62,100 @@ impl Bits {
         }
     }
 
-    /// Writes the chunk `d` (finite values); its scale must be at most `limit`.
-    pub(crate) fn write(self, d: &[f32], limit: f32, out: &mut Vec<u8>) -> Result<(), Fault> {
-        if self == Bits::Two {
-            return write_two(d, limit, out);
-        }
-        let scale = match self {
-            Bits::One => {
-                let sum = d.iter().fold(0f64, |acc, v| acc + f64::from(v.abs()));
-                (sum / d.len().max(1) as f64) as f32
-            }
-            Bits::Four | Bits::Two => d.iter().fold(0f32, |m, v| m.max(v.abs())) / 7.0,
-        };
-        if !scale.is_finite() || scale > limit {
-            return Err(Fault::TooLarge(scale));
-        }
-        out.extend_from_slice(&scale.to_le_bytes());
+    /// Bits per value.
+    fn width(self) -> usize {
         match self {
-            Bits::One => {
-                for byte in d.chunks(8) {
-                    let bits = byte
-                        .iter()
-                        .enumerate()
-                        .fold(0u8, |b, (i, &v)| b | (u8::from(v < 0.0) << i));
-                    out.push(bits);
-                }
-            }
-            Bits::Two => {}
-            Bits::Four => {
-                let code = |v: f32| -> u8 {
-                    let q = if scale > 0.0 {
-                        (v / scale).round().clamp(-7.0, 7.0) as i8
+            Bits::One => 1,
+            Bits::Two => 2,
+            Bits::Four => 4,
+        }
+    }
+
+    /// Writes the chunk `d` (finite values); its scales must be at most `limit`.
+    pub(crate) fn write(self, d: &[f32], limit: f32, out: &mut Vec<u8>) -> Result<(), Fault> {
+        // The scales, and each value's code from them.
+        let t = mean_abs(d, |_| true);
+        let scales = match self {
+            Bits::One => vec![t],
+            Bits::Two => vec![mean_abs(d, |a| a <= t), mean_abs(d, |a| a > t)],
+            Bits::Four => vec![d.iter().fold(0f32, |m, v| m.max(v.abs())) / 7.0],
+        };
+        if let Some(&bad) = scales.iter().find(|s| !s.is_finite() || **s > limit) {
+            return Err(Fault::TooLarge(bad));
+        }
+        let code = |v: f32| -> u8 {
+            match self {
+                Bits::One => u8::from(v < 0.0),
+                Bits::Two => u8::from(v < 0.0) | (u8::from(v.abs() > t) << 1),
+                Bits::Four => {
+                    let q = if scales[0] > 0.0 {
+                        (v / scales[0]).round().clamp(-7.0, 7.0) as i8
                     } else {
                         0
                     };
                     (q as u8) & 0x0F
-                };
-                for pair in d.chunks(2) {
-                    let low = code(pair[0]);
-                    let high = pair.get(1).map_or(0, |&v| code(v));
-                    out.push(low | (high << 4));
                 }
             }
+        };
+        for scale in &scales {
+            out.extend_from_slice(&scale.to_le_bytes());
+        }
+        let w = self.width();
+        let per_byte = 8 / w;
+        for group in d.chunks(per_byte) {
+            out.push(
+                group
+                    .iter()
+                    .enumerate()
+                    .fold(0u8, |b, (i, &v)| b | (code(v) << (w * i))),
+            );
         }
         Ok(())
     }
 
     /// Reads a chunk of `len` values from exactly [`chunk_bytes`](Self::chunk_bytes)`(len)`
-    /// bytes; its scale must be at most `limit`.
+    /// bytes; its scales must be at most `limit`.
     pub(crate) fn read(self, bytes: &[u8], len: usize, limit: f32) -> Result<Vec<f32>, Fault> {
-        if self == Bits::Two {
-            return read_two(bytes, len, limit);
-        }
-        let scale = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-        if !(0.0..=limit).contains(&scale) {
-            return Err(Fault::Scale(scale));
-        }
-        let codes = &bytes[4..];
-        let mut out = Vec::with_capacity(len);
-        match self {
-            Bits::One => {
-                for i in 0..len {
-                    let negative = (codes[i / 8] >> (i % 8)) & 1 == 1;
-                    out.push(if negative { -scale } else { scale });
-                }
-                if !len.is_multiple_of(8) && codes[len / 8] >> (len % 8) != 0 {
-                    return Err(Fault::Padding);
-                }
+        let count = if self == Bits::Two { 2 } else { 1 };
+        let mut scales = [0f32; 2];
+        for (k, scale) in scales.iter_mut().take(count).enumerate() {
+            let at = 4 * k;
+            *scale = f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
+            if !(0.0..=limit).contains(scale) {
+                return Err(Fault::Scale(*scale));
             }
-            Bits::Two => {}
-            Bits::Four => {
-                for i in 0..len {
-                    let byte = codes[i / 2];
-                    let q = if i % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-                    if q == NIBBLE_MIN {
+        }
+        let codes = &bytes[4 * count..];
+        let w = self.width();
+        let per_byte = 8 / w;
+        let mask = (1u8 << w) - 1;
+        let mut out = Vec::with_capacity(len);
+        for i in 0..len {
+            let c = (codes[i / per_byte] >> (w * (i % per_byte))) & mask;
+            let value = match self {
+                Bits::One => {
+                    if c == 1 {
+                        -scales[0]
+                    } else {
+                        scales[0]
+                    }
+                }
+                Bits::Two => {
+                    let magnitude = scales[usize::from(c >> 1)];
+                    if c & 1 == 1 { -magnitude } else { magnitude }
+                }
+                Bits::Four => {
+                    if c == NIBBLE_MIN {
                         return Err(Fault::Code(i));
                     }
                     // Sign-extend the nibble.
-                    let q = ((q << 4) as i8) >> 4;
-                    out.push(f32::from(q) * scale);
+                    f32::from(((c << 4) as i8) >> 4) * scales[0]
                 }
-                if len % 2 == 1 && codes[len / 2] >> 4 != 0 {
-                    return Err(Fault::Padding);
-                }
-            }
+            };
+            out.push(value);
+        }
+        if !len.is_multiple_of(per_byte) && codes[len / per_byte] >> (w * (len % per_byte)) != 0 {
+            return Err(Fault::Padding);
         }
         Ok(out)
     }
@@ -163,50 +173,6 @@ fn mean_abs(d: &[f32], pick: impl Fn(f32) -> bool) -> f32 {
     } else {
         (sum / f64::from(n)) as f32
     }
-}
-
-/// The 2-bit code: two scales, then the codes.
-fn write_two(d: &[f32], limit: f32, out: &mut Vec<u8>) -> Result<(), Fault> {
-    let t = mean_abs(d, |_| true);
-    let (lo, hi) = (mean_abs(d, |a| a <= t), mean_abs(d, |a| a > t));
-    for scale in [lo, hi] {
-        if !scale.is_finite() || scale > limit {
-            return Err(Fault::TooLarge(scale));
-        }
-    }
-    out.extend_from_slice(&lo.to_le_bytes());
-    out.extend_from_slice(&hi.to_le_bytes());
-    for group in d.chunks(4) {
-        let byte = group.iter().enumerate().fold(0u8, |b, (i, &v)| {
-            let code = u8::from(v < 0.0) | (u8::from(v.abs() > t) << 1);
-            b | (code << (2 * i))
-        });
-        out.push(byte);
-    }
-    Ok(())
-}
-
-/// Reads a 2-bit chunk of `len` values.
-fn read_two(bytes: &[u8], len: usize, limit: f32) -> Result<Vec<f32>, Fault> {
-    let mut scales = [0f32; 2];
-    for (k, scale) in scales.iter_mut().enumerate() {
-        let at = 4 * k;
-        *scale = f32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
-        if !(0.0..=limit).contains(scale) {
-            return Err(Fault::Scale(*scale));
-        }
-    }
-    let codes = &bytes[8..];
-    let mut out = Vec::with_capacity(len);
-    for i in 0..len {
-        let code = (codes[i / 4] >> (2 * (i % 4))) & 0b11;
-        let magnitude = scales[usize::from(code >> 1)];
-        out.push(if code & 1 == 1 { -magnitude } else { magnitude });
-    }
-    if !len.is_multiple_of(4) && codes[len / 4] >> (2 * (len % 4)) != 0 {
-        return Err(Fault::Padding);
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

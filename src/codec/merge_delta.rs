@@ -1,6 +1,7 @@
-//! The `dct`, `sign`, `sign2` and `q4` merge formats: a section's flat state as a compressed change
-//! from the previous global state, 9x to 13x smaller than f32 in uploads (see
-//! [`DeltaSpec`]). They differ only in how the parameters' change is coded ([`ParamCode`]).
+//! The `dct`, `sign`, `sign2`, `q4` and `q4v2` merge formats: a section's flat state as a
+//! compressed change from the previous global state, 9x to 13x smaller than f32 in uploads
+//! (see [`DeltaSpec`]). They differ in how the parameters' change is coded ([`ParamCode`]) and
+//! in how many bits each second moment gets ([`MomentCode`]).
 //!
 //! The flat state has three segments (see [`super::flat`]): parameters (flat indices `0..P`),
 //! first moments (`P..2P`) and second moments (`2P..3P`). Each is cut into chunks of `C`
@@ -27,7 +28,9 @@
 //! - **Second moments**: one `f32` per chunk (its largest value `t`), then a 4-bit code `q` per
 //!   value, decoded `t * 2^-q` and chosen as the smallest such value not below the true one
 //!   (rounded up, as the int8 format does), so a merged step `m / sqrt(v)` is never larger
-//!   than one with the true `v`.
+//!   than one with the true `v`. The `v2` formats (`q4v2`) use a 2-bit code instead, decoded
+//!   `t * 4^-q` ([`MomentCode`]): values below `t / 64` are rounded up to it, which only
+//!   shortens those values' steps.
 //!
 //! The chunk grid of an object starts at the object's first element, and again at every
 //! segment boundary inside it (`P`, `2P`); a chunk shorter than `C` ends a segment or an
@@ -48,6 +51,9 @@
 //! second-moment chunk of L values               f32 top, ceil(L / 2) bytes of 4-bit codes
 //!                                               (value i in the low nibble of byte i/2 when i
 //!                                               is even, the high nibble when odd)
+//! v2 second-moment chunk of L values            f32 top, ceil(L / 4) bytes of 2-bit codes
+//!                                               (value i in bits 2(i % 4) and 2(i % 4) + 1 of
+//!                                               byte i / 4)
 //! ```
 //! Indices are strictly increasing, so every chunk has one encoding of its entries.
 //!
@@ -85,9 +91,6 @@ pub const MAX_MAGNITUDE: f32 = 1e12;
 /// Largest second-moment chunk top ([`MAX_MAGNITUDE`] squared).
 const MAX_SECOND_MOMENT: f32 = 1e24;
 
-/// Largest 4-bit code.
-const MAX_CODE: u8 = 15;
-
 /// Bytes of one sparse entry: u8 index, bf16 value.
 const ENTRY_BYTES: u64 = 3;
 
@@ -108,7 +111,7 @@ pub enum ParamCode {
 }
 
 impl ParamCode {
-    /// The format's name: `dct` or `sign`.
+    /// The code's name: `dct`, `sign`, `sign2` or `q4`.
     pub fn name(self) -> &'static str {
         match self {
             ParamCode::Dct => "dct",
@@ -116,6 +119,53 @@ impl ParamCode {
             ParamCode::Sign2 => "sign2",
             ParamCode::Q4 => "q4",
         }
+    }
+
+    /// Every parameter code.
+    const ALL: [ParamCode; 4] = [
+        ParamCode::Dct,
+        ParamCode::Sign,
+        ParamCode::Sign2,
+        ParamCode::Q4,
+    ];
+}
+
+/// How the second moments are coded: an `f32` top per chunk (its largest value) and a code
+/// `q` per value, decoded `top * 2^-(step * q)` and rounded up (the smallest such value not
+/// below the true one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MomentCode {
+    /// 4 bits, `top * 2^-q` for `q` in `0..=15` (down to `top / 32768`).
+    Four,
+    /// 2 bits, `top * 4^-q` for `q` in `0..=3` (down to `top / 64`): the `v2` formats.
+    Two,
+}
+
+impl MomentCode {
+    /// Bits per value.
+    fn width(self) -> usize {
+        match self {
+            MomentCode::Four => 4,
+            MomentCode::Two => 2,
+        }
+    }
+
+    /// Largest code.
+    fn max_code(self) -> u8 {
+        (1u8 << self.width()) - 1
+    }
+
+    /// Halvings per code step.
+    fn step(self) -> u8 {
+        match self {
+            MomentCode::Four => 1,
+            MomentCode::Two => 2,
+        }
+    }
+
+    /// Bytes of a chunk of `len` values.
+    fn chunk_bytes(self, len: u64) -> u64 {
+        4 + len.div_ceil(8 / self.width() as u64)
     }
 }
 
@@ -132,6 +182,8 @@ pub struct DeltaSpec {
     /// Values kept per sparse chunk in merged partitions (`keep` to `C`): a merge of several
     /// sparse uploads holds more than one upload's worth.
     pub keep_merged: u16,
+    /// How the second moments are coded (`Two` in the formats named `...v2`).
+    pub moments: MomentCode,
 }
 
 impl Default for DeltaSpec {
@@ -147,6 +199,7 @@ impl DeltaSpec {
         chunk: 64,
         keep: 4,
         keep_merged: 8,
+        moments: MomentCode::Four,
     };
 
     /// `sign`: chunks of 64, parameters in 1 bit (uploads) and 4 bits (merged partitions),
@@ -159,6 +212,13 @@ impl DeltaSpec {
     /// `q4`: as [`SIGN`](Self::SIGN) with 4-bit parameters in uploads.
     pub const Q4: DeltaSpec = DeltaSpec {
         params: ParamCode::Q4,
+        ..Self::DEFAULT
+    };
+
+    /// `q4v2`: as [`Q4`](Self::Q4) with the second moments in 2 bits.
+    pub const Q4V2: DeltaSpec = DeltaSpec {
+        params: ParamCode::Q4,
+        moments: MomentCode::Two,
         ..Self::DEFAULT
     };
 
@@ -186,7 +246,21 @@ impl DeltaSpec {
         keep: u16,
         keep_merged: u16,
     ) -> Result<Self, String> {
-        let name = params.name();
+        Self::with_codes(params, MomentCode::Four, chunk, keep, keep_merged)
+    }
+
+    /// A checked spec with the parameter code `params` and the second-moment code `moments`.
+    ///
+    /// # Errors
+    /// A message naming the bound that is broken.
+    pub fn with_codes(
+        params: ParamCode,
+        moments: MomentCode,
+        chunk: u16,
+        keep: u16,
+        keep_merged: u16,
+    ) -> Result<Self, String> {
+        let name = Self::name_of(params, moments);
         if !(2..=MAX_CHUNK).contains(&chunk) {
             return Err(format!("{name} chunk {chunk} must be 2 to {MAX_CHUNK}"));
         }
@@ -205,7 +279,24 @@ impl DeltaSpec {
             chunk,
             keep,
             keep_merged,
+            moments,
         })
+    }
+
+    /// The format's name: the parameter code's name, with `v2` after it when the second
+    /// moments are in 2 bits (`q4v2`).
+    pub fn name(self) -> &'static str {
+        Self::name_of(self.params, self.moments)
+    }
+
+    fn name_of(params: ParamCode, moments: MomentCode) -> &'static str {
+        match (params, moments) {
+            (code, MomentCode::Four) => code.name(),
+            (ParamCode::Dct, MomentCode::Two) => "dctv2",
+            (ParamCode::Sign, MomentCode::Two) => "signv2",
+            (ParamCode::Sign2, MomentCode::Two) => "sign2v2",
+            (ParamCode::Q4, MomentCode::Two) => "q4v2",
+        }
     }
 
     fn keep_for(self, merged: bool) -> usize {
@@ -214,9 +305,9 @@ impl DeltaSpec {
 }
 
 impl fmt::Display for DeltaSpec {
-    /// `dct` or `sign` for the defaults, `NAME:C:K:KM` otherwise.
+    /// The name alone for the default chunking, `NAME:C:K:KM` otherwise.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = self.params.name();
+        let name = self.name();
         if (self.chunk, self.keep, self.keep_merged) == (64, 4, 8) {
             f.write_str(name)
         } else {
@@ -230,29 +321,27 @@ impl fmt::Display for DeltaSpec {
 }
 
 impl DeltaSpec {
-    /// Parses `NAME`, `NAME:C:K` (merged keep `min(2K, C)`) or `NAME:C:K:KM` for `NAME` `dct`
-    /// or `sign` (ASCII case ignored); `None` when `s` is neither.
+    /// Parses `NAME`, `NAME:C:K` (merged keep `min(2K, C)`) or `NAME:C:K:KM` for `NAME` a
+    /// parameter code's name (`dct`, `sign`, `sign2`, `q4`), optionally followed by `v2`
+    /// (ASCII case ignored); `None` when `s` is none of them.
     pub fn parse(s: &str) -> Option<Result<Self, String>> {
         let s = s.trim();
         let mut parts = s.split(':');
         let head = parts.next()?;
-        let params = [
-            ParamCode::Dct,
-            ParamCode::Sign,
-            ParamCode::Sign2,
-            ParamCode::Q4,
-        ]
-        .into_iter()
-        .find(|c| c.name().eq_ignore_ascii_case(head))?;
-        let name = params.name();
+        let (params, moments) = ParamCode::ALL
+            .into_iter()
+            .flat_map(|c| [(c, MomentCode::Four), (c, MomentCode::Two)])
+            .find(|&(c, m)| Self::name_of(c, m).eq_ignore_ascii_case(head))?;
+        let name = Self::name_of(params, moments);
         let nums: Result<Vec<u16>, _> = parts.map(str::parse::<u16>).collect();
         Some(match nums.as_deref() {
             Ok([]) => Ok(DeltaSpec {
                 params,
+                moments,
                 ..Self::DEFAULT
             }),
-            Ok([c, k]) => Self::with_code(params, *c, *k, (k.saturating_mul(2)).min(*c)),
-            Ok([c, k, km]) => Self::with_code(params, *c, *k, *km),
+            Ok([c, k]) => Self::with_codes(params, moments, *c, *k, (k.saturating_mul(2)).min(*c)),
+            Ok([c, k, km]) => Self::with_codes(params, moments, *c, *k, *km),
             _ => Err(format!(
                 "bad {name} spec {s:?}: expected {name}, {name}:CHUNK:KEEP or \
                  {name}:CHUNK:KEEP:MERGED_KEEP"
@@ -458,7 +547,7 @@ impl DeltaSpec {
             Segment::Params | Segment::Moment1 => {
                 ENTRY_BYTES * len.min(self.keep_for(merged) as u64)
             }
-            Segment::Moment2 => 4 + len.div_ceil(2),
+            Segment::Moment2 => self.moments.chunk_bytes(len),
         }
     }
 
@@ -574,7 +663,7 @@ impl DeltaSpec {
                     let coefs: Vec<f64> = vals.iter().map(|&v| f64::from(v)).collect();
                     write_top_k(&coefs, keep, chunk.start, &mut out)?;
                 }
-                Segment::Moment2 => write_codes(vals, chunk.start, &mut out)?,
+                Segment::Moment2 => write_codes(self.moments, vals, chunk.start, &mut out)?,
             }
         }
         Ok(out)
@@ -645,7 +734,9 @@ impl DeltaSpec {
                         out[first + usize::from(j)] = v;
                     }
                 }
-                Segment::Moment2 => read_codes(bytes, chunk.len, chunk.start, &mut out)?,
+                Segment::Moment2 => {
+                    read_codes(self.moments, bytes, chunk.len, chunk.start, &mut out)?
+                }
             }
         }
         Ok(out)
@@ -748,46 +839,65 @@ fn read_entries(
     Ok(entries)
 }
 
-/// `top * 2^-q`, exactly (a power-of-two scaling).
-fn scaled(top: f32, q: u8) -> f32 {
-    top * f32::from_bits((127 - u32::from(q)) << 23)
+/// `top * 2^-(step * q)`, exactly (a power-of-two scaling; at most 2^-30).
+fn scaled(top: f32, code: MomentCode, q: u8) -> f32 {
+    let halvings = u32::from(code.step()) * u32::from(q);
+    top * f32::from_bits((127 - halvings) << 23)
 }
 
-/// Writes a second-moment chunk: its top, then the rounded-up 4-bit codes.
-fn write_codes(vals: &[f32], index: u64, out: &mut Vec<u8>) -> Result<(), DeltaError> {
+/// Writes a second-moment chunk: its top, then the rounded-up codes, packed from the least
+/// significant bits of each byte.
+fn write_codes(
+    code: MomentCode,
+    vals: &[f32],
+    index: u64,
+    out: &mut Vec<u8>,
+) -> Result<(), DeltaError> {
     let top = vals.iter().fold(0f32, |m, &v| m.max(v));
     if top > MAX_SECOND_MOMENT {
         return Err(DeltaError::TooLarge { index, value: top });
     }
     out.extend_from_slice(&top.to_le_bytes());
-    let code = |v: f32| -> u8 {
+    let q_of = |v: f32| -> u8 {
         let mut q = 0u8;
-        while q < MAX_CODE && scaled(top, q + 1) >= v {
+        while q < code.max_code() && scaled(top, code, q + 1) >= v {
             q += 1;
         }
         if top == 0.0 { 0 } else { q }
     };
-    for pair in vals.chunks(2) {
-        let low = code(pair[0]);
-        let high = pair.get(1).map_or(0, |&v| code(v));
-        out.push(low | (high << 4));
+    let w = code.width();
+    for group in vals.chunks(8 / w) {
+        out.push(
+            group
+                .iter()
+                .enumerate()
+                .fold(0u8, |b, (i, &v)| b | (q_of(v) << (w * i))),
+        );
     }
     Ok(())
 }
 
 /// Reads and checks a second-moment chunk of `len` values.
-fn read_codes(bytes: &[u8], len: usize, index: u64, out: &mut Vec<f32>) -> Result<(), DeltaError> {
+fn read_codes(
+    code: MomentCode,
+    bytes: &[u8],
+    len: usize,
+    index: u64,
+    out: &mut Vec<f32>,
+) -> Result<(), DeltaError> {
     let top = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
     if !(0.0..=MAX_SECOND_MOMENT).contains(&top) {
         return Err(DeltaError::BadTop { index, value: top });
     }
     let codes = &bytes[4..];
+    let w = code.width();
+    let per_byte = 8 / w;
     for i in 0..len {
-        let byte = codes[i / 2];
-        let q = if i % 2 == 0 { byte & 0x0F } else { byte >> 4 };
-        out.push(scaled(top, q));
+        let q = (codes[i / per_byte] >> (w * (i % per_byte))) & code.max_code();
+        out.push(scaled(top, code, q));
     }
-    if len % 2 == 1 && codes[len / 2] >> 4 != 0 {
+    let used = len % per_byte;
+    if used != 0 && codes[len / per_byte] >> (w * used) != 0 {
         return Err(DeltaError::Padding { index });
     }
     Ok(())
@@ -871,6 +981,21 @@ mod tests {
         assert_eq!(DeltaSpec::SIGN2.to_string(), "sign2");
         assert_eq!(DeltaSpec::parse("q4"), Some(Ok(DeltaSpec::Q4)));
         assert_eq!(DeltaSpec::Q4.to_string(), "q4");
+        assert_eq!(DeltaSpec::parse("q4v2"), Some(Ok(DeltaSpec::Q4V2)));
+        assert_eq!(DeltaSpec::Q4V2.to_string(), "q4v2");
+        assert_eq!(DeltaSpec::Q4V2.name(), "q4v2");
+        let s = DeltaSpec::parse("Q4V2:32:2").unwrap().unwrap();
+        assert_eq!(
+            (s.params, s.moments, s.chunk, s.keep, s.keep_merged),
+            (ParamCode::Q4, MomentCode::Two, 32, 2, 4)
+        );
+        assert_eq!(s.to_string(), "q4v2:32:2:4");
+        assert_eq!(DeltaSpec::parse(&s.to_string()), Some(Ok(s)));
+        let s = DeltaSpec::parse("sign2v2").unwrap().unwrap();
+        assert_eq!((s.params, s.moments), (ParamCode::Sign2, MomentCode::Two));
+        assert!(matches!(DeltaSpec::parse("q4v2:1:1"), Some(Err(e)) if e.contains("q4v2 chunk")));
+        assert!(DeltaSpec::parse("q4v3").is_none());
+        assert!(DeltaSpec::parse("v2").is_none());
         for bad in [
             "dct:1:1",
             "dct:300:4",
@@ -880,6 +1005,72 @@ mod tests {
             "dct:x",
         ] {
             assert!(matches!(DeltaSpec::parse(bad), Some(Err(_))), "{bad}");
+        }
+    }
+
+    /// `q4v2`: the parameters and first moments exactly as `q4` codes them, the second
+    /// moments in 2 bits, rounded up: never below the true value, less than 4x above it, and
+    /// `top / 64` for everything smaller.
+    #[test]
+    fn v2_second_moments_round_up_within_a_factor_of_four() {
+        let p = 300usize;
+        let (flat, base) = state(p, 6);
+        let n = flat.len() as u64;
+        for merged in [false, true] {
+            let at = place(0, p as u64, merged);
+            let v2 = DeltaSpec::Q4V2;
+            let bytes = v2.encode(&flat, at, &base).unwrap();
+            // 300 second moments: four chunks of 64 (4 + 16 bytes) and one of 44 (4 + 11).
+            let q4_len = DeltaSpec::Q4.encoded_len(n, at);
+            assert_eq!(q4_len - v2.encoded_len(n, at), 4 * (36 - 20) + (26 - 15));
+            assert_eq!(bytes.len() as u64, v2.encoded_len(n, at));
+            let back = v2.decode(&bytes, n, at, &base).unwrap();
+            let q4 = DeltaSpec::Q4
+                .decode(
+                    &DeltaSpec::Q4.encode(&flat, at, &base).unwrap(),
+                    n,
+                    at,
+                    &base,
+                )
+                .unwrap();
+            assert_eq!(back[..2 * p], q4[..2 * p]);
+            for (chunk, got) in flat[2 * p..].chunks(64).zip(back[2 * p..].chunks(64)) {
+                let top = chunk.iter().fold(0f32, |m, &v| m.max(v));
+                for (&x, &y) in chunk.iter().zip(got) {
+                    assert!(y >= x, "{x} decoded as {y}");
+                    if x >= top / 64.0 {
+                        assert!(y < 4.0 * x, "{x} decoded as {y} (top {top})");
+                    } else {
+                        assert_eq!(y, top / 64.0, "{x} below top / 64 (top {top})");
+                    }
+                }
+            }
+        }
+        // A second-moment chunk of 3 values: the top, then one byte of which bits 6 and 7
+        // are padding; a bad top is refused like the 4-bit code's.
+        let spec = DeltaSpec::parse("q4v2:3:1").unwrap().unwrap();
+        let at = place(0, 1, false);
+        let values = [0.5f32, 0.1, 1e-3];
+        let good = spec.encode(&values, at, &[0.4]).unwrap();
+        assert_eq!(good.len(), 5 + 3 + 5);
+        assert!(spec.decode(&good, 3, at, &[0.4]).is_ok());
+        let last = good.len() - 1;
+        let mut bad = good.clone();
+        bad[last] |= 0x40;
+        assert_eq!(
+            spec.decode(&bad, 3, at, &[0.4]),
+            Err(DeltaError::Padding { index: 2 })
+        );
+        for top in [f32::NAN, -1.0, f32::INFINITY, 1e30] {
+            let mut bad = good.clone();
+            bad[last - 4..last].copy_from_slice(&top.to_le_bytes());
+            assert!(
+                matches!(
+                    spec.decode(&bad, 3, at, &[0.4]),
+                    Err(DeltaError::BadTop { index: 2, .. })
+                ),
+                "{top}"
+            );
         }
     }
 
@@ -1273,6 +1464,12 @@ mod tests {
                 let k = rng.random_range(1..=chunk);
                 DeltaSpec::new(chunk, k, rng.random_range(k..=chunk)).unwrap()
             };
+            let moments = if rng.random() {
+                MomentCode::Two
+            } else {
+                MomentCode::Four
+            };
+            let spec = DeltaSpec { moments, ..spec };
             let p = rng.random_range(0..200u64);
             let at = place(i % 500, p, rng.random());
             let n = rng.random_range(1..700u64);

@@ -1,6 +1,6 @@
 //! [`MergeWire`]: how a section's flat state (see [`super::flat`]) and the butterfly merge's
 //! partitions are written on the wire: `f32`, `bf16`, `int8` in blocks with one scale each, or
-//! `dct` and `sign`, compressed changes from the previous global state
+//! `dct`, `sign`, `sign2`, `q4` and `q4v2`, compressed changes from the previous global state
 //! ([`super::merge_delta`]).
 //!
 //! The run config picks one format for the whole run (`merge.wire`); every party knows the
@@ -19,7 +19,8 @@
 //!         f32 scale, then one i8 per element      block k at byte 260k
 //!
 //! dct   chunks of C values, each in a fixed number of bytes; see [`super::merge_delta`]
-//! sign  likewise
+//! sign, sign2, q4, q4v2
+//!       likewise
 //! ```
 //!
 //! int8 is symmetric: `scale = max|t| / 127` over the block (0 for an all-zero block), values
@@ -29,7 +30,7 @@
 //! never decodes to 0 and the Adam step `m / sqrt(v)` after a merge is never larger than the
 //! one the miner held.
 //!
-//! # The base (dct, sign, sign2, q4)
+//! # The base (dct, sign, sign2, q4, q4v2)
 //! These store the parameters as a change from the previous global state `g`, which every
 //! party holds (miners adopted it, the orchestrator and validators read the checkpoint), so
 //! encoding and decoding take `g`'s values for the object's parameters as `base` (the other
@@ -216,7 +217,7 @@ impl MergeWireError {
 
 impl MergeWire {
     /// Every format, lossless first (`dct` and `sign` with their default parameters).
-    pub const ALL: [MergeWire; 7] = [
+    pub const ALL: [MergeWire; 8] = [
         MergeWire::F32,
         MergeWire::Bf16,
         MergeWire::Int8,
@@ -224,6 +225,7 @@ impl MergeWire {
         MergeWire::Delta(DeltaSpec::SIGN),
         MergeWire::Delta(DeltaSpec::SIGN2),
         MergeWire::Delta(DeltaSpec::Q4),
+        MergeWire::Delta(DeltaSpec::Q4V2),
     ];
 
     /// The lowercase name of the format's family (`dct` for every `dct` spec, `sign` for every
@@ -233,7 +235,7 @@ impl MergeWire {
             MergeWire::F32 => "f32",
             MergeWire::Bf16 => "bf16",
             MergeWire::Int8 => "int8",
-            MergeWire::Delta(spec) => spec.params.name(),
+            MergeWire::Delta(spec) => spec.name(),
         }
     }
 

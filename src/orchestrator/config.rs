@@ -166,8 +166,8 @@ pub struct MergeConfig {
     pub outlier_factor: f64,
     /// Element format of the uploads and merged partitions: `f32` (lossless, default),
     /// `bf16`, `int8` (blocks of 256 with one scale; see [`crate::codec::merge_wire`]), or
-    /// `dct`, `sign`, `sign2` or `q4` (each optionally `:CHUNK:KEEP[:MERGED_KEEP]`), the
-    /// compressed change from the previous global state with error feedback
+    /// `dct`, `sign`, `sign2`, `q4` or `q4v2` (each optionally `:CHUNK:KEEP[:MERGED_KEEP]`),
+    /// the compressed change from the previous global state with error feedback
     /// ([`crate::codec::merge_delta`]).
     #[serde(default)]
     pub wire: MergeWire,

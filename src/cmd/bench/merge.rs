@@ -237,8 +237,15 @@ async fn watch(
             {
                 w.adopted_at = Some(now);
                 w.after_merge = scrape(addr);
-                w.merge = c.merge_status().await.ok();
                 w.status = Some(status);
+            }
+            // The merge's verification figures, from a status that still describes it (the
+            // next merge can have begun by the time every miner reports its adoption).
+            if w.uploading_at.is_some()
+                && let Ok(m) = c.merge_status().await
+                && describes_the_first_merge(&m)
+            {
+                w.merge = Some(m);
             }
         }
         if w.uploading_at.is_some() {
@@ -250,6 +257,14 @@ async fn watch(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     w
+}
+
+/// Whether `m` describes the run's first merge, finalised: during its last phase (epoch 0) or
+/// the training epoch after it (epoch 1), with every section's plan built and finalised.
+fn describes_the_first_merge(m: &MergeStatus) -> bool {
+    let finalised =
+        !m.sections.is_empty() && m.sections.iter().all(|s| s.finalized && s.partitions > 0);
+    finalised && (m.epoch == 0 || (m.epoch == 1 && m.phase == Phase::Training))
 }
 
 fn run_one(
@@ -350,7 +365,8 @@ fn run_one(
         (w.uploading_at, w.adopted_at, w.merge, w.status)
     else {
         bail!(
-            "the merge of {miners} miners in {wire} did not complete (exit {status:?}):\n{}",
+            "the merge of {miners} miners in {wire} did not complete, or its finalised status \
+             was never seen (exit {status:?}):\n{}",
             tail()
         );
     };
@@ -538,7 +554,7 @@ fn print_table(runs: &[MergeRun]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::MinerUsage;
+    use crate::api::{MinerUsage, SectionMergeStatus};
     use crate::miner::utilization::TrafficLine;
     use crate::storage::traffic::TrafficCount;
 
@@ -572,5 +588,51 @@ mod tests {
             }
         );
         assert_eq!(b.total(), 42);
+    }
+
+    /// The verification figures are taken only from a status of the measured merge: not from
+    /// the next merge's, whose plan may not be built (it once showed 0 partitions and 0
+    /// flags, which read as a clean check).
+    #[test]
+    fn only_the_first_merges_finalised_status_is_reported() {
+        let section = |finalized, partitions| SectionMergeStatus {
+            section: 0,
+            uploads: 4,
+            partitions,
+            partitions_with_results: partitions,
+            results: partitions,
+            finalized,
+            recomputed: 0,
+            fallbacks: 0,
+            flagged: Vec::new(),
+            checkpoint_hash: None,
+            checkpoint_epoch: None,
+        };
+        let status = |phase, epoch, sections| MergeStatus {
+            phase,
+            epoch,
+            phase_deadline_unix_ms: None,
+            op: MergeOp::Mean,
+            batches_before_merging: 8,
+            sections,
+            epochs: Vec::new(),
+        };
+        // The merge finalised (its last phase, or the training epoch after it); then the merge
+        // still under way, the next one begun (plan not built, or built), no sections.
+        let cases = [
+            (Phase::Training, 1, vec![section(true, 4)], true),
+            (Phase::Merging, 0, vec![section(true, 4)], true),
+            (Phase::Merging, 0, vec![section(false, 4)], false),
+            (Phase::Uploading, 1, vec![section(false, 0)], false),
+            (Phase::Uploading, 1, vec![section(true, 4)], false),
+            (Phase::Training, 1, vec![], false),
+        ];
+        for (phase, epoch, sections, expected) in cases {
+            assert_eq!(
+                describes_the_first_merge(&status(phase, epoch, sections)),
+                expected,
+                "{phase:?} epoch {epoch}"
+            );
+        }
     }
 }

@@ -78,6 +78,7 @@ use std::ops::Range;
 use half::bf16;
 use thiserror::Error;
 
+use super::bit_pack;
 use super::dct_basis::Basis;
 use super::sign_code::{Bits, Fault};
 
@@ -165,7 +166,7 @@ impl MomentCode {
 
     /// Bytes of a chunk of `len` values.
     fn chunk_bytes(self, len: u64) -> u64 {
-        4 + len.div_ceil(8 / self.width() as u64)
+        4 + bit_pack::packed_len(len, self.width())
     }
 }
 
@@ -865,15 +866,7 @@ fn write_codes(
         }
         if top == 0.0 { 0 } else { q }
     };
-    let w = code.width();
-    for group in vals.chunks(8 / w) {
-        out.push(
-            group
-                .iter()
-                .enumerate()
-                .fold(0u8, |b, (i, &v)| b | (q_of(v) << (w * i))),
-        );
-    }
+    bit_pack::pack(vals.iter().map(|&v| q_of(v)), code.width(), out);
     Ok(())
 }
 
@@ -890,14 +883,10 @@ fn read_codes(
         return Err(DeltaError::BadTop { index, value: top });
     }
     let codes = &bytes[4..];
-    let w = code.width();
-    let per_byte = 8 / w;
     for i in 0..len {
-        let q = (codes[i / per_byte] >> (w * (i % per_byte))) & code.max_code();
-        out.push(scaled(top, code, q));
+        out.push(scaled(top, code, bit_pack::code(codes, code.width(), i)));
     }
-    let used = len % per_byte;
-    if used != 0 && codes[len / per_byte] >> (w * used) != 0 {
+    if !bit_pack::padding_is_clear(codes, code.width(), len) {
         return Err(DeltaError::Padding { index });
     }
     Ok(())

@@ -10,11 +10,12 @@
 //! - [`merge_wire`]: [`MergeWire`], the element format (f32, bf16, block int8, or a compressed
 //!   change from the previous global state) of merge uploads and partitions, validated
 //!   strictly on decode; [`merge_delta`] holds its `dct` and `sign` formats, whose parameter
-//!   codes live in `dct_basis` and `sign_code`.
+//!   codes live in `dct_basis` and `sign_code`, with `bit_pack` packing their small codes.
 //!
 //! It depends on nothing else in the crate, so the model core, the merge, storage and the API
 //! can all use it without depending on each other.
 
+mod bit_pack;
 mod dct_basis;
 pub mod flat;
 pub mod hash;

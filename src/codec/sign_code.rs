@@ -25,6 +25,8 @@
 //! set padding bit, and the 4-bit code -8 (never written). Nothing here knows flat indices:
 //! a [`Fault`] says what is wrong and the caller names the place.
 
+use super::bit_pack;
+
 /// What is wrong with a coded chunk.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Fault {
@@ -55,11 +57,8 @@ const NIBBLE_MIN: u8 = 0x8;
 impl Bits {
     /// Bytes of a chunk of `len` values.
     pub(crate) fn chunk_bytes(self, len: u64) -> u64 {
-        match self {
-            Bits::One => 4 + len.div_ceil(8),
-            Bits::Two => 8 + len.div_ceil(4),
-            Bits::Four => 4 + len.div_ceil(2),
-        }
+        let scales = if self == Bits::Two { 8 } else { 4 };
+        scales + bit_pack::packed_len(len, self.width())
     }
 
     /// Bits per value.
@@ -100,16 +99,7 @@ impl Bits {
         for scale in &scales {
             out.extend_from_slice(&scale.to_le_bytes());
         }
-        let w = self.width();
-        let per_byte = 8 / w;
-        for group in d.chunks(per_byte) {
-            out.push(
-                group
-                    .iter()
-                    .enumerate()
-                    .fold(0u8, |b, (i, &v)| b | (code(v) << (w * i))),
-            );
-        }
+        bit_pack::pack(d.iter().map(|&v| code(v)), self.width(), out);
         Ok(())
     }
 
@@ -127,11 +117,9 @@ impl Bits {
         }
         let codes = &bytes[4 * count..];
         let w = self.width();
-        let per_byte = 8 / w;
-        let mask = (1u8 << w) - 1;
         let mut out = Vec::with_capacity(len);
         for i in 0..len {
-            let c = (codes[i / per_byte] >> (w * (i % per_byte))) & mask;
+            let c = bit_pack::code(codes, w, i);
             let value = match self {
                 Bits::One => {
                     if c == 1 {
@@ -154,7 +142,7 @@ impl Bits {
             };
             out.push(value);
         }
-        if !len.is_multiple_of(per_byte) && codes[len / per_byte] >> (w * (len % per_byte)) != 0 {
+        if !bit_pack::padding_is_clear(codes, w, len) {
             return Err(Fault::Padding);
         }
         Ok(out)

@@ -96,6 +96,42 @@ fn chain_matches_whole_graph_at_128x() {
 }
 
 #[test]
+fn chain_equals_whole_graph_with_reembedded_token_ids_at_128x() {
+    let mut cfg = ModelConfig::preset("tiny").unwrap();
+    cfg.d_b = Some(cfg.d_model / 128);
+    cfg.reembed = true;
+    let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
+    assert_f32_agreement(loss, grads, boundary, 1e-2);
+    // Each later section's table gets the gradient of the ids it saw, and only those rows.
+    let device = Default::default();
+    let pipeline =
+        Pipeline::<B>::new(&cfg, 3, OptimizerConfig::default(), WireDtype::F32, &device).unwrap();
+    let owned = windows();
+    let batch: Vec<&[u32]> = owned.iter().map(|w| w.as_slice()).collect();
+    let whole = pipeline.whole_graph(&batch).unwrap();
+    assert!(
+        !whole
+            .param_grads
+            .contains_key("model.layers.0.reembed.weight")
+    );
+    let seen: std::collections::HashSet<usize> = owned
+        .iter()
+        .flat_map(|w| w[..16].iter().map(|&t| t as usize))
+        .collect();
+    for first in [2, 4] {
+        let g = &whole.param_grads[&format!("model.layers.{first}.reembed.weight")];
+        for (row, values) in g.chunks(cfg.d_model).enumerate() {
+            let norm: f32 = values.iter().map(|v| v * v).sum();
+            assert_eq!(
+                norm > 0.0,
+                seen.contains(&row),
+                "section at {first}, row {row}"
+            );
+        }
+    }
+}
+
+#[test]
 fn bf16_and_int8_codecs_stay_within_tolerance() {
     let mut cfg = ModelConfig::preset("tiny").unwrap();
     cfg.d_b = Some(8);

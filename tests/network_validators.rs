@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Command;
 
-use common::local_run::{vector as weights, windows};
+use common::local_run::{hostile_network, vector as weights, windows};
 use serde_json::Value;
 
 #[test]
@@ -105,4 +105,68 @@ fn local_validators_publish_weights_for_every_finished_epoch() {
         let l1: f64 = va.iter().map(|(h, x)| (x - vb[h]).abs()).sum();
         assert!(l1 < 0.5, "epoch {epoch}: validators differ by {l1}");
     }
+}
+
+/// A model whose later sections re-embed the token ids (`reembed: true`, 128x boundary): the
+/// orchestrator hands every tail forward the sample's ids, the miners train on them, and a
+/// validator that replays every miner reproduces each one's work from the ledger's objects (the
+/// ids included) and flags no one.
+#[test]
+fn a_reembedding_model_trains_and_every_miners_replay_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.yaml");
+    std::fs::write(&model, "preset: tiny\nd_b: 1\nreembed: true\n").unwrap();
+    let validation = r#"{"replay": {"miners_per_epoch": 6}}"#;
+    let output = hostile_network(
+        dir.path(),
+        &[],
+        validation,
+        &["--model", model.to_str().unwrap()],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let log = std::fs::read_to_string(dir.path().join("logs/validator0.log")).unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "iota local failed:\n{stdout}\n{}\n{log}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let run = std::fs::read_to_string(dir.path().join("run.yaml")).unwrap();
+    assert!(run.contains("reembed: true"), "{run}");
+    let windows = windows(&dir.path().join("validators/validator0"));
+    assert!(
+        windows.contains_key(&0) && windows.contains_key(&1),
+        "windows {:?}\n{stdout}\n{log}",
+        windows.keys()
+    );
+    // Every miner with work in a window is tracked (replayed); count the tail's replays.
+    let mut tail_replays = 0;
+    for (epoch, w) in &windows {
+        let tracked: Vec<&str> = w["tracked"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for m in w["miners"].as_array().unwrap() {
+            let flags = m["weight"]["parts"]["flags"].as_array().unwrap();
+            assert!(flags.is_empty(), "epoch {epoch}: honest miner flagged: {m}");
+            if !tracked.contains(&m["hotkey"].as_str().unwrap()) {
+                continue;
+            }
+            tail_replays += usize::from(m["section"].as_u64() == Some(1));
+            let replayed = m["weight"]["parts"]["notes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(Value::as_str)
+                .find(|n| n.starts_with("replay:"))
+                .unwrap_or_else(|| panic!("epoch {epoch}: no replay note: {m}"));
+            // Every item replayed, none skipped for want of an input.
+            assert!(
+                replayed.contains("(0 skipped)"),
+                "epoch {epoch}: {replayed}"
+            );
+        }
+    }
+    assert!(tail_replays > 0, "no tail miner was replayed: {windows:?}");
 }

@@ -165,6 +165,11 @@ pub struct Assignment {
     pub input: BlobRef,
     /// Next-token targets, little-endian u32 `[batch, seq]` (tail forward only).
     pub targets: Option<BlobRef>,
+    /// The sample's input token ids, little-endian u32 `[batch, seq]`, for a non-head forward
+    /// or evaluation in a model whose later sections re-embed them
+    /// ([`crate::model::ModelConfig::reembed`]).
+    #[serde(default)]
+    pub tokens: Option<BlobRef>,
     /// Where to upload the result (absent for the head's backward, which produces nothing).
     pub output: Option<BlobRef>,
     /// Deadline; work submitted later is refused and the miner penalised.

@@ -612,6 +612,9 @@ pub struct WorkItem {
     pub input: BlobRef,
     /// Targets (tail forwards).
     pub targets: Option<BlobRef>,
+    /// The sample's input token ids, for a non-head forward in a model that re-embeds them.
+    #[serde(default)]
+    pub tokens: Option<BlobRef>,
     /// The result the miner uploaded, with the hash it reported (none for the head's backward).
     pub output: Option<BlobRef>,
     /// Loss the tail reported.

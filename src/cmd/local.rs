@@ -47,6 +47,10 @@ pub struct LocalArgs {
     /// A run config to use instead of the generated one (see examples/local.yaml).
     #[arg(long)]
     pub config: Option<PathBuf>,
+    /// Model fields over the preset, as a YAML mapping: the run config's `model` section, e.g.
+    /// `{preset: small, d_b: 3, reembed: true}` (ignored with --config).
+    #[arg(long, value_name = "FILE.yaml")]
+    pub model: Option<PathBuf>,
     /// Training text: `synthetic[:SEED[:CHARS]]` or a path (ignored with --config).
     #[arg(long, default_value = "synthetic")]
     pub data: String,
@@ -223,11 +227,22 @@ pub fn generated_config(
         let hotkey = wallets.load_hotkey(WALLET, &name)?;
         validators.push(json!({ "hotkey": hotkey.address(), "stake": 1.0 }));
     }
-    let mut model = json!({ "preset": args.preset });
-    if let Some(n) = args.sections {
-        let preset = ModelConfig::preset(&args.preset)?;
-        model["sections"] = json!(even_sections(preset.n_layers, n));
+    let mut model = match &args.model {
+        Some(path) => model_overrides(path)?,
+        None => json!({}),
+    };
+    if model.get("preset").is_none() {
+        model["preset"] = json!(args.preset);
     }
+    if let Some(n) = args.sections
+        && model.get("sections").is_none()
+    {
+        let base = ModelConfig::from_value(&model, &args.preset)?;
+        model["sections"] = json!(even_sections(base.n_layers, n));
+    }
+    // Refused here, with the file named, rather than by the orchestrator.
+    ModelConfig::from_value(&model, &args.preset)
+        .with_context(|| format!("the model of this run: {model}"))?;
     let config = json!({
         "run": local_run_name(&path),
         "model": model,
@@ -253,6 +268,24 @@ pub fn generated_config(
         config["validation"] = serde_json::from_str(text).context("parsing --validation")?;
     }
     Ok(config)
+}
+
+/// Reads a YAML mapping of model fields (a run config's `model` section) from `path`.
+///
+/// # Errors
+/// An unreadable file, or anything but a mapping.
+pub fn model_overrides(path: &Path) -> anyhow::Result<serde_json::Value> {
+    let text = fs::read_to_string(path)
+        .with_context(|| format!("reading model file {}", path.display()))?;
+    let value: serde_json::Value =
+        serde_norway::from_str(&text).with_context(|| format!("model file {}", path.display()))?;
+    if !value.is_object() {
+        bail!(
+            "model file {}: expected a mapping of model fields (e.g. `preset: tiny`), got {value}",
+            path.display()
+        );
+    }
+    Ok(value)
 }
 
 /// The learning-rate schedule of the generated config: `iota train`'s (warmup, then a cosine

@@ -134,7 +134,7 @@ impl Adversary {
             }
             Self::Scaled => out.data.iter_mut().for_each(|v| *v *= 2.0),
             Self::Lazy => match input {
-                Some(CachedInput::Hidden { data, shape }) if *shape == out.shape => {
+                Some(CachedInput::Hidden { data, shape, .. }) if *shape == out.shape => {
                     out.data.clone_from(data);
                 }
                 _ => out.data.iter_mut().for_each(|v| *v = 0.0),
@@ -179,6 +179,7 @@ mod tests {
         let input = CachedInput::Hidden {
             data: vec![0.5; 64],
             shape: [1, 8, 8],
+            tokens: None,
         };
         let norm = |v: &[f32]| v.iter().map(|x| x * x).sum::<f32>().sqrt();
         let cosine = |a: &Activations| {

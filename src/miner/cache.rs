@@ -23,6 +23,8 @@ pub enum CachedInput {
         data: Vec<f32>,
         /// `[batch, seq, width]`.
         shape: [usize; 3],
+        /// The sample's token ids `[batch, seq]`, for a section that re-embeds them.
+        tokens: Option<Vec<u32>>,
     },
 }
 

@@ -252,6 +252,7 @@ impl<B: AutodiffBackend> Engine<B> {
             Some(width) => CachedInput::Hidden {
                 data: throwaway_values(batch * seq * width),
                 shape: [batch, seq, width],
+                tokens: engine.section.reembeds().then(|| vec![0; batch * seq]),
             },
         };
         let trained = if engine.section.spec().is_tail {
@@ -549,10 +550,16 @@ impl<B: AutodiffBackend> Engine<B> {
             CachedInput::Tokens { ids, shape } => {
                 SectionInput::Tokens(self.token_tensor(ids, *shape))
             }
-            CachedInput::Hidden { data, shape } => SectionInput::Hidden(Tensor::from_data(
-                TensorData::new(data.clone(), *shape),
-                self.section.device(),
-            )),
+            CachedInput::Hidden {
+                data,
+                shape,
+                tokens,
+            } => SectionInput::boundary(
+                Tensor::from_data(TensorData::new(data.clone(), *shape), self.section.device()),
+                tokens
+                    .as_ref()
+                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]])),
+            ),
         }
     }
 
@@ -561,10 +568,16 @@ impl<B: AutodiffBackend> Engine<B> {
             CachedInput::Tokens { ids, shape } => {
                 SectionInput::Tokens(self.token_tensor(&ids, shape))
             }
-            CachedInput::Hidden { data, shape } => SectionInput::Hidden(Tensor::from_data(
-                TensorData::new(data, shape),
-                self.section.device(),
-            )),
+            CachedInput::Hidden {
+                data,
+                shape,
+                tokens,
+            } => SectionInput::boundary(
+                Tensor::from_data(TensorData::new(data, shape), self.section.device()),
+                tokens
+                    .as_ref()
+                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]])),
+            ),
         }
     }
 
@@ -665,6 +678,7 @@ mod tests {
         CachedInput::Hidden {
             data: a.data,
             shape: a.shape,
+            tokens: None,
         }
     }
 
@@ -868,6 +882,7 @@ mod tests {
         CachedInput::Hidden {
             data: a.data,
             shape: a.shape,
+            tokens: None,
         }
     }
 

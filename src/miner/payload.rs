@@ -35,6 +35,14 @@ pub enum PayloadError {
         /// Shape given.
         got: Vec<usize>,
     },
+    /// A blob's shape is not the one its companion input implies.
+    #[error("expected a blob of shape {expected:?}, got {got:?}")]
+    ShapeMismatch {
+        /// Shape wanted.
+        expected: Vec<usize>,
+        /// Shape given.
+        got: Vec<usize>,
+    },
     /// A token blob's size does not match its shape.
     #[error("token blob holds {got} bytes, shape {shape:?} needs {expected}")]
     LengthMismatch {
@@ -92,6 +100,22 @@ pub fn decode_tokens(bytes: &[u8], shape: [usize; 2]) -> Result<Vec<u32>, Payloa
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect())
+}
+
+/// Downloads and decodes the token ids behind `blob`, which must have shape `expected`
+/// (`[batch, seq]` of the activations they accompany).
+///
+/// # Errors
+/// As [`fetch`] and [`decode_tokens`], or [`PayloadError::ShapeMismatch`].
+pub async fn fetch_tokens(blob: &BlobRef, expected: [usize; 2]) -> Result<Vec<u32>, PayloadError> {
+    let shape = shape_of::<2>(blob)?;
+    if shape != expected {
+        return Err(PayloadError::ShapeMismatch {
+            expected: expected.to_vec(),
+            got: shape.to_vec(),
+        });
+    }
+    decode_tokens(&fetch(blob).await?, shape)
 }
 
 /// Decodes a wire tensor of exactly `shape`.

@@ -774,6 +774,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 let kept = self.adversary.map(|_| CachedInput::Hidden {
                     data: upstream.data.clone(),
                     shape: upstream.shape,
+                    tokens: None,
                 });
                 let done = self.engine.backward(a.sample_id, upstream)?;
                 self.count_step(done.step.as_ref());

@@ -42,6 +42,10 @@ pub fn param_shapes(
             vec![d],
         );
     }
+    if spec.reembed {
+        let first = spec.blocks.start;
+        push(format!("model.layers.{first}.reembed.weight"), vec![v, d]);
+    }
     for i in spec.blocks.clone() {
         let p = format!("model.layers.{i}");
         push(format!("{p}.input_layernorm.weight"), vec![d]);
@@ -170,6 +174,9 @@ mod tests {
         let mut one = ModelConfig::preset("tiny").unwrap();
         one.sections = vec![[0, one.n_layers]];
         cfgs.push(one);
+        let mut reembed = ModelConfig::preset("tiny").unwrap();
+        reembed.reembed = true;
+        cfgs.push(reembed);
         for cfg in cfgs {
             for index in 0..cfg.n_sections() {
                 let section = Section::<B>::new(

@@ -46,6 +46,7 @@ pub fn global_name(spec: &SectionSpec, local: &[String]) -> String {
             _ => format!("model.layers.{first}.bottleneck.{}", rest(1)),
         },
         Some("bottleneck_out") => format!("model.layers.{last}.bottleneck.{}", rest(1)),
+        Some("reembed") => format!("model.layers.{first}.reembed.{}", rest(1)),
         _ => local.join("."),
     }
 }

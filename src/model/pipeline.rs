@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Int, Tensor, TensorData};
 
 use super::ModelError;
@@ -115,6 +115,11 @@ impl<B: AutodiffBackend> Pipeline<B> {
         &self.device
     }
 
+    /// The token ids section `i` reads beside its activations: `ids` when it re-embeds them.
+    fn ids_for<T: Backend>(&self, i: usize, ids: &Tensor<T, 2, Int>) -> Option<Tensor<T, 2, Int>> {
+        self.sections[i].reembeds().then(|| ids.clone())
+    }
+
     /// Sends a boundary tensor through the wire codec, as the network would.
     fn cross(&self, t: Tensor<Inner<B>, 3>) -> Result<(Tensor<Inner<B>, 3>, usize), ModelError> {
         let shape = t.dims();
@@ -154,14 +159,18 @@ impl<B: AutodiffBackend> Pipeline<B> {
         let (inputs, targets) = windows_to_tensors::<Inner<B>>(windows, &self.device)?;
         let n = self.sections.len();
         let mut cached = Vec::with_capacity(n);
-        let mut x = SectionInput::Tokens(inputs);
+        let mut x = SectionInput::Tokens(inputs.clone());
         let (mut bytes_forward, mut bytes_backward) = (0, 0);
         for i in 0..n - 1 {
             cached.push(x.clone());
             let out = self.sections[i].forward(x)?;
             let (out, bytes) = self.cross(out)?;
             bytes_forward += bytes;
-            x = SectionInput::Hidden(out);
+            if self.sections[i + 1].reembeds() {
+                // The network sends the ids as little-endian u32 (`iota local`'s token objects).
+                bytes_forward += 4 * inputs.shape().num_elements();
+            }
+            x = SectionInput::boundary(out, self.ids_for(i + 1, &inputs));
         }
         let tail = self.sections[n - 1].train_tail(x, targets)?;
         let mut grad = tail.input_grad;
@@ -196,10 +205,10 @@ impl<B: AutodiffBackend> Pipeline<B> {
     pub fn eval_loss(&mut self, windows: &[&[u32]]) -> Result<f32, ModelError> {
         let (inputs, targets) = windows_to_tensors::<Inner<B>>(windows, &self.device)?;
         let n = self.sections.len();
-        let mut x = SectionInput::Tokens(inputs);
+        let mut x = SectionInput::Tokens(inputs.clone());
         for i in 0..n - 1 {
             let out = self.sections[i].forward(x)?;
-            x = SectionInput::Hidden(self.cross(out)?.0);
+            x = SectionInput::boundary(self.cross(out)?.0, self.ids_for(i + 1, &inputs));
         }
         self.sections[n - 1].eval_loss(x, targets)
     }
@@ -232,9 +241,9 @@ impl<B: AutodiffBackend> Pipeline<B> {
     pub fn train_whole(&mut self, windows: &[&[u32]]) -> Result<f32, ModelError> {
         let (inputs, targets) = windows_to_tensors::<B>(windows, &self.device)?;
         let n = self.sections.len();
-        let mut x = SectionInput::Tokens(inputs);
-        for s in &self.sections[..n - 1] {
-            x = SectionInput::Hidden(s.module().forward(x));
+        let mut x = SectionInput::Tokens(inputs.clone());
+        for (i, s) in self.sections[..n - 1].iter().enumerate() {
+            x = SectionInput::boundary(s.module().forward(x), self.ids_for(i + 1, &inputs));
         }
         let loss = cross_entropy(self.sections[n - 1].module().logits(x), targets);
         let value = super::section::scalar(loss.clone()) as f32;
@@ -255,14 +264,14 @@ impl<B: AutodiffBackend> Pipeline<B> {
     pub fn whole_graph(&self, windows: &[&[u32]]) -> Result<WholeGraph, ModelError> {
         let (inputs, targets) = windows_to_tensors::<B>(windows, &self.device)?;
         let n = self.sections.len();
-        let mut x = SectionInput::Tokens(inputs);
+        let mut x = SectionInput::Tokens(inputs.clone());
         let mut probes = Vec::new();
-        for s in &self.sections[..n - 1] {
+        for (i, s) in self.sections[..n - 1].iter().enumerate() {
             let out = s.module().forward(x);
             // Adding a zero leaf keeps the graph whole while exposing d loss / d boundary.
             let probe = Tensor::<B, 3>::zeros(out.dims(), &self.device).require_grad();
             probes.push(probe.clone());
-            x = SectionInput::Hidden(out + probe);
+            x = SectionInput::boundary(out + probe, self.ids_for(i + 1, &inputs));
         }
         let loss = cross_entropy(self.sections[n - 1].module().logits(x), targets);
         let value = super::section::scalar(loss.clone()) as f32;

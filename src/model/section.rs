@@ -190,14 +190,48 @@ impl<B: AutodiffBackend> Section<B> {
         (!self.spec.is_tail).then(|| self.config.boundary_width())
     }
 
+    /// Whether the section reads the sample's token ids beside its activations
+    /// ([`ModelConfig::reembed`]): its input must then be [`SectionInput::HiddenTokens`].
+    pub fn reembeds(&self) -> bool {
+        self.spec.reembed
+    }
+
     fn check_input(&self, input: &SectionInput<Inner<B>>) -> Result<[usize; 2], ModelError> {
-        match (input, self.input_width()) {
-            (SectionInput::Tokens(t), None) => {
+        let hidden = match (input, self.reembeds()) {
+            (SectionInput::Hidden(h), false) => Some(h),
+            (SectionInput::HiddenTokens(h, t), true) => {
+                let [b, s, _] = h.dims();
+                if t.dims() != [b, s] {
+                    return Err(ModelError::Shape(format!(
+                        "section {} got token ids of shape {:?} with activations for {:?}",
+                        self.spec.index,
+                        t.dims(),
+                        [b, s]
+                    )));
+                }
+                Some(h)
+            }
+            (SectionInput::Hidden(_), true) => {
+                return Err(ModelError::Shape(format!(
+                    "section {} re-embeds the token ids: give them with its activations",
+                    self.spec.index
+                )));
+            }
+            (SectionInput::HiddenTokens(..), false) => {
+                return Err(ModelError::Shape(format!(
+                    "section {} does not re-embed token ids: give its activations alone",
+                    self.spec.index
+                )));
+            }
+            (SectionInput::Tokens(_), _) => None,
+        };
+        match (input, hidden, self.input_width()) {
+            (SectionInput::Tokens(t), _, None) => {
                 let [b, s] = t.dims();
                 self.check_seq(s)?;
                 Ok([b, s])
             }
-            (SectionInput::Hidden(h), Some(width)) => {
+            (_, Some(h), Some(width)) => {
                 let [b, s, w] = h.dims();
                 self.check_seq(s)?;
                 if w != width {
@@ -208,11 +242,11 @@ impl<B: AutodiffBackend> Section<B> {
                 }
                 Ok([b, s])
             }
-            (SectionInput::Tokens(_), Some(_)) => Err(ModelError::Shape(format!(
+            (_, None, Some(_)) => Err(ModelError::Shape(format!(
                 "section {} takes activations, not token ids",
                 self.spec.index
             ))),
-            (SectionInput::Hidden(_), None) => Err(ModelError::Shape(
+            (_, _, None) => Err(ModelError::Shape(
                 "the head section takes token ids, not activations".into(),
             )),
         }
@@ -287,6 +321,13 @@ impl<B: AutodiffBackend> Section<B> {
             SectionInput::Hidden(h) => {
                 let h = Tensor::<B, 3>::from_inner(h).require_grad();
                 (SectionInput::Hidden(h.clone()), Some(h))
+            }
+            SectionInput::HiddenTokens(h, t) => {
+                let h = Tensor::<B, 3>::from_inner(h).require_grad();
+                (
+                    SectionInput::HiddenTokens(h.clone(), Tensor::from_inner(t)),
+                    Some(h),
+                )
             }
         }
     }
@@ -811,6 +852,58 @@ mod tests {
             body.eval_loss(SectionInput::Hidden(ok), tokens(1, 4))
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_reembedding_section_needs_the_ids_of_its_samples_and_reads_them() {
+        let mut cfg = tiny();
+        cfg.reembed = true;
+        let device = Default::default();
+        let w = cfg.boundary_width();
+        let section = |i| {
+            Section::<TestAutodiff>::new(&cfg, i, 1, OptimizerConfig::default(), &device).unwrap()
+        };
+        let (mut head, mut body, mut tail) = (section(0), section(1), section(2));
+        assert!(!head.reembeds() && body.reembeds() && tail.reembeds());
+        // The head takes the ids themselves, as without re-embedding.
+        assert!(head.forward(SectionInput::Tokens(tokens(1, 4))).is_ok());
+        let z = || Tensor::<Inn, 3>::zeros([1, 4, w], &device);
+        let refused = |r: Result<Tensor<Inn, 3>, ModelError>| r.unwrap_err().to_string();
+        assert!(refused(body.forward(SectionInput::Hidden(z()))).contains("re-embeds"));
+        let short = SectionInput::HiddenTokens(z(), tokens(1, 3));
+        assert!(refused(body.forward(short)).contains("token ids of shape"));
+        assert!(
+            tail.eval_loss(SectionInput::Hidden(z()), tokens(1, 4))
+                .is_err()
+        );
+        // A section that does not re-embed refuses ids it would ignore.
+        let plain =
+            Section::<TestAutodiff>::new(&tiny(), 1, 1, OptimizerConfig::default(), &device)
+                .unwrap()
+                .forward(SectionInput::HiddenTokens(z(), tokens(1, 4)));
+        assert!(refused(plain).contains("does not re-embed"));
+        // The output depends on the ids, and the table is a parameter under its global name.
+        let a = body
+            .forward(SectionInput::HiddenTokens(z(), tokens(1, 4)))
+            .unwrap();
+        let other = Tensor::from_data(TensorData::new(vec![9i64, 8, 7, 6], [1, 4]), &device);
+        let b = body
+            .forward(SectionInput::HiddenTokens(z(), other))
+            .unwrap();
+        let diff: f32 = (a - b).abs().sum().into_scalar();
+        assert!(diff > 1e-3, "the ids changed nothing: {diff}");
+        let names: Vec<String> = body.param_shapes().into_iter().map(|(n, _)| n).collect();
+        assert!(names.contains(&"model.layers.2.reembed.weight".to_string()));
+        let shapes = tail.param_shapes();
+        assert!(shapes.contains(&(
+            "model.layers.4.reembed.weight".to_string(),
+            vec![cfg.vocab_size, cfg.d_model]
+        )));
+        let counted: usize = shapes
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum();
+        assert_eq!(counted, cfg.section_params(2).unwrap());
     }
 
     #[test]

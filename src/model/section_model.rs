@@ -1,6 +1,7 @@
-//! The burn module of one pipeline section: an optional token embedding (head), a contiguous
-//! run of blocks, optional bottleneck halves at its edges, and an optional final norm and LM
-//! head (tail). The whole model is just its sections applied in order.
+//! The burn module of one pipeline section: an optional token embedding (head), an optional
+//! re-embedding of the token ids (later sections, [`ModelConfig::reembed`]), a contiguous run
+//! of blocks, optional bottleneck halves at its edges, and an optional final norm and LM head
+//! (tail). The whole model is just its sections applied in order.
 
 use burn::module::Module;
 use burn::tensor::backend::Backend;
@@ -20,6 +21,20 @@ pub enum SectionInput<B: Backend> {
     Tokens(Tensor<B, 2, Int>),
     /// Boundary activations `[batch, seq, width]` from the previous section.
     Hidden(Tensor<B, 3>),
+    /// Boundary activations with the sample's input token ids `[batch, seq]`, for a section
+    /// that re-embeds them.
+    HiddenTokens(Tensor<B, 3>, Tensor<B, 2, Int>),
+}
+
+impl<B: Backend> SectionInput<B> {
+    /// Boundary activations `hidden`, with the sample's token ids when the receiving section
+    /// re-embeds them (`tokens` given) and without otherwise.
+    pub fn boundary(hidden: Tensor<B, 3>, tokens: Option<Tensor<B, 2, Int>>) -> Self {
+        match tokens {
+            Some(ids) => Self::HiddenTokens(hidden, ids),
+            None => Self::Hidden(hidden),
+        }
+    }
 }
 
 /// Parameters and forward pass of one section.
@@ -29,6 +44,11 @@ pub struct SectionModel<B: Backend> {
     pub embed_tokens: Option<Embedding<B>>,
     /// Decoder of the incoming bottleneck (non-head sections with a bottleneck).
     pub bottleneck_in: Option<BottleneckDecoder<B>>,
+    /// This section's own embedding of the input token ids (non-head sections of a model
+    /// with [`ModelConfig::reembed`]).
+    pub reembed: Option<Embedding<B>>,
+    /// Multiplier of the re-embedded ids.
+    pub reembed_scale: f64,
     /// The section's blocks, in order.
     pub layers: Vec<Block<B>>,
     /// Encoder of the outgoing bottleneck (non-tail sections with a bottleneck).
@@ -63,6 +83,17 @@ impl<B: Backend> SectionModel<B> {
             bottleneck_in: spec
                 .bottleneck_in
                 .then(|| BottleneckDecoder::new(init, first, d, w, std, device)),
+            reembed: spec.reembed.then(|| {
+                Embedding::new(
+                    init,
+                    &format!("model.layers.{first}.reembed.weight"),
+                    cfg.vocab_size,
+                    d,
+                    std,
+                    device,
+                )
+            }),
+            reembed_scale: cfg.reembed_scale(),
             layers: spec
                 .blocks
                 .clone()
@@ -84,14 +115,19 @@ impl<B: Backend> SectionModel<B> {
     /// (`[batch, seq, width]`), or the final normalised hidden state for the tail
     /// (`[batch, seq, d_model]`).
     pub fn forward(&self, input: SectionInput<B>) -> Tensor<B, 3> {
+        let decode = |z| match &self.bottleneck_in {
+            Some(decoder) => decoder.forward(z),
+            None => z,
+        };
         let mut x = match input {
             SectionInput::Tokens(tokens) => match &self.embed_tokens {
                 Some(embed) => embed.forward(tokens),
                 None => panic!("token ids given to a section without an embedding"),
             },
-            SectionInput::Hidden(z) => match &self.bottleneck_in {
-                Some(decoder) => decoder.forward(z),
-                None => z,
+            SectionInput::Hidden(z) => decode(z),
+            SectionInput::HiddenTokens(z, tokens) => match &self.reembed {
+                Some(table) => decode(z) + table.forward(tokens) * self.reembed_scale,
+                None => decode(z),
             },
         };
         let [_, seq, _] = x.dims();

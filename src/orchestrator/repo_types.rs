@@ -224,6 +224,9 @@ pub struct AssignmentRow {
     pub targets_hash: Option<String>,
     /// Earlier attempts at this piece of work.
     pub attempts: u32,
+    /// BLAKE3 hex of the sample's token ids (read by the head, and by every later section of a
+    /// model that re-embeds them).
+    pub tokens_hash: String,
 }
 
 /// One sample unit in the ledger.

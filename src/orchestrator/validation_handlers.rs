@@ -15,7 +15,7 @@ use super::http_error::HttpError;
 use super::metagraph::{Vote, check_submission, combine, distances};
 use super::repo::{CheckpointRow, PublishedRow, UploadState};
 use super::state::AppState;
-use super::wire::{get_url, input_of, output_of};
+use super::wire::{get_url, input_of, output_of, tokens_of};
 use crate::api::*;
 use crate::model::layout::section_layout;
 use crate::storage::StatePart;
@@ -205,6 +205,12 @@ pub async fn work(
             }
             None => None,
         };
+        let tokens = match tokens_of(&state, &a) {
+            Some((key, hash)) => {
+                Some(get_ref(&state, &key, Some(hash), Some(state.config.token_shape())).await?)
+            }
+            None => None,
+        };
         let output = match output_of(&state, &a) {
             Some((key, shape)) => {
                 Some(get_ref(&state, &key, detail.output_hash, Some(shape)).await?)
@@ -217,6 +223,7 @@ pub async fn work(
             kind: a.kind,
             input,
             targets,
+            tokens,
             output,
             loss: detail.loss,
             accepted_unix_ms: detail.accepted_ms,

@@ -9,6 +9,9 @@
 //! | backward, section k | `{sample}/{k+1}/backward/{from}` | – | `{sample}/{k}/backward/{id}` (none for the head) |
 //! | eval | as forward | as forward (tail) | as forward; none at the tail (it reports the loss) |
 //!
+//! In a model whose later sections re-embed the token ids, every non-head forward and
+//! evaluation also reads the sample's `.../{sample}/tokens`.
+//!
 //! `{id}` is the assignment (each attempt writes its own objects) and `{from}` the assignment
 //! whose accepted result is the input. A miner uploads to `{id}/upload`; on submit the
 //! orchestrator copies that to `{id}/accepted` (a key no URL was ever issued for), checks the
@@ -165,6 +168,20 @@ async fn presigned(
         .map(|url| url.to_string()))
 }
 
+/// The sample's token ids that `row` reads beside its input, with their hash: a non-head
+/// forward or evaluation in a model that re-embeds them.
+pub fn tokens_of(state: &AppState, row: &AssignmentRow) -> Option<(ObjectKey, String)> {
+    let reads = state.config.model.reembed
+        && row.section > 0
+        && matches!(row.kind, WorkKind::Forward | WorkKind::Eval);
+    reads.then(|| {
+        (
+            state.token_key(row.epoch, row.sample, "tokens"),
+            row.tokens_hash.clone(),
+        )
+    })
+}
+
 /// The wire form of `row`, with URLs for its input, targets and output.
 ///
 /// # Errors
@@ -191,6 +208,15 @@ pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment
         }
         None => None,
     };
+    let tokens = match tokens_of(state, row) {
+        Some((key, hash)) => Some(BlobRef {
+            url: get_url(state, &key, exp).await?,
+            hash: Some(hash),
+            shape: Some(state.config.token_shape()),
+            expires_unix_ms: exp,
+        }),
+        None => None,
+    };
     let output = match upload_of(state, row) {
         Some((key, shape)) => Some(BlobRef {
             url: put_url(
@@ -213,6 +239,7 @@ pub async fn to_wire(state: &AppState, row: &AssignmentRow) -> Result<Assignment
         section: row.section,
         input,
         targets,
+        tokens,
         output,
         deadline_unix_ms: deadline,
     })

@@ -45,7 +45,17 @@ pub async fn load_item(item: &WorkItem, head: bool, tail: bool) -> Result<Replay
         _ => {
             let shape = payload::shape_of::<3>(&item.input)?;
             let data = payload::decode_tensor(&payload::fetch(&item.input).await?, shape)?;
-            CachedInput::Hidden { data, shape }
+            let tokens = match (&item.tokens, item.kind) {
+                (Some(blob), WorkKind::Forward) => {
+                    Some(payload::fetch_tokens(blob, [shape[0], shape[1]]).await?)
+                }
+                _ => None,
+            };
+            CachedInput::Hidden {
+                data,
+                shape,
+                tokens,
+            }
         }
     };
     let targets = match (&item.targets, item.kind == WorkKind::Forward && tail) {

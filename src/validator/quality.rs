@@ -194,7 +194,7 @@ pub async fn measure<B: AutodiffBackend>(
                 None => SectionInput::Tokens(ids(&t.ids, t.shape, device)),
                 Some(h) => {
                     inputs.insert((id, s), to_vec(h.clone())?);
-                    SectionInput::Hidden(h)
+                    reembedded(section, h, t, device)
                 }
             };
             if s + 1 == n {
@@ -232,10 +232,11 @@ pub async fn measure<B: AutodiffBackend>(
                         continue;
                     };
                     let w = model.boundary_width();
-                    SectionInput::Hidden(Tensor::from_data(
+                    let h = Tensor::from_data(
                         TensorData::new(data.clone(), [t.shape[0], t.shape[1], w]),
                         device,
-                    ))
+                    );
+                    reembedded(&replaced, h, t, device)
                 };
                 let loss = if s + 1 == n {
                     replaced.eval_loss(input, ids(&t.targets, t.shape, device))?
@@ -245,11 +246,11 @@ pub async fn measure<B: AutodiffBackend>(
                     for (later, section) in sections.iter_mut().enumerate().skip(s + 1) {
                         if later + 1 == n {
                             loss = section.eval_loss(
-                                SectionInput::Hidden(h.clone()),
+                                reembedded(section, h.clone(), t, device),
                                 ids(&t.targets, t.shape, device),
                             )?;
                         } else {
-                            h = section.forward(SectionInput::Hidden(h))?;
+                            h = section.forward(reembedded(section, h, t, device))?;
                         }
                     }
                     loss
@@ -275,6 +276,18 @@ pub async fn measure<B: AutodiffBackend>(
         );
     }
     Ok(out)
+}
+
+/// Boundary activations `h` as `section`'s input, with the sample's ids where it re-embeds
+/// them.
+fn reembedded<B: AutodiffBackend>(
+    section: &Section<B>,
+    h: Tensor<Inner<B>, 3>,
+    t: &Tokens,
+    device: &B::Device,
+) -> SectionInput<Inner<B>> {
+    let tokens = section.reembeds().then(|| ids(&t.ids, t.shape, device));
+    SectionInput::boundary(h, tokens)
 }
 
 fn ids<B: burn::tensor::backend::Backend>(

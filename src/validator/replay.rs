@@ -209,7 +209,7 @@ impl<B: AutodiffBackend> Replayer<B> {
                 }
             },
             (WorkKind::Backward, _) => match item.input {
-                CachedInput::Hidden { data, shape } => self
+                CachedInput::Hidden { data, shape, .. } => self
                     .engine
                     .backward(item.sample, Activations { data, shape })
                     .map(|b| {
@@ -439,34 +439,39 @@ mod tests {
         Engine::new(section, EngineSettings::for_miner(&settings()))
     }
 
-    fn act(s: u64, w: usize) -> CachedInput {
+    /// Sample `s`'s input to section 1 of `cfg`, with its token ids where the section
+    /// re-embeds them.
+    fn act(s: u64, cfg: &ModelConfig) -> CachedInput {
+        let w = cfg.boundary_width();
         CachedInput::Hidden {
             data: (0..2 * 8 * w)
                 .map(|i| ((i as f32 + s as f32) * 0.37).sin())
                 .collect(),
             shape: [2, 8, w],
+            tokens: cfg
+                .reembed
+                .then(|| (0..16).map(|i| ((s * 31 + i * 7) % 256) as u32).collect()),
         }
     }
 
     /// A miner's engine doing forwards and backwards of four samples, interleaved the way a
     /// pipeline interleaves them; the trace it leaves behind.
     fn miner_trace(cfg: &ModelConfig) -> (Vec<ReplayItem>, Vec<f32>) {
-        let w = cfg.boundary_width();
         let mut miner = engine(cfg, 1);
         let mut trace = Vec::new();
         let forward = |m: &mut Engine<TestAutodiff>, trace: &mut Vec<ReplayItem>, s: u64| {
-            let f = m.forward(s, act(s, w)).unwrap();
+            let f = m.forward(s, act(s, cfg)).unwrap();
             trace.push(ReplayItem {
                 sample: s,
                 kind: WorkKind::Forward,
-                input: act(s, w),
+                input: act(s, cfg),
                 targets: None,
                 output: Some(f.output.data),
                 loss: None,
             });
         };
         let backward = |m: &mut Engine<TestAutodiff>, trace: &mut Vec<ReplayItem>, s: u64| {
-            let CachedInput::Hidden { data, shape } = act(s + 100, w) else {
+            let CachedInput::Hidden { data, shape, .. } = act(s + 100, cfg) else {
                 unreachable!()
             };
             let b = m
@@ -481,7 +486,11 @@ mod tests {
             trace.push(ReplayItem {
                 sample: s,
                 kind: WorkKind::Backward,
-                input: CachedInput::Hidden { data, shape },
+                input: CachedInput::Hidden {
+                    data,
+                    shape,
+                    tokens: None,
+                },
                 targets: None,
                 output: b.grad.map(|g| g.data),
                 loss: None,
@@ -500,19 +509,25 @@ mod tests {
         (trace, miner.section().export_flat(&layout).unwrap())
     }
 
-    #[test]
-    fn a_replay_reproduces_the_miner_and_catches_a_scaled_output() {
-        let cfg = ModelConfig::preset("tiny").unwrap();
-        let layout = crate::model::layout::section_layout(&cfg, 1).unwrap();
-        let (trace, end_state) = miner_trace(&cfg);
-        let mut replay = Replayer::new(engine(&cfg, 1), ReplaySettings::default());
-        for item in trace.clone() {
+    /// Replays all of `trace` on a fresh engine of section 1, asserting every item passes.
+    fn replay_all(cfg: &ModelConfig, trace: &[ReplayItem]) -> Replayer<TestAutodiff> {
+        let mut replay = Replayer::new(engine(cfg, 1), ReplaySettings::default());
+        for item in trace.iter().cloned() {
             let check = replay.apply(item).unwrap();
             assert!(
                 check.failure.is_none() && check.skipped.is_none(),
                 "{check:?}"
             );
         }
+        replay
+    }
+
+    #[test]
+    fn a_replay_reproduces_the_miner_and_catches_a_scaled_output() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let layout = crate::model::layout::section_layout(&cfg, 1).unwrap();
+        let (trace, end_state) = miner_trace(&cfg);
+        let mut replay = replay_all(&cfg, &trace);
         let stats = replay.stats().clone();
         assert_eq!((stats.replayed, stats.failed, stats.steps), (8, 0, 2));
         assert!(stats.min_cosine.unwrap() > 0.99999, "{stats:?}");
@@ -545,5 +560,26 @@ mod tests {
         let mut replay = Replayer::new(engine(&cfg, 1), ReplaySettings::default());
         let check = replay.apply(trace[2].clone()).unwrap();
         assert!(check.skipped.is_some() && check.failure.is_none());
+    }
+
+    #[test]
+    fn a_replay_of_a_reembedding_section_reads_the_samples_ids() {
+        let mut cfg = ModelConfig::preset("tiny").unwrap();
+        cfg.reembed = true;
+        let layout = crate::model::layout::section_layout(&cfg, 1).unwrap();
+        let (trace, end_state) = miner_trace(&cfg);
+        let mut replay = replay_all(&cfg, &trace);
+        assert_eq!(replay.export_flat(&layout).unwrap(), end_state);
+        // A forward whose output was computed on other ids than the sample's fails.
+        let mut other = trace.clone();
+        if let CachedInput::Hidden {
+            tokens: Some(ids), ..
+        } = &mut other[0].input
+        {
+            ids.iter_mut().for_each(|t| *t = (*t + 1) % 256);
+        }
+        let mut replay = Replayer::new(engine(&cfg, 1), ReplaySettings::default());
+        let check = replay.apply(other[0].clone()).unwrap();
+        assert!(check.failure.is_some(), "{check:?}");
     }
 }

@@ -81,7 +81,7 @@ pub fn upload_note(miner: &Value) -> &str {
 }
 
 /// Runs `iota local` in `dir` with the hostile-miner harness's network: tiny preset, 2
-/// sections x 3 miner processes (`miner0..` get `adversaries` in order), one validator with
+/// sections x 3 miner processes (`miner0..` get `adversaries` in order; none: all honest), one validator with
 /// the run config's `validation` set to `validation` (JSON), 16 samples per epoch, 40 samples,
 /// plus `extra` flags.
 pub fn hostile_network(
@@ -115,9 +115,12 @@ pub fn hostile_network(
             "120",
             "--validation",
             validation,
-            "--adversaries",
-            &adversaries.join(","),
         ])
+        .args(if adversaries.is_empty() {
+            Vec::new()
+        } else {
+            vec!["--adversaries".to_string(), adversaries.join(",")]
+        })
         .args(extra)
         .arg("--dir")
         .arg(dir)

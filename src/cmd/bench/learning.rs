@@ -38,7 +38,7 @@ use serde_json::json;
 
 use super::network::steady_state;
 use crate::api::EvalSummary;
-use crate::cmd::local::{LocalArgs, generated_config};
+use crate::cmd::local::{LocalArgs, generated_config, model_overrides};
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::merge::MergeOp;
@@ -51,6 +51,10 @@ pub struct BenchLearningArgs {
     /// Model preset.
     #[arg(long, value_name = "NAME", default_value = "tiny")]
     pub preset: String,
+    /// Model fields over the preset for both runs, as a YAML mapping (a run config's `model`
+    /// section, e.g. `{d_b: 1, reembed: true}`).
+    #[arg(long, value_name = "FILE.yaml")]
+    pub model: Option<PathBuf>,
     /// Token budget in samples (micro-batches): `iota train --steps N`, `iota local --samples N`.
     #[arg(long, value_name = "N", default_value_t = 1500)]
     pub samples: u64,
@@ -237,6 +241,9 @@ struct TrainKey {
     wire: String,
     #[serde(default)]
     seed: u64,
+    /// The model fields given with `--model` (none: the preset's).
+    #[serde(default)]
+    model: Option<serde_json::Value>,
 }
 
 impl BenchLearningArgs {
@@ -246,8 +253,8 @@ impl BenchLearningArgs {
     }
 
     /// `iota train` with `ways` times the batch for `1 / ways` of the steps (1: the reference).
-    fn train_key(&self, ways: u64) -> TrainKey {
-        TrainKey {
+    fn train_key(&self, ways: u64) -> anyhow::Result<TrainKey> {
+        Ok(TrainKey {
             preset: self.preset.clone(),
             samples: self.samples / ways,
             batch_size: self.batch_size * ways as usize,
@@ -256,12 +263,26 @@ impl BenchLearningArgs {
             eval_every: self.eval_interval() / ways,
             wire: self.wire.to_string(),
             seed: self.seed,
-        }
+            model: self.model.as_deref().map(model_overrides).transpose()?,
+        })
+    }
+
+    /// The model both runs train: the preset with `--model`'s fields over it.
+    fn model_config(&self) -> anyhow::Result<ModelConfig> {
+        let fields = match &self.model {
+            Some(path) => model_overrides(path)?,
+            None => json!({}),
+        };
+        Ok(ModelConfig::from_value(&fields, &self.preset)?)
     }
 
     /// The variant as the flags that select it.
     fn variant(&self) -> String {
-        let mut v = format!(
+        let mut v = match &self.model {
+            Some(path) => format!("--model {} ", path.display()),
+            None => String::new(),
+        };
+        v += &format!(
             "--miners-per-section {} --max-in-flight {} --local-steps {} --merge-every {} --merge-op {}",
             self.miners_per_section,
             self.max_in_flight,
@@ -369,7 +390,7 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
     {
         bail!("--miner-lr-scale {scale}: expected a positive number");
     }
-    let cfg = ModelConfig::preset(&args.preset)?;
+    let cfg = args.model_config()?;
     let (dir, temporary) = match &args.dir {
         Some(d) => (d.clone(), false),
         None => (
@@ -455,7 +476,7 @@ fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSumma
 /// `1 / ways` of the steps (1: the reference); evaluations are reported at the samples (of
 /// `--batch-size` windows) they had seen.
 fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<RunResult> {
-    let key = args.train_key(ways);
+    let key = args.train_key(ways)?;
     let key_path = dir.join("reference.json");
     let result_path = dir.join("result.json");
     if args.reuse_train
@@ -473,9 +494,23 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         "running iota train ({} steps of batch {})...",
         key.samples, key.batch_size
     );
+    // The model as `iota train` reads it: the preset, or a config holding `--model`'s fields.
+    let model_args = match &key.model {
+        Some(fields) => {
+            let mut model = fields.clone();
+            if model.get("preset").is_none() {
+                model["preset"] = json!(args.preset);
+            }
+            let path = dir.join("train.yaml");
+            fs::write(&path, serde_norway::to_string(&json!({ "model": model }))?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            vec!["--config".to_string(), path.display().to_string()]
+        }
+        None => vec!["--preset".to_string(), args.preset.clone()],
+    };
     let out = Command::new(exe)
         .arg("train")
-        .args(["--preset", &args.preset])
+        .args(&model_args)
         .args(["--steps", &key.samples.to_string()])
         .args(["--batch-size", &key.batch_size.to_string()])
         .args(["--seq-len", &args.seq_len.to_string()])
@@ -542,6 +577,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         sections: None,
         miners_per_section: args.miners_per_section,
         config: None,
+        model: args.model.clone(),
         data: "synthetic".into(),
         dir: dir.to_path_buf(),
         listen: Some(listen),
@@ -720,8 +756,23 @@ mod tests {
             let argv = ["bench"].iter().chain(extra).copied();
             <Cli as clap::Parser>::try_parse_from(argv).unwrap().args
         };
-        let (zero, one) = (args(&[]).train_key(1), args(&["--seed", "1"]).train_key(1));
+        let (zero, one) = (
+            args(&[]).train_key(1).unwrap(),
+            args(&["--seed", "1"]).train_key(1).unwrap(),
+        );
         assert_ne!(zero, one);
+        // Model fields are part of the key; a file that is not a mapping is refused by name.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.yaml");
+        std::fs::write(&path, "d_b: 1\nreembed: true\n").unwrap();
+        let file = path.to_str().unwrap();
+        let with_model = args(&["--model", file]).train_key(1).unwrap();
+        assert_eq!(with_model.model, Some(json!({"d_b": 1, "reembed": true})));
+        assert_ne!(with_model, zero);
+        assert!(args(&["--model", file]).model_config().unwrap().reembed);
+        std::fs::write(&path, "- tiny\n").unwrap();
+        let err = args(&["--model", file]).train_key(1).unwrap_err();
+        assert!(format!("{err:#}").contains("m.yaml"), "{err:#}");
         // A key saved before `--seed` existed reads as seed 0.
         let mut saved = serde_json::to_value(&zero).unwrap();
         saved.as_object_mut().unwrap().remove("seed");

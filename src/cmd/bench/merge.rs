@@ -283,6 +283,7 @@ fn run_one(
         sections: Some(1),
         miners_per_section: miners,
         config: None,
+        model: None,
         data: "synthetic".into(),
         dir: dir.to_path_buf(),
         listen: Some(listen),

@@ -215,13 +215,14 @@ impl Task {
             CachedInput::Hidden {
                 data: decode_tensor(&o.bytes, shape)?,
                 shape,
+                tokens: None,
             }
         })
     }
 
     fn hidden(&self, o: &Object) -> anyhow::Result<Activations> {
         match self.decode_input(o, false)? {
-            CachedInput::Hidden { data, shape } => Ok(Activations { data, shape }),
+            CachedInput::Hidden { data, shape, .. } => Ok(Activations { data, shape }),
             CachedInput::Tokens { .. } => anyhow::bail!("expected activations"),
         }
     }

@@ -72,7 +72,8 @@ pub(super) async fn fetch(a: Assignment, head: bool, tail: bool) -> Result<Fetch
                 let ids = payload::decode_tokens(&payload::fetch(blob).await?, shape)?;
                 Ok::<_, MinerError>(Some((ids, shape)))
             };
-            let (input, targets) = tokio::try_join!(fetch_input(&a.input, head), targets)?;
+            let (input, targets) =
+                tokio::try_join!(fetch_input(&a.input, a.tokens.as_ref(), head), targets)?;
             if eval {
                 Inputs::Eval { input, targets }
             } else {
@@ -91,17 +92,32 @@ pub(super) async fn fetch(a: Assignment, head: bool, tail: bool) -> Result<Fetch
     })
 }
 
-async fn fetch_input(blob: &BlobRef, head: bool) -> Result<CachedInput, MinerError> {
-    let bytes = payload::fetch(blob).await?;
+/// A forward's input: token ids at the head, activations elsewhere, with the sample's token
+/// ids beside them where the assignment gives them (a section that re-embeds them).
+async fn fetch_input(
+    blob: &BlobRef,
+    tokens: Option<&BlobRef>,
+    head: bool,
+) -> Result<CachedInput, MinerError> {
     if head {
         let shape = payload::shape_of::<2>(blob)?;
-        let ids = payload::decode_tokens(&bytes, shape)?;
-        Ok(CachedInput::Tokens { ids, shape })
-    } else {
-        let shape = payload::shape_of::<3>(blob)?;
-        let data = payload::decode_tensor(&bytes, shape)?;
-        Ok(CachedInput::Hidden { data, shape })
+        let ids = payload::decode_tokens(&payload::fetch(blob).await?, shape)?;
+        return Ok(CachedInput::Tokens { ids, shape });
     }
+    let shape = payload::shape_of::<3>(blob)?;
+    let ids = async {
+        match tokens {
+            Some(t) => Ok(Some(payload::fetch_tokens(t, [shape[0], shape[1]]).await?)),
+            None => Ok::<_, PayloadError>(None),
+        }
+    };
+    let (bytes, tokens) = tokio::try_join!(payload::fetch(blob), ids)?;
+    let data = payload::decode_tensor(&bytes, shape)?;
+    Ok(CachedInput::Hidden {
+        data,
+        shape,
+        tokens,
+    })
 }
 
 /// What became of a result handed to [`deliver`].

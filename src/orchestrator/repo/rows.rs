@@ -7,7 +7,7 @@ use crate::api::WorkKind;
 use crate::orchestrator::repo_types::*;
 
 pub(super) const ASSIGNMENT_COLUMNS: &str = "a.id, a.sample, a.epoch, a.section, a.kind, a.miner, a.deadline, \
-     a.state, a.input_hash, s.targets_hash, a.attempts, a.input_from";
+     a.state, a.input_hash, s.targets_hash, a.attempts, a.input_from, s.tokens_hash";
 
 pub(super) fn read_assignment(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawAssignment> {
     Ok(RawAssignment {
@@ -23,6 +23,7 @@ pub(super) fn read_assignment(row: &rusqlite::Row<'_>) -> rusqlite::Result<RawAs
         targets_hash: row.get(9)?,
         attempts: row.get(10)?,
         input_from: row.get(11)?,
+        tokens_hash: row.get(12)?,
     })
 }
 
@@ -39,6 +40,7 @@ pub(super) struct RawAssignment {
     targets_hash: Option<String>,
     attempts: i64,
     input_from: Option<i64>,
+    tokens_hash: String,
 }
 
 impl RawAssignment {
@@ -64,6 +66,7 @@ impl RawAssignment {
             },
             attempts: u32::try_from(self.attempts).unwrap_or(u32::MAX),
             input_from: self.input_from.map(to_u64),
+            tokens_hash: self.tokens_hash,
         })
     }
 }

@@ -107,6 +107,22 @@ fn local_validators_publish_weights_for_every_finished_epoch() {
     }
 }
 
+/// Runs the hostile-miner harness's network with honest miners only and `extra` flags, its
+/// validator replaying all six miners every epoch; asserts that it ran and returns its output
+/// and the validator's log.
+fn replayed_by_one_validator(dir: &std::path::Path, extra: &[&str]) -> (String, String) {
+    let validation = r#"{"replay": {"miners_per_epoch": 6}}"#;
+    let output = hostile_network(dir, &[], validation, extra);
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let log = std::fs::read_to_string(dir.join("logs/validator0.log")).unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "iota local failed:\n{stdout}\n{}\n{log}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (stdout, log)
+}
+
 /// A model whose later sections re-embed the token ids (`reembed: true`, 128x boundary): the
 /// orchestrator hands every tail forward the sample's ids, the miners train on them, and a
 /// validator that replays every miner reproduces each one's work from the ledger's objects (the
@@ -116,20 +132,8 @@ fn a_reembedding_model_trains_and_every_miners_replay_agrees() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model.yaml");
     std::fs::write(&model, "preset: tiny\nd_b: 1\nreembed: true\n").unwrap();
-    let validation = r#"{"replay": {"miners_per_epoch": 6}}"#;
-    let output = hostile_network(
-        dir.path(),
-        &[],
-        validation,
-        &["--model", model.to_str().unwrap()],
-    );
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let log = std::fs::read_to_string(dir.path().join("logs/validator0.log")).unwrap_or_default();
-    assert!(
-        output.status.success(),
-        "iota local failed:\n{stdout}\n{}\n{log}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let (stdout, log) =
+        replayed_by_one_validator(dir.path(), &["--model", model.to_str().unwrap()]);
     let run = std::fs::read_to_string(dir.path().join("run.yaml")).unwrap();
     assert!(run.contains("reembed: true"), "{run}");
     let windows = windows(&dir.path().join("validators/validator0"));
@@ -169,4 +173,38 @@ fn a_reembedding_model_trains_and_every_miners_replay_agrees() {
         }
     }
     assert!(tail_replays > 0, "no tail miner was replayed: {windows:?}");
+}
+
+/// Merges in `q4v2` (4-bit parameter changes with error feedback, 2-bit second moments) with a
+/// validator replaying every miner: each replayed miner's decoded upload agrees with the
+/// replay of its work (the state check passes), and no honest miner is flagged.
+#[test]
+fn q4v2_merges_are_checked_by_a_validator_and_flag_no_honest_miner() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, log) = replayed_by_one_validator(dir.path(), &["--merge-wire", "q4v2"]);
+    let run = std::fs::read_to_string(dir.path().join("run.yaml")).unwrap();
+    assert!(run.contains("wire: q4v2"), "{run}");
+    let windows = windows(&dir.path().join("validators/validator0"));
+    let mut compared = Vec::new();
+    for epoch in [0, 1] {
+        let w = windows
+            .get(&epoch)
+            .unwrap_or_else(|| panic!("no window for epoch {epoch}:\n{stdout}\n{log}"));
+        for m in w["miners"].as_array().unwrap() {
+            let flags = m["weight"]["parts"]["flags"].as_array().unwrap();
+            assert!(flags.is_empty(), "epoch {epoch}: honest miner flagged: {m}");
+            compared.extend(
+                m["weight"]["parts"]["notes"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .filter(|n| n.contains("upload vs replay"))
+                    .map(str::to_string),
+            );
+        }
+    }
+    // The state check ran on decoded q4v2 uploads (it needs a full replay and an upload).
+    assert!(!compared.is_empty(), "no upload was compared: {windows:?}");
+    println!("{}", compared.join("\n"));
 }

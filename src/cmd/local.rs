@@ -20,6 +20,7 @@ use serde_json::json;
 
 use crate::api::client::ApiClient;
 use crate::api::{MergeStatus, MetagraphView, StatusResponse};
+use crate::codec::MergeWire;
 use crate::merge::MergeOp;
 use crate::miner::adversary::Adversary;
 use crate::model::backend::DeviceKind;
@@ -107,6 +108,10 @@ pub struct LocalArgs {
     /// Merge operator: mean, geometric, median, trimmed[:F] (ignored with --config).
     #[arg(long, default_value = "mean")]
     pub merge_op: MergeOp,
+    /// Merge payload format (the run config's `merge.wire`: f32, bf16, int8, dct, sign, sign2,
+    /// q4, q4v2; ignored with --config).
+    #[arg(long, value_name = "FORMAT", default_value = "f32")]
+    pub merge_wire: MergeWire,
     /// Validators to start (hotkeys `validator0..`, listed in the generated run config; with
     /// --config, the config must list them).
     #[arg(long, default_value_t = 1)]
@@ -260,7 +265,13 @@ pub fn generated_config(
         "batches_before_merging": args.merge_every,
         "samples_per_step": args.samples_per_step,
         "max_samples": args.samples,
-        "merge": { "op": args.merge_op.to_string(), "upload_s": 30, "lease_grace_s": 10, "merge_s": 60 },
+        "merge": {
+            "op": args.merge_op.to_string(),
+            "wire": args.merge_wire.to_string(),
+            "upload_s": 30,
+            "lease_grace_s": 10,
+            "merge_s": 60,
+        },
         "validators": validators,
     });
     let mut config = config;

@@ -51,7 +51,7 @@ use half::bf16;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use thiserror::Error;
 
-use super::merge_delta::{DeltaError, DeltaSpec, Place};
+use super::merge_delta::{DeltaError, DeltaSpec, ParamCode, Place};
 
 /// Elements per int8 block (each block has one `f32` scale).
 pub const INT8_BLOCK: usize = 256;
@@ -242,6 +242,19 @@ impl MergeWire {
     /// Whether encoding and decoding need the previous global values (`dct`, `sign`).
     pub fn needs_base(self) -> bool {
         matches!(self, MergeWire::Delta(_))
+    }
+
+    /// Whether validators check uploads in this format: every parameter's change arrives
+    /// (f32, bf16, int8, or the 4-bit delta code of `q4` and `q4v2`), so an honest upload's
+    /// change agrees with a replay of its work within the state thresholds. The sparse (`dct`)
+    /// and 1-2 bit (`sign`, `sign2`) codes drop too much of it: a sign code's change has a
+    /// cosine of about 0.8 with the true one (computed for normally distributed changes),
+    /// below the check's 0.9.
+    pub fn checked_by_validators(self) -> bool {
+        match self {
+            MergeWire::Delta(spec) => spec.params == ParamCode::Q4,
+            _ => true,
+        }
     }
 
     /// The flat indices (a prefix of the object's `n` elements at `span`, as global indices)

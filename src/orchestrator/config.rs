@@ -637,15 +637,15 @@ impl RunConfig {
         raw.validation
             .validate()
             .map_err(|(key, reason)| invalid(key, reason))?;
-        if !raw.validators.is_empty() && raw.merge.wire.needs_base() {
-            // A sparse upload with error feedback carries part of this epoch's change plus what
-            // earlier uploads left out; the validators' state check compares it with one
-            // epoch's replay and has no thresholds measured for that yet.
+        if !raw.validators.is_empty() && !raw.merge.wire.checked_by_validators() {
+            // A sparse or 1-2 bit upload carries only part of this epoch's change (plus what
+            // earlier uploads left out); the validators' state check compares the whole change
+            // with one epoch's replay.
             return Err(invalid(
                 "merge.wire",
                 format!(
-                    "{} is not checked by validators yet (their replay compares the whole \
-                     change); with `validators` use f32, bf16 or int8",
+                    "{} is not checked by validators (their replay compares the whole \
+                     change); with `validators` use f32, bf16, int8, q4 or q4v2",
                     raw.merge.wire
                 ),
             ));
@@ -851,10 +851,20 @@ mod tests {
         assert_eq!(cfg.validation.burn, 0.5);
         let twice = format!("run: r\nvalidators: [{{hotkey: {alice}}}, {{hotkey: {alice}}}]\n");
         assert!(RunConfig::from_yaml(&twice).is_err());
-        // The validators' state check is not calibrated for sparse uploads: refused, by name.
-        let sparse = format!("run: r\nvalidators: [{{hotkey: {alice}}}]\nmerge: {{wire: dct}}\n");
-        let err = RunConfig::from_yaml(&sparse).unwrap_err();
-        assert!(err.to_string().contains("`merge.wire`"), "{err}");
+        // The validators' state check compares the whole change: sparse and 1-2 bit uploads
+        // are refused by name, 4-bit ones accepted.
+        let with = |wire: &str| {
+            RunConfig::from_yaml(&format!(
+                "run: r\nvalidators: [{{hotkey: {alice}}}]\nmerge: {{wire: {wire}}}\n"
+            ))
+        };
+        for wire in ["dct", "sign", "sign2v2"] {
+            let err = with(wire).unwrap_err();
+            assert!(err.to_string().contains("`merge.wire`"), "{wire}: {err}");
+        }
+        for wire in ["q4", "q4v2", "bf16"] {
+            assert!(with(wire).is_ok(), "{wire}");
+        }
         assert!(RunConfig::from_yaml("run: r\nmerge: {wire: dct}\n").is_ok());
     }
 }

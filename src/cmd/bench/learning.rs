@@ -594,6 +594,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         merge_every: args.merge_every * split,
         samples_per_step: args.samples_per_step,
         merge_op: args.merge_op,
+        merge_wire: args.merge_wire,
         validators: 0,
         validator_wait_s: 0,
         seed: args.seed,

@@ -300,6 +300,7 @@ fn run_one(
         merge_every: per_epoch,
         samples_per_step: 0,
         merge_op: args.op,
+        merge_wire: wire,
         validators: 0,
         validator_wait_s: 0,
         seed: 0,

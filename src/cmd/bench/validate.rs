@@ -590,9 +590,9 @@ pub fn run(args: BenchValidateArgs) -> anyhow::Result<()> {
     if args.samples == 0 {
         anyhow::bail!("--samples must be at least 1");
     }
-    if args.merge_wire.needs_base() {
+    if !args.merge_wire.checked_by_validators() {
         anyhow::bail!(
-            "--merge-wire {}: validators do not check that format yet (f32, bf16 or int8)",
+            "--merge-wire {}: validators do not check that format (f32, bf16, int8, q4 or q4v2)",
             args.merge_wire
         );
     }

@@ -74,7 +74,11 @@ async fn assignments_carry_presigned_urls_that_work() {
         .await
         .unwrap();
     assert_eq!(Some(payload_hash(&tokens)), a.input.hash);
-    assert_eq!(tokens.len(), 2 * 8 * 4);
+    assert_eq!(
+        tokens.len(),
+        2 * 8,
+        "one byte per id of tiny's 256-token vocabulary"
+    );
 
     let out = a.output.as_ref().unwrap();
     assert!(out.url.starts_with(&s3.endpoint));

@@ -160,14 +160,13 @@ pub struct Assignment {
     pub kind: WorkKind,
     /// Section index.
     pub section: usize,
-    /// Input: activations (non-head forward), upstream gradient (backward), or token ids as
-    /// little-endian u32 `[batch, seq]` (head forward).
+    /// Input: activations (non-head forward), upstream gradient (backward), or token ids
+    /// `[batch, seq]` (head forward; [`crate::codec::token_ids`]).
     pub input: BlobRef,
-    /// Next-token targets, little-endian u32 `[batch, seq]` (tail forward only).
+    /// Next-token targets `[batch, seq]`, as the token ids (tail forward only).
     pub targets: Option<BlobRef>,
-    /// The sample's input token ids, little-endian u32 `[batch, seq]`, for a non-head forward
-    /// or evaluation in a model whose later sections re-embed them
-    /// ([`crate::model::ModelConfig::reembed`]).
+    /// The sample's input token ids `[batch, seq]`, for a non-head forward or evaluation in a
+    /// model whose later sections re-embed them ([`crate::model::ModelConfig::reembed`]).
     #[serde(default)]
     pub tokens: Option<BlobRef>,
     /// Where to upload the result (absent for the head's backward, which produces nothing).

@@ -724,7 +724,7 @@ pub const MAX_SAMPLES_PER_REQUEST: usize = 256;
 pub struct SampleBlob {
     /// Sample id.
     pub sample: u64,
-    /// Token ids, little-endian u32 `[batch, seq]`.
+    /// Token ids `[batch, seq]` ([`crate::codec::token_ids`]).
     pub tokens: BlobRef,
     /// Targets, the same layout.
     pub targets: BlobRef,

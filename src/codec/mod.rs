@@ -11,6 +11,7 @@
 //!   change from the previous global state) of merge uploads and partitions, validated
 //!   strictly on decode; [`merge_delta`] holds its `dct` and `sign` formats, whose parameter
 //!   codes live in `dct_basis` and `sign_code`, with `bit_pack` packing their small codes.
+//! - [`token_ids`]: token ids (`[batch, seq]`) in 1, 2 or 4 bytes each, by vocabulary size.
 //!
 //! It depends on nothing else in the crate, so the model core, the merge, storage and the API
 //! can all use it without depending on each other.
@@ -23,6 +24,7 @@ pub mod merge_delta;
 pub mod merge_wire;
 mod sign_code;
 pub mod tensor;
+pub mod token_ids;
 
 pub use flat::{
     FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,

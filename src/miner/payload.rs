@@ -1,8 +1,9 @@
 //! Inputs of an assignment: download through a [`BlobRef`], hash check, decoding.
 //!
 //! # Format
-//! Token blobs (head input, tail targets) are raw little-endian `u32` ids, row-major
-//! `[batch, seq]`, no header. Activations and gradients are wire-codec tensors
+//! Token blobs (head input, tail targets, the ids re-embedding sections read) are raw
+//! little-endian ids in 1, 2 or 4 bytes each, row-major `[batch, seq]`, no header
+//! ([`crate::codec::token_ids`]). Activations and gradients are wire-codec tensors
 //! ([`crate::codec`]).
 
 use bytes::Bytes;
@@ -10,6 +11,7 @@ use thiserror::Error;
 use url::Url;
 
 use crate::api::BlobRef;
+use crate::codec::token_ids;
 use crate::storage::{CodecError, StorageError, decode_expecting, download_from_url, verify_hash};
 
 /// Why an input could not be obtained.
@@ -43,10 +45,12 @@ pub enum PayloadError {
         /// Shape given.
         got: Vec<usize>,
     },
-    /// A token blob's size does not match its shape.
-    #[error("token blob holds {got} bytes, shape {shape:?} needs {expected}")]
+    /// A token blob's size is not 1, 2 or 4 bytes per id of its shape.
+    #[error(
+        "token blob holds {got} bytes, not 1, 2 or 4 per id of shape {shape:?} ({expected} ids)"
+    )]
     LengthMismatch {
-        /// Bytes implied by the shape.
+        /// Ids implied by the shape (`usize::MAX` when their count overflows).
         expected: usize,
         /// Bytes received.
         got: usize,
@@ -80,26 +84,17 @@ pub fn shape_of<const N: usize>(blob: &BlobRef) -> Result<[usize; N], PayloadErr
     })
 }
 
-/// Decodes raw little-endian `u32` token ids of `shape` (`[batch, seq]`).
+/// Decodes the little-endian token ids of `shape` (`[batch, seq]`), 1, 2 or 4 bytes each.
 ///
 /// # Errors
-/// [`PayloadError::LengthMismatch`] when the size is not `4 * batch * seq`.
+/// [`PayloadError::LengthMismatch`] when the size is not 1, 2 or 4 bytes per id.
 pub fn decode_tokens(bytes: &[u8], shape: [usize; 2]) -> Result<Vec<u32>, PayloadError> {
-    let expected = shape[0]
-        .checked_mul(shape[1])
-        .and_then(|n| n.checked_mul(4))
-        .unwrap_or(usize::MAX);
-    if bytes.len() != expected {
-        return Err(PayloadError::LengthMismatch {
-            expected,
-            got: bytes.len(),
-            shape: shape.to_vec(),
-        });
-    }
-    Ok(bytes
-        .chunks_exact(4)
-        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect())
+    let count = shape[0].saturating_mul(shape[1]);
+    token_ids::decode(bytes, count).ok_or_else(|| PayloadError::LengthMismatch {
+        expected: count,
+        got: bytes.len(),
+        shape: shape.to_vec(),
+    })
 }
 
 /// Downloads and decodes the token ids behind `blob`, which must have shape `expected`
@@ -153,11 +148,20 @@ mod tests {
         assert!(matches!(
             decode_tokens(&bytes[..15], [2, 2]),
             Err(PayloadError::LengthMismatch {
-                expected: 16,
+                expected: 4,
                 got: 15,
                 ..
             })
         ));
+        // One and two bytes per id (vocabularies of up to 256 and 65,536 tokens).
+        assert_eq!(
+            decode_tokens(&bytes[..4], [2, 2]).unwrap(),
+            vec![1, 0, 0, 0]
+        );
+        assert_eq!(
+            decode_tokens(&bytes[..8], [2, 2]).unwrap(),
+            vec![1, 0, 256, 0]
+        );
         assert!(decode_tokens(&bytes, [usize::MAX, 3]).is_err());
     }
 

@@ -167,8 +167,9 @@ impl<B: AutodiffBackend> Pipeline<B> {
             let (out, bytes) = self.cross(out)?;
             bytes_forward += bytes;
             if self.sections[i + 1].reembeds() {
-                // The network sends the ids as little-endian u32 (`iota local`'s token objects).
-                bytes_forward += 4 * inputs.shape().num_elements();
+                // The network sends the ids as the token objects' codec does.
+                let width = codec::token_ids::width(self.sections[0].config().vocab_size);
+                bytes_forward += width * inputs.shape().num_elements();
             }
             x = SectionInput::boundary(out, self.ids_for(i + 1, &inputs));
         }

@@ -12,6 +12,7 @@ use super::config::RunConfig;
 use super::metrics::Metrics;
 use super::repo::{EVAL_SAMPLES_MAX, Repository};
 use super::repo_types::{RepoError, RoutingLimits};
+use crate::codec::token_ids;
 use crate::data::{DataError, Dataset, Tokenizer};
 use crate::storage::{
     Hotkey, KeyError, KeyPart, ObjectKey, RunKeys, StatePart, Storage, StorageError,
@@ -294,8 +295,8 @@ impl AppState {
         self.keys.checkpoint(epoch, section_u32(section), part)
     }
 
-    /// Token ids and targets of sample unit `sample`, as little-endian u32 `[batch, seq]`:
-    /// dataset sample ids `sample * batch .. (sample + 1) * batch`.
+    /// Token ids and targets of sample unit `sample`, `[batch, seq]` in the fewest bytes per
+    /// id the vocabulary allows ([`token_ids`]): dataset sample ids `sample * batch .. (sample + 1) * batch`.
     pub fn sample_tokens(&self, sample: u64) -> (Bytes, Bytes) {
         let batch = self.config.batch_size as u64;
         self.pack_windows((0..batch).map(|i| self.dataset.train_sample(sample * batch + i)))
@@ -366,14 +367,15 @@ impl AppState {
     fn pack_windows<'a>(&self, windows: impl Iterator<Item = &'a [u32]>) -> (Bytes, Bytes) {
         let batch = self.config.batch_size;
         let seq = self.config.seq_len;
-        let mut tokens = Vec::with_capacity(batch * seq * 4);
-        let mut targets = Vec::with_capacity(batch * seq * 4);
+        let width = token_ids::width(self.config.model.vocab_size);
+        let mut tokens = Vec::with_capacity(batch * seq * width);
+        let mut targets = Vec::with_capacity(batch * seq * width);
         for window in windows {
             for pos in 0..seq {
                 let t = window.get(pos).copied().unwrap_or(0);
                 let y = window.get(pos + 1).copied().unwrap_or(0);
-                tokens.extend_from_slice(&t.to_le_bytes());
-                targets.extend_from_slice(&y.to_le_bytes());
+                token_ids::push(&mut tokens, t, width);
+                token_ids::push(&mut targets, y, width);
             }
         }
         (Bytes::from(tokens), Bytes::from(targets))

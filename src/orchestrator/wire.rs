@@ -3,7 +3,7 @@
 //!
 //! | work | input | targets | output |
 //! |---|---|---|---|
-//! | forward, head | `.../{sample}/tokens` u32 `[b, s]` | – | `{sample}/0/forward/{id}` |
+//! | forward, head | `.../{sample}/tokens` ids `[b, s]` | – | `{sample}/0/forward/{id}` |
 //! | forward, section k | `{sample}/{k-1}/forward/{from}` | – | `{sample}/{k}/forward/{id}` |
 //! | forward, tail | `{sample}/{t-1}/forward/{from}` | `.../{sample}/targets` | `{sample}/{t}/backward/{id}` |
 //! | backward, section k | `{sample}/{k+1}/backward/{from}` | – | `{sample}/{k}/backward/{id}` (none for the head) |

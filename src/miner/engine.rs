@@ -373,10 +373,10 @@ impl<B: AutodiffBackend> Engine<B> {
             let weights = self.section.lookahead(ahead, lr);
             let out = self
                 .section
-                .forward_at(&weights.valid(), self.to_input(&input))?;
+                .forward_at(&weights.valid(), self.to_input(&input)?)?;
             (out, Some(weights))
         } else {
-            let out = self.section.forward(self.to_input(&input))?;
+            let out = self.section.forward(self.to_input(&input)?)?;
             // Synchronous steps never move the weights between a forward and its backward.
             let stash = (self.settings.weight_stashing || self.settings.lookahead)
                 && self.settings.samples_per_step == 0;
@@ -408,10 +408,11 @@ impl<B: AutodiffBackend> Engine<B> {
         targets: &[u32],
         targets_shape: [usize; 2],
     ) -> Result<TailDone, EngineError> {
-        let targets = self.token_tensor(targets, targets_shape);
+        let targets = self.token_tensor(targets, targets_shape)?;
+        let input = self.owned_input(input)?;
         let entered = self.enter(sample);
         let version = self.version;
-        let out = self.section.train_tail(self.owned_input(input), targets)?;
+        let out = self.section.train_tail(input, targets)?;
         let grad = to_host(out.input_grad)?;
         let step = self.after_backward(sample).or(entered);
         Ok(TailDone {
@@ -449,7 +450,7 @@ impl<B: AutodiffBackend> Engine<B> {
             TensorData::new(upstream.data, upstream.shape),
             self.section.device(),
         );
-        let input = self.owned_input(input);
+        let input = self.owned_input(input)?;
         let grad = self.section.backward_at(&weights, input, upstream)?;
         let grad = grad.map(to_host).transpose()?;
         let step = self.after_backward(sample);
@@ -465,7 +466,7 @@ impl<B: AutodiffBackend> Engine<B> {
     /// # Errors
     /// The tail, or an input of the wrong kind or shape.
     pub fn eval_forward(&self, input: &CachedInput) -> Result<Activations, EngineError> {
-        let out = self.section.forward_at(&self.base, self.to_input(input))?;
+        let out = self.section.forward_at(&self.base, self.to_input(input)?)?;
         Ok(to_host(out)?)
     }
 
@@ -479,10 +480,10 @@ impl<B: AutodiffBackend> Engine<B> {
         targets: &[u32],
         targets_shape: [usize; 2],
     ) -> Result<f32, EngineError> {
-        let targets = self.token_tensor(targets, targets_shape);
+        let targets = self.token_tensor(targets, targets_shape)?;
         Ok(self
             .section
-            .eval_loss_at(&self.base, self.to_input(input), targets)?)
+            .eval_loss_at(&self.base, self.to_input(input)?, targets)?)
     }
 
     /// Applies the gradients accumulated so far, if any (synchronous mode: the last step of
@@ -545,10 +546,10 @@ impl<B: AutodiffBackend> Engine<B> {
         })
     }
 
-    fn to_input(&self, input: &CachedInput) -> SectionInput<Inner<B>> {
-        match input {
+    fn to_input(&self, input: &CachedInput) -> Result<SectionInput<Inner<B>>, ModelError> {
+        Ok(match input {
             CachedInput::Tokens { ids, shape } => {
-                SectionInput::Tokens(self.token_tensor(ids, *shape))
+                SectionInput::Tokens(self.token_tensor(ids, *shape)?)
             }
             CachedInput::Hidden {
                 data,
@@ -558,15 +559,16 @@ impl<B: AutodiffBackend> Engine<B> {
                 Tensor::from_data(TensorData::new(data.clone(), *shape), self.section.device()),
                 tokens
                     .as_ref()
-                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]])),
+                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]]))
+                    .transpose()?,
             ),
-        }
+        })
     }
 
-    fn owned_input(&self, input: CachedInput) -> SectionInput<Inner<B>> {
-        match input {
+    fn owned_input(&self, input: CachedInput) -> Result<SectionInput<Inner<B>>, ModelError> {
+        Ok(match input {
             CachedInput::Tokens { ids, shape } => {
-                SectionInput::Tokens(self.token_tensor(&ids, shape))
+                SectionInput::Tokens(self.token_tensor(&ids, shape)?)
             }
             CachedInput::Hidden {
                 data,
@@ -576,14 +578,36 @@ impl<B: AutodiffBackend> Engine<B> {
                 Tensor::from_data(TensorData::new(data, shape), self.section.device()),
                 tokens
                     .as_ref()
-                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]])),
+                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]]))
+                    .transpose()?,
             ),
-        }
+        })
     }
 
-    fn token_tensor(&self, ids: &[u32], shape: [usize; 2]) -> Tensor<Inner<B>, 2, Int> {
+    /// Token ids (inputs or targets) as a tensor, each checked against the vocabulary on the
+    /// host: an id past the table is an error here, not a panic in the embedding's lookup.
+    fn token_tensor(
+        &self,
+        ids: &[u32],
+        shape: [usize; 2],
+    ) -> Result<Tensor<Inner<B>, 2, Int>, ModelError> {
+        let vocab = self.section.config().vocab_size;
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ModelError::Shape(format!(
+                "token id {bad} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if ids.len() != shape[0].saturating_mul(shape[1]) {
+            return Err(ModelError::Shape(format!(
+                "{} token ids for shape {shape:?}",
+                ids.len()
+            )));
+        }
         let data: Vec<i64> = ids.iter().map(|&t| i64::from(t)).collect();
-        Tensor::from_data(TensorData::new(data, shape), self.section.device())
+        Ok(Tensor::from_data(
+            TensorData::new(data, shape),
+            self.section.device(),
+        ))
     }
 }
 
@@ -744,6 +768,28 @@ mod tests {
                 "section {i}: state differs after a warm-up"
             );
         }
+    }
+
+    #[test]
+    fn token_ids_past_the_vocabulary_are_errors_and_change_nothing() {
+        let (mut head, mut tail) = (engine(0, true, 1), engine(2, true, 1));
+        let (CachedInput::Tokens { mut ids, shape }, mut targets) = split(0) else {
+            unreachable!()
+        };
+        ids[3] = 256;
+        let err = head
+            .forward(0, CachedInput::Tokens { ids, shape })
+            .unwrap_err();
+        assert!(err.to_string().contains("token id 256"), "{err}");
+        let input = hidden(Activations {
+            data: vec![0.1; 2 * 8 * head.section().config().boundary_width()],
+            shape: [2, 8, head.section().config().boundary_width()],
+        });
+        targets[0] = u32::MAX;
+        let err = tail.train_tail(0, input, &targets, [2, 8]).unwrap_err();
+        assert!(err.to_string().contains("outside the vocabulary"), "{err}");
+        assert_eq!(tail.section().stats().forwards, 0);
+        assert_eq!(tail.version(), 0);
     }
 
     #[test]

@@ -168,14 +168,25 @@ pub async fn measure<B: AutodiffBackend>(
         let blobs = client.sample_blobs(ledger.epoch, ids.to_vec()).await?;
         for b in blobs.samples {
             let shape = payload::shape_of::<2>(&b.tokens)?;
-            tokens.insert(
-                b.sample,
-                Tokens {
-                    ids: payload::decode_tokens(&payload::fetch(&b.tokens).await?, shape)?,
-                    targets: payload::decode_tokens(&payload::fetch(&b.targets).await?, shape)?,
-                    shape,
-                },
-            );
+            let t = Tokens {
+                ids: payload::decode_tokens(&payload::fetch(&b.tokens).await?, shape)?,
+                targets: payload::decode_tokens(&payload::fetch(&b.targets).await?, shape)?,
+                shape,
+            };
+            // An id past the tables would panic in the lookup: refuse the sample's blobs.
+            if let Some(bad) = t
+                .ids
+                .iter()
+                .chain(&t.targets)
+                .find(|&&id| id as usize >= model.vocab_size)
+            {
+                return Err(ModelError::Shape(format!(
+                    "sample {}: token id {bad} is outside the vocabulary of {}",
+                    b.sample, model.vocab_size
+                ))
+                .into());
+            }
+            tokens.insert(b.sample, t);
         }
     }
     // The starting model, section by section, and each sample's input to every section.

@@ -232,13 +232,11 @@ pub fn generated_config(
         let hotkey = wallets.load_hotkey(WALLET, &name)?;
         validators.push(json!({ "hotkey": hotkey.address(), "stake": 1.0 }));
     }
-    let mut model = match &args.model {
+    let fields = match &args.model {
         Some(path) => model_overrides(path)?,
         None => json!({}),
     };
-    if model.get("preset").is_none() {
-        model["preset"] = json!(args.preset);
-    }
+    let mut model = with_preset(fields, &args.preset);
     if let Some(n) = args.sections
         && model.get("sections").is_none()
     {
@@ -279,6 +277,15 @@ pub fn generated_config(
         config["validation"] = serde_json::from_str(text).context("parsing --validation")?;
     }
     Ok(config)
+}
+
+/// Model `fields` (a run config's `model` section) with `preset` as their base where they
+/// name none.
+pub fn with_preset(mut fields: serde_json::Value, preset: &str) -> serde_json::Value {
+    if fields.get("preset").is_none() {
+        fields["preset"] = json!(preset);
+    }
+    fields
 }
 
 /// Reads a YAML mapping of model fields (a run config's `model` section) from `path`.

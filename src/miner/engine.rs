@@ -547,41 +547,44 @@ impl<B: AutodiffBackend> Engine<B> {
     }
 
     fn to_input(&self, input: &CachedInput) -> Result<SectionInput<Inner<B>>, ModelError> {
-        Ok(match input {
+        match input {
             CachedInput::Tokens { ids, shape } => {
-                SectionInput::Tokens(self.token_tensor(ids, *shape)?)
+                Ok(SectionInput::Tokens(self.token_tensor(ids, *shape)?))
             }
             CachedInput::Hidden {
                 data,
                 shape,
                 tokens,
-            } => SectionInput::boundary(
-                Tensor::from_data(TensorData::new(data.clone(), *shape), self.section.device()),
-                tokens
-                    .as_ref()
-                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]]))
-                    .transpose()?,
-            ),
-        })
+            } => self.boundary_input(data.clone(), *shape, tokens.as_deref()),
+        }
     }
 
     fn owned_input(&self, input: CachedInput) -> Result<SectionInput<Inner<B>>, ModelError> {
-        Ok(match input {
+        match input {
             CachedInput::Tokens { ids, shape } => {
-                SectionInput::Tokens(self.token_tensor(&ids, shape)?)
+                Ok(SectionInput::Tokens(self.token_tensor(&ids, shape)?))
             }
             CachedInput::Hidden {
                 data,
                 shape,
                 tokens,
-            } => SectionInput::boundary(
-                Tensor::from_data(TensorData::new(data, shape), self.section.device()),
-                tokens
-                    .as_ref()
-                    .map(|ids| self.token_tensor(ids, [shape[0], shape[1]]))
-                    .transpose()?,
-            ),
-        })
+            } => self.boundary_input(data, shape, tokens.as_deref()),
+        }
+    }
+
+    /// Activations `data` of `shape` as a section input, with the sample's token ids where
+    /// they were given (a section that re-embeds them).
+    fn boundary_input(
+        &self,
+        data: Vec<f32>,
+        shape: [usize; 3],
+        tokens: Option<&[u32]>,
+    ) -> Result<SectionInput<Inner<B>>, ModelError> {
+        let ids = tokens
+            .map(|ids| self.token_tensor(ids, [shape[0], shape[1]]))
+            .transpose()?;
+        let hidden = Tensor::from_data(TensorData::new(data, shape), self.section.device());
+        Ok(SectionInput::boundary(hidden, ids))
     }
 
     /// Token ids (inputs or targets) as a tensor, each checked against the vocabulary on the

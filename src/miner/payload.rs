@@ -97,11 +97,20 @@ pub fn decode_tokens(bytes: &[u8], shape: [usize; 2]) -> Result<Vec<u32>, Payloa
     })
 }
 
-/// Downloads and decodes the token ids behind `blob`, which must have shape `expected`
-/// (`[batch, seq]` of the activations they accompany).
+/// Downloads and decodes the token ids behind `blob`, with their shape (`[batch, seq]`).
 ///
 /// # Errors
-/// As [`fetch`] and [`decode_tokens`], or [`PayloadError::ShapeMismatch`].
+/// As [`shape_of`], [`fetch`] and [`decode_tokens`].
+pub async fn fetch_ids(blob: &BlobRef) -> Result<(Vec<u32>, [usize; 2]), PayloadError> {
+    let shape = shape_of::<2>(blob)?;
+    Ok((decode_tokens(&fetch(blob).await?, shape)?, shape))
+}
+
+/// [`fetch_ids`] for ids that must have shape `expected` (`[batch, seq]` of the activations
+/// they accompany); checked before downloading.
+///
+/// # Errors
+/// As [`fetch_ids`], or [`PayloadError::ShapeMismatch`].
 pub async fn fetch_tokens(blob: &BlobRef, expected: [usize; 2]) -> Result<Vec<u32>, PayloadError> {
     let shape = shape_of::<2>(blob)?;
     if shape != expected {
@@ -110,7 +119,7 @@ pub async fn fetch_tokens(blob: &BlobRef, expected: [usize; 2]) -> Result<Vec<u3
             got: shape.to_vec(),
         });
     }
-    decode_tokens(&fetch(blob).await?, shape)
+    Ok(fetch_ids(blob).await?.0)
 }
 
 /// Decodes a wire tensor of exactly `shape`.

@@ -380,10 +380,8 @@ impl ModelConfig {
     /// PaLM paper's accounting). Model FLOP utilization is this times tokens/s over the
     /// hardware's peak.
     pub fn train_flops_per_token(&self, seq: usize) -> f64 {
-        // The embedding and the re-embedding tables are lookups.
-        let lookups = (0..self.n_sections())
-            .filter(|&i| i == 0 || self.section(i).is_ok_and(|s| s.reembed))
-            .count();
+        // The embedding and the re-embedding tables (one per later section) are lookups.
+        let lookups = if self.reembed { self.n_sections() } else { 1 };
         let matmul = self.total_params() - lookups * self.vocab_size * self.d_model;
         6.0 * matmul as f64 + 12.0 * (self.n_layers * self.d_model * seq) as f64
     }

@@ -38,8 +38,7 @@ pub enum FetchError {
 pub async fn load_item(item: &WorkItem, head: bool, tail: bool) -> Result<ReplayItem, FetchError> {
     let input = match (item.kind, head) {
         (WorkKind::Forward, true) => {
-            let shape = payload::shape_of::<2>(&item.input)?;
-            let ids = payload::decode_tokens(&payload::fetch(&item.input).await?, shape)?;
+            let (ids, shape) = payload::fetch_ids(&item.input).await?;
             CachedInput::Tokens { ids, shape }
         }
         _ => {
@@ -59,10 +58,7 @@ pub async fn load_item(item: &WorkItem, head: bool, tail: bool) -> Result<Replay
         }
     };
     let targets = match (&item.targets, item.kind == WorkKind::Forward && tail) {
-        (Some(blob), true) => {
-            let shape = payload::shape_of::<2>(blob)?;
-            Some(payload::decode_tokens(&payload::fetch(blob).await?, shape)?)
-        }
+        (Some(blob), true) => Some(payload::fetch_ids(blob).await?.0),
         _ => None,
     };
     let output = match &item.output {

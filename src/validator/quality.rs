@@ -167,9 +167,9 @@ pub async fn measure<B: AutodiffBackend>(
     for ids in wanted.chunks(MAX_SAMPLES_PER_REQUEST) {
         let blobs = client.sample_blobs(ledger.epoch, ids.to_vec()).await?;
         for b in blobs.samples {
-            let shape = payload::shape_of::<2>(&b.tokens)?;
+            let (ids, shape) = payload::fetch_ids(&b.tokens).await?;
             let t = Tokens {
-                ids: payload::decode_tokens(&payload::fetch(&b.tokens).await?, shape)?,
+                ids,
                 targets: payload::decode_tokens(&payload::fetch(&b.targets).await?, shape)?,
                 shape,
             };

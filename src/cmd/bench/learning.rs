@@ -38,7 +38,7 @@ use serde_json::json;
 
 use super::network::steady_state;
 use crate::api::EvalSummary;
-use crate::cmd::local::{LocalArgs, generated_config, model_overrides};
+use crate::cmd::local::{LocalArgs, generated_config, model_overrides, with_preset};
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::merge::MergeOp;
@@ -497,10 +497,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
     // The model as `iota train` reads it: the preset, or a config holding `--model`'s fields.
     let model_args = match &key.model {
         Some(fields) => {
-            let mut model = fields.clone();
-            if model.get("preset").is_none() {
-                model["preset"] = json!(args.preset);
-            }
+            let model = with_preset(fields.clone(), &args.preset);
             let path = dir.join("train.yaml");
             fs::write(&path, serde_norway::to_string(&json!({ "model": model }))?)
                 .with_context(|| format!("writing {}", path.display()))?;

@@ -68,9 +68,7 @@ pub(super) async fn fetch(a: Assignment, head: bool, tail: bool) -> Result<Fetch
                         });
                     }
                 };
-                let shape = payload::shape_of::<2>(blob)?;
-                let ids = payload::decode_tokens(&payload::fetch(blob).await?, shape)?;
-                Ok::<_, MinerError>(Some((ids, shape)))
+                Ok::<_, MinerError>(Some(payload::fetch_ids(blob).await?))
             };
             let (input, targets) =
                 tokio::try_join!(fetch_input(&a.input, a.tokens.as_ref(), head), targets)?;
@@ -100,8 +98,7 @@ async fn fetch_input(
     head: bool,
 ) -> Result<CachedInput, MinerError> {
     if head {
-        let shape = payload::shape_of::<2>(blob)?;
-        let ids = payload::decode_tokens(&payload::fetch(blob).await?, shape)?;
+        let (ids, shape) = payload::fetch_ids(blob).await?;
         return Ok(CachedInput::Tokens { ids, shape });
     }
     let shape = payload::shape_of::<3>(blob)?;

@@ -12,7 +12,9 @@ interleaved with its own steps and compares the median step times, wall clock an
 The model mirrors src/model: RMSNorm (eps 1e-5), rotary embeddings in the rotate-half
 layout (theta 10000), causal grouped-query attention, SwiGLU, untied LM head, and at each
 section boundary the learned residual bottleneck (encoder: W_enc * mlp(norm(h)) + h[..d_b];
-decoder: silu(W_dec z + b) + [z, 0]). AdamW: betas (0.9, 0.95), eps 1e-8, weight decay 0.1
+decoder: silu(W_dec z + b) + [z, 0]) and, where the preset re-embeds the token ids (`tiny`,
+`small`), sqrt(d_model) times a section's own embedding of the ids added to the decoded
+boundary. AdamW: betas (0.9, 0.95), eps 1e-8, weight decay 0.1
 on matrices only, global-norm clipping at 1.0.
 """
 
@@ -27,10 +29,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 PRESETS = {
-    # vocab, d_model, n_layers, n_heads, n_kv_heads, d_ff, sections
-    "tiny": (256, 128, 6, 4, 2, 256, 3),
-    "small": (256, 384, 8, 6, 2, 1024, 3),
-    "1b": (128256, 2048, 16, 32, 8, 8192, 3),
+    # vocab, d_model, n_layers, n_heads, n_kv_heads, d_ff, sections, reembed
+    "tiny": (256, 128, 6, 4, 2, 256, 3, True),
+    "small": (256, 384, 8, 6, 2, 1024, 3, True),
+    "1b": (128256, 2048, 16, 32, 8, 8192, 3, False),
 }
 
 
@@ -113,7 +115,7 @@ class Block(nn.Module):
 class Model(nn.Module):
     def __init__(self, preset):
         super().__init__()
-        vocab, d, n_layers, n_heads, n_kv, d_ff, n_sections = PRESETS[preset]
+        vocab, d, n_layers, n_heads, n_kv, d_ff, n_sections, reembed = PRESETS[preset]
         self.d, self.d_b, self.hd = d, max(d // 64, 1), d // n_heads
         self.sections = even_sections(n_layers, n_sections)
         self.embed_tokens = nn.Embedding(vocab, d)
@@ -122,8 +124,11 @@ class Model(nn.Module):
         self.decoders = nn.ModuleDict()
         for start, end in self.sections[:-1]:
             self.encoders[str(end - 1)] = nn.Linear(d, self.d_b, bias=False)
+        self.reembed = nn.ModuleDict()
         for start, _ in self.sections[1:]:
             self.decoders[str(start)] = nn.Linear(self.d_b, d, bias=True)
+            if reembed:
+                self.reembed[str(start)] = nn.Embedding(vocab, d)
         self.norm = RMSNorm(d)
         self.lm_head = nn.Linear(d, vocab, bias=False)
         for p in self.parameters():
@@ -141,6 +146,8 @@ class Model(nn.Module):
             if str(i) in self.decoders:
                 z = x
                 x = F.silu(self.decoders[str(i)](z)) + F.pad(z, (0, self.d - self.d_b))
+                if str(i) in self.reembed:
+                    x = x + math.sqrt(self.d) * self.reembed[str(i)](tokens)
             h = block.attend(x, cos, sin)
             if str(i) in self.encoders:
                 x = self.encoders[str(i)](block.mlp_branch(h)) + h[..., : self.d_b]

@@ -118,6 +118,15 @@ pub fn describe(cfg: &ModelConfig, seq_len: usize) -> String {
         human_bytes(int8_b),
         f32_full as f64 / int8_b as f64,
     ));
+    if cfg.reembed {
+        out.push_str(&format!(
+            "  re-embeds the token ids after every boundary: a {} x {} table per later section ({} parameters each), ids {} byte(s) per token\n",
+            cfg.vocab_size,
+            cfg.d_model,
+            human_count(cfg.vocab_size * cfg.d_model),
+            crate::codec::token_ids::width(cfg.vocab_size),
+        ));
+    }
     out
 }
 
@@ -130,7 +139,13 @@ mod tests {
         for name in PRESETS {
             let cfg = ModelConfig::preset(name).unwrap();
             let text = describe(&cfg, cfg.max_seq_len);
-            assert_eq!(text.lines().count(), 2 + cfg.n_sections() + 2, "{text}");
+            let reembed = usize::from(cfg.reembed);
+            assert_eq!(
+                text.lines().count(),
+                2 + cfg.n_sections() + 2 + reembed,
+                "{text}"
+            );
+            assert_eq!(text.contains("re-embeds"), cfg.reembed, "{text}");
         }
         let cfg = ModelConfig::preset("15b").unwrap();
         let [f32_full, _, bf16_b, _] = boundary_bytes(&cfg, 2048);

@@ -700,12 +700,18 @@ mod tests {
         }
     }
 
-    fn hidden(a: Activations) -> CachedInput {
+    /// Sample `s`'s input token ids (what `tiny`'s re-embedding sections read).
+    fn ids(s: u64) -> Vec<u32> {
+        windows(s).iter().flat_map(|w| &w[..8]).copied().collect()
+    }
+
+    /// Boundary activations of sample `s` as a body or tail section receives them.
+    fn hidden(a: Activations, s: u64) -> CachedInput {
         let a = wire(a);
         CachedInput::Hidden {
             data: a.data,
             shape: a.shape,
-            tokens: None,
+            tokens: Some(ids(s)),
         }
     }
 
@@ -713,9 +719,9 @@ mod tests {
     fn through(engines: &mut [E], s: u64) -> f32 {
         let (tokens, targets) = split(s);
         let a = engines[0].forward(s, tokens).unwrap().output;
-        let b = engines[1].forward(s, hidden(a)).unwrap().output;
+        let b = engines[1].forward(s, hidden(a, s)).unwrap().output;
         let tail = engines[2]
-            .train_tail(s, hidden(b), &targets, [2, 8])
+            .train_tail(s, hidden(b, s), &targets, [2, 8])
             .unwrap();
         let g = engines[1]
             .backward(s, wire(tail.grad))
@@ -784,10 +790,13 @@ mod tests {
             .forward(0, CachedInput::Tokens { ids, shape })
             .unwrap_err();
         assert!(err.to_string().contains("token id 256"), "{err}");
-        let input = hidden(Activations {
-            data: vec![0.1; 2 * 8 * head.section().config().boundary_width()],
-            shape: [2, 8, head.section().config().boundary_width()],
-        });
+        let input = hidden(
+            Activations {
+                data: vec![0.1; 2 * 8 * head.section().config().boundary_width()],
+                shape: [2, 8, head.section().config().boundary_width()],
+            },
+            0,
+        );
         targets[0] = u32::MAX;
         let err = tail.train_tail(0, input, &targets, [2, 8]).unwrap_err();
         assert!(err.to_string().contains("outside the vocabulary"), "{err}");
@@ -828,11 +837,11 @@ mod tests {
         let mut mid = Vec::new();
         for &s in &samples {
             let (tokens, _) = split(s);
-            mid.push(hidden(engines[0].forward(s, tokens).unwrap().output));
+            mid.push(hidden(engines[0].forward(s, tokens).unwrap().output, s));
         }
         let mut last = Vec::new();
         for (&s, input) in samples.iter().zip(mid) {
-            last.push(hidden(engines[1].forward(s, input).unwrap().output));
+            last.push(hidden(engines[1].forward(s, input).unwrap().output, s));
         }
         let mut grads = Vec::new();
         let mut losses = Vec::new();
@@ -931,7 +940,7 @@ mod tests {
         CachedInput::Hidden {
             data: a.data,
             shape: a.shape,
-            tokens: None,
+            tokens: Some(ids(s)),
         }
     }
 

@@ -727,6 +727,14 @@ mod tests {
         ModelConfig::preset("tiny").unwrap()
     }
 
+    /// `tiny` without the re-embedding tables.
+    fn plain_tiny() -> ModelConfig {
+        ModelConfig {
+            reembed: false,
+            ..tiny()
+        }
+    }
+
     fn tokens(b: usize, s: usize) -> Tensor<Inn, 2, Int> {
         let ids: Vec<i64> = (0..b * s).map(|i| (i * 7 % 251) as i64).collect();
         Tensor::from_data(TensorData::new(ids, [b, s]), &Default::default())
@@ -807,7 +815,7 @@ mod tests {
             ),
             &device,
         );
-        a.train_tail(SectionInput::Hidden(act), tokens(2, 8))
+        a.train_tail(SectionInput::HiddenTokens(act, tokens(2, 8)), tokens(2, 8))
             .unwrap();
         assert!(matches!(a.step(1e-2), StepOutcome::Applied { .. }));
         let mut b =
@@ -856,8 +864,8 @@ mod tests {
 
     #[test]
     fn a_reembedding_section_needs_the_ids_of_its_samples_and_reads_them() {
-        let mut cfg = tiny();
-        cfg.reembed = true;
+        let cfg = tiny();
+        assert!(cfg.reembed);
         let device = Default::default();
         let w = cfg.boundary_width();
         let section = |i| {
@@ -878,7 +886,7 @@ mod tests {
         );
         // A section that does not re-embed refuses ids it would ignore.
         let plain =
-            Section::<TestAutodiff>::new(&tiny(), 1, 1, OptimizerConfig::default(), &device)
+            Section::<TestAutodiff>::new(&plain_tiny(), 1, 1, OptimizerConfig::default(), &device)
                 .unwrap()
                 .forward(SectionInput::HiddenTokens(z(), tokens(1, 4)));
         assert!(refused(plain).contains("does not re-embed"));
@@ -908,10 +916,9 @@ mod tests {
 
     #[test]
     fn parameter_names_are_pinned() {
-        let cfg = tiny();
         let device = Default::default();
-        let names = |i| -> Vec<String> {
-            Section::<TestAutodiff>::new(&cfg, i, 1, OptimizerConfig::default(), &device)
+        let names_of = |cfg: &ModelConfig, i| -> Vec<String> {
+            Section::<TestAutodiff>::new(cfg, i, 1, OptimizerConfig::default(), &device)
                 .unwrap()
                 .param_shapes()
                 .into_iter()
@@ -933,6 +940,7 @@ mod tests {
             .map(|p| format!("model.layers.{i}.{p}"))
             .to_vec()
         };
+        let names = |i| names_of(&plain_tiny(), i);
         let mut head = vec!["model.embed_tokens.weight".to_string()];
         head.extend(block(0));
         head.extend(block(1));
@@ -947,5 +955,16 @@ mod tests {
         tail.push("model.norm.weight".into());
         tail.push("lm_head.weight".into());
         assert_eq!(names(2), tail);
+        // The preset adds one table to every section after the head, and nothing else.
+        for (i, first) in [(0, None), (1, Some(2)), (2, Some(4))] {
+            let mut with: Vec<String> = names_of(&tiny(), i);
+            let table = first.map(|f| format!("model.layers.{f}.reembed.weight"));
+            assert_eq!(
+                with.iter().any(|n| Some(n) == table.as_ref()),
+                table.is_some()
+            );
+            with.retain(|n| Some(n) != table.as_ref());
+            assert_eq!(with, names(i));
+        }
     }
 }

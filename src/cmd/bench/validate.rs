@@ -120,6 +120,8 @@ struct Recorded {
     input: Object,
     /// Tail forwards: the targets.
     targets: Option<Object>,
+    /// Forwards of a section that re-embeds the token ids: the sample's input tokens.
+    tokens: Option<Object>,
     /// The miner's result on the wire (`None`: the head's backward).
     output: Option<Object>,
     loss: Option<f32>,
@@ -150,8 +152,13 @@ struct Task {
     args: BenchValidateArgs,
 }
 
-fn tokens_object(ids: &[u32]) -> Object {
-    Object::new(ids.iter().flat_map(|t| t.to_le_bytes()).collect())
+fn tokens_object(ids: &[u32], vocab: usize) -> Object {
+    let width = crate::codec::token_ids::width(vocab);
+    let mut bytes = Vec::with_capacity(ids.len() * width);
+    for &id in ids {
+        crate::codec::token_ids::push(&mut bytes, id, width);
+    }
+    Object::new(bytes)
 }
 
 fn tensor_object(shape: [usize; 3], data: &[f32], wire: WireDtype) -> anyhow::Result<Object> {
@@ -202,9 +209,21 @@ impl Task {
         Ok(engine)
     }
 
-    fn decode_input(&self, o: &Object, head_tokens: bool) -> anyhow::Result<CachedInput> {
+    fn decode_input(
+        &self,
+        o: &Object,
+        head_tokens: bool,
+        tokens: Option<&Object>,
+    ) -> anyhow::Result<CachedInput> {
         verify_hash(&o.bytes, &o.hash)?;
         let (b, l) = (self.args.batch_size, self.args.seq_len);
+        let tokens = match tokens {
+            Some(t) => {
+                verify_hash(&t.bytes, &t.hash)?;
+                Some(decode_tokens(&t.bytes, [b, l])?)
+            }
+            None => None,
+        };
         Ok(if head_tokens {
             CachedInput::Tokens {
                 ids: decode_tokens(&o.bytes, [b, l])?,
@@ -215,13 +234,13 @@ impl Task {
             CachedInput::Hidden {
                 data: decode_tensor(&o.bytes, shape)?,
                 shape,
-                tokens: None,
+                tokens,
             }
         })
     }
 
     fn hidden(&self, o: &Object) -> anyhow::Result<Activations> {
-        match self.decode_input(o, false)? {
+        match self.decode_input(o, false, None)? {
             CachedInput::Hidden { data, shape, .. } => Ok(Activations { data, shape }),
             CachedInput::Tokens { .. } => anyhow::bail!("expected activations"),
         }
@@ -292,6 +311,7 @@ impl Task {
                     kind: WorkKind::Backward,
                     input: up,
                     targets: None,
+                    tokens: None,
                     output,
                     loss: None,
                 });
@@ -302,18 +322,26 @@ impl Task {
             let windows: Vec<&[u32]> = (0..b as u64)
                 .map(|w| data.train_sample(s * b as u64 + w))
                 .collect();
-            let mut input = tokens_object(
+            let vocab = self.cfg.vocab_size;
+            let sample_tokens = tokens_object(
                 &windows
                     .iter()
                     .flat_map(|w| &w[..l])
                     .copied()
                     .collect::<Vec<_>>(),
+                vocab,
             );
+            let mut input = sample_tokens.clone();
             for (i, engine) in engines.iter_mut().enumerate() {
-                let decoded = self.decode_input(&input, i == 0)?;
+                let tokens = engine
+                    .section()
+                    .spec()
+                    .reembed
+                    .then(|| sample_tokens.clone());
+                let decoded = self.decode_input(&input, i == 0, tokens.as_ref())?;
                 if i + 1 == n {
                     let ids: Vec<u32> = windows.iter().flat_map(|w| &w[1..=l]).copied().collect();
-                    let targets = tokens_object(&ids);
+                    let targets = tokens_object(&ids, vocab);
                     let done = engine
                         .train_tail(s, decoded, &ids, [b, l])
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -324,6 +352,7 @@ impl Task {
                         kind: WorkKind::Forward,
                         input: input.clone(),
                         targets: Some(targets),
+                        tokens,
                         output: Some(grad),
                         loss: Some(done.loss),
                     });
@@ -337,6 +366,7 @@ impl Task {
                         kind: WorkKind::Forward,
                         input: std::mem::replace(&mut input, out.clone()),
                         targets: None,
+                        tokens,
                         output: Some(out),
                         loss: None,
                     });
@@ -384,7 +414,7 @@ impl Task {
         for item in items {
             let out = match (item.kind, &item.targets) {
                 (WorkKind::Forward, Some(targets)) => {
-                    let input = self.decode_input(&item.input, head)?;
+                    let input = self.decode_input(&item.input, head, item.tokens.as_ref())?;
                     verify_hash(&targets.bytes, &targets.hash)?;
                     let t = decode_tokens(&targets.bytes, [b, l])?;
                     let done = engine
@@ -393,7 +423,7 @@ impl Task {
                     Some(done.grad)
                 }
                 (WorkKind::Forward, None) => {
-                    let input = self.decode_input(&item.input, head)?;
+                    let input = self.decode_input(&item.input, head, item.tokens.as_ref())?;
                     let f = engine
                         .forward(item.sample, input)
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -437,7 +467,7 @@ impl Task {
         let (b, l) = (self.args.batch_size, self.args.seq_len);
         for item in &items[..n] {
             let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
-            let input = self.decode_input(&item.input, head_tokens)?;
+            let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
             let targets = match &item.targets {
                 Some(t) => {
                     verify_hash(&t.bytes, &t.hash)?;

@@ -7,7 +7,7 @@ mod common;
 
 use std::process::Command;
 
-use common::local_run::{hostile_network, vector as weights, windows};
+use common::local_run::{hostile_network, notes, vector as weights, windows};
 use serde_json::Value;
 
 #[test]
@@ -87,16 +87,15 @@ fn local_validators_publish_weights_for_every_finished_epoch() {
         }
         // Each validator replayed a miner and says what it compared.
         assert_eq!(w["tracked"].as_array().unwrap().len(), 1, "{w}");
-        let notes: Vec<&str> = w["miners"]
+        let all: Vec<&str> = w["miners"]
             .as_array()
             .unwrap()
             .iter()
-            .flat_map(|m| m["weight"]["parts"]["notes"].as_array().unwrap())
-            .filter_map(Value::as_str)
+            .flat_map(notes)
             .collect();
         assert!(
-            notes.iter().any(|n| n.starts_with("replay:")),
-            "epoch {epoch}: no replay note: {notes:?}"
+            all.iter().any(|n| n.starts_with("replay:")),
+            "epoch {epoch}: no replay note: {all:?}"
         );
     }
     // The two validators' vectors for the same epoch are close (L1 under 0.5).
@@ -158,11 +157,7 @@ fn a_reembedding_model_trains_and_every_miners_replay_agrees() {
                 continue;
             }
             tail_replays += usize::from(m["section"].as_u64() == Some(1));
-            let replayed = m["weight"]["parts"]["notes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter_map(Value::as_str)
+            let replayed = notes(m)
                 .find(|n| n.starts_with("replay:"))
                 .unwrap_or_else(|| panic!("epoch {epoch}: no replay note: {m}"));
             // Every item replayed, none skipped for want of an input.
@@ -194,11 +189,7 @@ fn q4v2_merges_are_checked_by_a_validator_and_flag_no_honest_miner() {
             let flags = m["weight"]["parts"]["flags"].as_array().unwrap();
             assert!(flags.is_empty(), "epoch {epoch}: honest miner flagged: {m}");
             compared.extend(
-                m["weight"]["parts"]["notes"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .filter_map(Value::as_str)
+                notes(m)
                     .filter(|n| n.contains("upload vs replay"))
                     .map(str::to_string),
             );

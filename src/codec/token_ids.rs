@@ -19,6 +19,22 @@ pub fn push(out: &mut Vec<u8>, id: u32, width: usize) {
     out.extend_from_slice(&id.to_le_bytes()[..width.clamp(1, 4)]);
 }
 
+/// `ids` in [`width`]`(vocab)` bytes each.
+pub fn encode(ids: &[u32], vocab: usize) -> Vec<u8> {
+    let width = width(vocab);
+    let mut out = Vec::with_capacity(ids.len() * width);
+    for &id in ids {
+        push(&mut out, id, width);
+    }
+    out
+}
+
+/// The first of `ids` that a vocabulary of `vocab` tokens does not hold, if any: an id past
+/// an embedding table or the logits must be refused before any lookup.
+pub fn first_outside(ids: &[u32], vocab: usize) -> Option<u32> {
+    ids.iter().copied().find(|&t| t as usize >= vocab)
+}
+
 /// Decodes `count` ids from `bytes`, whose length must be 1, 2 or 4 bytes per id; `None`
 /// otherwise.
 pub fn decode(bytes: &[u8], count: usize) -> Option<Vec<u32>> {
@@ -52,10 +68,8 @@ mod tests {
             (65_536, vec![0, 256, 65_535, 9]),
             (128_256, vec![0, 65_536, 128_255, 3]),
         ] {
-            let w = width(vocab);
-            let mut bytes = Vec::new();
-            ids.iter().for_each(|&id| push(&mut bytes, id, w));
-            assert_eq!(bytes.len(), ids.len() * w);
+            let bytes = encode(&ids, vocab);
+            assert_eq!(bytes.len(), ids.len() * width(vocab));
             assert_eq!(decode(&bytes, ids.len()), Some(ids));
         }
         // Little-endian: 256 in two bytes is [0, 1].
@@ -67,5 +81,7 @@ mod tests {
         assert_eq!(decode(&[0; 12], 2), None);
         assert_eq!(decode(&[0; 4], usize::MAX), None);
         assert_eq!(decode(&[], 0), Some(Vec::new()));
+        assert_eq!(first_outside(&[0, 255, 256, 300], 256), Some(256));
+        assert_eq!(first_outside(&[0, 255], 256), None);
     }
 }

@@ -595,7 +595,7 @@ impl<B: AutodiffBackend> Engine<B> {
         shape: [usize; 2],
     ) -> Result<Tensor<Inner<B>, 2, Int>, ModelError> {
         let vocab = self.section.config().vocab_size;
-        if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        if let Some(bad) = crate::codec::token_ids::first_outside(ids, vocab) {
             return Err(ModelError::Shape(format!(
                 "token id {bad} is outside the vocabulary of {vocab}"
             )));

@@ -15,7 +15,7 @@ use super::fetch::{FetchError, fetch_merge_object};
 use super::tracking::Chooser;
 use crate::api::client::{ApiClient, ClientError};
 use crate::api::{EpochLedger, MAX_SAMPLES_PER_REQUEST, MergeRecord, MinerSettings};
-use crate::codec::Span;
+use crate::codec::{Span, token_ids};
 use crate::miner::payload::{self, PayloadError};
 use crate::model::layout::section_layout;
 use crate::model::section::Inner;
@@ -170,16 +170,12 @@ pub async fn measure<B: AutodiffBackend>(
             let (ids, shape) = payload::fetch_ids(&b.tokens).await?;
             let t = Tokens {
                 ids,
-                targets: payload::decode_tokens(&payload::fetch(&b.targets).await?, shape)?,
+                targets: payload::fetch_tokens(&b.targets, shape).await?,
                 shape,
             };
             // An id past the tables would panic in the lookup: refuse the sample's blobs.
-            if let Some(bad) = t
-                .ids
-                .iter()
-                .chain(&t.targets)
-                .find(|&&id| id as usize >= model.vocab_size)
-            {
+            let outside = |ids: &[u32]| token_ids::first_outside(ids, model.vocab_size);
+            if let Some(bad) = outside(&t.ids).or_else(|| outside(&t.targets)) {
                 return Err(ModelError::Shape(format!(
                     "sample {}: token id {bad} is outside the vocabulary of {}",
                     b.sample, model.vocab_size

@@ -69,13 +69,18 @@ pub fn weight_and_flags(miner: &Value) -> (f64, Vec<String>) {
     (miner["weight"]["weight"].as_f64().unwrap(), flags)
 }
 
-/// A miner's upload-quality note in a window (`upload: -` when it has none).
-pub fn upload_note(miner: &Value) -> &str {
+/// A miner's notes in a window (what the validator measured of it).
+pub fn notes(miner: &Value) -> impl Iterator<Item = &str> {
     miner["weight"]["parts"]["notes"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(Value::as_str)
+}
+
+/// A miner's upload-quality note in a window (`upload: -` when it has none).
+pub fn upload_note(miner: &Value) -> &str {
+    notes(miner)
         .find(|n| n.starts_with("upload:"))
         .unwrap_or("upload: -")
 }

@@ -153,12 +153,7 @@ struct Task {
 }
 
 fn tokens_object(ids: &[u32], vocab: usize) -> Object {
-    let width = crate::codec::token_ids::width(vocab);
-    let mut bytes = Vec::with_capacity(ids.len() * width);
-    for &id in ids {
-        crate::codec::token_ids::push(&mut bytes, id, width);
-    }
-    Object::new(bytes)
+    Object::new(crate::codec::token_ids::encode(ids, vocab))
 }
 
 fn tensor_object(shape: [usize; 3], data: &[f32], wire: WireDtype) -> anyhow::Result<Object> {
@@ -215,21 +210,15 @@ impl Task {
         head_tokens: bool,
         tokens: Option<&Object>,
     ) -> anyhow::Result<CachedInput> {
-        verify_hash(&o.bytes, &o.hash)?;
+        let tokens = tokens.map(|t| self.ids(t)).transpose()?;
         let (b, l) = (self.args.batch_size, self.args.seq_len);
-        let tokens = match tokens {
-            Some(t) => {
-                verify_hash(&t.bytes, &t.hash)?;
-                Some(decode_tokens(&t.bytes, [b, l])?)
-            }
-            None => None,
-        };
         Ok(if head_tokens {
             CachedInput::Tokens {
-                ids: decode_tokens(&o.bytes, [b, l])?,
+                ids: self.ids(o)?,
                 shape: [b, l],
             }
         } else {
+            verify_hash(&o.bytes, &o.hash)?;
             let shape = [b, l, self.cfg.boundary_width()];
             CachedInput::Hidden {
                 data: decode_tensor(&o.bytes, shape)?,
@@ -237,6 +226,15 @@ impl Task {
                 tokens,
             }
         })
+    }
+
+    /// The token ids of a token object (`[batch, seq]`), its hash checked.
+    fn ids(&self, o: &Object) -> anyhow::Result<Vec<u32>> {
+        verify_hash(&o.bytes, &o.hash)?;
+        Ok(decode_tokens(
+            &o.bytes,
+            [self.args.batch_size, self.args.seq_len],
+        )?)
     }
 
     fn hidden(&self, o: &Object) -> anyhow::Result<Activations> {
@@ -415,8 +413,7 @@ impl Task {
             let out = match (item.kind, &item.targets) {
                 (WorkKind::Forward, Some(targets)) => {
                     let input = self.decode_input(&item.input, head, item.tokens.as_ref())?;
-                    verify_hash(&targets.bytes, &targets.hash)?;
-                    let t = decode_tokens(&targets.bytes, [b, l])?;
+                    let t = self.ids(targets)?;
                     let done = engine
                         .train_tail(item.sample, input, &t, [b, l])
                         .map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -468,13 +465,7 @@ impl Task {
         for item in &items[..n] {
             let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
             let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
-            let targets = match &item.targets {
-                Some(t) => {
-                    verify_hash(&t.bytes, &t.hash)?;
-                    Some(decode_tokens(&t.bytes, [b, l])?)
-                }
-                None => None,
-            };
+            let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
             let output = match &item.output {
                 Some(o) => {
                     verify_hash(&o.bytes, &o.hash)?;

@@ -13,7 +13,7 @@
 
 pub use super::cycle_error::CycleError;
 use super::finalize::{fall_back, finalize_section};
-use super::outliers::outliers;
+use super::outliers::{Candidate, outliers};
 use super::repo::{PlanRow, SectionOutcome, UploadState};
 use super::repo_types::RepoError;
 use super::state::AppState;
@@ -186,8 +186,11 @@ async fn advance_section(
         let measured: Vec<_> = accepted
             .iter()
             .filter_map(|u| {
-                let peer = !weighted || u.weight > 0.0;
-                u.distance.clone().map(|d| (d, peer))
+                u.distance.clone().map(|distance| Candidate {
+                    distance,
+                    peer: !weighted || u.weight > 0.0,
+                    work: f64::from(u.weight.max(0.0)),
+                })
             })
             .collect();
         for (miner, reason) in outliers(&measured, state.config.merge.outlier_factor) {

@@ -6,7 +6,11 @@
 //! first moments, second moments) from the same block of the reference. Two rules, per block:
 //! - **relative** (3 or more peers): a distance above `factor` times the median of the
 //!   peers' distances for that block. The median ignores up to half the peers, so a
-//!   minority cannot move the bar;
+//!   minority cannot move the bar. An honest state moves further the more steps it takes, so
+//!   the bar of an upload whose work (its backwards this epoch, counted by the orchestrator,
+//!   not reported by the miner) is above the peers' median work grows with the ratio, up to
+//!   `factor` times: a miner that trained 3x more than its peers under uneven load may move
+//!   3x further. Work below the median never tightens the bar;
 //! - **absolute** (any number of uploads, so also when two disagree and neither is a majority):
 //!   a distance above [`ABSOLUTE_FACTOR`] times the norm of the reference parameters. An honest
 //!   epoch of training moves a state by a small fraction of its own norm.
@@ -37,17 +41,39 @@ pub struct UploadDistance {
     pub reference_norm: f64,
 }
 
+/// One upload as the check sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Its distances from the reference.
+    pub distance: UploadDistance,
+    /// Whether it carries merge weight, so sets the medians and is held to the relative rule.
+    pub peer: bool,
+    /// The work behind it: the uploader's backwards in the epoch, as the orchestrator counted.
+    pub work: f64,
+}
+
 /// The uploads to leave out, each with the reason, among `uploads` (one section's accepted
-/// uploads, each with whether it is a peer: whether it sets the medians), for a relative
-/// `factor` (`merge.outlier_factor`).
-pub fn outliers(uploads: &[(UploadDistance, bool)], factor: f64) -> Vec<(String, String)> {
+/// uploads), for a relative `factor` (`merge.outlier_factor`).
+pub fn outliers(uploads: &[Candidate], factor: f64) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    let peers: Vec<&UploadDistance> = uploads.iter().filter(|u| u.1).map(|u| &u.0).collect();
+    let peers: Vec<&Candidate> = uploads.iter().filter(|c| c.peer).collect();
+    let enough = peers.len() >= 3;
     let medians: Vec<Option<f64>> = (0..BLOCKS.len())
-        .map(|b| (peers.len() >= 3).then(|| median(peers.iter().map(|u| u.distance[b]).collect())))
+        .map(|b| enough.then(|| median(peers.iter().map(|c| c.distance.distance[b]).collect())))
         .collect();
-    for (u, peer) in uploads {
+    let median_work = enough.then(|| median(peers.iter().map(|c| c.work).collect()));
+    for Candidate {
+        distance: u,
+        peer,
+        work,
+    } in uploads
+    {
         let bound = ABSOLUTE_FACTOR * u.reference_norm;
+        // How much further than the median this upload may move for the work it did.
+        let allowance = match median_work {
+            Some(m) if m > 0.0 && *work > m => (work / m).min(factor),
+            _ => 1.0,
+        };
         let reason = BLOCKS.iter().enumerate().find_map(|(b, name)| {
             let d = u.distance[b];
             if !d.is_finite() || d > bound {
@@ -58,10 +84,13 @@ pub fn outliers(uploads: &[(UploadDistance, bool)], factor: f64) -> Vec<(String,
                 ));
             }
             match medians[b] {
-                Some(m) if *peer && d > factor * m + f64::EPSILON * bound => Some(format!(
-                    "{name} are {d:.3e} away from the previous global state, more than \
-                     {factor} x the median distance of the section's uploads ({m:.3e})"
-                )),
+                Some(m) if *peer && d > factor * allowance * m + f64::EPSILON * bound => {
+                    Some(format!(
+                        "{name} are {d:.3e} away from the previous global state, more than \
+                         {:.3} x the median distance of the section's uploads ({m:.3e})",
+                        factor * allowance
+                    ))
+                }
                 _ => None,
             }
         });
@@ -121,13 +150,17 @@ impl DistanceSum {
 mod tests {
     use super::*;
 
-    fn up(miner: &str, d: [f64; 3]) -> (UploadDistance, bool) {
-        let u = UploadDistance {
+    fn up(miner: &str, d: [f64; 3]) -> Candidate {
+        let distance = UploadDistance {
             miner: miner.into(),
             distance: d,
             reference_norm: 10.0,
         };
-        (u, true)
+        Candidate {
+            distance,
+            peer: true,
+            work: 8.0,
+        }
     }
 
     #[test]
@@ -163,7 +196,11 @@ mod tests {
             up("b", [2.5, 0.2, 0.02]),
             up("c", [1.5, 0.15, 0.01]),
         ];
-        let idle = |d: [f64; 3]| (up("z", d).0, false);
+        let idle = |d: [f64; 3]| Candidate {
+            peer: false,
+            work: 0.0,
+            ..up("z", d)
+        };
         // A huge one weighs nothing in the mean but stays in the plan: it is refused.
         let mut with = peers.to_vec();
         with.push(idle([3e38, 0.1, 0.01]));
@@ -173,7 +210,7 @@ mod tests {
         with.pop();
         with.push(idle([30.0, 0.1, 0.01]));
         assert!(outliers(&with, 10.0).is_empty());
-        with.last_mut().expect("pushed").1 = true;
+        with.last_mut().expect("pushed").peer = true;
         assert_eq!(outliers(&with, 10.0)[0].0, "z");
         // An honest idle upload (it holds the reference) passes, and non-peers set no median:
         // with two peers only the absolute bound applies.
@@ -181,6 +218,42 @@ mod tests {
         let idle_ones = [idle([0.0; 3]), idle([0.0; 3])];
         let all: Vec<_> = two.iter().chain(&idle_ones).cloned().collect();
         assert!(outliers(&all, 10.0).is_empty());
+    }
+
+    #[test]
+    fn more_work_than_the_peers_widens_the_bar_in_proportion_up_to_the_factor() {
+        let peers = [
+            up("a", [1.0, 0.1, 0.001]),
+            up("b", [1.2, 0.1, 0.001]),
+            up("c", [1.1, 0.1, 0.001]),
+        ];
+        // 15x the median second-moment distance: refused at the median work (8 backwards)...
+        let busy = |work: f64| Candidate {
+            work,
+            ..up("d", [1.5, 0.1, 0.015])
+        };
+        let with = |c: Candidate| {
+            let mut all = peers.to_vec();
+            all.push(c);
+            outliers(&all, 10.0)
+        };
+        assert_eq!(with(busy(8.0)).len(), 1);
+        // ...passes with 2x the median work (bar 20x).
+        assert!(with(busy(16.0)).is_empty());
+        // Less work than the median never tightens the bar: 9x passes with 1 backward.
+        let light = Candidate {
+            work: 1.0,
+            ..up("e", [1.0, 0.1, 0.009])
+        };
+        assert!(with(light).is_empty());
+        // The widening stops at `factor` (bar 100x): far-off moments fail whatever the work.
+        let far = |work: f64| Candidate {
+            work,
+            ..up("f", [1.0, 0.1, 0.2])
+        };
+        let out = with(far(1e6));
+        assert_eq!(out.len(), 1);
+        assert!(out[0].1.contains("100.000 x"), "{}", out[0].1);
     }
 
     #[test]

@@ -73,6 +73,29 @@ impl Harness {
     }
 
     /// Runs samples to completion (each is one forward with a loss) until the phase changes.
+    /// One whole epoch of the three players (Alice, Bob, Charlie, with flat states of `n`
+    /// values that differ per epoch): train until the upload phase, upload, merge every
+    /// partition honestly, finalise. Returns the players.
+    async fn honest_epoch(&self, epoch: u64, n: usize) -> Vec<Player> {
+        let players: Vec<Player> = ["//Alice", "//Bob", "//Charlie"]
+            .iter()
+            .enumerate()
+            .map(|(k, u)| player(u, (epoch * 3 + k as u64) as f32, n))
+            .collect();
+        let all = [&players[0], &players[1], &players[2]];
+        self.train_until_upload(&all).await;
+        for q in all {
+            assert!(self.upload_state(q, epoch, &q.flat, |_| {}).await.accepted);
+        }
+        self.step().await;
+        self.step().await;
+        for q in all {
+            self.merge_work(q, &all, epoch, 1.0).await;
+        }
+        self.step().await;
+        players
+    }
+
     async fn train_until_upload(&self, players: &[&Player]) {
         for _ in 0..20 {
             for p in players {
@@ -596,22 +619,8 @@ async fn the_operator_and_outer_step_follow_the_config() {
     let mut global: Option<Vec<f32>> = None;
     let mut momentum = vec![0.0f32; p];
     for epoch in 0..3u64 {
-        let players: Vec<Player> = ["//Alice", "//Bob", "//Charlie"]
-            .iter()
-            .enumerate()
-            .map(|(k, u)| player(u, (epoch * 3 + k as u64) as f32, n))
-            .collect();
+        let players = h.honest_epoch(epoch, n).await;
         let all = [&players[0], &players[1], &players[2]];
-        h.train_until_upload(&all).await;
-        for q in all {
-            assert!(h.upload_state(q, epoch, &q.flat, |_| {}).await.accepted);
-        }
-        h.step().await;
-        h.step().await;
-        for q in all {
-            h.merge_work(q, &all, epoch, 1.0).await;
-        }
-        h.step().await;
         let ms = h.merge_status().await;
         assert_eq!((ms.op, ms.epoch), (MergeOp::Median, epoch + 1));
         let weights: Vec<f32> = all
@@ -656,22 +665,7 @@ async fn r9_old_checkpoints_and_routing_rows_are_collected_keeping_the_newest() 
         async move { storage.exists(&key).await.unwrap() }
     };
     for epoch in 0..4u64 {
-        let players: Vec<Player> = ["//Alice", "//Bob", "//Charlie"]
-            .iter()
-            .enumerate()
-            .map(|(k, u)| player(u, (epoch * 3 + k as u64) as f32, n))
-            .collect();
-        let all = [&players[0], &players[1], &players[2]];
-        h.train_until_upload(&all).await;
-        for q in all {
-            assert!(h.upload_state(q, epoch, &q.flat, |_| {}).await.accepted);
-        }
-        h.step().await;
-        h.step().await;
-        for q in all {
-            h.merge_work(q, &all, epoch, 1.0).await;
-        }
-        h.step().await;
+        let players = h.honest_epoch(epoch, n).await;
         let ms = h.merge_status().await;
         assert_eq!((ms.phase, ms.epoch), (Phase::Training, epoch + 1));
         assert_eq!(ms.sections[0].fallbacks, 0, "{ms:?}");
@@ -721,6 +715,35 @@ async fn r9_old_checkpoints_and_routing_rows_are_collected_keeping_the_newest() 
         epochs.iter().map(|e| e.completed).collect::<Vec<_>>(),
         vec![2, 2, 2, 2],
         "epoch summaries survive the pruning"
+    );
+}
+
+/// Early merges (issue 8): with `early_merge_samples: 4, early_merge_every: 2` and
+/// `batches_before_merging: 3`, the first two epochs end after 2 samples each and the next
+/// after 3, although the players ask for more work than that; the merge status reports each
+/// epoch's own length while it trains.
+#[tokio::test]
+async fn the_early_epochs_are_shorter() {
+    let cfg = config(
+        "model: {preset: tiny, n_layers: 1, d_model: 32, n_heads: 2, n_kv_heads: 2, d_ff: 64, \
+         bottleneck: false, sections: [[0, 1]]}\nbatches_before_merging: 3\nheartbeat_s: 1\n\
+         early_merge_samples: 4\nearly_merge_every: 2\n\
+         merge: {upload_s: 30, lease_grace_s: 5, merge_s: 30}\n",
+    );
+    let h = harness_with(cfg, Repository::open_in_memory().unwrap());
+    let (_, _, _, n) = three_players(&h).await;
+    let mut lengths = Vec::new();
+    for epoch in 0..3u64 {
+        lengths.push(h.merge_status().await.batches_before_merging);
+        h.honest_epoch(epoch, n).await;
+        let ms = h.merge_status().await;
+        assert_eq!((ms.phase, ms.epoch), (Phase::Training, epoch + 1));
+    }
+    assert_eq!(lengths, [2, 2, 3]);
+    let epochs = h.merge_status().await.epochs;
+    assert_eq!(
+        epochs.iter().map(|e| e.completed).collect::<Vec<_>>(),
+        vec![2, 2, 3]
     );
 }
 

@@ -272,7 +272,8 @@ pub struct MergeStatus {
     pub phase_deadline_unix_ms: Option<u64>,
     /// Operator of the run.
     pub op: MergeOp,
-    /// Samples per training epoch.
+    /// Samples of the current training epoch (`batches_before_merging`, or `early_merge_every`
+    /// during the run's early merges).
     pub batches_before_merging: u64,
     /// Per section: the current merge (or the last one while training).
     pub sections: Vec<SectionMergeStatus>,

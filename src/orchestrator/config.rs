@@ -30,6 +30,8 @@
 //! schedule: { peak: 0.003, warmup_steps: 20, total_steps: 1000, min_ratio: 0.1 }
 //! deadlines: { forward_s: 30, backward_s: 60 }
 //! batches_before_merging: 100  # samples completed per epoch, then uploading -> merging
+//! early_merge_samples: 0     # the run's first N samples merge more often (0: off)...
+//! early_merge_every: 20      # ...every this many samples (N a multiple of it)
 //! merge:                     # MergeConfig
 //!   op: mean                 # mean | geometric | median | trimmed[:F]
 //!   replication: 2           # mergers per partition, cross-checked
@@ -284,6 +286,10 @@ struct RawRunConfig {
     #[serde(default = "default_batches_before_merging")]
     batches_before_merging: u64,
     #[serde(default)]
+    early_merge_samples: u64,
+    #[serde(default = "default_early_merge_every")]
+    early_merge_every: u64,
+    #[serde(default)]
     merge: MergeConfig,
     #[serde(default)]
     max_samples: Option<u64>,
@@ -333,6 +339,9 @@ fn default_eval_samples() -> usize {
 }
 fn default_batches_before_merging() -> u64 {
     100
+}
+fn default_early_merge_every() -> u64 {
+    20
 }
 fn default_heartbeat_s() -> u64 {
     10
@@ -454,8 +463,17 @@ pub struct RunConfig {
     pub schedule: LrSchedule,
     /// Assignment deadlines.
     pub deadlines: Deadlines,
-    /// Sample units completed per training epoch before the merge starts.
+    /// Sample units completed per training epoch before the merge starts (after the early
+    /// merges; see [`Config::epoch_samples`]).
     pub batches_before_merging: u64,
+    /// The run's first this many samples are merged every `early_merge_every` samples instead
+    /// of every `batches_before_merging`: the miners of a section drift apart fastest early,
+    /// when the learning rate is at its peak and the model leaves its first plateau, so that
+    /// is where frequent merges buy the most for their cost (see the README's learning
+    /// section). A multiple of `early_merge_every`; 0: off.
+    pub early_merge_samples: u64,
+    /// Samples per epoch during the early merges.
+    pub early_merge_every: u64,
     /// The merge between epochs.
     pub merge: MergeConfig,
     /// Sample budget: no sample unit with an id at or above it is started.
@@ -517,6 +535,7 @@ impl RunConfig {
             ("deadlines.forward_s", raw.deadlines.forward_s),
             ("deadlines.backward_s", raw.deadlines.backward_s),
             ("batches_before_merging", raw.batches_before_merging),
+            ("early_merge_every", raw.early_merge_every),
             ("heartbeat_s", raw.heartbeat_s),
             ("merge.upload_s", raw.merge.upload_s),
             ("merge.merge_s", raw.merge.merge_s),
@@ -587,18 +606,22 @@ impl RunConfig {
                         .into(),
                 ));
             }
-            if !raw
-                .batches_before_merging
-                .is_multiple_of(raw.samples_per_step)
-            {
-                return Err(invalid(
-                    "samples_per_step",
-                    format!(
-                        "is {} but must divide batches_before_merging ({}), so that no \
-                         optimizer step spans a merge",
-                        raw.samples_per_step, raw.batches_before_merging
-                    ),
-                ));
+            let early = (raw.early_merge_samples > 0).then_some(raw.early_merge_every);
+            for (key, every) in [
+                ("batches_before_merging", Some(raw.batches_before_merging)),
+                ("early_merge_every", early),
+            ] {
+                if every.is_some_and(|n| !n.is_multiple_of(raw.samples_per_step)) {
+                    return Err(invalid(
+                        "samples_per_step",
+                        format!(
+                            "is {} but must divide {key} ({}), so that no optimizer step \
+                             spans a merge",
+                            raw.samples_per_step,
+                            every.unwrap_or_default()
+                        ),
+                    ));
+                }
             }
         }
         if raw.eval_every == 0 {
@@ -608,15 +631,34 @@ impl RunConfig {
             ));
         }
         if !raw
-            .single_lane_samples
-            .is_multiple_of(raw.batches_before_merging.max(1))
+            .early_merge_samples
+            .is_multiple_of(raw.early_merge_every)
         {
+            return Err(invalid(
+                "early_merge_samples",
+                format!(
+                    "is {} but must be a multiple of early_merge_every ({}), so that the early \
+                     merges end with a merge",
+                    raw.early_merge_samples, raw.early_merge_every
+                ),
+            ));
+        }
+        let epochs = Epochs {
+            every: raw.batches_before_merging,
+            early_samples: raw.early_merge_samples,
+            early_every: raw.early_merge_every,
+        };
+        if epochs.count_in(raw.single_lane_samples).is_none() {
             return Err(invalid(
                 "single_lane_samples",
                 format!(
-                    "is {} but must be a multiple of batches_before_merging ({}), so that the \
-                     single lane ends with a merge",
-                    raw.single_lane_samples, raw.batches_before_merging
+                    "is {} but must be a multiple of batches_before_merging ({}) past the \
+                     early merges ({} samples, every {}), so that the single lane ends with a \
+                     merge",
+                    raw.single_lane_samples,
+                    raw.batches_before_merging,
+                    raw.early_merge_samples,
+                    raw.early_merge_every
                 ),
             ));
         }
@@ -704,6 +746,8 @@ impl RunConfig {
             lanes: raw.lanes,
             lane_wait_ms: raw.lane_wait_ms,
             single_lane_samples: raw.single_lane_samples,
+            early_merge_samples: raw.early_merge_samples,
+            early_merge_every: raw.early_merge_every,
             samples_per_step: raw.samples_per_step,
             eval_samples: raw.eval_samples,
             eval_every: raw.eval_every,
@@ -742,6 +786,20 @@ impl RunConfig {
         vec![self.batch_size, self.seq_len]
     }
 
+    /// How the run's samples divide into training epochs.
+    pub fn epochs(&self) -> Epochs {
+        Epochs {
+            every: self.batches_before_merging,
+            early_samples: self.early_merge_samples,
+            early_every: self.early_merge_every,
+        }
+    }
+
+    /// Samples completed in training epoch `epoch` before its merge.
+    pub fn epoch_samples(&self, epoch: u64) -> u64 {
+        self.epochs().samples_in(epoch)
+    }
+
     /// Index of the last (tail) section.
     pub fn tail(&self) -> usize {
         self.model.n_sections().saturating_sub(1)
@@ -750,6 +808,48 @@ impl RunConfig {
     /// The validator entry of `hotkey`, if it may validate.
     pub fn validator(&self, hotkey: &str) -> Option<&ValidatorEntry> {
         self.validators.iter().find(|v| v.hotkey == hotkey)
+    }
+}
+
+/// How a run's samples divide into training epochs: `early_samples / early_every` epochs of
+/// `early_every` samples, then epochs of `every` (both at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Epochs {
+    /// Samples per epoch after the early merges (`batches_before_merging`).
+    pub every: u64,
+    /// Samples of the early merges (`early_merge_samples`).
+    pub early_samples: u64,
+    /// Samples per early epoch (`early_merge_every`).
+    pub early_every: u64,
+}
+
+impl Epochs {
+    fn early_epochs(&self) -> u64 {
+        self.early_samples
+            .checked_div(self.early_every)
+            .unwrap_or(0)
+    }
+
+    /// Samples completed in epoch `epoch` before its merge.
+    pub fn samples_in(&self, epoch: u64) -> u64 {
+        if epoch < self.early_epochs() {
+            self.early_every
+        } else {
+            self.every
+        }
+    }
+
+    /// How many whole epochs the run's first `samples` samples make, or `None` when the
+    /// `samples`-th sample does not end an epoch.
+    pub fn count_in(&self, samples: u64) -> Option<u64> {
+        if samples <= self.early_samples {
+            let every = self.early_every.max(1);
+            return samples.is_multiple_of(every).then_some(samples / every);
+        }
+        let rest = samples - self.early_samples;
+        let every = self.every.max(1);
+        rest.is_multiple_of(every)
+            .then_some(self.early_epochs() + rest / every)
     }
 }
 
@@ -788,6 +888,38 @@ mod tests {
     }
 
     #[test]
+    fn early_merges_shorten_the_first_epochs() {
+        let cfg = RunConfig::from_yaml(
+            "run: r\nbatches_before_merging: 100\nearly_merge_samples: 60\n\
+             early_merge_every: 20\nsingle_lane_samples: 160\n",
+        )
+        .unwrap();
+        let lens: Vec<u64> = (0..5).map(|e| cfg.epoch_samples(e)).collect();
+        assert_eq!(lens, [20, 20, 20, 100, 100]);
+        let epochs = cfg.epochs();
+        assert_eq!(epochs.count_in(0), Some(0));
+        assert_eq!(epochs.count_in(40), Some(2));
+        assert_eq!(epochs.count_in(160), Some(4));
+        assert_eq!(epochs.count_in(50), None);
+        assert_eq!(epochs.count_in(100), None);
+        // Off by default: every epoch is `batches_before_merging` long.
+        let plain = RunConfig::from_yaml("run: r\n").unwrap();
+        assert_eq!(plain.early_merge_samples, 0);
+        assert_eq!((plain.epoch_samples(0), plain.epoch_samples(7)), (100, 100));
+        // A single lane must end on an epoch's end, early or not.
+        let err =
+            RunConfig::from_yaml("run: r\nearly_merge_samples: 60\nsingle_lane_samples: 100\n")
+                .unwrap_err();
+        assert!(err.to_string().contains("`single_lane_samples`"), "{err}");
+        // A synchronous step may not span an early merge either.
+        let err = RunConfig::from_yaml(
+            "run: r\nsamples_per_step: 4\nearly_merge_samples: 60\nearly_merge_every: 30\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("early_merge_every (30)"), "{err}");
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let err = RunConfig::from_yaml("run: r\nbatch_sise: 3\n").unwrap_err();
         assert!(err.to_string().contains("batch_sise"), "{err}");
@@ -819,6 +951,11 @@ mod tests {
         assert!(err.to_string().contains("`seq_len`"), "{err}");
         let err = RunConfig::from_yaml("run: r\neval_every: 0\n").unwrap_err();
         assert!(err.to_string().contains("`eval_every`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\nearly_merge_samples: 50\n").unwrap_err();
+        assert!(
+            err.to_string().contains("multiple of early_merge_every"),
+            "{err}"
+        );
         let err = RunConfig::from_yaml("run: r\nsingle_lane_samples: 150\n").unwrap_err();
         assert!(
             err.to_string()

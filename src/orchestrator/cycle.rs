@@ -51,7 +51,7 @@ pub fn training_epoch_over(
     let (done, active) = state.repo.epoch_progress(epoch)?;
     let budget_spent = state.config.max_samples.is_some_and(|b| next >= b);
     let over =
-        done >= state.config.batches_before_merging || (budget_spent && active == 0 && done > 0);
+        done >= state.config.epoch_samples(epoch) || (budget_spent && active == 0 && done > 0);
     Ok(over.then_some(done))
 }
 
@@ -109,15 +109,17 @@ async fn step(state: &AppState) -> Result<bool, CycleError> {
         }
         Phase::Merging => {
             let deadline = info.deadline_ms.unwrap_or(now);
-            let mut all_done = true;
-            for section in 0..state.config.model.n_sections() {
-                let (finalized, changed) =
-                    advance_section(state, info.epoch, section, now, deadline).await?;
-                all_done &= finalized;
-                if changed {
-                    // A plan was built or a section finalised: mergers have news.
-                    state.merge_changed();
-                }
+            // Sections are independent: their checks and finalisations (reading the copies,
+            // writing the checkpoint) run concurrently.
+            let steps = futures::future::try_join_all(
+                (0..state.config.model.n_sections())
+                    .map(|section| advance_section(state, info.epoch, section, now, deadline)),
+            )
+            .await?;
+            let all_done = steps.iter().all(|(finalized, _)| *finalized);
+            if steps.iter().any(|(_, changed)| *changed) {
+                // A plan was built or a section finalised: mergers have news.
+                state.merge_changed();
             }
             if all_done {
                 collect_garbage(state, info.epoch).await;
@@ -287,10 +289,13 @@ pub fn build_plan(
 /// Disposes of what the finished merge of `epoch` no longer needs: the epoch's activations,
 /// the uploads and partition copies of the merge before it (the latest ones stay for audit),
 /// and checkpoints past the newest `retention.checkpoints`. With validators they are kept
-/// until the validators are done ([`super::retention`]).
+/// until the validators are done ([`super::retention`]). The checkpoints go before the next
+/// epoch begins; the rest (hundreds of objects) is deleted in the background, so training
+/// resumes without waiting for it (about 0.1 s of every merge of `tiny` on tmpfs).
 async fn collect_garbage(state: &AppState, epoch: u64) {
-    super::retention::dispose(state, &state.keys.activations_epoch(epoch), epoch).await;
-    super::retention::collect_checkpoints(state).await;
+    use super::retention::{collect_checkpoints, dispose_in_background};
+    dispose_in_background(state, state.keys.activations_epoch(epoch), epoch);
+    collect_checkpoints(state).await;
     if epoch > 0 {
         for section in 0..state.config.model.n_sections() {
             let s = u32::try_from(section).unwrap_or(u32::MAX);
@@ -298,7 +303,7 @@ async fn collect_garbage(state: &AppState, epoch: u64) {
                 state.keys.weights_epoch(s, epoch - 1),
                 state.keys.merged_epoch(s, epoch - 1),
             ] {
-                super::retention::dispose(state, &prefix, epoch - 1).await;
+                dispose_in_background(state, prefix, epoch - 1);
             }
         }
     }

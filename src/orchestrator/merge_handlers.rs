@@ -624,7 +624,7 @@ pub async fn status(State(state): State<AppState>) -> Result<Json<MergeStatus>, 
         epoch: rows.phase.epoch,
         phase_deadline_unix_ms: rows.phase.deadline_ms,
         op: state.config.merge.op,
-        batches_before_merging: state.config.batches_before_merging,
+        batches_before_merging: state.config.epoch_samples(rows.phase.epoch),
         sections,
         epochs: state.repo.epoch_summaries()?,
     }))

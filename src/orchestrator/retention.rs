@@ -18,19 +18,44 @@ use crate::storage::ObjectKey;
 
 /// Deletes `prefix` (objects of `epoch`) now, or keeps it for validators.
 pub async fn dispose(state: &AppState, prefix: &ObjectKey, epoch: u64) {
-    if !state.config.validators.is_empty() {
-        match state
-            .repo
-            .keep_objects(prefix.as_str(), epoch, state.now_ms())
-        {
-            Ok(()) => {
-                tracing::debug!(prefix = prefix.as_str(), epoch, "kept for validators");
-                return;
-            }
-            Err(e) => tracing::warn!(prefix = prefix.as_str(), "cannot keep objects: {e}"),
+    if !kept_for_validators(state, prefix, epoch) {
+        delete(state, prefix).await;
+    }
+}
+
+/// Like [`dispose`], but a deletion runs in the background: for the bulk of a finished merge's
+/// garbage (an epoch's activations, a merge's uploads and partition copies: hundreds of
+/// objects that nobody reads any more), so the next training epoch does not wait for it.
+/// Keeping them for validators is recorded before this returns, as with [`dispose`], so the
+/// ledger pruning that follows sees it.
+pub fn dispose_in_background(state: &AppState, prefix: ObjectKey, epoch: u64) {
+    if kept_for_validators(state, &prefix, epoch) {
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        delete(&state, &prefix).await;
+    });
+}
+
+/// With validators in the run, records `prefix` as kept for them; whether it was.
+fn kept_for_validators(state: &AppState, prefix: &ObjectKey, epoch: u64) -> bool {
+    if state.config.validators.is_empty() {
+        return false;
+    }
+    match state
+        .repo
+        .keep_objects(prefix.as_str(), epoch, state.now_ms())
+    {
+        Ok(()) => {
+            tracing::debug!(prefix = prefix.as_str(), epoch, "kept for validators");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(prefix = prefix.as_str(), "cannot keep objects: {e}");
+            false
         }
     }
-    delete(state, prefix).await;
 }
 
 async fn delete(state: &AppState, prefix: &ObjectKey) -> bool {

@@ -214,8 +214,8 @@ impl AppState {
             lane_wait_ms: self.config.lane_wait_ms,
             single_lane_epochs: self
                 .config
-                .single_lane_samples
-                .checked_div(self.config.batches_before_merging)
+                .epochs()
+                .count_in(self.config.single_lane_samples)
                 .unwrap_or(0),
         }
     }

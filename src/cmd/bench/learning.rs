@@ -113,6 +113,15 @@ pub struct BenchLearningArgs {
     /// and the merge after them gives every miner its state.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub single_lane: u64,
+    /// Variant: the first N samples (a multiple of --early-merge-every) merge every
+    /// --early-merge-every samples instead of every --merge-every (run config
+    /// `early_merge_samples`). The network's evaluations then fall at other sample counts
+    /// than `iota train`'s until the last one.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub early_merge: u64,
+    /// Samples per epoch during --early-merge (run config `early_merge_every`).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    pub early_merge_every: u64,
     /// Variant: forwards at the weights extrapolated to the step their gradient is applied at.
     #[arg(long)]
     pub lookahead: bool,
@@ -307,6 +316,12 @@ impl BenchLearningArgs {
         }
         if self.single_lane > 0 {
             v.push_str(&format!(" --single-lane {}", self.single_lane));
+        }
+        if self.early_merge > 0 {
+            v.push_str(&format!(
+                " --early-merge {} --early-merge-every {}",
+                self.early_merge, self.early_merge_every
+            ));
         }
         if self.lookahead {
             v.push_str(" --lookahead");
@@ -607,6 +622,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["lookahead"] = json!(args.lookahead);
     config["lanes"] = json!(args.lanes);
     config["single_lane_samples"] = json!(args.single_lane * split);
+    config["early_merge_samples"] = json!(args.early_merge * split);
+    config["early_merge_every"] = json!(args.early_merge_every * split);
     config["samples_per_step"] = json!(args.samples_per_step);
     config["eval_every"] = json!(args.eval_interval() / args.merge_every);
     // The schedule runs over optimizer steps: `iota train`'s.
@@ -651,6 +668,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         .args(["--threads", &args.threads.max(1).to_string()])
         .args(["--listen", &listen.to_string()])
         .args(["--poll-ms", "500"])
+        .args(["--validators", "0"])
         .arg("--dir")
         .arg(dir)
         .arg("--metrics-out")

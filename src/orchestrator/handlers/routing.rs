@@ -176,7 +176,7 @@ async fn start_samples(
 ) -> Result<Vec<AssignmentRow>, HttpError> {
     let room = SampleRoom {
         budget: state.config.max_samples,
-        per_epoch: Some(state.config.batches_before_merging),
+        per_epoch: Some(state.config.epoch_samples(epoch)),
         per_step: Some(state.config.samples_per_step).filter(|&g| g > 0),
     };
     let mut out = Vec::new();
@@ -189,7 +189,7 @@ async fn start_samples(
             break;
         }
         let (done, active) = state.repo.epoch_progress(epoch)?;
-        if done + active >= state.config.batches_before_merging {
+        if done + active >= state.config.epoch_samples(epoch) {
             break;
         }
         if room.per_step.is_some_and(|g| next.is_multiple_of(g)) && active > 0 {

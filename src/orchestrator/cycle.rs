@@ -110,17 +110,20 @@ async fn step(state: &AppState) -> Result<bool, CycleError> {
         Phase::Merging => {
             let deadline = info.deadline_ms.unwrap_or(now);
             // Sections are independent: their checks and finalisations (reading the copies,
-            // writing the checkpoint) run concurrently.
-            let steps = futures::future::try_join_all(
-                (0..state.config.model.n_sections())
-                    .map(|section| advance_section(state, info.epoch, section, now, deadline)),
+            // writing the checkpoint) run concurrently, and each one's miners hear of its
+            // plan or its checkpoint (they adopt it) as soon as it is there.
+            let finalized = futures::future::try_join_all(
+                (0..state.config.model.n_sections()).map(|section| async move {
+                    let (finalized, changed) =
+                        advance_section(state, info.epoch, section, now, deadline).await?;
+                    if changed {
+                        state.merge_changed();
+                    }
+                    Ok::<_, CycleError>(finalized)
+                }),
             )
             .await?;
-            let all_done = steps.iter().all(|(finalized, _)| *finalized);
-            if steps.iter().any(|(_, changed)| *changed) {
-                // A plan was built or a section finalised: mergers have news.
-                state.merge_changed();
-            }
+            let all_done = finalized.iter().all(|f| *f);
             if all_done {
                 collect_garbage(state, info.epoch).await;
                 state.repo.finish_merge(info.epoch)?;

@@ -626,6 +626,62 @@ async fn r9_head_miners_asking_at_once_start_no_more_samples_than_the_epoch_need
     }
 }
 
+/// Once a sample starts, the tokens of the next ones are stored in the background, so the
+/// `/api/work` that starts them does not wait for storage: as many as the epoch still has room
+/// for (4 samples an epoch) or the budget allows (6 samples), never more.
+#[tokio::test]
+async fn the_next_samples_tokens_are_stored_ahead_within_the_epoch_and_budget() {
+    use iota::storage::{Storage, StorageConfig};
+    for (extra, staged) in [
+        ("batches_before_merging: 4\n", 4u64),
+        ("batches_before_merging: 10\nmax_samples: 6\n", 6),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let storage = Storage::open(&StorageConfig::local(dir.path().to_string_lossy())).unwrap();
+        let h = harness_on(
+            config(extra),
+            Repository::open_in_memory().unwrap(),
+            storage,
+            T0,
+        );
+        let [a, _, _] = three(&h).await;
+        assert_eq!(h.work(&a, 1).await[0].sample_id, 0);
+        let stored = |id: u64| {
+            let state = h.state.clone();
+            async move {
+                let (tokens, targets) = (
+                    state.token_key(0, id, "tokens"),
+                    state.token_key(0, id, "targets"),
+                );
+                state.storage.exists(&tokens).await.unwrap()
+                    && state.storage.exists(&targets).await.unwrap()
+            }
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !stored(staged - 1).await {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{extra}: not stored ahead"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        for id in 1..staged {
+            assert!(stored(id).await, "{extra}: sample {id}");
+            assert!(
+                h.state.staged_tokens(0, id).is_some(),
+                "{extra}: sample {id}"
+            );
+        }
+        // Let a runaway task show itself before looking past the end.
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!stored(staged).await, "{extra}: stored past the room");
+        // The next sample starts on the stored tokens.
+        let next = h.work(&a, 1).await;
+        assert_eq!(next[0].sample_id, 1);
+        assert_eq!(h.get_blob(&next[0].input).await.len(), 2 * 8);
+    }
+}
+
 #[tokio::test]
 async fn the_sample_budget_stops_new_samples() {
     let h = harness_with(

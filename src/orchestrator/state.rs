@@ -29,6 +29,10 @@ pub const MAX_CONCURRENT_PUTS: usize = 8;
 /// Most stored sample tokens [`AppState`] remembers.
 pub const STAGED_MAX: usize = 256;
 
+/// Samples past the run's next id whose tokens are stored ahead of their start, in the
+/// background ([`AppState::prestaging`]); well below [`STAGED_MAX`].
+pub const PRESTAGE_AHEAD: u64 = 32;
+
 /// Why the orchestrator could not start.
 #[derive(Debug, Error)]
 pub enum StartError {
@@ -98,6 +102,9 @@ pub struct Inner {
     pub eval_lock: tokio::sync::Mutex<()>,
     /// Hashes of sample tokens already stored, by `(epoch, sample)` ([`Self::stage_tokens`]).
     pub staged: std::sync::Mutex<std::collections::BTreeMap<(u64, u64), (String, String)>>,
+    /// Set while a background task stores the tokens of the next samples ahead of their
+    /// start (one at a time).
+    pub prestaging: std::sync::atomic::AtomicBool,
     /// Serialises the phase machine ([`super::cycle::advance`]).
     pub cycle_lock: tokio::sync::Mutex<()>,
     /// Initial flat states of sections, built once ([`super::reference`]).
@@ -180,6 +187,7 @@ impl AppState {
                 metrics: Metrics::default(),
                 eval_lock: tokio::sync::Mutex::new(()),
                 staged: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+                prestaging: std::sync::atomic::AtomicBool::new(false),
                 cycle_lock: tokio::sync::Mutex::new(()),
                 initial_states: std::sync::Mutex::new(std::collections::HashMap::new()),
                 in_check: std::sync::Mutex::new(std::collections::HashSet::new()),

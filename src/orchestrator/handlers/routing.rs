@@ -1,6 +1,7 @@
 //! The work loop: `/api/work` (backwards first, then forwards, then new samples at the head),
 //! `/api/submit` and `/api/release`.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use axum::extract::State;
@@ -16,7 +17,7 @@ use crate::orchestrator::repo::{EvalSample, eval_id};
 use crate::orchestrator::repo_types::{
     Accepted, AssignmentRow, Fallout, NewSample, RepoError, Routed, SampleRoom,
 };
-use crate::orchestrator::state::AppState;
+use crate::orchestrator::state::{AppState, PRESTAGE_AHEAD};
 use crate::orchestrator::wakeups::{Interest, Woken};
 use crate::orchestrator::wire::to_wire;
 
@@ -91,6 +92,9 @@ async fn take_work(
     if taken.head_capacity > 0 {
         let started = start_samples(state, &req.hotkey, epoch, taken.head_capacity).await?;
         filled |= started.len() == taken.head_capacity;
+        if !started.is_empty() {
+            prestage(state, epoch);
+        }
         rows.extend(started);
     }
     if filled {
@@ -215,6 +219,45 @@ async fn start_samples(
         }
     }
     Ok(out)
+}
+
+/// Stores, in the background, the token objects of the samples the run will start next in
+/// `epoch` (up to [`PRESTAGE_AHEAD`] past its next id, within the epoch's room and the
+/// budget), so the `/api/work` request that starts one finds them stored instead of waiting
+/// for two storage writes (two round trips to S3, or two new files in a local store). One
+/// such task runs at a time; a sample whose tokens are not staged yet stores them itself.
+fn prestage(state: &AppState, epoch: u64) {
+    if state.prestaging.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        let result = prestage_ahead(&state, epoch).await;
+        state.prestaging.store(false, Ordering::Release);
+        if let Err(e) = result {
+            tracing::debug!(epoch, "storing sample tokens ahead: {e:?}");
+        }
+    });
+}
+
+async fn prestage_ahead(state: &AppState, epoch: u64) -> Result<(), HttpError> {
+    let (phase, current, next) = state.repo.run_state()?;
+    if phase != Phase::Training || current != epoch {
+        return Ok(());
+    }
+    let (done, active) = state.repo.epoch_progress(epoch)?;
+    let room = state
+        .config
+        .epoch_samples(epoch)
+        .saturating_sub(done + active);
+    let mut end = next.saturating_add(room.min(PRESTAGE_AHEAD));
+    if let Some(budget) = state.config.max_samples {
+        end = end.min(budget);
+    }
+    for id in next..end {
+        stage_tokens(state, epoch, id).await?;
+    }
+    Ok(())
 }
 
 /// The hashes of sample `id`'s token ids and targets, stored under `epoch` (once per process:

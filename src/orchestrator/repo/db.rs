@@ -8,6 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 use rusqlite::config::DbConfig;
 use rusqlite::{Connection, Params, Row, Transaction};
 
+use super::checkpoints::{self, Checkpoints};
 use super::policy::Standing;
 use super::schema::{
     ADDED_COLUMNS, ADDED_INDEXES, COUNTER_BACKFILL, COUNTER_SCHEMA, MERGE_SCHEMA, SCHEMA,
@@ -24,6 +25,8 @@ pub struct Repository {
     pub(super) standing: Standing,
     /// Loss summaries of epochs whose training is over ([`super::epochs`]).
     pub(super) epochs: Mutex<BTreeMap<u64, EpochSummary>>,
+    /// The WAL's checkpoints in the background (a file store).
+    checkpoints: Option<Checkpoints>,
 }
 
 /// Prepared statements kept per connection: more than the distinct statements the store runs,
@@ -71,7 +74,8 @@ pub(super) fn usize_of(v: i64) -> usize {
 }
 
 impl Repository {
-    /// Opens (creating if needed) the state file at `path`, in WAL mode.
+    /// Opens (creating if needed) the state file at `path`, in WAL mode, with most of the
+    /// log's checkpointing on a thread of its own ([`super::checkpoints`]).
     ///
     /// # Errors
     /// [`RepoError::Sqlite`] when the file cannot be opened or the schema cannot be created.
@@ -80,7 +84,14 @@ impl Repository {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        Self::init(conn)
+        let mut repo = Self::init(conn)?;
+        repo.checkpoints = Checkpoints::start(path, checkpoints::EVERY);
+        Ok(repo)
+    }
+
+    /// Whether the WAL is also checkpointed in the background ([`super::checkpoints`]).
+    pub fn checkpoints_in_background(&self) -> bool {
+        self.checkpoints.is_some()
     }
 
     /// An in-memory store (tests).
@@ -114,6 +125,7 @@ impl Repository {
             conn: Mutex::new(conn),
             standing: Standing::default(),
             epochs: Mutex::new(BTreeMap::new()),
+            checkpoints: None,
         })
     }
 

@@ -17,7 +17,8 @@
 //!   work tried [`MAX_ATTEMPTS`] times drops the sample. Nothing is dropped silently.
 //!
 //! # Layout
-//! - `db`: [`Repository`] (connection, transactions) and integer conversions; `schema`: tables.
+//! - `db`: [`Repository`] (connection, transactions) and integer conversions; `schema`: tables;
+//!   `checkpoints`: the WAL's checkpoints on a thread of their own.
 //! - `registry`: miners; `replay`: the replay cache; `phase`: phase, epoch, deadlines.
 //! - `routing`: handing out work and routing results; `rows`: the row readers it shares.
 //! - `policy`: the standing policy; `standing`: penalties acting on routing (back-off,
@@ -31,6 +32,7 @@
 //! - `validation`: published weights, upload times, objects kept for validators, and the
 //!   ledger queries validators ask for.
 
+mod checkpoints;
 mod db;
 mod epochs;
 mod eval;

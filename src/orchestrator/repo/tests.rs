@@ -717,6 +717,43 @@ fn samples_start_in_order_within_the_budget() {
     assert_eq!(repo.run_state().unwrap().2, 1);
 }
 
+/// The WAL is copied into the database file by the store's own thread: far less is written
+/// than the 1,000 pages after which a commit would checkpoint, yet the file grows with it.
+#[test]
+fn the_log_is_checkpointed_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let repo = Repository::open(&path).unwrap();
+    assert!(repo.checkpoints_in_background());
+    std::thread::sleep(super::checkpoints::EVERY * 3);
+    let before = std::fs::metadata(&path).unwrap().len();
+    for i in 0..500 {
+        repo.register(
+            &format!("m{i:03}-{}", "x".repeat(200)),
+            "cpu",
+            4,
+            3,
+            500,
+            T0,
+        )
+        .unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while std::fs::metadata(&path).unwrap().len() <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the database file stayed at {before} bytes"
+        );
+        std::thread::sleep(super::checkpoints::EVERY);
+    }
+    // An in-memory store has no log to checkpoint.
+    assert!(
+        !Repository::open_in_memory()
+            .unwrap()
+            .checkpoints_in_background()
+    );
+}
+
 #[test]
 fn state_survives_reopening_the_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -1,6 +1,7 @@
 //! Objects an epoch leaves behind, and how long they stay.
 //!
-//! Without validators, a finished merge deletes its epoch's activations at once, and the
+//! Without validators, a finished merge deletes its epoch's activations at once (in the
+//! background, [`dispose_in_background`], so the next epoch does not wait for it), and the
 //! uploads and partition copies of the merge before it. With validators in the run config,
 //! those objects are kept until every configured validator has published weights for their
 //! epoch (it has replayed and checked what it wanted), or until `validation.retain_s` has

@@ -92,8 +92,8 @@ async fn take_work(
     if taken.head_capacity > 0 {
         let started = start_samples(state, &req.hotkey, epoch, taken.head_capacity).await?;
         filled |= started.len() == taken.head_capacity;
-        if !started.is_empty() {
-            prestage(state, epoch);
+        if let Some(last) = started.last() {
+            prestage(state, epoch, last.sample.saturating_add(1));
         }
         rows.extend(started);
     }
@@ -226,8 +226,13 @@ async fn start_samples(
 /// budget), so the `/api/work` request that starts one finds them stored instead of waiting
 /// for two storage writes (two round trips to S3, or two new files in a local store). One
 /// such task runs at a time; a sample whose tokens are not staged yet stores them itself.
-fn prestage(state: &AppState, epoch: u64) {
-    if state.prestaging.swap(true, Ordering::AcqRel) {
+/// `next` is the id after the last sample started: while the samples half a window past it
+/// are staged already (most starts), no task is started, so a start costs no reads of the
+/// state store for this.
+fn prestage(state: &AppState, epoch: u64, next: u64) {
+    let ahead = next.saturating_add(PRESTAGE_AHEAD / 2);
+    if state.staged_tokens(epoch, ahead).is_some() || state.prestaging.swap(true, Ordering::AcqRel)
+    {
         return;
     }
     let state = state.clone();

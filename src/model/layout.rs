@@ -135,18 +135,11 @@ impl<B: AutodiffBackend> Section<B> {
             });
             params.push(NamedTensor { name, shape, data });
         }
-        let before = (self.export_params(), self.export_optimizer());
         let state = OptimizerState {
-            step: before.1.step,
+            step: self.optimizer_step(),
             tensors: moments,
         };
-        self.import_params(&params)?;
-        if let Err(e) = self.import_optimizer(&state) {
-            // Put the old parameters back so a refused import changes nothing.
-            self.import_params(&before.0)?;
-            return Err(e);
-        }
-        Ok(())
+        self.import_state(&params, &state)
     }
 }
 

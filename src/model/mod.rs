@@ -90,6 +90,20 @@ pub fn host_f32(data: burn::tensor::TensorData) -> Result<Vec<f32>, ModelError> 
         .map_err(|e| ModelError::Shape(format!("reading a {dtype:?} tensor as f32: {e:?}")))
 }
 
+/// A float tensor's values as `f32` in row-major order, on any backend: a copy of the array
+/// on the CPU backend ([`fused::cpu_values`]), burn's `into_data` elsewhere ([`host_f32`]).
+///
+/// # Errors
+/// As [`host_f32`].
+pub fn host_values<B: burn::tensor::backend::Backend, const D: usize>(
+    tensor: burn::tensor::Tensor<B, D>,
+) -> Result<Vec<f32>, ModelError> {
+    match fused::cpu_values(tensor) {
+        Ok(values) => Ok(values),
+        Err(tensor) => host_f32(tensor.into_data()),
+    }
+}
+
 /// The CPU backend used by unit tests.
 #[cfg(test)]
 pub type TestBackend = burn::backend::NdArray<f32>;

@@ -119,7 +119,7 @@ pub fn export_params<B: Backend>(model: &SectionModel<B>, spec: &SectionSpec) ->
         out.push(NamedTensor {
             name: name.to_string(),
             shape: shape.to_vec(),
-            data: super::host_f32(flat.into_data()).unwrap_or_default(),
+            data: super::host_values(flat).unwrap_or_default(),
         })
     });
     out

@@ -490,7 +490,7 @@ impl<B: AutodiffBackend> Section<B> {
             .map(|(name, g)| {
                 (
                     name.clone(),
-                    super::host_f32(g.to_data()).unwrap_or_default(),
+                    super::host_values(g.clone()).unwrap_or_default(),
                 )
             })
             .collect()
@@ -601,7 +601,7 @@ impl<B: AutodiffBackend> Section<B> {
         for name in names {
             let m = &self.optimizer.moments[name];
             for (suffix, t) in [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)] {
-                let data = super::host_f32(t.to_data()).unwrap_or_default();
+                let data = super::host_values(t.clone()).unwrap_or_default();
                 tensors.push(NamedTensor {
                     name: format!("{name}.{suffix}"),
                     shape: vec![data.len()],
@@ -707,6 +707,32 @@ impl<B: AutodiffBackend> Section<B> {
     /// many updates (after importing moments merged from miners that took that many steps).
     pub fn set_optimizer_step(&mut self, step: u64) {
         self.optimizer.step = step;
+    }
+
+    /// The optimizer's step count (the number of updates its bias corrections count).
+    pub fn optimizer_step(&self) -> u64 {
+        self.optimizer.step
+    }
+
+    /// Replaces the parameters and the optimizer's moments and step together: both or neither.
+    /// A refused optimizer state puts the old parameters back from a clone of the module
+    /// (shared tensors, no copy of their values).
+    ///
+    /// # Errors
+    /// As [`Self::import_params`] and [`Self::import_optimizer`]; the section is unchanged then.
+    pub fn import_state(
+        &mut self,
+        params: &[NamedTensor],
+        optimizer: &OptimizerState,
+    ) -> Result<(), ModelError> {
+        let saved = self.model.clone();
+        self.import_params(params)?;
+        if let Err(e) = self.import_optimizer(optimizer) {
+            self.model = saved;
+            self.forward_model = None;
+            return Err(e);
+        }
+        Ok(())
     }
 
     /// Optimizer hyper-parameters.

@@ -123,16 +123,34 @@ impl DistanceSum {
     /// Adds the values at flat indices `start..start + upload.len()`; `params_len` is the size
     /// of each block.
     pub fn add(&mut self, start: u64, upload: &[f32], reference: &[f32], params_len: u64) {
-        for (i, (u, r)) in upload.iter().zip(reference).enumerate() {
+        let n = upload.len().min(reference.len());
+        let p = params_len.max(1);
+        // One run per block the values cross (parameters, first moments, second moments, the
+        // last taking everything past them), summed in index order as one loop would.
+        let mut i = 0;
+        while i < n {
             let index = start + i as u64;
-            let block = usize::try_from(index / params_len.max(1))
-                .unwrap_or(2)
-                .min(2);
-            let d = f64::from(*u) - f64::from(*r);
-            self.squares[block] += d * d;
+            let block = usize::try_from(index / p).unwrap_or(2).min(2);
+            let end = if block < 2 {
+                let block_end = (index / p + 1).saturating_mul(p) - start;
+                usize::try_from(block_end).map_or(n, |e| e.min(n))
+            } else {
+                n
+            };
+            let pairs = upload[i..end].iter().zip(&reference[i..end]);
             if block == 0 {
-                self.reference_squares += f64::from(*r) * f64::from(*r);
+                for (u, r) in pairs {
+                    let d = f64::from(*u) - f64::from(*r);
+                    self.squares[0] += d * d;
+                    self.reference_squares += f64::from(*r) * f64::from(*r);
+                }
+            } else {
+                for (u, r) in pairs {
+                    let d = f64::from(*u) - f64::from(*r);
+                    self.squares[block] += d * d;
+                }
             }
+            i = end;
         }
     }
 
@@ -271,5 +289,31 @@ mod tests {
         let d = sum.finish("m");
         assert_eq!(d.distance, [5.0, 1.0, 2.0]);
         assert_eq!(d.reference_norm, 4.0);
+    }
+
+    #[test]
+    fn chunks_of_any_size_sum_exactly_as_one_pass_over_each_value() {
+        let p = 7u64;
+        let n = 3 * p as usize + 5; // values past the second moments count as second moments
+        let upload: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let reference: Vec<f32> = (0..n).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut want = ([0.0f64; 3], 0.0f64);
+        for (i, (u, r)) in upload.iter().zip(&reference).enumerate() {
+            let block = (i / p as usize).min(2);
+            let d = f64::from(*u) - f64::from(*r);
+            want.0[block] += d * d;
+            if block == 0 {
+                want.1 += f64::from(*r) * f64::from(*r);
+            }
+        }
+        for chunk in [1, 2, 3, 5, 7, 8, 13, n] {
+            let mut sum = DistanceSum::default();
+            for start in (0..n).step_by(chunk) {
+                let end = (start + chunk).min(n);
+                sum.add(start as u64, &upload[start..end], &reference[start..end], p);
+            }
+            assert_eq!(sum.squares, want.0, "chunks of {chunk}");
+            assert_eq!(sum.reference_squares, want.1, "chunks of {chunk}");
+        }
     }
 }

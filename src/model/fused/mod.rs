@@ -28,6 +28,7 @@ pub use swiglu::swiglu;
 
 use std::any::Any;
 
+use burn::backend::Autodiff;
 use burn::backend::ndarray::NdArrayTensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
@@ -85,6 +86,21 @@ fn values(tensor: FloatTensor<Cpu>) -> Vec<f32> {
         Ok(values) => values,
         Err(e) => unreachable!("a tensor converted to f32 reads back as f32: {e:?}"),
     }
+}
+
+/// The values of `tensor` in row-major order when it lives on the CPU backend (with or without
+/// autodiff), read through a view of its array as [`values`] does; the tensor itself back on
+/// any other backend. burn's `into_data` copies a tensor whose array is shared (every `to_data`,
+/// every parameter, every optimizer moment) element by element over a dynamic index: 17% of a
+/// miner's CPU time with merges every 20 samples of `tiny`, measured with `perf`.
+pub fn cpu_values<B: Backend, const D: usize>(
+    tensor: Tensor<B, D>,
+) -> Result<Vec<f32>, Tensor<B, D>> {
+    let tensor = match downcast::<Tensor<Autodiff<Cpu>, D>, _>(tensor) {
+        Ok(t) => return Ok(values(t.inner().into_primitive().tensor())),
+        Err(t) => t,
+    };
+    downcast::<Tensor<Cpu, D>, _>(tensor).map(|t| values(t.into_primitive().tensor()))
 }
 
 /// The elements of an array stored in `memory` with non-negative `strides`, in row-major order
@@ -185,6 +201,33 @@ mod tests {
             let got = values(permuted.into_primitive().tensor());
             assert_eq!(got, want);
         }
+    }
+
+    #[test]
+    fn shared_cpu_tensors_with_or_without_autodiff_are_read_whole_and_in_order() {
+        use crate::model::TestAutodiff;
+        let device = Default::default();
+        let data: Vec<f32> = (0..6 * 7).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let plain =
+            Tensor::<TestBackend, 2>::from_data(TensorData::new(data.clone(), [6, 7]), &device);
+        let kept = plain.clone(); // shared: burn's into_data would walk it element by element
+        assert_eq!(
+            cpu_values(plain.swap_dims(0, 1)).ok(),
+            Some(
+                kept.clone()
+                    .swap_dims(0, 1)
+                    .into_data()
+                    .to_vec::<f32>()
+                    .unwrap()
+            )
+        );
+        assert_eq!(cpu_values(kept.clone()).ok(), Some(data.clone()));
+        let tracked =
+            Tensor::<TestAutodiff, 2>::from_data(TensorData::new(data.clone(), [6, 7]), &device)
+                .require_grad();
+        let shared = tracked.clone().flatten::<1>(0, 1);
+        assert_eq!(cpu_values(shared).ok(), Some(data.clone()));
+        assert_eq!(crate::model::host_values(tracked).unwrap(), data);
     }
 }
 

@@ -91,6 +91,8 @@ pub async fn finalize_section(
             .writer(&state.checkpoint_key(section, epoch + 1, StatePart::Delta))
     });
     let mut outcome = SectionOutcome::default();
+    // The checkpoint's hash, over the bytes as they are written.
+    let mut hasher = blake3::Hasher::new();
     for part in plan.partitions() {
         let range = part.range();
         let part_span = Span::partition(range.start as u64, layout.params_len);
@@ -194,7 +196,9 @@ pub async fn finalize_section(
                 encoded = Some(bytes);
             }
         }
-        out.write(&f32_to_le_bytes(&values)).await?;
+        let bytes = f32_to_le_bytes(&values);
+        hasher.update(&bytes);
+        out.write(&bytes).await?;
         match (encoded, delta_out.as_mut()) {
             (Some(bytes), Some(writer)) => writer.write(&bytes).await?,
             (None, Some(_)) => {
@@ -213,7 +217,8 @@ pub async fn finalize_section(
     if let Some(writer) = delta_out {
         writer.finish().await?;
     }
-    let (hash, size) = out.finish().await?;
+    let size = out.finish().await?;
+    let hash = hasher.finalize().to_hex().to_string();
     tracing::info!(epoch, section, hash = %hash, flags = outcome.flags.len(), "section merged");
     outcome.checkpoint = Some((hash, size));
     outcome.optimizer_step = merged_optimizer_step(state, epoch, section, row)?;

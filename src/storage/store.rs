@@ -232,7 +232,6 @@ impl Storage {
             key: key.clone(),
             threshold: self.multipart_threshold,
             part_size: self.part_size,
-            hasher: blake3::Hasher::new(),
             buffer: Vec::new(),
             multipart: None,
             written: 0,
@@ -479,7 +478,6 @@ pub struct ObjectWriter {
     key: ObjectKey,
     threshold: usize,
     part_size: usize,
-    hasher: blake3::Hasher,
     buffer: Vec<u8>,
     multipart: Option<WriteMultipart>,
     written: u64,
@@ -501,7 +499,6 @@ impl ObjectWriter {
     /// [`StorageError::AccessDenied`] or [`StorageError::Backend`] when a part fails (the
     /// upload is aborted then).
     pub async fn write(&mut self, chunk: &[u8]) -> StorageResult<()> {
-        self.hasher.update(chunk);
         self.written += chunk.len() as u64;
         self.buffer.extend_from_slice(chunk);
         if self.multipart.is_none() && self.buffer.len() > self.threshold {
@@ -544,12 +541,13 @@ impl ObjectWriter {
         self.written == 0
     }
 
-    /// Completes the object; returns its BLAKE3 hash (lowercase hex) and size.
+    /// Completes the object; returns its size. (It hashes nothing: a writer that needs the
+    /// object's hash hashes the chunks it writes, and the `/blob` endpoint, which has no use
+    /// for one, spends no CPU on it; whoever reads an upload checks it against its own pin.)
     ///
     /// # Errors
     /// As [`Self::write`].
-    pub async fn finish(self) -> StorageResult<(String, u64)> {
-        let hash = self.hasher.finalize().to_hex().to_string();
+    pub async fn finish(self) -> StorageResult<u64> {
         let backend_err = |e| StorageError::from_backend(self.key.as_str(), e);
         match self.multipart {
             Some(writer) => {
@@ -563,7 +561,7 @@ impl ObjectWriter {
             }
         }
         traffic::global().record_key(self.key.as_str(), TrafficDir::Up, self.written);
-        Ok((hash, self.written))
+        Ok(self.written)
     }
 }
 
@@ -677,8 +675,7 @@ mod tests {
             }
             assert_eq!(writer.len(), size as u64);
             assert!(!storage.exists(&k).await.unwrap(), "visible before finish");
-            let (hash, n) = writer.finish().await.unwrap();
-            assert_eq!((hash, n), (payload_hash(&payload), size as u64));
+            assert_eq!(writer.finish().await.unwrap(), size as u64);
             assert_eq!(storage.get(&k).await.unwrap(), payload);
         }
     }

@@ -3,7 +3,12 @@
 //! outlier among the section's uploads is left out of the merge.
 //!
 //! Each upload is summarised by the L2 distance of each of its three blocks (parameters,
-//! first moments, second moments) from the same block of the reference. Two rules, per block:
+//! first moments, second moments) from the same block of the reference; second moments are
+//! compared by their square roots (the gradients' RMS scale, in which they enter the step), so
+//! their spread among honest uploads is linear in the gradients' scale like the other blocks'.
+//! Compared raw, two honest head miners of the same work were measured 55x apart in epoch 0
+//! (tiny batches, a loaded machine): squares of gradients a few times larger, and a few
+//! embedding rows of rare tokens, dominate an L2 norm of squares. Two rules, per block:
 //! - **relative** (3 or more peers): a distance above `factor` times the median of the
 //!   peers' distances for that block. The median ignores up to half the peers, so a
 //!   minority cannot move the bar. An honest state moves further the more steps it takes, so
@@ -27,15 +32,16 @@
 /// reference parameters.
 pub const ABSOLUTE_FACTOR: f64 = 100.0;
 
-/// Blocks of a flat state, in order.
-pub const BLOCKS: [&str; 3] = ["parameters", "exp_avg", "exp_avg_sq"];
+/// Blocks of a flat state, in order, as the refusals name what was measured.
+pub const BLOCKS: [&str; 3] = ["parameters", "exp_avg", "square roots of exp_avg_sq"];
 
 /// What the check needs to know of one upload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UploadDistance {
     /// The uploader.
     pub miner: String,
-    /// L2 distance of each block from the reference ([`BLOCKS`] order).
+    /// L2 distance of each block from the reference ([`BLOCKS`] order; the second moments'
+    /// square roots for the last).
     pub distance: [f64; 3],
     /// L2 norm of the reference parameters.
     pub reference_norm: f64,
@@ -144,10 +150,17 @@ impl DistanceSum {
                     self.squares[0] += d * d;
                     self.reference_squares += f64::from(*r) * f64::from(*r);
                 }
-            } else {
+            } else if block == 1 {
                 for (u, r) in pairs {
                     let d = f64::from(*u) - f64::from(*r);
-                    self.squares[block] += d * d;
+                    self.squares[1] += d * d;
+                }
+            } else {
+                // Second moments are never negative once decoded; `max` keeps a stray one
+                // from turning into NaN.
+                for (u, r) in pairs {
+                    let d = f64::from(u.max(0.0)).sqrt() - f64::from(r.max(0.0)).sqrt();
+                    self.squares[2] += d * d;
                 }
             }
             i = end;
@@ -283,12 +296,63 @@ mod tests {
     #[test]
     fn distances_are_summed_per_block() {
         let mut sum = DistanceSum::default();
-        // Two parameters, then two first moments, then two second moments.
+        // Two parameters, then two first moments, then two second moments (compared by their
+        // square roots: sqrt(4) - 0 = 2).
         sum.add(0, &[3.0, 0.0, 1.0], &[0.0, 4.0, 0.0], 2);
-        sum.add(3, &[0.0, 2.0, 0.0], &[0.0, 0.0, 0.0], 2);
+        sum.add(3, &[0.0, 4.0, 0.0], &[0.0, 0.0, 0.0], 2);
         let d = sum.finish("m");
         assert_eq!(d.distance, [5.0, 1.0, 2.0]);
         assert_eq!(d.reference_norm, 4.0);
+    }
+
+    /// The case measured in `network_adversaries` under load: an honest head miner whose
+    /// gradients ran about 7.4x larger than its peer's had second moments 55x further from the
+    /// (zero) starting moments, and was refused at the 10x bar. By square roots it is 7.4x
+    /// away and passes; moments scaled 1000x (31.6x by square roots) are still refused.
+    #[test]
+    fn second_moments_are_compared_by_their_square_roots() {
+        let p = 4;
+        let candidate = |name: &str, g: f32| {
+            // Parameters moved by 0.1 from 1, first moments g / 10, second moments g^2 / 1000
+            // (from zero moments).
+            let flat: Vec<f32> =
+                [vec![1.1; p], vec![g / 10.0; p], vec![g * g / 1000.0; p]].concat();
+            let reference: Vec<f32> = [vec![1.0; p], vec![0.0; 2 * p]].concat();
+            let mut sum = DistanceSum::default();
+            sum.add(0, &flat, &reference, p as u64);
+            Candidate {
+                distance: sum.finish(name),
+                peer: true,
+                work: 8.0,
+            }
+        };
+        let peers = [
+            candidate("a", 1.0),
+            candidate("b", 1.0),
+            candidate("c", 1.2),
+        ];
+        let raw = |g: f32| (g * g / 1000.0) as f64 * (p as f64).sqrt();
+        assert!(
+            raw(7.4) / raw(1.0) > 50.0,
+            "the raw distances were 55x apart"
+        );
+        let with = |c: Candidate| {
+            let mut all = peers.to_vec();
+            all.push(c);
+            outliers(&all, 10.0)
+        };
+        // First moments 7.4x away too: within the bar.
+        assert!(with(candidate("d", 7.4)).is_empty());
+        // Second moments 1000x an honest peer's, all else honest.
+        let mut scaled = candidate("e", 1.0);
+        scaled.distance.distance[2] *= 1000f64.sqrt();
+        let out = with(scaled);
+        assert_eq!(out.len(), 1, "{out:?}");
+        assert!(
+            out[0].1.contains("square roots of exp_avg_sq"),
+            "{}",
+            out[0].1
+        );
     }
 
     #[test]
@@ -300,7 +364,11 @@ mod tests {
         let mut want = ([0.0f64; 3], 0.0f64);
         for (i, (u, r)) in upload.iter().zip(&reference).enumerate() {
             let block = (i / p as usize).min(2);
-            let d = f64::from(*u) - f64::from(*r);
+            let d = if block == 2 {
+                f64::from(u.max(0.0)).sqrt() - f64::from(r.max(0.0)).sqrt()
+            } else {
+                f64::from(*u) - f64::from(*r)
+            };
             want.0[block] += d * d;
             if block == 0 {
                 want.1 += f64::from(*r) * f64::from(*r);

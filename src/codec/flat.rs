@@ -207,9 +207,13 @@ impl FlatLayout {
 }
 
 /// Little-endian bytes of `values` (the wire form of a flat vector or a partition).
+///
+/// On a little-endian machine the bytes are the values' memory, copied whole (a loop of
+/// 4-byte writes was visible in the merge round's profile); elsewhere each value is swapped.
 pub fn f32_to_le_bytes(values: &[f32]) -> Vec<u8> {
-    // Fixed-size chunks of a buffer of known length: a plain copy on little-endian machines
-    // (pushing 4 bytes at a time checks the capacity at every value).
+    if cfg!(target_endian = "little") {
+        return bytemuck::cast_slice::<f32, u8>(values).to_vec();
+    }
     let mut out = vec![0u8; values.len() * 4];
     for (c, v) in out.chunks_exact_mut(4).zip(values) {
         c.copy_from_slice(&v.to_le_bytes());
@@ -217,10 +221,14 @@ pub fn f32_to_le_bytes(values: &[f32]) -> Vec<u8> {
     out
 }
 
-/// Values from little-endian bytes; `None` when the length is not a multiple of 4.
+/// Values from little-endian bytes; `None` when the length is not a multiple of 4. A copy
+/// into an aligned buffer on a little-endian machine (the bytes may sit at any address).
 pub fn f32_from_le_bytes(bytes: &[u8]) -> Option<Vec<f32>> {
     if !bytes.len().is_multiple_of(4) {
         return None;
+    }
+    if cfg!(target_endian = "little") {
+        return Some(bytemuck::pod_collect_to_vec::<u8, f32>(bytes));
     }
     Some(
         bytes
@@ -292,5 +300,12 @@ mod tests {
         let v = [1.5f32, -2.0, f32::MIN_POSITIVE];
         assert_eq!(f32_from_le_bytes(&f32_to_le_bytes(&v)).unwrap(), v.to_vec());
         assert!(f32_from_le_bytes(&[0, 1, 2]).is_none());
+        // The wire form is each value's little-endian bytes, read back from any address.
+        let values = [1.5f32, -0.0, f32::MIN_POSITIVE, 3e38];
+        let want: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(f32_to_le_bytes(&values), want);
+        let mut shifted = vec![7u8];
+        shifted.extend_from_slice(&want);
+        assert_eq!(f32_from_le_bytes(&shifted[1..]).unwrap(), values.to_vec());
     }
 }

@@ -116,12 +116,13 @@ impl Span {
     fn check(self, values: &[f32]) -> Result<(), MergeWireError> {
         // A branch-free pass the compiler vectorises; the element-wise walk below only runs
         // to name the first bad value.
-        let first_moment_2 = if self.params_len > 0 {
+        // Local index of the first second moment (none without a parameter count).
+        let second_from = if self.params_len > 0 {
             self.params_len.saturating_mul(2).saturating_sub(self.start)
         } else {
             values.len() as u64
         };
-        let split = usize::try_from(first_moment_2).map_or(values.len(), |s| s.min(values.len()));
+        let split = usize::try_from(second_from).map_or(values.len(), |s| s.min(values.len()));
         let finite = values.iter().fold(true, |ok, v| ok & v.is_finite());
         let non_negative = values[split..].iter().fold(true, |ok, v| ok & (*v >= 0.0));
         if finite && non_negative {
@@ -375,10 +376,11 @@ impl MergeWire {
         base: &[f32],
     ) -> Result<Vec<u8>, MergeWireError> {
         span.check(values)?;
-        let mut out = Vec::with_capacity(self.encoded_len(values.len() as u64, span) as usize);
-        match self {
-            MergeWire::F32 => out = f32_to_le_bytes(values),
+        let capacity = self.encoded_len(values.len() as u64, span) as usize;
+        let out = match self {
+            MergeWire::F32 => f32_to_le_bytes(values),
             MergeWire::Bf16 => {
+                let mut out = Vec::with_capacity(capacity);
                 for (i, &value) in values.iter().enumerate() {
                     let b = bf16::from_f32(value);
                     if !b.is_finite() {
@@ -391,15 +393,18 @@ impl MergeWire {
                     }
                     out.extend_from_slice(&b.to_bits().to_le_bytes());
                 }
+                out
             }
             MergeWire::Int8 => {
+                let mut out = Vec::with_capacity(capacity);
                 for (k, block) in values.chunks(INT8_BLOCK).enumerate() {
                     let first = span.start + (k * INT8_BLOCK) as u64;
                     encode_int8_block(block, first, span, &mut out)?;
                 }
+                out
             }
-            MergeWire::Delta(spec) => out = spec.encode(values, span.place(), base)?,
-        }
+            MergeWire::Delta(spec) => spec.encode(values, span.place(), base)?,
+        };
         Ok(out)
     }
 
@@ -421,37 +426,31 @@ impl MergeWire {
             return Ok(spec.decode(bytes, n, span.place(), base)?);
         }
         let expected = self.encoded_len(n, span);
+        let wrong_length = MergeWireError::Length {
+            format: self,
+            elements: n,
+            expected,
+            got: bytes.len() as u64,
+        };
         if bytes.len() as u64 != expected {
-            return Err(MergeWireError::Length {
-                format: self,
-                elements: n,
-                expected,
-                got: bytes.len() as u64,
-            });
+            return Err(wrong_length);
         }
-        let mut out = Vec::with_capacity(n as usize);
-        match self {
-            MergeWire::F32 => {
-                out = f32_from_le_bytes(bytes).ok_or(MergeWireError::Length {
-                    format: self,
-                    elements: n,
-                    expected,
-                    got: bytes.len() as u64,
-                })?;
-            }
-            MergeWire::Bf16 => {
-                for c in bytes.chunks_exact(2) {
-                    out.push(bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32());
-                }
-            }
+        let out = match self {
+            MergeWire::F32 => f32_from_le_bytes(bytes).ok_or(wrong_length)?,
+            MergeWire::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                .collect(),
             MergeWire::Int8 => {
+                let mut out = Vec::with_capacity(n as usize);
                 for (k, block) in bytes.chunks(INT8_BLOCK_BYTES as usize).enumerate() {
                     let first = span.start + (k * INT8_BLOCK) as u64;
                     decode_int8_block(block, first, span, &mut out)?;
                 }
+                out
             }
-            MergeWire::Delta(_) => {}
-        }
+            MergeWire::Delta(_) => Vec::new(),
+        };
         span.check(&out)?;
         Ok(out)
     }

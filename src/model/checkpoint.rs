@@ -149,10 +149,8 @@ fn view_to_f32(view: &TensorView<'_>) -> Result<Vec<f32>, String> {
     let raw = view.data();
     let two = |f: fn([u8; 2]) -> f32| raw.chunks_exact(2).map(|c| f([c[0], c[1]])).collect();
     match view.dtype() {
-        Dtype::F32 => Ok(raw
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()),
+        Dtype::F32 => crate::codec::f32_from_le_bytes(raw)
+            .ok_or_else(|| format!("{} bytes are not a whole number of f32 values", raw.len())),
         Dtype::BF16 => Ok(two(|b| half::bf16::from_le_bytes(b).to_f32())),
         Dtype::F16 => Ok(two(|b| half::f16::from_le_bytes(b).to_f32())),
         other => Err(format!(

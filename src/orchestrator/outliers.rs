@@ -143,24 +143,25 @@ impl DistanceSum {
             } else {
                 n
             };
-            let pairs = upload[i..end].iter().zip(&reference[i..end]);
-            if block == 0 {
-                for (u, r) in pairs {
+            let (u, r) = (&upload[i..end], &reference[i..end]);
+            let squares = &mut self.squares[block];
+            if block < 2 {
+                for (u, r) in u.iter().zip(r) {
                     let d = f64::from(*u) - f64::from(*r);
-                    self.squares[0] += d * d;
-                    self.reference_squares += f64::from(*r) * f64::from(*r);
-                }
-            } else if block == 1 {
-                for (u, r) in pairs {
-                    let d = f64::from(*u) - f64::from(*r);
-                    self.squares[1] += d * d;
+                    *squares += d * d;
                 }
             } else {
                 // Second moments are never negative once decoded; `max` keeps a stray one
                 // from turning into NaN.
-                for (u, r) in pairs {
+                for (u, r) in u.iter().zip(r) {
                     let d = f64::from(u.max(0.0)).sqrt() - f64::from(r.max(0.0)).sqrt();
-                    self.squares[2] += d * d;
+                    *squares += d * d;
+                }
+            }
+            if block == 0 {
+                // In the same order as the distances: each sum runs on its own.
+                for r in r {
+                    self.reference_squares += f64::from(*r) * f64::from(*r);
                 }
             }
             i = end;

@@ -11,7 +11,12 @@
 //! The commits keep their checkpoint: only a checkpoint run under the write lock can finish
 //! the whole log while requests keep writing, and a log that is never finished is never
 //! restarted from its beginning (with the commits' checkpoints turned off, the log of an
-//! `iota bench orchestrator` run grew to 5 GiB over 10,000 samples).
+//! `iota bench orchestrator` run grew to 5 GiB over 10,000 samples). But they run it every
+//! [`COMMIT_PAGES`] pages instead of 1,000: at 150 miners the log grows by 1,000 pages about
+//! 25 times a second (computed from that 5 GiB over a 50 s run), and `perf` found the commits'
+//! checkpoints, two `fsync`s each under the store's lock, doing 93% of all checkpoint work
+//! (5.6% of the orchestrator's CPU against the background thread's 0.4%). The log file then
+//! stays under about 41 MB.
 
 use std::path::Path;
 use std::sync::mpsc::{self, RecvTimeoutError, Sender};
@@ -20,7 +25,11 @@ use std::time::Duration;
 use rusqlite::Connection;
 
 /// Time between two background checkpoints.
-pub(super) const EVERY: Duration = Duration::from_millis(200);
+pub(super) const EVERY: Duration = Duration::from_millis(50);
+
+/// Pages of log after which a commit checkpoints it (finishing and restarting the log) while
+/// the background thread runs; SQLite's default is 1,000.
+pub(super) const COMMIT_PAGES: i64 = 10_000;
 
 /// The background checkpoints of one database file; they stop when this is dropped.
 #[derive(Debug)]

@@ -75,7 +75,9 @@ pub(super) fn usize_of(v: i64) -> usize {
 
 impl Repository {
     /// Opens (creating if needed) the state file at `path`, in WAL mode, with most of the
-    /// log's checkpointing on a thread of its own ([`super::checkpoints`]).
+    /// log's checkpointing on a thread of its own ([`super::checkpoints`]): the commits then
+    /// checkpoint only every [`checkpoints::COMMIT_PAGES`] pages of log instead of SQLite's
+    /// 1,000.
     ///
     /// # Errors
     /// [`RepoError::Sqlite`] when the file cannot be opened or the schema cannot be created.
@@ -84,8 +86,12 @@ impl Repository {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        let background = Checkpoints::start(path, checkpoints::EVERY);
+        if background.is_some() {
+            conn.pragma_update(None, "wal_autocheckpoint", checkpoints::COMMIT_PAGES)?;
+        }
         let mut repo = Self::init(conn)?;
-        repo.checkpoints = Checkpoints::start(path, checkpoints::EVERY);
+        repo.checkpoints = background;
         Ok(repo)
     }
 

@@ -754,6 +754,34 @@ fn the_log_is_checkpointed_in_the_background() {
     );
 }
 
+/// The commits still finish and restart the log, only less often: under steady writes (each
+/// commit at least one page of log) the log file stays near [`COMMIT_PAGES`] pages instead of
+/// growing with every page written.
+///
+/// [`COMMIT_PAGES`]: super::checkpoints::COMMIT_PAGES
+#[test]
+fn the_log_restarts_after_its_commit_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.sqlite");
+    let repo = Repository::open(&path).unwrap();
+    let pages = super::checkpoints::COMMIT_PAGES as u64;
+    // Three times the pages after which a commit checkpoints, at one page per commit at least.
+    for i in 0..3 * pages {
+        assert!(
+            repo.record_signature(&format!("sig-{i:08}"), u64::MAX / 2, T0)
+                .unwrap()
+        );
+    }
+    let log = std::fs::metadata(dir.path().join("state.sqlite-wal"))
+        .unwrap()
+        .len();
+    // A log frame is a 4 KiB page and a 24-byte header; allow one checkpoint's worth of
+    // commits past the threshold.
+    let bound = (pages + pages / 5) * (4096 + 24);
+    assert!(log <= bound, "the log grew to {log} bytes (bound {bound})");
+    assert_eq!(repo.signature_count().unwrap(), 3 * pages);
+}
+
 #[test]
 fn state_survives_reopening_the_file() {
     let dir = tempfile::tempdir().unwrap();

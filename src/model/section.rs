@@ -716,10 +716,13 @@ impl<B: AutodiffBackend> Section<B> {
 
     /// Replaces the parameters and the optimizer's moments and step together: both or neither.
     /// A refused optimizer state puts the old parameters back from a clone of the module
-    /// (shared tensors, no copy of their values).
+    /// (shared tensors, no copy of their values). Accumulated gradients are discarded once the
+    /// parameters are accepted, as by [`Self::import_params`].
     ///
     /// # Errors
-    /// As [`Self::import_params`] and [`Self::import_optimizer`]; the section is unchanged then.
+    /// As [`Self::import_params`] and [`Self::import_optimizer`]; the parameters, moments and
+    /// step are unchanged then (gradients accumulated before a refused optimizer state are
+    /// gone: they were computed for parameters this import meant to replace).
     pub fn import_state(
         &mut self,
         params: &[NamedTensor],

@@ -94,14 +94,15 @@ impl Repository {
                 |r| r.get(0),
             )?;
             // While the run trains on one lane, only each section's first-ranked miner
-            // takes training work, and it takes whole steps.
+            // takes training work, and it takes whole synchronous steps (with asynchronous
+            // steps, as many as its in-flight cap allows, as in the rest of the run).
             let lane_only = single_lane(tx, limits)?;
             let off_lane = lane_only
                 && ranked_live(tx, miner.section, limits, now_ms)?
                     .first()
                     .is_none_or(|first| first != hotkey);
-            let share = if lane_only {
-                usize::try_from(limits.samples_per_step.max(1)).unwrap_or(usize::MAX)
+            let share = if lane_only && limits.samples_per_step > 0 {
+                usize::try_from(limits.samples_per_step).unwrap_or(usize::MAX)
             } else {
                 step_share(tx, section, limits, now_ms)?
             };

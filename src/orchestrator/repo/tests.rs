@@ -309,6 +309,29 @@ fn a_single_lane_gives_all_training_work_to_the_first_ranked_miners_until_its_ep
     assert_eq!((head("a0"), head("a1")), (1, 1));
 }
 
+/// With asynchronous steps the lane's miners keep their in-flight cap: before, the single lane
+/// held one sample at a time, and the 100 samples of `iota bench learning --single-lane 100`
+/// took 303 s instead of about 3.
+#[test]
+fn a_single_lane_of_asynchronous_steps_keeps_its_in_flight_cap() {
+    let repo = network();
+    let single = RoutingLimits {
+        samples_per_step: 0,
+        max_in_flight: 3,
+        single_lane_epochs: 1,
+        ..LIMITS
+    };
+    let head = |hk: &str| repo.take_work(hk, 4, single, T0).unwrap().head_capacity;
+    assert_eq!((head("a0"), head("a1")), (3, 0));
+    let forwards: Vec<u64> = (0..3).map(|i| start(&repo, i)).collect();
+    for (i, f) in forwards.iter().enumerate() {
+        repo.accept(*f, "a0", &ok(&format!("x{i}")), single, T0)
+            .unwrap();
+    }
+    assert!(take_inputs(&repo, "b1", single, T0).is_empty());
+    assert_eq!(take_inputs(&repo, "b0", single, T0).len(), 3);
+}
+
 #[test]
 fn synchronous_steps_share_a_step_among_the_live_miners_of_a_section() {
     let repo = network();

@@ -325,7 +325,15 @@ impl Repository {
                         "UPDATE miners SET forwards = forwards + 1 WHERE hotkey = ?1",
                         [hotkey],
                     )?;
-                    let prefer = if limits.lanes {
+                    let prefer = if single_lane(tx, limits)? {
+                        // The lane is each section's first-ranked miner; spreading its forwards
+                        // over the next section's miners, as lanes do when that section has
+                        // more feeding into it, left every other sample waiting `lane_wait_ms`
+                        // for a miner that takes no training work.
+                        ranked_live(tx, section + 1, limits, now_ms)?
+                            .into_iter()
+                            .next()
+                    } else if limits.lanes {
                         lane_partner(tx, (hotkey, row.sample), section, limits, now_ms)?
                     } else {
                         None

@@ -309,9 +309,11 @@ fn a_single_lane_gives_all_training_work_to_the_first_ranked_miners_until_its_ep
     assert_eq!((head("a0"), head("a1")), (1, 1));
 }
 
-/// With asynchronous steps the lane's miners keep their in-flight cap: before, the single lane
-/// held one sample at a time, and the 100 samples of `iota bench learning --single-lane 100`
-/// took 303 s instead of about 3.
+/// With asynchronous steps the lane's miners keep their in-flight cap, and every forward is
+/// offered to the next section's lane miner at once. Before, the single lane held one sample
+/// at a time (the 100 samples of `iota bench learning --single-lane 100` took 303 s instead
+/// of about 3), and lane routing offered every other forward to a miner off the lane first
+/// (68.6 s with the cap fixed: each odd sample waited `lane_wait_ms` at each hop).
 #[test]
 fn a_single_lane_of_asynchronous_steps_keeps_its_in_flight_cap() {
     let repo = network();
@@ -319,6 +321,7 @@ fn a_single_lane_of_asynchronous_steps_keeps_its_in_flight_cap() {
         samples_per_step: 0,
         max_in_flight: 3,
         single_lane_epochs: 1,
+        lanes: true,
         ..LIMITS
     };
     let head = |hk: &str| repo.take_work(hk, 4, single, T0).unwrap().head_capacity;

@@ -189,3 +189,39 @@ fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
 fn get_status(port: u16) -> Option<String> {
     http_get(&format!("http://127.0.0.1:{port}/api/status"))
 }
+
+#[test]
+fn an_orchestrator_that_refuses_its_config_is_reported_with_its_reason() {
+    // `tiny` holds 64 tokens per sample: the orchestrator refuses the run config and exits.
+    // `iota local` says so with the end of the orchestrator's log, instead of waiting out its
+    // connection retries and blaming the network.
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args([
+            "local",
+            "--preset",
+            "tiny",
+            "--samples",
+            "4",
+            "--seq-len",
+            "128",
+        ])
+        .arg("--dir")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the orchestrator exited"),
+        "the exit is reported: {stderr}"
+    );
+    assert!(
+        stderr.contains("max_seq_len is 64"),
+        "with the orchestrator's reason: {stderr}"
+    );
+    assert!(
+        dir.path().join("logs/orchestrator.log").exists(),
+        "the log stays"
+    );
+}

@@ -163,6 +163,11 @@ impl Children {
         self.0.push((name, child));
     }
 
+    /// The exit status of child `index` (in the order pushed), if it has exited.
+    pub fn exit_status(&mut self, index: usize) -> Option<std::process::ExitStatus> {
+        self.0.get_mut(index)?.1.try_wait().ok().flatten()
+    }
+
     /// Names of children that have exited, with their status.
     pub fn exited(&mut self) -> Vec<String> {
         self.0
@@ -173,6 +178,44 @@ impl Children {
             })
             .collect()
     }
+}
+
+/// Connects to the orchestrator just started as the first of `children`, retrying for up to
+/// about 30 s while it comes up. If it exits first (a config it refuses, a port in use), the
+/// error says so at once with the last lines of its log instead of waiting out the retries.
+fn wait_for_orchestrator(
+    runtime: &tokio::runtime::Runtime,
+    url: &str,
+    children: &mut Children,
+    log: &Path,
+) -> anyhow::Result<ApiClient> {
+    let once = RetryPolicy {
+        max_attempts: 1,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(100),
+    };
+    let mut last = None;
+    for _ in 0..100 {
+        match runtime.block_on(ApiClient::connect(url, None, once)) {
+            Ok(client) => return Ok(client),
+            Err(e) => last = Some(e),
+        }
+        if let Some(status) = children.exit_status(0) {
+            let text = fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+            let tail = tail[tail.len().saturating_sub(3)..].join("\n");
+            bail!(
+                "the orchestrator exited ({status}) before it came up; the end of its log ({}):\n{tail}",
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let last = last.map(|e| e.to_string()).unwrap_or_default();
+    bail!(
+        "the orchestrator did not come up on {url} (see {}): {last}",
+        log.display()
+    )
 }
 
 impl Drop for Children {
@@ -396,19 +439,12 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let policy = RetryPolicy {
-        max_attempts: 100,
-        initial_backoff: Duration::from_millis(100),
-        max_backoff: Duration::from_millis(300),
-    };
-    let client = runtime
-        .block_on(ApiClient::connect(&url, None, policy))
-        .with_context(|| {
-            format!(
-                "the orchestrator did not come up on {url} (see {})",
-                dir.join("logs/orchestrator.log").display()
-            )
-        })?;
+    let client = wait_for_orchestrator(
+        &runtime,
+        &url,
+        &mut children,
+        &dir.join("logs/orchestrator.log"),
+    )?;
     let info = runtime.block_on(client.run_info())?;
     let n_sections = info.model.n_sections();
     let wallets = WalletDir::new(dir.join("wallets"));

@@ -15,9 +15,13 @@
 #      kernel cache of its own (see `in_dir`). Their timed batches may overlap with each other
 #      on the GPU, so phase 1's throughput numbers are not clean; its first-batch times are
 #      the cold-start cost.
-#   2. warm: the `small` benches again, one at a time with nothing else running: their
-#      first-batch time is a start with the kernel cache filled, their throughput the clean
-#      number. Then PyTorch's twin on the same card (skipped where `import torch` fails).
+#   2. warm: the benches again, one at a time with nothing else running: their first-batch
+#      time is a start with the kernel cache filled, their throughput the clean number; each
+#      times the flat optimizer step against the parameter-by-parameter one on the same
+#      gradients. PyTorch's twin runs on the same card between them (skipped where
+#      `import torch` fails).
+# SMALL and BIG name the two presets (`small`, `1b`) and DEVICE the device, so that the script
+# can be tried end to end on a CPU with tiny ones: SMALL=tiny BIG=tiny DEVICE=cpu.
 # BIN, TEST and OUT must be absolute paths. Each job has its own time limit and log under
 # $OUT; summary.txt has each log's tail and every job's start and end (seconds since the
 # script began).
@@ -25,8 +29,11 @@ set -u
 BIN=${BIN:-target/release/iota}
 OUT=${OUT:-gpu-results}
 PEAK=${PEAK:-989}            # dense bf16 TFLOP/s of an H100 SXM (the H200's is the same)
-COLD=${COLD:-390}            # phase 1's time limit per job, in seconds
-DEADLINE=${DEADLINE:-560}    # no job runs past this many seconds after the start
+COLD=${COLD:-380}            # phase 1's time limit per job, in seconds
+DEADLINE=${DEADLINE:-565}    # no job runs past this many seconds after the start
+SMALL=${SMALL:-small}
+BIG=${BIG:-1b}
+DEVICE=${DEVICE:-cuda}
 WORK=${WORK:-/tmp/iota-gpu-work}
 mkdir -p "$OUT" "$WORK"
 T0=$(date +%s)
@@ -68,36 +75,40 @@ in_dir() { # folder, command...
     mkdir -p "$d" && touch "$d/Cargo.toml" && (cd "$d" && "$@")
 }
 model() { # name, seconds, preset, float, batch, seq, iters
-    run "$1" "$2" "$BIN" bench model --preset "$3" --device cuda --float "$4" \
+    run "$1" "$2" "$BIN" bench model --preset "$3" --device "$DEVICE" --float "$4" \
         --batch-size "$5" --seq-len "$6" --iters "$7" --peak-tflops "$PEAK"
 }
+# bf16 exists on the GPU only; a CPU try runs those jobs in f32.
+BF16=bf16
+[ "$DEVICE" = cuda ] || BF16=f32
 
 # Phase 1: cold, all at once.
-in_dir f32 model small-f32-cold "$COLD" small f32 8 128 10 &
-in_dir bf16 model small-bf16-cold "$COLD" small bf16 8 128 10 &
-in_dir 1b model 1b-bf16-cold "$COLD" 1b bf16 4 1024 3 &
+in_dir f32 model small-f32-cold "$COLD" "$SMALL" f32 8 128 10 &
+in_dir bf16 model small-bf16-cold "$COLD" "$SMALL" "$BF16" 8 128 10 &
+in_dir 1b model 1b-bf16-cold "$COLD" "$BIG" "$BF16" 4 1024 3 &
+in_dir f32big model small-f32-64x512-cold "$COLD" "$SMALL" f32 64 512 3 &
 [ -n "${TEST:-}" ] && in_dir smoke run smoke "$COLD" "$TEST" --test-threads 1 --nocapture &
-in_dir local run local "$COLD" "$BIN" local --device cuda --preset small --miners-per-section 1 \
-    --samples 80 --merge-every 40 --seq-len 128 --batch-size 8 --poll-ms 100 --dir /tmp/iota-local-gpu \
+# A cold network: each miner compiles its kernels in its warm-up, before it asks for work.
+in_dir local run local "$COLD" "$BIN" local --device "$DEVICE" --preset "$SMALL" --miners-per-section 1 \
+    --samples 80 --merge-every 40 --seq-len 128 --batch-size 8 --poll-ms 100 --dir "$WORK/local-run" \
     --summary-out "$OUT/local.json" &
 wait
-pkill -f "$BIN" 2>/dev/null # anything of `iota local` that outlived its time limit
+pkill -x "$(basename "$BIN")" 2>/dev/null # anything of `iota local` that outlived its time limit (by process name: `-f` would match this script's own command line)
 du -sh "$WORK"/*/target/* 2>/dev/null >>"$OUT/summary.txt"
 
 # Phase 2: warm cache, one at a time (most wanted first: the deadline may cut the last ones).
-twin() { # dtype
-    python3 -c 'import torch' 2>/dev/null && run "torch-small-$1" 30 python3 \
-        benches/torch_twin.py --preset small --device cuda --dtype "$1" --batch-size 8 \
-        --seq-len 128 --steps 20
+twin() { # name, seconds, preset, dtype, batch, seq, steps
+    python3 -c 'import torch' 2>/dev/null && run "torch-$1" "$2" python3 \
+        benches/torch_twin.py --preset "$3" --device "$DEVICE" --dtype "$4" --batch-size "$5" \
+        --seq-len "$6" --steps "$7"
 }
-in_dir f32 model small-f32-warm 60 small f32 8 128 10
-twin f32
-in_dir bf16 model small-bf16-warm 60 small bf16 8 128 10
-twin bf16
-# Per-kernel GPU time of two batches (cubecl's profiler times each kernel, so this run's totals
-# are not the clean ones above): where the optimizer step's time goes.
-CUBECL_DEBUG_LOG="$OUT/profile.log" CUBECL_DEBUG_OPTION=profile \
-    in_dir f32 model small-f32-profile 45 small f32 8 128 2
-xz -9 "$OUT/profile.log" 2>/dev/null
+in_dir f32 model small-f32-warm 60 "$SMALL" f32 8 128 10
+twin small-f32 40 "$SMALL" f32 8 128 20
+in_dir 1b model 1b-bf16-warm 120 "$BIG" "$BF16" 4 1024 5
+in_dir bf16 model small-bf16-warm 60 "$SMALL" "$BF16" 8 128 10
+twin small-bf16 40 "$SMALL" bf16 8 128 20
+in_dir f32big model small-f32-64x512-warm 60 "$SMALL" f32 64 512 5
+twin small-f32-64x512 40 "$SMALL" f32 64 512 10
+twin 1b-bf16 60 "$BIG" bf16 4 1024 5
 nvidia-smi >>"$OUT/summary.txt" 2>&1
 exit 0

@@ -1,7 +1,16 @@
 //! AdamW with decoupled weight decay and global-norm gradient clipping, over flat tensors
 //! keyed by parameter name, so its state exports as named tensors like the weights.
+//!
+//! The moments live in one of two forms. By name: one pair of tensors per parameter, updated
+//! parameter by parameter (about nine kernels each on a GPU). Flat ([`FlatMoments`]): every
+//! parameter's moments laid end to end in one pair of tensors ([`FlatLayout`]), so a step
+//! updates the whole section with a handful of element-wise kernels over one long vector.
+//! Both forms hold the same numbers; each converts to the other when a step of the other
+//! kind needs it.
 
 use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
@@ -21,6 +30,12 @@ pub struct OptimizerConfig {
     pub weight_decay: f64,
     /// Clip the global gradient norm of the section to this value; 0 disables clipping.
     pub grad_clip: f64,
+    /// Update all of a section's parameters as one flat vector (a few kernels per step)
+    /// instead of parameter by parameter (about nine kernels each). The same update either
+    /// way. Measured faster only for small models on a GPU (`small` on an H200: 8.2 against
+    /// 11.2 ms per step); slower for `1b` on that GPU (351 against 122 ms) and on the CPU
+    /// (111.7 against 32.4 ms for `small`), so off by default.
+    pub flat_step: bool,
 }
 
 impl Default for OptimizerConfig {
@@ -31,6 +46,7 @@ impl Default for OptimizerConfig {
             eps: 1e-8,
             weight_decay: 0.1,
             grad_clip: 1.0,
+            flat_step: false,
         }
     }
 }
@@ -44,6 +60,91 @@ pub struct Moments<B: Backend> {
     pub exp_avg_sq: Tensor<B, 1>,
 }
 
+/// Where each parameter of a section lies in one vector of all of them: the parameters that
+/// take weight decay first (`..decayed`), then the others, each group in module order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlatLayout {
+    names: Vec<String>,
+    offsets: Vec<usize>,
+    decayed: usize,
+    index: HashMap<String, usize>,
+}
+
+impl FlatLayout {
+    /// The layout of `params` (name, number of values, whether it takes weight decay), in the
+    /// order given within each group.
+    pub fn new(params: &[(String, usize, bool)]) -> Self {
+        let ordered: Vec<&(String, usize, bool)> = params
+            .iter()
+            .filter(|p| p.2)
+            .chain(params.iter().filter(|p| !p.2))
+            .collect();
+        let mut offsets = vec![0];
+        let mut decayed = 0;
+        for (_, len, decay) in &ordered {
+            let end = offsets[offsets.len() - 1] + len;
+            if *decay {
+                decayed = end;
+            }
+            offsets.push(end);
+        }
+        let names: Vec<String> = ordered.iter().map(|p| p.0.clone()).collect();
+        let index = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.clone(), i))
+            .collect();
+        Self {
+            names,
+            offsets,
+            decayed,
+            index,
+        }
+    }
+
+    /// Parameter names in layout order.
+    pub fn names(&self) -> &[String] {
+        &self.names
+    }
+
+    /// Total number of values.
+    pub fn len(&self) -> usize {
+        self.offsets[self.offsets.len() - 1]
+    }
+
+    /// Whether the layout holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The values `..decayed()` take weight decay.
+    pub fn decayed(&self) -> usize {
+        self.decayed
+    }
+
+    /// Where parameter `name` lies.
+    pub fn range(&self, name: &str) -> Option<Range<usize>> {
+        let i = *self.index.get(name)?;
+        Some(self.offsets[i]..self.offsets[i + 1])
+    }
+
+    /// The range of the `i`-th parameter in layout order.
+    pub fn range_at(&self, i: usize) -> Range<usize> {
+        self.offsets[i]..self.offsets[i + 1]
+    }
+}
+
+/// Both moments of every parameter of a [`FlatLayout`], each in one tensor.
+#[derive(Debug, Clone)]
+pub struct FlatMoments<B: Backend> {
+    /// Where each parameter's values lie.
+    pub layout: Arc<FlatLayout>,
+    /// Running mean of gradients.
+    pub exp_avg: Tensor<B, 1>,
+    /// Running mean of squared gradients.
+    pub exp_avg_sq: Tensor<B, 1>,
+}
+
 /// AdamW state of one section.
 #[derive(Debug, Clone)]
 pub struct AdamW<B: Backend> {
@@ -51,8 +152,11 @@ pub struct AdamW<B: Backend> {
     pub config: OptimizerConfig,
     /// Number of updates applied so far (bias correction uses it).
     pub step: u64,
-    /// Moments by parameter name; absent until the parameter's first update.
-    pub moments: HashMap<String, Moments<B>>,
+    /// Moments by parameter name; absent until the parameter's first update. Empty while
+    /// `flat` holds them.
+    moments: HashMap<String, Moments<B>>,
+    /// Every parameter's moments end to end, after a flat step.
+    flat: Option<FlatMoments<B>>,
 }
 
 impl<B: Backend> AdamW<B> {
@@ -62,7 +166,163 @@ impl<B: Backend> AdamW<B> {
             config,
             step: 0,
             moments: HashMap::new(),
+            flat: None,
         }
+    }
+
+    /// Whether no parameter has moments yet.
+    pub fn is_empty(&self) -> bool {
+        self.moments.is_empty() && self.flat.is_none()
+    }
+
+    /// Whether the moments are held flat (after a flat step).
+    pub fn is_flat(&self) -> bool {
+        self.flat.is_some()
+    }
+
+    /// The moments of parameter `name` (a view into the flat tensors when they are flat).
+    pub fn moments_of(&self, name: &str) -> Option<Moments<B>> {
+        match &self.flat {
+            Some(f) => {
+                let r = f.layout.range(name)?;
+                Some(Moments {
+                    exp_avg: f.exp_avg.clone().slice(r.clone()),
+                    exp_avg_sq: f.exp_avg_sq.clone().slice(r),
+                })
+            }
+            None => self.moments.get(name).cloned(),
+        }
+    }
+
+    /// Every parameter's two moments in host memory, sorted by name (one read-back per moment
+    /// when they are flat).
+    pub fn host_moments(&self) -> Vec<(String, Vec<f32>, Vec<f32>)> {
+        let mut out = match &self.flat {
+            Some(f) => {
+                let m = super::host_values(f.exp_avg.clone()).unwrap_or_default();
+                let v = super::host_values(f.exp_avg_sq.clone()).unwrap_or_default();
+                (0..f.layout.names.len())
+                    .map(|i| {
+                        let r = f.layout.range_at(i);
+                        let part = |x: &Vec<f32>| x.get(r.clone()).map(<[f32]>::to_vec);
+                        (
+                            f.layout.names[i].clone(),
+                            part(&m).unwrap_or_default(),
+                            part(&v).unwrap_or_default(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            }
+            None => self
+                .moments
+                .iter()
+                .map(|(name, mo)| {
+                    (
+                        name.clone(),
+                        super::host_values(mo.exp_avg.clone()).unwrap_or_default(),
+                        super::host_values(mo.exp_avg_sq.clone()).unwrap_or_default(),
+                    )
+                })
+                .collect(),
+        };
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Replaces every moment with `moments` (by name).
+    pub fn set_moments(&mut self, moments: HashMap<String, Moments<B>>) {
+        self.moments = moments;
+        self.flat = None;
+    }
+
+    /// Adds or replaces the moments of the parameters in `moments` (a by-name step), turning
+    /// flat moments into by-name ones first.
+    pub fn commit_by_name(&mut self, moments: HashMap<String, Moments<B>>) {
+        if let Some(f) = self.flat.take() {
+            for (i, name) in f.layout.names.iter().enumerate() {
+                let r = f.layout.range_at(i);
+                self.moments.insert(
+                    name.clone(),
+                    Moments {
+                        exp_avg: f.exp_avg.clone().slice(r.clone()),
+                        exp_avg_sq: f.exp_avg_sq.clone().slice(r),
+                    },
+                );
+            }
+        }
+        self.moments.extend(moments);
+    }
+
+    /// Replaces every moment with the result of a flat step.
+    pub fn commit_flat(&mut self, flat: FlatMoments<B>) {
+        self.moments.clear();
+        self.flat = Some(flat);
+    }
+
+    /// The moments laid out as `layout` (zeros for a parameter without moments yet, which is
+    /// what its first update assumes).
+    fn flat_for(
+        &self,
+        layout: &Arc<FlatLayout>,
+        device: &B::Device,
+    ) -> (Tensor<B, 1>, Tensor<B, 1>) {
+        if let Some(f) = &self.flat
+            && *f.layout == **layout
+        {
+            return (f.exp_avg.clone(), f.exp_avg_sq.clone());
+        }
+        let mut ms = Vec::with_capacity(layout.names.len());
+        let mut vs = Vec::with_capacity(layout.names.len());
+        for (i, name) in layout.names.iter().enumerate() {
+            let len = layout.range_at(i).len();
+            match self.moments_of(name) {
+                Some(mo) => {
+                    ms.push(mo.exp_avg);
+                    vs.push(mo.exp_avg_sq);
+                }
+                None => {
+                    ms.push(Tensor::zeros([len], device));
+                    vs.push(Tensor::zeros([len], device));
+                }
+            }
+        }
+        (Tensor::cat(ms, 0), Tensor::cat(vs, 0))
+    }
+
+    /// The AdamW update of a whole section at step `t` (1-based): `param` and `grad` hold
+    /// every parameter as laid out by `layout`. Returns the new values and moments without
+    /// touching `self`, as [`Self::update`] does for one parameter, with the same arithmetic
+    /// element by element.
+    pub fn update_flat(
+        &self,
+        layout: &Arc<FlatLayout>,
+        param: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        lr: f64,
+        t: u64,
+    ) -> (Tensor<B, 1>, FlatMoments<B>) {
+        let c = &self.config;
+        let (m0, v0) = self.flat_for(layout, &param.device());
+        let m = m0 * c.beta1 + grad.clone() * (1.0 - c.beta1);
+        let v = v0 * c.beta2 + grad.square() * (1.0 - c.beta2);
+        let bc1 = 1.0 - c.beta1.powi(t as i32);
+        let bc2 = 1.0 - c.beta2.powi(t as i32);
+        let update = (m.clone() / bc1) / ((v.clone() / bc2).sqrt() + c.eps);
+        let k = layout.decayed;
+        let param = if k > 0 && c.weight_decay > 0.0 {
+            let decayed = param.clone().slice(0..k) * (1.0 - lr * c.weight_decay);
+            param.slice_assign(0..k, decayed)
+        } else {
+            param
+        };
+        (
+            param - update * lr,
+            FlatMoments {
+                layout: layout.clone(),
+                exp_avg: m,
+                exp_avg_sq: v,
+            },
+        )
     }
 
     /// The AdamW update of one parameter at step `t` (1-based), returning the new value and
@@ -78,7 +338,7 @@ impl<B: Backend> AdamW<B> {
         t: u64,
     ) -> (Tensor<B, 1>, Moments<B>) {
         let c = &self.config;
-        let (m, v) = match self.moments.get(name) {
+        let (m, v) = match self.moments_of(name) {
             Some(mo) => (
                 mo.exp_avg.clone() * c.beta1 + grad.clone() * (1.0 - c.beta1),
                 mo.exp_avg_sq.clone() * c.beta2 + grad.square() * (1.0 - c.beta2),
@@ -112,7 +372,7 @@ impl<B: Backend> AdamW<B> {
     /// `m / (sqrt(v) + eps)`, plus the weight decay term when `decay`. The next step moves the
     /// parameter by about `-lr` times this. `None` before the parameter's first update.
     pub fn direction(&self, name: &str, param: &Tensor<B, 1>, decay: bool) -> Option<Tensor<B, 1>> {
-        let mo = self.moments.get(name)?;
+        let mo = self.moments_of(name)?;
         let c = &self.config;
         let t = self.step.max(1);
         let bc1 = 1.0 - c.beta1.powi(t as i32);
@@ -173,6 +433,16 @@ mod tests {
         let b: Vec<f32> = b.into_data().to_vec().unwrap();
         assert!((a[0] - 2.0 * (1.0 - 0.01)).abs() < 1e-6);
         assert!((b[0] - 2.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_flat_step_is_off_unless_configured() {
+        assert!(!OptimizerConfig::default().flat_step);
+        let on: OptimizerConfig = serde_norway::from_str("flat_step: true").unwrap();
+        assert!(on.flat_step);
+        assert_eq!(on.grad_clip, 1.0);
+        let typo = serde_norway::from_str::<OptimizerConfig>("flat_steps: true").unwrap_err();
+        assert!(typo.to_string().contains("flat_steps"), "{typo}");
     }
 
     #[test]

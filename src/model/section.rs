@@ -10,6 +10,7 @@
 //! whose result would be non-finite is discarded the same way before it is committed.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use burn::module::AutodiffModule;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::ModelError;
 use super::config::{ModelConfig, SectionSpec};
 use super::init::Init;
-use super::optimizer::{AdamW, Moments, OptimizerConfig, clip_scale};
+use super::optimizer::{AdamW, FlatLayout, Moments, OptimizerConfig, clip_scale};
 use super::params::{self, NamedTensor};
 use super::section_model::{SectionInput, SectionModel};
 
@@ -101,6 +102,10 @@ pub struct Section<B: AutodiffBackend> {
     pending: u64,
     poisoned: Option<String>,
     decayed: HashSet<String>,
+    /// Every parameter end to end, for flat optimizer steps.
+    layout: Arc<FlatLayout>,
+    /// Whether a step updates the section as one flat vector (see [`Self::set_flat_step`]).
+    flat_step: bool,
     stats: SectionStats,
     device: B::Device,
 }
@@ -130,11 +135,18 @@ impl<B: AutodiffBackend> Section<B> {
         config.validate()?;
         let spec = config.section(index)?;
         let model = SectionModel::new(config, &spec, &Init::new(seed), device);
-        let decayed = params::param_shapes(&model, &spec)
-            .into_iter()
+        let shapes = params::param_shapes(&model, &spec);
+        let decayed: HashSet<String> = shapes
+            .iter()
             .filter(|(_, shape)| shape.len() >= 2)
-            .map(|(name, _)| name)
+            .map(|(name, _)| name.clone())
             .collect();
+        let layout = Arc::new(FlatLayout::new(
+            &shapes
+                .iter()
+                .map(|(name, shape)| (name.clone(), shape.iter().product(), decayed.contains(name)))
+                .collect::<Vec<_>>(),
+        ));
         Ok(Self {
             config: config.clone(),
             spec,
@@ -145,9 +157,20 @@ impl<B: AutodiffBackend> Section<B> {
             pending: 0,
             poisoned: None,
             decayed,
+            layout,
+            flat_step: optimizer.flat_step,
             stats: SectionStats::default(),
             device: device.clone(),
         })
+    }
+
+    /// Chooses how [`Self::step`] updates the section: as one flat vector of every parameter
+    /// (`true`: a few kernels per step) or parameter by parameter (about nine kernels per
+    /// parameter); the default is [`OptimizerConfig::flat_step`]. Both compute the same update,
+    /// element by element; the flat step applies only when every parameter has a gradient, and
+    /// the section falls back to the other otherwise.
+    pub fn set_flat_step(&mut self, flat: bool) {
+        self.flat_step = flat;
     }
 
     /// Where this section sits in the model.
@@ -514,6 +537,17 @@ impl<B: AutodiffBackend> Section<B> {
             return StepOutcome::NoGradients;
         }
         let mean = 1.0 / self.pending as f64;
+        if self.flat_step && self.grads.len() == self.layout.names().len() {
+            let ordered: Option<Vec<Tensor<Inner<B>, 1>>> = self
+                .layout
+                .names()
+                .iter()
+                .map(|n| self.grads.get(n).cloned())
+                .collect();
+            if let Some(ordered) = ordered {
+                return self.step_flat(Tensor::cat(ordered, 0), mean, lr);
+            }
+        }
         let squares: Vec<Tensor<Inner<B>, 1>> = self
             .grads
             .values()
@@ -552,9 +586,14 @@ impl<B: AutodiffBackend> Section<B> {
             return self.skip("the update produced non-finite weights".into());
         }
         self.model = candidate;
+        self.optimizer.commit_by_name(new_moments);
+        self.applied(t, norm, clip)
+    }
+
+    /// Books an update committed at step `t` (the weights and moments already replaced).
+    fn applied(&mut self, t: u64, norm: f64, clip: f64) -> StepOutcome {
         self.forward_model = None;
         self.optimizer.step = t;
-        self.optimizer.moments.extend(new_moments);
         self.stats.steps += 1;
         self.stats.last_grad_norm = norm;
         self.discard_grads();
@@ -562,6 +601,52 @@ impl<B: AutodiffBackend> Section<B> {
             grad_norm: norm,
             clipped: clip < 1.0,
         }
+    }
+
+    /// [`Self::step`] over every parameter at once: `grad` is the sum of the accumulated
+    /// gradients laid out as `self.layout`, `mean` one over the backwards it sums.
+    fn step_flat(&mut self, grad: Tensor<Inner<B>, 1>, mean: f64, lr: f64) -> StepOutcome {
+        let norm = scalar(grad.clone().square().sum()).sqrt() * mean;
+        if !norm.is_finite() {
+            return self.skip(format!("non-finite gradient norm {norm}"));
+        }
+        let clip = clip_scale(norm, self.optimizer.config.grad_clip);
+        let t = self.optimizer.step + 1;
+        let mut current: HashMap<String, Tensor<Inner<B>, 1>> = HashMap::new();
+        params::for_each_param(&self.model, &self.spec, |name, _, value| {
+            current.insert(name.to_string(), value.inner());
+        });
+        let ordered: Option<Vec<Tensor<Inner<B>, 1>>> = self
+            .layout
+            .names()
+            .iter()
+            .map(|n| current.remove(n))
+            .collect();
+        let Some(ordered) = ordered else {
+            // Unreachable while the layout is built from this model; refuse rather than guess.
+            return self.skip("the parameters do not match the optimizer's layout".into());
+        };
+        let (param, moments) = self.optimizer.update_flat(
+            &self.layout,
+            Tensor::cat(ordered, 0),
+            grad * (mean * clip),
+            lr,
+            t,
+        );
+        let total = scalar(param.clone().sum());
+        if !total.is_finite() {
+            return self.skip("the update produced non-finite weights".into());
+        }
+        let layout = self.layout.clone();
+        self.model =
+            params::map_params(self.model.clone(), &self.spec, |name, current| match layout
+                .range(name)
+            {
+                Some(r) => Tensor::from_inner(param.clone().slice(r)),
+                None => current,
+            });
+        self.optimizer.commit_flat(moments);
+        self.applied(t, norm, clip)
     }
 
     fn skip(&mut self, reason: String) -> StepOutcome {
@@ -595,13 +680,10 @@ impl<B: AutodiffBackend> Section<B> {
 
     /// The optimizer's step count and moments.
     pub fn export_optimizer(&self) -> OptimizerState {
-        let mut names: Vec<&String> = self.optimizer.moments.keys().collect();
-        names.sort();
-        let mut tensors = Vec::with_capacity(names.len() * 2);
-        for name in names {
-            let m = &self.optimizer.moments[name];
-            for (suffix, t) in [("exp_avg", &m.exp_avg), ("exp_avg_sq", &m.exp_avg_sq)] {
-                let data = super::host_values(t.clone()).unwrap_or_default();
+        let moments = self.optimizer.host_moments();
+        let mut tensors = Vec::with_capacity(moments.len() * 2);
+        for (name, m, v) in moments {
+            for (suffix, data) in [("exp_avg", m), ("exp_avg_sq", v)] {
                 tensors.push(NamedTensor {
                     name: format!("{name}.{suffix}"),
                     shape: vec![data.len()],
@@ -677,7 +759,7 @@ impl<B: AutodiffBackend> Section<B> {
                 }
             }
         }
-        self.optimizer.moments = moments;
+        self.optimizer.set_moments(moments);
         self.optimizer.step = state.step;
         self.discard_grads();
         Ok(())
@@ -689,7 +771,7 @@ impl<B: AutodiffBackend> Section<B> {
     /// backward at these weights take the gradient near the point it updates (look-ahead, the
     /// delay correction of asynchronous pipelines). Parameters without moments stay put.
     pub fn lookahead(&self, steps: u64, lr: f64) -> SectionModel<B> {
-        if steps == 0 || self.optimizer.moments.is_empty() {
+        if steps == 0 || self.optimizer.is_empty() {
             return self.model.clone();
         }
         let scale = steps as f64 * lr;
@@ -865,6 +947,163 @@ mod tests {
         bad.pop();
         assert!(b.import_params(&bad).is_err());
         assert_eq!(a.export_params(), b.export_params());
+    }
+
+    fn close(a: &[NamedTensor], b: &[NamedTensor]) -> Result<(), String> {
+        close_to(a, b, 1e-5)
+    }
+
+    fn close_to(a: &[NamedTensor], b: &[NamedTensor], tol: f32) -> Result<(), String> {
+        if a.len() != b.len() {
+            return Err(format!("{} tensors against {}", a.len(), b.len()));
+        }
+        for (x, y) in a.iter().zip(b) {
+            if x.name != y.name || x.shape != y.shape {
+                return Err(format!(
+                    "{} {:?} against {} {:?}",
+                    x.name, x.shape, y.name, y.shape
+                ));
+            }
+            for (u, v) in x.data.iter().zip(&y.data) {
+                if (u - v).abs() > tol * (1.0 + u.abs()) {
+                    return Err(format!("{}: {u} against {v}", x.name));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_flat_step_computes_the_per_parameter_update() {
+        let cfg = tiny();
+        let device = Default::default();
+        let w = cfg.boundary_width();
+        let act = |k: f32| {
+            Tensor::<Inn, 3>::from_data(
+                TensorData::new(
+                    (0..2 * 8 * w)
+                        .map(|i| (i as f32 * 0.37 + k).sin())
+                        .collect::<Vec<_>>(),
+                    [2, 8, w],
+                ),
+                &device,
+            )
+        };
+        // Without clipping both compute the same arithmetic element by element (the gradient
+        // norm, a sum in another order, would otherwise scale them apart by f32 rounding).
+        let opt = OptimizerConfig {
+            grad_clip: 0.0,
+            ..Default::default()
+        };
+        for index in 0..3 {
+            let new = || Section::<TestAutodiff>::new(&cfg, index, 1, opt, &device).unwrap();
+            // The configuration turns it on (`train.optimizer.flat_step`).
+            let flat_config = OptimizerConfig {
+                flat_step: true,
+                ..opt
+            };
+            let mut flat =
+                Section::<TestAutodiff>::new(&cfg, index, 1, flat_config, &device).unwrap();
+            let mut by_name = new();
+            let train = |s: &mut Section<TestAutodiff>, k: f32| {
+                let input = match index {
+                    0 => SectionInput::Tokens(tokens(2, 8)),
+                    _ => SectionInput::HiddenTokens(act(k), tokens(2, 8)),
+                };
+                if index == 2 {
+                    s.train_tail(input, tokens(2, 8)).unwrap();
+                } else {
+                    s.backward(input, act(k + 0.5)).unwrap();
+                }
+                // Two backwards per step: the mean of the window is what steps.
+                let input = match index {
+                    0 => SectionInput::Tokens(tokens(2, 8)),
+                    _ => SectionInput::HiddenTokens(act(k + 1.0), tokens(2, 8)),
+                };
+                if index == 2 {
+                    s.train_tail(input, tokens(2, 8)).unwrap();
+                } else {
+                    s.backward(input, act(k + 1.5)).unwrap();
+                }
+                s.step(3e-2)
+            };
+            for k in 0..3 {
+                let (a, b) = (train(&mut flat, k as f32), train(&mut by_name, k as f32));
+                let (
+                    StepOutcome::Applied { grad_norm: na, .. },
+                    StepOutcome::Applied { grad_norm: nb, .. },
+                ) = (&a, &b)
+                else {
+                    panic!("section {index}: {a:?} / {b:?}");
+                };
+                // The same sum of squares in another order: f32 rounding apart.
+                assert!(
+                    (na - nb).abs() < 2e-4 * nb,
+                    "section {index}: norm {na} / {nb}"
+                );
+                assert!(
+                    flat.optimizer.is_flat(),
+                    "section {index}: every parameter has a gradient"
+                );
+                assert!(!by_name.optimizer.is_flat());
+            }
+            close(&flat.export_params(), &by_name.export_params())
+                .unwrap_or_else(|e| panic!("section {index}, weights: {e}"));
+            close(
+                &flat.export_optimizer().tensors,
+                &by_name.export_optimizer().tensors,
+            )
+            .unwrap_or_else(|e| panic!("section {index}, moments: {e}"));
+            let ahead =
+                |s: &Section<TestAutodiff>| params::export_params(&s.lookahead(2, 1e-2), &s.spec);
+            close(&ahead(&flat), &ahead(&by_name))
+                .unwrap_or_else(|e| panic!("section {index}, look-ahead: {e}"));
+            // Switching kinds in both directions, and importing flat-exported state, keeps
+            // the two in step.
+            flat.set_flat_step(false);
+            by_name.set_flat_step(true);
+            train(&mut flat, 5.0);
+            train(&mut by_name, 5.0);
+            assert!(by_name.optimizer.is_flat() && !flat.optimizer.is_flat());
+            let mut imported = new();
+            imported.set_flat_step(true);
+            imported
+                .import_state(&by_name.export_params(), &by_name.export_optimizer())
+                .unwrap();
+            assert!(!imported.optimizer.is_flat());
+            for s in [&mut flat, &mut by_name, &mut imported] {
+                train(s, 6.0);
+            }
+            assert!(imported.optimizer.is_flat());
+            for other in [&by_name, &imported] {
+                close(&flat.export_params(), &other.export_params())
+                    .unwrap_or_else(|e| panic!("section {index}, after switching: {e}"));
+                close(
+                    &flat.export_optimizer().tensors,
+                    &other.export_optimizer().tensors,
+                )
+                .unwrap_or_else(|e| panic!("section {index}, moments after switching: {e}"));
+            }
+            // With clipping (the defaults) the two scale by norms f32 rounding apart.
+            let clipped = || {
+                Section::<TestAutodiff>::new(&cfg, index, 1, OptimizerConfig::default(), &device)
+                    .unwrap()
+            };
+            let (mut flat, mut by_name) = (clipped(), clipped());
+            flat.set_flat_step(true);
+            by_name.set_flat_step(false);
+            for k in 0..2 {
+                for s in [&mut flat, &mut by_name] {
+                    let outcome = train(s, k as f32);
+                    assert!(
+                        matches!(outcome, StepOutcome::Applied { clipped: true, .. }),
+                        "{outcome:?}"
+                    );
+                }
+            }
+            close_to(&flat.export_params(), &by_name.export_params(), 1e-4)
+                .unwrap_or_else(|e| panic!("section {index}, clipped: {e}"));
+        }
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::model::backend::{BackendTask, DeviceKind, FloatType, dispatch_float};
 use crate::model::pipeline::Pipeline;
-use crate::model::{ModelConfig, OptimizerConfig};
+use crate::model::{ModelConfig, OptimizerConfig, Section};
 
 /// Arguments of `iota bench model`.
 #[derive(Debug, Args)]
@@ -53,7 +53,10 @@ struct Measured {
     setup: Duration,
     whole: Duration,
     chain: Duration,
+    /// The flat optimizer step (the default).
     step: Duration,
+    /// The same step parameter by parameter, on the same gradients.
+    step_by_name: Duration,
     wire_bytes_per_sample: usize,
 }
 
@@ -77,7 +80,8 @@ impl BackendTask for Task {
             Pipeline::<B>::new(&self.cfg, 0, OptimizerConfig::default(), self.wire, &device)?;
         sync()?;
         let setup = started.elapsed();
-        let (mut whole, mut chain, mut step) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let (mut whole, mut chain) = (Duration::ZERO, Duration::ZERO);
+        let (mut step, mut step_by_name) = (Duration::ZERO, Duration::ZERO);
         let mut warmup = Duration::ZERO;
         let mut wire_bytes = 0;
         for it in 0..=self.iters {
@@ -105,16 +109,33 @@ impl BackendTask for Task {
                 let c = run_chain(&mut pipeline)?;
                 (run_whole(&mut pipeline)?, c)
             };
-            let t_step = time(|| {
-                pipeline.step(1e-4);
-                sync()
-            })?;
+            // Both kinds of optimizer step on the same gradients, one on a copy of the sections
+            // (shared tensors, no copy of values) that is dropped after.
+            let run_kind = |s: &mut [Section<B>], flat: bool| {
+                time(|| {
+                    for s in s.iter_mut() {
+                        s.set_flat_step(flat);
+                        s.step(1e-4);
+                    }
+                    sync()
+                })
+            };
+            let run_by_name = |p: &Pipeline<B>| run_kind(&mut p.sections().to_vec(), false);
+            let run_flat = |p: &mut Pipeline<B>| run_kind(p.sections_mut(), true);
+            let (t_step, t_by_name) = if it % 2 == 0 {
+                let b = run_by_name(&pipeline)?;
+                (run_flat(&mut pipeline)?, b)
+            } else {
+                let f = run_flat(&mut pipeline)?;
+                (f, run_by_name(&pipeline)?)
+            };
             if it > 0 {
                 whole += t_whole;
                 chain += t_chain;
                 step += t_step;
+                step_by_name += t_by_name;
             } else {
-                warmup = t_whole + t_chain + t_step;
+                warmup = t_whole + t_chain + t_step + t_by_name;
             }
         }
         Ok(Measured {
@@ -123,6 +144,7 @@ impl BackendTask for Task {
             whole,
             chain,
             step,
+            step_by_name,
             wire_bytes_per_sample: wire_bytes / self.batch.max(1),
         })
     }
@@ -196,13 +218,21 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
         tps(m.chain) / tps(m.whole)
     );
     println!(
-        "optimizer step (all sections) {:.1} ms",
-        m.step.as_secs_f64() * 1e3 / iters as f64
+        "optimizer step (all sections)  {:.1} ms flat, {:.1} ms parameter by parameter ({:.2}x)",
+        m.step.as_secs_f64() * 1e3 / iters as f64,
+        m.step_by_name.as_secs_f64() * 1e3 / iters as f64,
+        m.step_by_name.as_secs_f64() / m.step.as_secs_f64().max(1e-12)
     );
     // Model FLOPs (computed from the shape) over measured time: the whole graph and one
-    // optimizer step per batch, as a training step of `iota train` runs.
+    // optimizer step per batch (of the kind the default configuration takes), as a training
+    // step of `iota train` runs.
     let per_token = cfg.train_flops_per_token(seq);
-    let gflops = per_token * tokens / (m.whole + m.step).as_secs_f64().max(1e-9) / 1e9;
+    let default_step = if OptimizerConfig::default().flat_step {
+        m.step
+    } else {
+        m.step_by_name
+    };
+    let gflops = per_token * tokens / (m.whole + default_step).as_secs_f64().max(1e-9) / 1e9;
     print!(
         "model FLOPs {:.3} G/token (computed); whole graph + step: {gflops:.1} GFLOP/s",
         per_token / 1e9

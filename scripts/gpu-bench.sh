@@ -110,5 +110,11 @@ twin small-bf16 40 "$SMALL" bf16 8 128 20
 in_dir f32big model small-f32-64x512-warm 60 "$SMALL" f32 64 512 5
 twin small-f32-64x512 40 "$SMALL" f32 64 512 10
 twin 1b-bf16 60 "$BIG" bf16 4 1024 5
+# Per-kernel GPU time of one `1b` batch (cubecl's profiler times each kernel, so this run's
+# totals are not the clean ones above): why the flat optimizer step, measured 2.9x slower than
+# the step by parameter at this size on 2026-11-27, is slow there.
+CUBECL_DEBUG_LOG="$OUT/profile-1b.log" CUBECL_DEBUG_OPTION=profile \
+    in_dir 1b model 1b-bf16-profile 90 "$BIG" "$BF16" 4 1024 1
+xz -9 "$OUT/profile-1b.log" 2>/dev/null
 nvidia-smi >>"$OUT/summary.txt" 2>&1
 exit 0

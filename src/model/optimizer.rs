@@ -61,12 +61,13 @@ pub struct Moments<B: Backend> {
 }
 
 /// Where each parameter of a section lies in one vector of all of them: the parameters that
-/// take weight decay first (`..decayed`), then the others, each group in module order.
+/// take weight decay first (`..decayed()`), then the others, each group in module order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FlatLayout {
     names: Vec<String>,
     offsets: Vec<usize>,
-    decayed: usize,
+    /// How many parameters (the first ones) take weight decay.
+    decayed_params: usize,
     index: HashMap<String, usize>,
 }
 
@@ -80,14 +81,10 @@ impl FlatLayout {
             .chain(params.iter().filter(|p| !p.2))
             .collect();
         let mut offsets = vec![0];
-        let mut decayed = 0;
-        for (_, len, decay) in &ordered {
-            let end = offsets[offsets.len() - 1] + len;
-            if *decay {
-                decayed = end;
-            }
-            offsets.push(end);
+        for (_, len, _) in &ordered {
+            offsets.push(offsets[offsets.len() - 1] + len);
         }
+        let decayed_params = params.iter().filter(|p| p.2).count();
         let names: Vec<String> = ordered.iter().map(|p| p.0.clone()).collect();
         let index = names
             .iter()
@@ -97,7 +94,7 @@ impl FlatLayout {
         Self {
             names,
             offsets,
-            decayed,
+            decayed_params,
             index,
         }
     }
@@ -119,7 +116,14 @@ impl FlatLayout {
 
     /// The values `..decayed()` take weight decay.
     pub fn decayed(&self) -> usize {
-        self.decayed
+        self.offsets[self.decayed_params]
+    }
+
+    /// Whether parameter `name` takes weight decay (false for a name not in the layout).
+    pub fn decays(&self, name: &str) -> bool {
+        self.index
+            .get(name)
+            .is_some_and(|&i| i < self.decayed_params)
     }
 
     /// Where parameter `name` lies.
@@ -143,6 +147,16 @@ pub struct FlatMoments<B: Backend> {
     pub exp_avg: Tensor<B, 1>,
     /// Running mean of squared gradients.
     pub exp_avg_sq: Tensor<B, 1>,
+}
+
+impl<B: Backend> FlatMoments<B> {
+    /// The moments of the values in `range` (views, not copies).
+    fn part(&self, range: Range<usize>) -> Moments<B> {
+        Moments {
+            exp_avg: self.exp_avg.clone().slice(range.clone()),
+            exp_avg_sq: self.exp_avg_sq.clone().slice(range),
+        }
+    }
 }
 
 /// AdamW state of one section.
@@ -183,13 +197,7 @@ impl<B: Backend> AdamW<B> {
     /// The moments of parameter `name` (a view into the flat tensors when they are flat).
     pub fn moments_of(&self, name: &str) -> Option<Moments<B>> {
         match &self.flat {
-            Some(f) => {
-                let r = f.layout.range(name)?;
-                Some(Moments {
-                    exp_avg: f.exp_avg.clone().slice(r.clone()),
-                    exp_avg_sq: f.exp_avg_sq.clone().slice(r),
-                })
-            }
+            Some(f) => Some(f.part(f.layout.range(name)?)),
             None => self.moments.get(name).cloned(),
         }
     }
@@ -240,14 +248,8 @@ impl<B: Backend> AdamW<B> {
     pub fn commit_by_name(&mut self, moments: HashMap<String, Moments<B>>) {
         if let Some(f) = self.flat.take() {
             for (i, name) in f.layout.names.iter().enumerate() {
-                let r = f.layout.range_at(i);
-                self.moments.insert(
-                    name.clone(),
-                    Moments {
-                        exp_avg: f.exp_avg.clone().slice(r.clone()),
-                        exp_avg_sq: f.exp_avg_sq.clone().slice(r),
-                    },
-                );
+                self.moments
+                    .insert(name.clone(), f.part(f.layout.range_at(i)));
             }
         }
         self.moments.extend(moments);
@@ -267,7 +269,7 @@ impl<B: Backend> AdamW<B> {
         device: &B::Device,
     ) -> (Tensor<B, 1>, Tensor<B, 1>) {
         if let Some(f) = &self.flat
-            && *f.layout == **layout
+            && (Arc::ptr_eq(&f.layout, layout) || *f.layout == **layout)
         {
             return (f.exp_avg.clone(), f.exp_avg_sq.clone());
         }
@@ -302,13 +304,9 @@ impl<B: Backend> AdamW<B> {
         t: u64,
     ) -> (Tensor<B, 1>, FlatMoments<B>) {
         let c = &self.config;
-        let (m0, v0) = self.flat_for(layout, &param.device());
-        let m = m0 * c.beta1 + grad.clone() * (1.0 - c.beta1);
-        let v = v0 * c.beta2 + grad.square() * (1.0 - c.beta2);
-        let bc1 = 1.0 - c.beta1.powi(t as i32);
-        let bc2 = 1.0 - c.beta2.powi(t as i32);
-        let update = (m.clone() / bc1) / ((v.clone() / bc2).sqrt() + c.eps);
-        let k = layout.decayed;
+        let (m, v) = self.next_moments(Some(self.flat_for(layout, &param.device())), grad);
+        let update = self.corrected(&m, &v, t);
+        let k = layout.decayed();
         let param = if k > 0 && c.weight_decay > 0.0 {
             let decayed = param.clone().slice(0..k) * (1.0 - lr * c.weight_decay);
             param.slice_assign(0..k, decayed)
@@ -338,19 +336,9 @@ impl<B: Backend> AdamW<B> {
         t: u64,
     ) -> (Tensor<B, 1>, Moments<B>) {
         let c = &self.config;
-        let (m, v) = match self.moments_of(name) {
-            Some(mo) => (
-                mo.exp_avg.clone() * c.beta1 + grad.clone() * (1.0 - c.beta1),
-                mo.exp_avg_sq.clone() * c.beta2 + grad.square() * (1.0 - c.beta2),
-            ),
-            None => (
-                grad.clone() * (1.0 - c.beta1),
-                grad.square() * (1.0 - c.beta2),
-            ),
-        };
-        let bc1 = 1.0 - c.beta1.powi(t as i32);
-        let bc2 = 1.0 - c.beta2.powi(t as i32);
-        let update = (m.clone() / bc1) / ((v.clone() / bc2).sqrt() + c.eps);
+        let previous = self.moments_of(name).map(|mo| (mo.exp_avg, mo.exp_avg_sq));
+        let (m, v) = self.next_moments(previous, grad);
+        let update = self.corrected(&m, &v, t);
         let param = if decay && c.weight_decay > 0.0 {
             param * (1.0 - lr * c.weight_decay)
         } else {
@@ -367,6 +355,34 @@ impl<B: Backend> AdamW<B> {
 }
 
 impl<B: Backend> AdamW<B> {
+    /// Both moments after gradient `grad`, from `previous` (none before a parameter's first
+    /// update: zero moments, without building them).
+    fn next_moments(
+        &self,
+        previous: Option<(Tensor<B, 1>, Tensor<B, 1>)>,
+        grad: Tensor<B, 1>,
+    ) -> (Tensor<B, 1>, Tensor<B, 1>) {
+        let c = &self.config;
+        match previous {
+            Some((m, v)) => (
+                m * c.beta1 + grad.clone() * (1.0 - c.beta1),
+                v * c.beta2 + grad.square() * (1.0 - c.beta2),
+            ),
+            None => (
+                grad.clone() * (1.0 - c.beta1),
+                grad.square() * (1.0 - c.beta2),
+            ),
+        }
+    }
+
+    /// The bias-corrected `m / (sqrt(v) + eps)` at step `t` (1-based).
+    fn corrected(&self, m: &Tensor<B, 1>, v: &Tensor<B, 1>, t: u64) -> Tensor<B, 1> {
+        let c = &self.config;
+        let bc1 = 1.0 - c.beta1.powi(t as i32);
+        let bc2 = 1.0 - c.beta2.powi(t as i32);
+        (m.clone() / bc1) / ((v.clone() / bc2).sqrt() + c.eps)
+    }
+
     /// The direction the next update of parameter `name` will most likely take, from the
     /// moments alone (no new gradient), at the current step count: the bias-corrected
     /// `m / (sqrt(v) + eps)`, plus the weight decay term when `decay`. The next step moves the
@@ -374,10 +390,7 @@ impl<B: Backend> AdamW<B> {
     pub fn direction(&self, name: &str, param: &Tensor<B, 1>, decay: bool) -> Option<Tensor<B, 1>> {
         let mo = self.moments_of(name)?;
         let c = &self.config;
-        let t = self.step.max(1);
-        let bc1 = 1.0 - c.beta1.powi(t as i32);
-        let bc2 = 1.0 - c.beta2.powi(t as i32);
-        let dir = (mo.exp_avg.clone() / bc1) / ((mo.exp_avg_sq.clone() / bc2).sqrt() + c.eps);
+        let dir = self.corrected(&mo.exp_avg, &mo.exp_avg_sq, self.step.max(1));
         Some(if decay && c.weight_decay > 0.0 {
             dir + param.clone() * c.weight_decay
         } else {
@@ -443,6 +456,21 @@ mod tests {
         assert_eq!(on.grad_clip, 1.0);
         let typo = serde_norway::from_str::<OptimizerConfig>("flat_steps: true").unwrap_err();
         assert!(typo.to_string().contains("flat_steps"), "{typo}");
+    }
+
+    #[test]
+    fn a_flat_layout_puts_the_decayed_parameters_first() {
+        let layout = FlatLayout::new(&[
+            ("norm".into(), 4, false),
+            ("w".into(), 6, true),
+            ("b".into(), 2, false),
+            ("v".into(), 3, true),
+        ]);
+        assert_eq!(layout.names(), ["w", "v", "norm", "b"]);
+        assert_eq!(layout.decayed(), 9);
+        assert_eq!(layout.len(), 15);
+        assert_eq!(layout.range("norm"), Some(9..13));
+        assert!(layout.decays("v") && !layout.decays("b") && !layout.decays("missing"));
     }
 
     #[test]

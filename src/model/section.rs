@@ -9,7 +9,7 @@
 //! were after the last good step. Each skipped step is counted in [`SectionStats`]. A step
 //! whose result would be non-finite is discarded the same way before it is committed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use burn::module::AutodiffModule;
@@ -101,8 +101,7 @@ pub struct Section<B: AutodiffBackend> {
     grads: BTreeMap<String, Tensor<Inner<B>, 1>>,
     pending: u64,
     poisoned: Option<String>,
-    decayed: HashSet<String>,
-    /// Every parameter end to end, for flat optimizer steps.
+    /// Every parameter end to end, for flat optimizer steps; also says which take weight decay.
     layout: Arc<FlatLayout>,
     /// Whether a step updates the section as one flat vector (see [`Self::set_flat_step`]).
     flat_step: bool,
@@ -135,16 +134,11 @@ impl<B: AutodiffBackend> Section<B> {
         config.validate()?;
         let spec = config.section(index)?;
         let model = SectionModel::new(config, &spec, &Init::new(seed), device);
-        let shapes = params::param_shapes(&model, &spec);
-        let decayed: HashSet<String> = shapes
-            .iter()
-            .filter(|(_, shape)| shape.len() >= 2)
-            .map(|(name, _)| name.clone())
-            .collect();
+        // Weight decay applies to matrices only, not to norms or biases.
         let layout = Arc::new(FlatLayout::new(
-            &shapes
-                .iter()
-                .map(|(name, shape)| (name.clone(), shape.iter().product(), decayed.contains(name)))
+            &params::param_shapes(&model, &spec)
+                .into_iter()
+                .map(|(name, shape)| (name, shape.iter().product(), shape.len() >= 2))
                 .collect::<Vec<_>>(),
         ));
         Ok(Self {
@@ -156,7 +150,6 @@ impl<B: AutodiffBackend> Section<B> {
             grads: BTreeMap::new(),
             pending: 0,
             poisoned: None,
-            decayed,
             layout,
             flat_step: optimizer.flat_step,
             stats: SectionStats::default(),
@@ -572,7 +565,7 @@ impl<B: AutodiffBackend> Section<B> {
             let Some(g) = grads.get(name) else {
                 return current;
             };
-            let decay = self.decayed.contains(name);
+            let decay = self.layout.decays(name);
             let (p, m) =
                 self.optimizer
                     .update(name, current.inner(), g.clone() * scale, lr, decay, t);
@@ -777,7 +770,7 @@ impl<B: AutodiffBackend> Section<B> {
         let scale = steps as f64 * lr;
         params::map_params(self.model.clone(), &self.spec, |name, current| {
             let inner = current.clone().inner();
-            let decay = self.decayed.contains(name);
+            let decay = self.layout.decays(name);
             match self.optimizer.direction(name, &inner, decay) {
                 Some(dir) => Tensor::from_inner(inner - dir * scale),
                 None => current,
@@ -1006,24 +999,17 @@ mod tests {
                 Section::<TestAutodiff>::new(&cfg, index, 1, flat_config, &device).unwrap();
             let mut by_name = new();
             let train = |s: &mut Section<TestAutodiff>, k: f32| {
-                let input = match index {
-                    0 => SectionInput::Tokens(tokens(2, 8)),
-                    _ => SectionInput::HiddenTokens(act(k), tokens(2, 8)),
-                };
-                if index == 2 {
-                    s.train_tail(input, tokens(2, 8)).unwrap();
-                } else {
-                    s.backward(input, act(k + 0.5)).unwrap();
-                }
                 // Two backwards per step: the mean of the window is what steps.
-                let input = match index {
-                    0 => SectionInput::Tokens(tokens(2, 8)),
-                    _ => SectionInput::HiddenTokens(act(k + 1.0), tokens(2, 8)),
-                };
-                if index == 2 {
-                    s.train_tail(input, tokens(2, 8)).unwrap();
-                } else {
-                    s.backward(input, act(k + 1.5)).unwrap();
+                for k in [k, k + 1.0] {
+                    let input = match index {
+                        0 => SectionInput::Tokens(tokens(2, 8)),
+                        _ => SectionInput::HiddenTokens(act(k), tokens(2, 8)),
+                    };
+                    if index == 2 {
+                        s.train_tail(input, tokens(2, 8)).unwrap();
+                    } else {
+                        s.backward(input, act(k + 0.5)).unwrap();
+                    }
                 }
                 s.step(3e-2)
             };

@@ -53,8 +53,8 @@ struct Measured {
     setup: Duration,
     whole: Duration,
     chain: Duration,
-    /// The flat optimizer step (the default).
-    step: Duration,
+    /// The flat optimizer step (`OptimizerConfig::flat_step`).
+    step_flat: Duration,
     /// The same step parameter by parameter, on the same gradients.
     step_by_name: Duration,
     wire_bytes_per_sample: usize,
@@ -81,7 +81,7 @@ impl BackendTask for Task {
         sync()?;
         let setup = started.elapsed();
         let (mut whole, mut chain) = (Duration::ZERO, Duration::ZERO);
-        let (mut step, mut step_by_name) = (Duration::ZERO, Duration::ZERO);
+        let (mut step_flat, mut step_by_name) = (Duration::ZERO, Duration::ZERO);
         let mut warmup = Duration::ZERO;
         let mut wire_bytes = 0;
         for it in 0..=self.iters {
@@ -132,7 +132,7 @@ impl BackendTask for Task {
             if it > 0 {
                 whole += t_whole;
                 chain += t_chain;
-                step += t_step;
+                step_flat += t_step;
                 step_by_name += t_by_name;
             } else {
                 warmup = t_whole + t_chain + t_step + t_by_name;
@@ -143,7 +143,7 @@ impl BackendTask for Task {
             setup,
             whole,
             chain,
-            step,
+            step_flat,
             step_by_name,
             wire_bytes_per_sample: wire_bytes / self.batch.max(1),
         })
@@ -219,16 +219,16 @@ pub fn run(args: BenchModelArgs) -> anyhow::Result<()> {
     );
     println!(
         "optimizer step (all sections)  {:.1} ms flat, {:.1} ms parameter by parameter ({:.2}x)",
-        m.step.as_secs_f64() * 1e3 / iters as f64,
+        m.step_flat.as_secs_f64() * 1e3 / iters as f64,
         m.step_by_name.as_secs_f64() * 1e3 / iters as f64,
-        m.step_by_name.as_secs_f64() / m.step.as_secs_f64().max(1e-12)
+        m.step_by_name.as_secs_f64() / m.step_flat.as_secs_f64().max(1e-12)
     );
     // Model FLOPs (computed from the shape) over measured time: the whole graph and one
     // optimizer step per batch (of the kind the default configuration takes), as a training
     // step of `iota train` runs.
     let per_token = cfg.train_flops_per_token(seq);
     let default_step = if OptimizerConfig::default().flat_step {
-        m.step
+        m.step_flat
     } else {
         m.step_by_name
     };

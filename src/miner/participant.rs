@@ -159,8 +159,31 @@ pub fn merge_encoded(
         })
 }
 
-/// Does one partition: downloads its range of every source, merges, uploads the result to
-/// `task.output`, and returns the request to submit with the bytes it moved. `global` as for
+/// An upload the merger made itself and still holds: a source whose verified hash is `hash`
+/// is this very object, so its range is read from `bytes` instead of downloaded.
+#[derive(Debug, Clone, Copy)]
+pub struct HeldUpload<'a> {
+    /// BLAKE3 hex of `bytes`, as submitted in the upload's manifest.
+    pub hash: &'a str,
+    /// The uploaded object.
+    pub bytes: &'a Bytes,
+}
+
+/// A merged partition, uploaded: what to submit, and the bytes themselves (which a miner
+/// that merged every partition of its section can assemble the checkpoint from).
+#[derive(Debug, Clone)]
+pub struct MergedPartition {
+    /// The request to submit.
+    pub submit: MergeSubmitRequest,
+    /// The uploaded result (`task.output`'s content).
+    pub bytes: Bytes,
+    /// Sources read from a [`HeldUpload`] instead of downloaded.
+    pub reused_sources: usize,
+}
+
+/// Does one partition: reads its range of every source (downloaded concurrently, or sliced
+/// from `held` where a source is the merger's own upload), merges, uploads the result to
+/// `task.output`, and returns the request to submit with the bytes. `global` as for
 /// [`merge_encoded`].
 ///
 /// # Errors
@@ -171,7 +194,8 @@ pub async fn merge_partition_task(
     format: MergeFormat,
     task: &PartitionTask,
     global: &[f32],
-) -> Result<MergeSubmitRequest, ParticipantError> {
+    held: Option<HeldUpload<'_>>,
+) -> Result<MergedPartition, ParticipantError> {
     let partition = task.index;
     let bad = |reason: &str| ParticipantError::BadTask {
         partition,
@@ -197,19 +221,43 @@ pub async fn merge_partition_task(
         format
             .wire
             .byte_range(elems.clone(), total, Span::whole(format.params_len));
-    let mut downloaded = Vec::with_capacity(task.sources.len());
-    for source in &task.sources {
+    let mut reused_sources = 0;
+    let reads = task.sources.iter().map(|source| {
         let failed = |reason: String| ParticipantError::Download {
             partition,
             source_hotkey: source.hotkey.clone(),
             reason,
         };
-        let url = Url::parse(&source.blob.url).map_err(|e| failed(e.to_string()))?;
-        let data = download_from_url(&url, Some(bytes.clone()))
-            .await
-            .map_err(|e| failed(e.to_string()))?;
-        downloaded.push(data);
-    }
+        let own = held.filter(|h| {
+            source
+                .blob
+                .hash
+                .as_deref()
+                .is_some_and(|want| want.eq_ignore_ascii_case(h.hash))
+        });
+        if own.is_some() {
+            reused_sources += 1;
+        }
+        let range = bytes.clone();
+        async move {
+            if let Some(own) = own {
+                // Same hash, same content: the range as the download would have returned it.
+                let (start, end) = (range.start as usize, range.end as usize);
+                if end > own.bytes.len() || start > end {
+                    return Err(failed(format!(
+                        "bytes {start}..{end} of an upload of {} bytes",
+                        own.bytes.len()
+                    )));
+                }
+                return Ok(own.bytes.slice(start..end));
+            }
+            let url = Url::parse(&source.blob.url).map_err(|e| failed(e.to_string()))?;
+            download_from_url(&url, Some(range))
+                .await
+                .map_err(|e| failed(e.to_string()))
+        }
+    });
+    let downloaded = futures::future::try_join_all(reads).await?;
     let sources: Vec<(&str, &[u8])> = task
         .sources
         .iter()
@@ -226,17 +274,22 @@ pub async fn merge_partition_task(
         partition,
         reason: e.to_string(),
     })?;
-    upload_to_url(&url, Bytes::from(merged))
+    let merged = Bytes::from(merged);
+    upload_to_url(&url, merged.clone())
         .await
         .map_err(|e| ParticipantError::Upload {
             partition,
             reason: e.to_string(),
         })?;
-    Ok(MergeSubmitRequest::Partition {
-        epoch,
-        index: partition,
-        hash,
-        bytes: size,
+    Ok(MergedPartition {
+        submit: MergeSubmitRequest::Partition {
+            epoch,
+            index: partition,
+            hash,
+            bytes: size,
+        },
+        bytes: merged,
+        reused_sources,
     })
 }
 

@@ -49,6 +49,8 @@ pub struct Utilization {
     started: Option<Instant>,
     /// The section served, copied into reports.
     pub section: Option<usize>,
+    /// Merged states adopted, copied into reports.
+    pub adopted: u64,
 }
 
 /// Seconds per activity, the wall time they fall in, and the traffic so far.
@@ -63,6 +65,9 @@ pub struct UtilizationReport {
     pub utilization: f64,
     /// Bytes moved through storage by this process, by kind and direction.
     pub traffic: Vec<TrafficLine>,
+    /// Merged states adopted so far (a miner may adopt one without downloading it whole).
+    #[serde(default)]
+    pub adopted: u64,
 }
 
 /// One kind and direction of traffic.
@@ -148,6 +153,7 @@ impl Utilization {
             },
             usage,
             traffic,
+            adopted: self.adopted,
         }
     }
 

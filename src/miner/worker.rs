@@ -138,6 +138,12 @@ pub struct MinerReport {
     pub uploads: u64,
     /// Partitions merged and accepted.
     pub partitions_merged: u64,
+    /// Partition sources read from the miner's own upload, held in memory, instead of
+    /// downloaded.
+    pub merge_sources_reused: u64,
+    /// Checkpoints assembled from the partitions the miner merged itself and byte-range reads
+    /// of the rest (checked against the checkpoint's hash) instead of downloaded whole.
+    pub checkpoints_assembled: u64,
     /// Merged states adopted (after a merge, or at registration).
     pub adopted: u64,
     /// Epoch of the weights held at the end.
@@ -228,6 +234,8 @@ struct Worker<B: AutodiffBackend> {
     merge_base: MergeBase,
     /// Error feedback of such a format: the parameters' change its uploads left out so far.
     feedback: ErrorFeedback,
+    /// This merge's own upload and merged partitions, kept so they need not be read back.
+    merge_held: merging::MergeHeld,
     /// Hostile behaviour (tests only).
     adversary: Option<Adversary>,
     /// Where a copier finds the uploads it copies (tests only).
@@ -369,6 +377,7 @@ async fn mine<B: AutodiffBackend>(
         uploaded_epoch: None,
         merge_base,
         feedback: ErrorFeedback::default(),
+        merge_held: merging::MergeHeld::default(),
         util: Utilization::for_section(reg.section),
         stats_out: options.stats_out.clone(),
         adversary: options.adversary,

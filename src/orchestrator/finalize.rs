@@ -16,6 +16,10 @@
 //! checkpoint's hash. The `f32` checkpoint is, value for value, what that object decodes to.
 //! A section that falls back to previous values for any partition writes no delta object.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
+
 use super::cycle_error::CycleError;
 use super::reference::Reference;
 use super::repo::{PlanRow, ResultRow, SectionOutcome};
@@ -36,9 +40,10 @@ const RECOMPUTE_CHUNK: usize = 1 << 20;
 struct Loaded {
     merger: String,
     hash: [u8; 32],
-    values: Vec<f32>,
+    /// Shared by the copies submitted with the same hash.
+    values: Arc<Vec<f32>>,
     /// The copy as stored (what the delta object takes for an agreed copy).
-    bytes: Vec<u8>,
+    bytes: Bytes,
 }
 
 /// Verifies, assembles and stores the merged state of `section` for the merge of `epoch`, and
@@ -109,16 +114,16 @@ pub async fn finalize_section(
             .map(|c| MergedCopy {
                 merger: &c.merger,
                 hash: &c.hash,
-                values: &c.values,
+                values: c.values.as_slice(),
             })
             .collect();
         let mut verification = verify_partition(part.mergers(), &views, range.len(), tolerance);
         // The partition's encoding for the delta object (`None`: only f32 values exist).
-        let mut encoded: Option<Vec<u8>> = None;
+        let mut encoded: Option<Bytes> = None;
         let (mut values, verdict) = match verification.verdict {
             Verdict::Agreed { copy, support } => {
                 encoded = Some(copies[copy].bytes.clone());
-                (copies[copy].values.clone(), format!("agreed by {support}"))
+                (copies[copy].values.to_vec(), format!("agreed by {support}"))
             }
             Verdict::Single { copy } => {
                 // Nobody can cross-check a lone copy, so the orchestrator does.
@@ -135,9 +140,9 @@ pub async fn finalize_section(
                 }
                 if agrees {
                     encoded = Some(copies[copy].bytes.clone());
-                    (copies[copy].values.clone(), "single copy".to_string())
+                    (copies[copy].values.to_vec(), "single copy".to_string())
                 } else {
-                    encoded = Some(bytes);
+                    encoded = Some(Bytes::from(bytes));
                     (values, "recomputed".to_string())
                 }
             }
@@ -149,14 +154,14 @@ pub async fn finalize_section(
                 None => {
                     let (values, bytes) =
                         recompute(state, epoch, section, row, part, &base).await?;
-                    encoded = Some(bytes);
+                    encoded = Some(Bytes::from(bytes));
                     (values, "recomputed (no previous global)".to_string())
                 }
             },
             Verdict::NeedsRecompute | Verdict::Recomputed => {
                 let (values, bytes) = recompute(state, epoch, section, row, part, &base).await?;
                 verification = judge_against_recomputed(part.mergers(), &views, &values, tolerance);
-                encoded = Some(bytes);
+                encoded = Some(Bytes::from(bytes));
                 (values, "recomputed".to_string())
             }
         };
@@ -193,7 +198,7 @@ pub async fn finalize_section(
                 let bytes = encode_partition(wire, &values, part_span, &base, part.index())?;
                 values =
                     decode_partition(wire, &bytes, values.len(), part_span, &base, part.index())?;
-                encoded = Some(bytes);
+                encoded = Some(Bytes::from(bytes));
             }
         }
         let bytes = f32_to_le_bytes(&values);
@@ -279,6 +284,9 @@ async fn read_values(
 /// The copies submitted for `part`; one that cannot be read or does not match its reported
 /// hash is kept with no values, so verification flags it `invalid`. `base`: the previous
 /// global values of the partition's parameters (for a format with a base).
+///
+/// Every copy is read and hashed; one whose bytes hash like a copy already decoded here is
+/// the same bytes, so it shares that copy's values instead of being decoded again.
 async fn load_copies(
     state: &AppState,
     epoch: u64,
@@ -290,7 +298,9 @@ async fn load_copies(
 ) -> Vec<Loaded> {
     let wire = state.config.merge.wire;
     let len = part.range().len() as u64;
-    let mut out = Vec::new();
+    let mut out: Vec<Loaded> = Vec::new();
+    // Hashes of the copies decoded so far, with the copy holding their values.
+    let mut decoded: Vec<(&str, usize)> = Vec::new();
     for r in results.iter().filter(|r| r.partition == part.index()) {
         let (values, bytes) = match state.partition_key(section, epoch, part.index(), &r.merger) {
             // Exactly the partition's size, and the hash it was accepted with: a copy replaced
@@ -303,23 +313,39 @@ async fn load_copies(
                 // A copy that does not decode (a bad scale, a non-finite value, a malformed
                 // sparse chunk) is invalid.
                 Ok(bytes) if payload_hash(&bytes).eq_ignore_ascii_case(&r.hash) => {
+                    let same = decoded
+                        .iter()
+                        .find(|(h, _)| h.eq_ignore_ascii_case(&r.hash));
+                    if let Some(&(_, i)) = same {
+                        let same = &out[i];
+                        out.push(Loaded {
+                            merger: r.merger.clone(),
+                            hash: same.hash,
+                            values: same.values.clone(),
+                            bytes,
+                        });
+                        continue;
+                    }
                     match wire.decode(&bytes, len, span, base) {
-                        Ok(values) => (values, bytes.to_vec()),
-                        Err(_) => (Vec::new(), Vec::new()),
+                        Ok(values) => {
+                            decoded.push((r.hash.as_str(), out.len()));
+                            (values, bytes)
+                        }
+                        Err(_) => (Vec::new(), Bytes::new()),
                     }
                 }
-                Ok(_) => (Vec::new(), Vec::new()),
+                Ok(_) => (Vec::new(), Bytes::new()),
                 Err(e) => {
                     tracing::warn!(merger = %r.merger, "cannot read a partition copy: {e}");
-                    (Vec::new(), Vec::new())
+                    (Vec::new(), Bytes::new())
                 }
             },
-            Err(_) => (Vec::new(), Vec::new()),
+            Err(_) => (Vec::new(), Bytes::new()),
         };
         out.push(Loaded {
             merger: r.merger.clone(),
             hash: values_hash(&values),
-            values,
+            values: Arc::new(values),
             bytes,
         });
     }

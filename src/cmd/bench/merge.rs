@@ -179,7 +179,7 @@ fn snapshot_adoptions(dir: &Path, w: &mut Watch) {
         let report = fs::read(&path)
             .ok()
             .and_then(|b| serde_json::from_slice::<UtilizationReport>(&b).ok());
-        if let Some(r) = report.filter(|r| MinerBytes::of(r).adopt > 0) {
+        if let Some(r) = report.filter(|r| r.adopted > 0 || MinerBytes::of(r).adopt > 0) {
             w.adopted.insert(path, r);
         }
     }
@@ -376,7 +376,8 @@ fn run_one(
         bail!("iota local failed ({status:?}):\n{}", tail());
     }
     let bytes: Vec<MinerBytes> = reports.iter().map(MinerBytes::of).collect();
-    if bytes.len() < miners || bytes.iter().any(|b| b.adopt == 0) {
+    let adopted = |(r, b): (&UtilizationReport, &MinerBytes)| r.adopted > 0 || b.adopt > 0;
+    if bytes.len() < miners || !reports.iter().zip(&bytes).all(adopted) {
         bail!(
             "the miners' stats ({}) never showed every adoption",
             stats_dir.display()
@@ -578,6 +579,7 @@ mod tests {
                 line(TrafficKind::MergedPartitions, TrafficDir::Up, 5),
                 line(TrafficKind::Checkpoints, TrafficDir::Down, 7),
             ],
+            adopted: 1,
         };
         let b = MinerBytes::of(&report);
         assert_eq!(

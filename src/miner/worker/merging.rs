@@ -6,6 +6,13 @@
 //! state it last adopted (the base every party decodes against) and its error feedback: what
 //! the sparse encoding of its last uploads left out of its parameters' change, added to the
 //! next upload so it is sent later instead of lost.
+//!
+//! What the miner moved itself is not read back ([`MergeHeld`]): its own range of each
+//! partition it merges comes from the upload it holds (the source whose verified hash is its
+//! upload's), and the checkpoint's ranges it merged come from its merged partitions, only the
+//! rest being read from the checkpoint; the assembled state must hash to the checkpoint's hash,
+//! or the whole checkpoint is downloaded. With two miners per section (each merges both
+//! partitions) a miner's merge reads half of what it did and its adoption reads nothing.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -22,7 +29,7 @@ use crate::api::{
 use crate::codec::{MergeWire, Span};
 use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes, f32_to_le_bytes};
 use crate::miner::adversary::Adversary;
-use crate::miner::participant::{MergeFormat, merge_partition_task};
+use crate::miner::participant::{HeldUpload, MergeFormat, merge_partition_task};
 use crate::miner::payload::{self, PayloadError};
 use crate::storage::{payload_hash, upload_to_url};
 
@@ -34,6 +41,85 @@ const MAX_POLL: Duration = Duration::from_millis(1000);
 const MIN_POLL: Duration = Duration::from_millis(25);
 /// Wait after a failed step.
 const RETRY_AFTER_ERROR: Duration = Duration::from_millis(500);
+/// Largest upload kept in memory after it is sent, to read the miner's own ranges from
+/// instead of downloading them back (a larger state is not held twice).
+const HOLD_UPLOAD_MAX_BYTES: usize = 1 << 30;
+
+/// What a miner sent and computed in the current merge: its upload (its own ranges of every
+/// partition it merges are read from here) and its merged partitions (a miner that merged
+/// every partition of its section assembles the checkpoint from them, checked against the
+/// checkpoint's hash, instead of downloading it). Cleared once a checkpoint is adopted.
+#[derive(Debug, Default)]
+pub(super) struct MergeHeld {
+    /// Epoch, BLAKE3 hex and content of the upload.
+    upload: Option<(u64, String, Bytes)>,
+    /// Epoch of the merged partitions below.
+    epoch: u64,
+    /// Merged partitions accepted this merge: first flat index, value count, encoding.
+    partitions: Vec<(u64, u64, Bytes)>,
+    /// The merge format of those partitions.
+    format: Option<MergeFormat>,
+}
+
+impl MergeHeld {
+    /// The held partitions of the merge of `epoch` decoded, by first flat index, if there are
+    /// any, they do not overlap, lie within `total` values, and the format decodes without a
+    /// base (a format with one has its own delta object).
+    fn decoded(&self, epoch: u64, total: u64) -> Option<Vec<(u64, Vec<f32>)>> {
+        let format = self.format?;
+        if self.epoch != epoch || format.wire.needs_base() || self.partitions.is_empty() {
+            return None;
+        }
+        let mut parts: Vec<&(u64, u64, Bytes)> = self.partitions.iter().collect();
+        parts.sort_by_key(|p| p.0);
+        let mut end = 0;
+        let mut out = Vec::with_capacity(parts.len());
+        for (start, len, bytes) in parts {
+            if *start < end || start.checked_add(*len)? > total {
+                return None;
+            }
+            end = start + len;
+            let span = Span::partition(*start, format.params_len);
+            out.push((*start, format.wire.decode(bytes, *len, span, &[]).ok()?));
+        }
+        Some(out)
+    }
+}
+
+/// The `f32` checkpoint `blob` of `total` values, taken from `held` (decoded partitions by
+/// first index, in order) where it has them and read by byte range from `blob` between
+/// them; the result is only what the caller then checks against the checkpoint's hash.
+async fn assemble_checkpoint(
+    blob: &BlobRef,
+    held: Vec<(u64, Vec<f32>)>,
+    total: u64,
+) -> Result<Vec<f32>, String> {
+    let url = Url::parse(&blob.url).map_err(|e| e.to_string())?;
+    let read = |from: u64, to: u64| {
+        let url = url.clone();
+        async move {
+            let bytes = crate::storage::download_from_url(&url, Some(4 * from..4 * to))
+                .await
+                .map_err(|e| e.to_string())?;
+            f32_from_le_bytes(&bytes)
+                .filter(|v| v.len() as u64 == to - from)
+                .ok_or_else(|| format!("values {from}..{to}: {} bytes", bytes.len()))
+        }
+    };
+    let mut flat = Vec::with_capacity(usize::try_from(total).map_err(|e| e.to_string())?);
+    for (start, values) in held {
+        let at = flat.len() as u64;
+        if start > at {
+            flat.extend(read(at, start).await?);
+        }
+        flat.extend(values);
+    }
+    let at = flat.len() as u64;
+    if at < total {
+        flat.extend(read(at, total).await?);
+    }
+    Ok(flat)
+}
 
 impl<B: AutodiffBackend> Worker<B> {
     /// Takes part in the merge until the orchestrator says to train (or `stop` is set).
@@ -174,7 +260,10 @@ impl<B: AutodiffBackend> Worker<B> {
             bytes: bytes.len() as u64,
         };
         let url = Url::parse(&target.url).map_err(|e| PayloadError::BadUrl(e.to_string()))?;
-        upload_to_url(&url, Bytes::from(bytes)).await?;
+        let bytes = Bytes::from(bytes);
+        upload_to_url(&url, bytes.clone()).await?;
+        self.merge_held.upload =
+            (bytes.len() <= HOLD_UPLOAD_MAX_BYTES).then(|| (epoch, manifest.hash.clone(), bytes));
         let resp = self
             .client
             .merge_submit(&MergeSubmitRequest::Upload { epoch, manifest })
@@ -212,21 +301,37 @@ impl<B: AutodiffBackend> Worker<B> {
         partitions: &[PartitionTask],
     ) -> Result<(), MinerError> {
         let global = self.base_params(format.wire, format.params_len)?.to_vec();
+        if self.merge_held.epoch != epoch || self.merge_held.format != Some(format) {
+            self.merge_held.epoch = epoch;
+            self.merge_held.format = Some(format);
+            self.merge_held.partitions.clear();
+        }
         for task in partitions {
             let task = match self.adversary {
                 Some(adv) => &adv.merge_task(task),
                 None => task,
             };
-            let submit = match merge_partition_task(epoch, op, format, task, &global).await {
-                Ok(submit) => submit,
+            let held = match &self.merge_held.upload {
+                Some((e, hash, bytes)) if *e == epoch => Some(HeldUpload { hash, bytes }),
+                _ => None,
+            };
+            let merged = match merge_partition_task(epoch, op, format, task, &global, held).await {
+                Ok(merged) => merged,
                 Err(e) => {
                     tracing::warn!(epoch, partition = task.index, "merge: {e}");
                     continue;
                 }
             };
-            let resp = self.client.merge_submit(&submit).await?;
+            let resp = self.client.merge_submit(&merged.submit).await?;
             if resp.accepted {
                 self.report.partitions_merged += 1;
+                self.report.merge_sources_reused += merged.reused_sources as u64;
+                self.merge_held
+                    .partitions
+                    .retain(|(start, _, _)| *start != task.start);
+                self.merge_held
+                    .partitions
+                    .push((task.start, task.end - task.start, merged.bytes));
                 tracing::info!(epoch, partition = task.index, "merge: partition merged");
             } else {
                 tracing::warn!(
@@ -259,7 +364,41 @@ impl<B: AutodiffBackend> Worker<B> {
             Some(delta) => self.rebuild(checkpoint, delta, want).await,
             None => None,
         };
-        let flat = match rebuilt {
+        // The partitions merged here are the checkpoint's values in their ranges if the
+        // copies this miner computed are the ones accepted: only the rest is read, and the
+        // whole is checked against the checkpoint's hash (else it is downloaded whole).
+        let total = checkpoint.layout.total_len() as u64;
+        let held = match (&rebuilt, checkpoint.epoch.checked_sub(1)) {
+            (None, Some(epoch)) => self.merge_held.decoded(epoch, total),
+            _ => None,
+        };
+        self.merge_held = MergeHeld::default();
+        let assembled = match (rebuilt, held) {
+            (Some(flat), _) => Some(flat),
+            (None, Some(held)) => match assemble_checkpoint(&checkpoint.blob, held, total).await {
+                Ok(flat) if payload_hash(&f32_to_le_bytes(&flat)).eq_ignore_ascii_case(want) => {
+                    self.report.checkpoints_assembled += 1;
+                    Some(flat)
+                }
+                Ok(_) => {
+                    tracing::info!(
+                        epoch = checkpoint.epoch,
+                        "merge: the partitions merged here are not the accepted ones"
+                    );
+                    None
+                }
+                Err(e) => {
+                    tracing::warn!(
+                        epoch = checkpoint.epoch,
+                        "merge: assembling the checkpoint: {e}"
+                    );
+                    None
+                }
+            },
+            (None, None) => None,
+        };
+        let downloaded_whole = assembled.is_none();
+        let flat = match assembled {
             Some(flat) => flat,
             None => {
                 let bytes = payload::fetch(&checkpoint.blob).await?;
@@ -281,6 +420,7 @@ impl<B: AutodiffBackend> Worker<B> {
         };
         self.held_epoch = checkpoint.epoch;
         self.report.adopted += 1;
+        self.util.adopted += 1;
         if let Ok(mut w) = self.counters.weights.lock() {
             *w = (checkpoint.epoch, Some(hash.clone()));
         }
@@ -288,6 +428,7 @@ impl<B: AutodiffBackend> Worker<B> {
             epoch = checkpoint.epoch,
             section = checkpoint.section,
             hash = %hash,
+            downloaded_whole,
             "merge: adopted the merged state"
         );
         // The stats file and the orchestrator learn at once which weights this miner holds
@@ -359,6 +500,8 @@ impl<B: AutodiffBackend> Worker<B> {
     /// Goes back to training in epoch `epoch` from the weights held (a new epoch forgets the
     /// old one's cached inputs).
     fn start_training(&mut self, epoch: u64) {
+        // What the merge round kept is of no use once training starts.
+        self.merge_held = MergeHeld::default();
         if epoch > self.held_epoch {
             self.engine.begin_epoch();
         }

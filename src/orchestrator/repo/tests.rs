@@ -801,9 +801,11 @@ fn the_log_restarts_after_its_commit_pages() {
     let log = std::fs::metadata(dir.path().join("state.sqlite-wal"))
         .unwrap()
         .len();
-    // A log frame is a 4 KiB page and a 24-byte header; allow one checkpoint's worth of
-    // commits past the threshold.
-    let bound = (pages + pages / 5) * (4096 + 24);
+    // A log frame is a 4 KiB page and a 24-byte header. A commit's checkpoint is skipped
+    // while the background thread's is under way, so the log can run past the threshold:
+    // 1.22x of it once with the whole library's tests sharing 2 cores (1.2x was the bound
+    // then). Half of it again is allowed; a log that is never restarted reaches 3x.
+    let bound = (pages + pages / 2) * (4096 + 24);
     assert!(log <= bound, "the log grew to {log} bytes (bound {bound})");
     assert_eq!(repo.signature_count().unwrap(), 3 * pages);
 }

@@ -11,7 +11,8 @@ use std::process::Command;
 fn three_merge_cycles_in_a_local_network() {
     let dir = tempfile::tempdir().unwrap();
     let per_epoch = 16;
-    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
+    let mut local = Command::new(env!("CARGO_BIN_EXE_iota"));
+    local
         .args([
             "local",
             "--preset",
@@ -45,15 +46,8 @@ fn three_merge_cycles_in_a_local_network() {
             "64",
         ])
         .arg("--dir")
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "iota local failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+        .arg(dir.path());
+    let stdout = succeeded(&mut local);
 
     let db = rusqlite::Connection::open(dir.path().join("state/state.sqlite")).unwrap();
     let epoch: i64 = db
@@ -62,13 +56,7 @@ fn three_merge_cycles_in_a_local_network() {
     assert!(epoch >= 3, "only {epoch} merges completed:\n{stdout}");
 
     // One checkpoint per section per merge, and no merger was flagged.
-    let checkpoints: HashMap<(i64, i64), String> = db
-        .prepare("SELECT section, epoch, hash FROM checkpoints")
-        .unwrap()
-        .query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
+    let checkpoints = checkpoints(&db);
     for section in 0..3 {
         for e in 1..=3 {
             assert!(
@@ -84,25 +72,7 @@ fn three_merge_cycles_in_a_local_network() {
 
     // Each miner reports the hash of the state it holds after adopting a merge, computed from
     // its model: it must be the checkpoint's hash (so both miners of a section are identical).
-    let miners: Vec<(i64, i64, Option<String>)> = db
-        .prepare("SELECT section, weights_epoch, weights_hash FROM miners")
-        .unwrap()
-        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .map(Result::unwrap)
-        .collect();
-    assert_eq!(miners.len(), 6);
-    for (section, held, hash) in &miners {
-        assert!(
-            *held >= 2,
-            "a miner of section {section} holds epoch {held}"
-        );
-        assert_eq!(
-            hash.as_ref(),
-            checkpoints.get(&(*section, *held)),
-            "section {section}: a miner's weights differ from the checkpoint of epoch {held}"
-        );
-    }
+    every_miner_holds_its_checkpoint(&db, &checkpoints);
 
     // Training goes on improving across merges: every later epoch's mean loss is below the
     // first epoch's, and no merge sets it back (the first quarter of an epoch is not worse
@@ -203,18 +173,8 @@ fn three_merge_cycles_in_a_local_network() {
     // checkpoint from its own merged partitions instead of downloading it. The state it then
     // holds is the checkpoint (hashes checked above), so nothing was lost by not reading it.
     for m in 0..6 {
-        let path = dir.path().join(format!("stats/miner{m}.json"));
-        let stats: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-        let bytes = |kind: &str, dir: &str| -> u64 {
-            stats["traffic"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|t| t["kind"] == kind && t["dir"] == dir)
-                .map(|t| t["bytes"].as_u64().unwrap())
-                .sum()
-        };
+        let stats = miner_stats(&dir.path().join("stats"), m);
+        let bytes = |kind: &str, dir: &str| traffic(&stats, kind, dir);
         assert!(
             stats["adopted"].as_u64().unwrap() >= 2,
             "miner {m}: {stats}"
@@ -223,4 +183,119 @@ fn three_merge_cycles_in_a_local_network() {
         let (up, down) = (bytes("merge_uploads", "up"), bytes("merge_uploads", "down"));
         assert!(up > 0 && down <= up, "miner {m}: {stats}");
     }
+}
+
+/// With an outer step the checkpoint is not the merged partitions (from the second merge on,
+/// when there is a previous global state to step from), so a miner's state assembled from the
+/// partitions it merged does not hash to the checkpoint's hash: it must notice and download the
+/// checkpoint instead, and end on exactly the checkpoint's state.
+#[test]
+fn a_checkpoint_that_is_not_the_merged_partitions_is_downloaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("run.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "run: outer-e2e\n\
+             model: {{preset: tiny}}\n\
+             data: {{source: synthetic}}\n\
+             listen: 127.0.0.1:1\n\
+             data_dir: {}\n\
+             batch_size: 2\n\
+             seq_len: 32\n\
+             heartbeat_s: 1\n\
+             batches_before_merging: 8\n\
+             eval_samples: 0\n\
+             merge: {{upload_s: 30, merge_s: 30, outer: {{lr: 0.7, momentum: 0.9}}}}\n",
+            dir.path().join("state").display()
+        ),
+    )
+    .unwrap();
+    let mut local = Command::new(env!("CARGO_BIN_EXE_iota"));
+    local
+        .args(["local", "--miners-per-section", "2", "--samples", "28"])
+        .args(["--poll-ms", "250"])
+        .arg("--config")
+        .arg(&config)
+        .arg("--dir")
+        .arg(dir.path().join("net"));
+    succeeded(&mut local);
+    let db = rusqlite::Connection::open(dir.path().join("state/state.sqlite")).unwrap();
+    every_miner_holds_its_checkpoint(&db, &checkpoints(&db));
+    for m in 0..6 {
+        let stats = miner_stats(&dir.path().join("net/stats"), m);
+        let down = traffic(&stats, "checkpoints", "down");
+        assert!(
+            stats["adopted"].as_u64().unwrap() >= 2,
+            "miner {m}: {stats}"
+        );
+        assert!(down > 0, "miner {m} never downloaded a checkpoint: {stats}");
+    }
+}
+
+/// Each section's checkpoint hashes, by (section, epoch).
+fn checkpoints(db: &rusqlite::Connection) -> HashMap<(i64, i64), String> {
+    db.prepare("SELECT section, epoch, hash FROM checkpoints")
+        .unwrap()
+        .query_map([], |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect()
+}
+
+/// Asserts that all six miners hold a merged state of epoch 2 or later, and that the hash each
+/// reported for it (computed from its model) is its section's checkpoint of that epoch.
+fn every_miner_holds_its_checkpoint(
+    db: &rusqlite::Connection,
+    checkpoints: &HashMap<(i64, i64), String>,
+) {
+    let miners: Vec<(i64, i64, Option<String>)> = db
+        .prepare("SELECT section, weights_epoch, weights_hash FROM miners")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    assert_eq!(miners.len(), 6);
+    for (section, held, hash) in &miners {
+        assert!(
+            *held >= 2,
+            "a miner of section {section} holds epoch {held}"
+        );
+        assert_eq!(
+            hash.as_ref(),
+            checkpoints.get(&(*section, *held)),
+            "section {section}: a miner's weights differ from the checkpoint of epoch {held}"
+        );
+    }
+}
+
+/// Miner `m`'s last stats report in `dir`.
+fn miner_stats(dir: &std::path::Path, m: usize) -> serde_json::Value {
+    let path = dir.join(format!("miner{m}.json"));
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+}
+
+/// Bytes of `kind` moved in direction `dir`, from a stats report.
+fn traffic(stats: &serde_json::Value, kind: &str, dir: &str) -> u64 {
+    stats["traffic"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["kind"] == kind && t["dir"] == dir)
+        .map(|t| t["bytes"].as_u64().unwrap())
+        .sum()
+}
+
+/// Runs `command` and returns its standard output, failing the test (with both outputs) if
+/// it did not succeed.
+fn succeeded(command: &mut Command) -> String {
+    let output = command.output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "iota local failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
 }

@@ -383,7 +383,8 @@ impl<B: AutodiffBackend> Worker<B> {
                 Ok(_) => {
                     tracing::info!(
                         epoch = checkpoint.epoch,
-                        "merge: the partitions merged here are not the accepted ones"
+                        "merge: the partitions merged here do not make up the checkpoint (an \
+                         outer step, or other copies accepted): downloading it"
                     );
                     None
                 }

@@ -185,6 +185,66 @@ fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
     );
 }
 
+/// A Ctrl-C sent while `iota local` winds the finished run up (its validator publishing, the
+/// miners stopping) is not lost: before one listener was created for the whole run, the wait
+/// for Ctrl-C began after the wind-up and never heard it, and `iota local --keep-running` ran
+/// on forever. Sent 0.3 s after the run reports itself finished (past `iota local`'s own
+/// 0.2 s poll), the old build hung in 4 of 4 tries (release build, 0.3 and 0.5 s; at 1 s its
+/// wait had begun), and this test failed against it.
+#[test]
+fn a_ctrl_c_while_the_run_winds_up_stops_iota_local() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::net::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["local", "--preset", "tiny", "--miners-per-section", "1"])
+        .args(["--samples", "4", "--seq-len", "16", "--batch-size", "2"])
+        .args(["--poll-ms", "200", "--keep-running"])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while !get_status(port).is_some_and(|body| body.contains("\"finished\":true")) {
+        assert!(
+            start.elapsed().as_secs() < 90,
+            "the budget was never reached"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "iota local exited early"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let pid = child.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let sent = std::time::Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        if sent.elapsed().as_secs() > 30 {
+            let _ = child.kill();
+            panic!("iota local ignored a Ctrl-C sent as the run finished");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(exit.success(), "exit {exit}");
+    assert!(
+        get_status(port).is_none(),
+        "the orchestrator outlived iota local"
+    );
+}
+
 /// `GET /api/status` of the orchestrator on `port`; the JSON body, or None when nothing answers.
 fn get_status(port: u16) -> Option<String> {
     http_get(&format!("http://127.0.0.1:{port}/api/status"))

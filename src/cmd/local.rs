@@ -10,6 +10,7 @@ use std::fs::{self, File};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -531,7 +532,19 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         Some(path) => RunConfig::load(path)?.max_samples.is_some(),
         None => args.samples.is_some(),
     };
-    let (final_status, tally) = runtime.block_on(watch(&args, budgeted, &client, &mut children))?;
+    // One Ctrl-C listener for the whole run, first polled while watching it: tokio registers
+    // the handler at that first poll and a listener only hears signals sent after it exists,
+    // so a Ctrl-C sent while the run is being wound up (validators publishing, miners
+    // stopping) reaches the `--keep-running` wait below instead of being lost.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    let (final_status, tally) = runtime.block_on(watch(
+        &args,
+        budgeted,
+        &client,
+        &mut children,
+        ctrl_c.as_mut(),
+    ))?;
     let merge = runtime.block_on(client.merge_status()).ok();
     if let Some(path) = &args.summary_out {
         write_summary(path, &final_status, merge.as_ref(), &tally)?;
@@ -549,9 +562,7 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         eprintln!(
             "iota local: miners stopped; the orchestrator keeps serving {url} (/api/status, /metrics) until Ctrl-C"
         );
-        runtime
-            .block_on(tokio::signal::ctrl_c())
-            .context("waiting for Ctrl-C")?;
+        runtime.block_on(ctrl_c).context("waiting for Ctrl-C")?;
         drop(children);
         return Ok(());
     }
@@ -652,6 +663,7 @@ async fn watch(
     budgeted: bool,
     client: &ApiClient,
     children: &mut Children,
+    mut ctrl_c: Pin<&mut impl Future<Output = std::io::Result<()>>>,
 ) -> anyhow::Result<(StatusResponse, Tally)> {
     let mut metrics = match &args.metrics_out {
         Some(path) => {
@@ -670,8 +682,6 @@ async fn watch(
     }
     let started = Instant::now();
     let mut tally = Tally::default();
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
     let mut reported_exits = 0;
     loop {
         let status = client.status().await.context("polling the orchestrator")?;
@@ -729,7 +739,7 @@ async fn watch(
             return Ok((status, tally));
         }
         tokio::select! {
-            _ = &mut ctrl_c => {
+            _ = ctrl_c.as_mut() => {
                 bar.finish_and_clear();
                 eprintln!("iota local: stopping");
                 tally.interrupted = true;

@@ -170,6 +170,17 @@ impl MomentCode {
     }
 }
 
+/// How the first moments are coded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FirstMomentCode {
+    /// The `keep` largest values of each chunk (`keep_merged` in merged partitions), the rest
+    /// zero.
+    TopK,
+    /// Every value in 4 bits (symmetric, scale max / 7, as `q4`'s parameters): the formats
+    /// named `...m4` (`q4v2m4`). A moment survives a merge instead of restarting from zero.
+    Four,
+}
+
 /// Parameters of the `dct` and `sign` formats: the parameter code, the chunk length and how
 /// many values each sparse chunk keeps (first moments, and `dct`'s parameters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -185,6 +196,8 @@ pub struct DeltaSpec {
     pub keep_merged: u16,
     /// How the second moments are coded (`Two` in the formats named `...v2`).
     pub moments: MomentCode,
+    /// How the first moments are coded (`Four` in the formats named `...m4`).
+    pub first_moments: FirstMomentCode,
 }
 
 impl Default for DeltaSpec {
@@ -201,6 +214,7 @@ impl DeltaSpec {
         keep: 4,
         keep_merged: 8,
         moments: MomentCode::Four,
+        first_moments: FirstMomentCode::TopK,
     };
 
     /// `sign`: chunks of 64, parameters in 1 bit (uploads) and 4 bits (merged partitions),
@@ -261,7 +275,7 @@ impl DeltaSpec {
         keep: u16,
         keep_merged: u16,
     ) -> Result<Self, String> {
-        let name = Self::name_of(params, moments);
+        let name = Self::name_of(params, moments, FirstMomentCode::TopK);
         if !(2..=MAX_CHUNK).contains(&chunk) {
             return Err(format!("{name} chunk {chunk} must be 2 to {MAX_CHUNK}"));
         }
@@ -281,22 +295,33 @@ impl DeltaSpec {
             keep,
             keep_merged,
             moments,
+            first_moments: FirstMomentCode::TopK,
         })
     }
 
     /// The format's name: the parameter code's name, with `v2` after it when the second
-    /// moments are in 2 bits (`q4v2`).
+    /// moments are in 2 bits (`q4v2`) and `m4` last when the first moments are in 4 bits
+    /// (`q4v2m4`).
     pub fn name(self) -> &'static str {
-        Self::name_of(self.params, self.moments)
+        Self::name_of(self.params, self.moments, self.first_moments)
     }
 
-    fn name_of(params: ParamCode, moments: MomentCode) -> &'static str {
-        match (params, moments) {
-            (code, MomentCode::Four) => code.name(),
-            (ParamCode::Dct, MomentCode::Two) => "dctv2",
-            (ParamCode::Sign, MomentCode::Two) => "signv2",
-            (ParamCode::Sign2, MomentCode::Two) => "sign2v2",
-            (ParamCode::Q4, MomentCode::Two) => "q4v2",
+    fn name_of(params: ParamCode, moments: MomentCode, first: FirstMomentCode) -> &'static str {
+        use FirstMomentCode::{Four as M4, TopK};
+        match (params, moments, first) {
+            (code, MomentCode::Four, TopK) => code.name(),
+            (ParamCode::Dct, MomentCode::Two, TopK) => "dctv2",
+            (ParamCode::Sign, MomentCode::Two, TopK) => "signv2",
+            (ParamCode::Sign2, MomentCode::Two, TopK) => "sign2v2",
+            (ParamCode::Q4, MomentCode::Two, TopK) => "q4v2",
+            (ParamCode::Dct, MomentCode::Four, M4) => "dctm4",
+            (ParamCode::Sign, MomentCode::Four, M4) => "signm4",
+            (ParamCode::Sign2, MomentCode::Four, M4) => "sign2m4",
+            (ParamCode::Q4, MomentCode::Four, M4) => "q4m4",
+            (ParamCode::Dct, MomentCode::Two, M4) => "dctv2m4",
+            (ParamCode::Sign, MomentCode::Two, M4) => "signv2m4",
+            (ParamCode::Sign2, MomentCode::Two, M4) => "sign2v2m4",
+            (ParamCode::Q4, MomentCode::Two, M4) => "q4v2m4",
         }
     }
 
@@ -323,19 +348,20 @@ impl fmt::Display for DeltaSpec {
 
 impl DeltaSpec {
     /// Parses `NAME`, `NAME:C:K` (merged keep `min(2K, C)`) or `NAME:C:K:KM` for `NAME` a
-    /// parameter code's name (`dct`, `sign`, `sign2`, `q4`), optionally followed by `v2`
-    /// (ASCII case ignored); `None` when `s` is none of them.
+    /// parameter code's name (`dct`, `sign`, `sign2`, `q4`), optionally followed by `v2`, then
+    /// optionally by `m4` (ASCII case ignored); `None` when `s` is none of them.
     pub fn parse(s: &str) -> Option<Result<Self, String>> {
         let s = s.trim();
         let mut parts = s.split(':');
         let head = parts.next()?;
-        let (params, moments) = ParamCode::ALL
+        let (params, moments, first_moments) = ParamCode::ALL
             .into_iter()
             .flat_map(|c| [(c, MomentCode::Four), (c, MomentCode::Two)])
-            .find(|&(c, m)| Self::name_of(c, m).eq_ignore_ascii_case(head))?;
-        let name = Self::name_of(params, moments);
+            .flat_map(|(c, m)| [(c, m, FirstMomentCode::TopK), (c, m, FirstMomentCode::Four)])
+            .find(|&(c, m, f)| Self::name_of(c, m, f).eq_ignore_ascii_case(head))?;
+        let name = Self::name_of(params, moments, first_moments);
         let nums: Result<Vec<u16>, _> = parts.map(str::parse::<u16>).collect();
-        Some(match nums.as_deref() {
+        let spec = match nums.as_deref() {
             Ok([]) => Ok(DeltaSpec {
                 params,
                 moments,
@@ -347,7 +373,11 @@ impl DeltaSpec {
                 "bad {name} spec {s:?}: expected {name}, {name}:CHUNK:KEEP or \
                  {name}:CHUNK:KEEP:MERGED_KEEP"
             )),
-        })
+        };
+        Some(spec.map(|spec| DeltaSpec {
+            first_moments,
+            ..spec
+        }))
     }
 }
 
@@ -545,6 +575,9 @@ impl DeltaSpec {
             Segment::Params if self.params != ParamCode::Dct => {
                 sign_bits(self.params, merged).chunk_bytes(len)
             }
+            Segment::Moment1 if self.first_moments == FirstMomentCode::Four => {
+                Bits::Four.chunk_bytes(len)
+            }
             Segment::Params | Segment::Moment1 => {
                 ENTRY_BYTES * len.min(self.keep_for(merged) as u64)
             }
@@ -660,6 +693,9 @@ impl DeltaSpec {
                             .map_err(|f| fault(f, chunk.start))?,
                     }
                 }
+                Segment::Moment1 if self.first_moments == FirstMomentCode::Four => Bits::Four
+                    .write(vals, MAX_MAGNITUDE, &mut out)
+                    .map_err(|f| fault(f, chunk.start))?,
                 Segment::Moment1 => {
                     let coefs: Vec<f64> = vals.iter().map(|&v| f64::from(v)).collect();
                     write_top_k(&coefs, keep, chunk.start, &mut out)?;
@@ -727,6 +763,11 @@ impl DeltaSpec {
                         out.push(v);
                     }
                 }
+                Segment::Moment1 if self.first_moments == FirstMomentCode::Four => out.extend(
+                    Bits::Four
+                        .read(bytes, chunk.len, MAX_MAGNITUDE)
+                        .map_err(|f| fault(f, chunk.start))?,
+                ),
                 Segment::Moment1 => {
                     let entries = read_entries(bytes, chunk.len, keep, chunk.start)?;
                     let first = out.len();
@@ -985,6 +1026,21 @@ mod tests {
         assert!(matches!(DeltaSpec::parse("q4v2:1:1"), Some(Err(e)) if e.contains("q4v2 chunk")));
         assert!(DeltaSpec::parse("q4v3").is_none());
         assert!(DeltaSpec::parse("v2").is_none());
+        let s = DeltaSpec::parse("Q4V2M4").unwrap().unwrap();
+        assert_eq!(
+            (s.params, s.moments, s.first_moments),
+            (ParamCode::Q4, MomentCode::Two, FirstMomentCode::Four)
+        );
+        assert_eq!(s.to_string(), "q4v2m4");
+        let s = DeltaSpec::parse("q4m4:32:2").unwrap().unwrap();
+        assert_eq!(
+            (s.moments, s.first_moments),
+            (MomentCode::Four, FirstMomentCode::Four)
+        );
+        assert_eq!(s.to_string(), "q4m4:32:2:4");
+        assert_eq!(DeltaSpec::parse(&s.to_string()), Some(Ok(s)));
+        assert!(DeltaSpec::parse("q4m2").is_none());
+        assert!(DeltaSpec::parse("m4").is_none());
         for bad in [
             "dct:1:1",
             "dct:300:4",
@@ -1000,6 +1056,60 @@ mod tests {
     /// `q4v2`: the parameters and first moments exactly as `q4` codes them, the second
     /// moments in 2 bits, rounded up: never below the true value, less than 4x above it, and
     /// `top / 64` for everything smaller.
+    /// `m4`: every first moment in 4 bits (none zeroed, each within half a step of the
+    /// chunk's scale `max / 7`), the parameters and second moments as without it; a bad
+    /// first-moment scale or the code -8 is refused with the chunk's index.
+    #[test]
+    fn m4_first_moments_keep_every_value_within_half_a_step() {
+        let p = 300usize;
+        let (flat, base) = state(p, 7);
+        let n = flat.len() as u64;
+        for merged in [false, true] {
+            let at = place(0, p as u64, merged);
+            let m4 = DeltaSpec::parse("q4v2m4").unwrap().unwrap();
+            let bytes = m4.encode(&flat, at, &base).unwrap();
+            // 300 first moments: four chunks of 64 (4 + 32 bytes) and one of 44 (4 + 22),
+            // where the top-k code keeps 4 (uploads) or 8 (merged) entries of 3 bytes.
+            let k = if merged { 8 } else { 4 };
+            let topk = DeltaSpec::Q4V2.encoded_len(n, at);
+            assert_eq!(m4.encoded_len(n, at) - topk, 4 * 36 + 26 - 5 * 3 * k);
+            assert_eq!(bytes.len() as u64, m4.encoded_len(n, at));
+            let back = m4.decode(&bytes, n, at, &base).unwrap();
+            let q4v2 = DeltaSpec::Q4V2
+                .decode(
+                    &DeltaSpec::Q4V2.encode(&flat, at, &base).unwrap(),
+                    n,
+                    at,
+                    &base,
+                )
+                .unwrap();
+            assert_eq!(back[..p], q4v2[..p]);
+            assert_eq!(back[2 * p..], q4v2[2 * p..]);
+            for (chunk, got) in flat[p..2 * p].chunks(64).zip(back[p..2 * p].chunks(64)) {
+                let step = chunk.iter().fold(0f32, |m, &v| m.max(v.abs())) / 7.0;
+                for (&x, &y) in chunk.iter().zip(got) {
+                    assert!((x - y).abs() <= step / 2.0 * 1.0001, "{x} decoded as {y}");
+                }
+            }
+        }
+        let spec = DeltaSpec::parse("q4m4:4:1").unwrap().unwrap();
+        let at = place(0, 4, false);
+        let values = [
+            0.1f32, 0.2, -0.1, 0.3, 1e-3, -2e-3, 5e-4, 0.0, 1e-6, 2e-6, 3e-6, 4e-6,
+        ];
+        let good = spec.encode(&values, at, &[0.0; 4]).unwrap();
+        assert!(spec.decode(&good, 12, at, &[0.0; 4]).is_ok());
+        // The first-moment chunk starts after the parameter chunk (4 + 2 bytes).
+        for scale in [f32::NAN, -1.0, f32::INFINITY] {
+            let mut bad = good.clone();
+            bad[6..10].copy_from_slice(&scale.to_le_bytes());
+            assert!(spec.decode(&bad, 12, at, &[0.0; 4]).is_err(), "{scale}");
+        }
+        let mut bad = good.clone();
+        bad[10] = 0x08;
+        assert!(spec.decode(&bad, 12, at, &[0.0; 4]).is_err());
+    }
+
     #[test]
     fn v2_second_moments_round_up_within_a_factor_of_four() {
         let p = 300usize;

@@ -170,15 +170,22 @@ fn a_reembedding_model_trains_and_every_miners_replay_agrees() {
     assert!(tail_replays > 0, "no tail miner was replayed: {windows:?}");
 }
 
-/// Merges in `q4v2` (4-bit parameter changes with error feedback, 2-bit second moments) with a
-/// validator replaying every miner: each replayed miner's decoded upload agrees with the
-/// replay of its work (the state check passes), and no honest miner is flagged.
+/// Merges in `q4v2` (4-bit parameter changes with error feedback, 2-bit second moments), and in
+/// `q4v2m4` (every first moment in 4 bits too), with a validator replaying every miner: each
+/// replayed miner's decoded upload agrees with the replay of its work (the state check
+/// passes), and no honest miner is flagged.
 #[test]
 fn q4v2_merges_are_checked_by_a_validator_and_flag_no_honest_miner() {
+    for wire in ["q4v2", "q4v2m4"] {
+        compact_merges_are_checked(wire);
+    }
+}
+
+fn compact_merges_are_checked(wire: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let (stdout, log) = replayed_by_one_validator(dir.path(), &["--merge-wire", "q4v2"]);
+    let (stdout, log) = replayed_by_one_validator(dir.path(), &["--merge-wire", wire]);
     let run = std::fs::read_to_string(dir.path().join("run.yaml")).unwrap();
-    assert!(run.contains("wire: q4v2"), "{run}");
+    assert!(run.contains(&format!("wire: {wire}\n")), "{run}");
     let windows = windows(&dir.path().join("validators/validator0"));
     let mut compared = Vec::new();
     for epoch in [0, 1] {
@@ -195,7 +202,10 @@ fn q4v2_merges_are_checked_by_a_validator_and_flag_no_honest_miner() {
             );
         }
     }
-    // The state check ran on decoded q4v2 uploads (it needs a full replay and an upload).
-    assert!(!compared.is_empty(), "no upload was compared: {windows:?}");
-    println!("{}", compared.join("\n"));
+    // The state check ran on decoded uploads (it needs a full replay and an upload).
+    assert!(
+        !compared.is_empty(),
+        "{wire}: no upload was compared: {windows:?}"
+    );
+    println!("{wire}:\n{}", compared.join("\n"));
 }

@@ -113,76 +113,20 @@ fn local_network_trains_and_keeps_samples_on_lanes() {
 fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
     let dir = tempfile::tempdir().unwrap();
     let port = common::net::free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args([
-            "local",
-            "--preset",
-            "tiny",
-            "--miners-per-section",
-            "1",
-            "--samples",
-            "4",
-        ])
-        .args([
-            "--seq-len",
-            "16",
-            "--batch-size",
-            "2",
-            "--poll-ms",
-            "200",
-            "--keep-running",
-        ])
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let start = std::time::Instant::now();
+    let mut child = keep_running_network(dir.path(), port);
     // Wait until the run is over (the budget spent, its last merge done and that model
     // evaluated through the network) and the miners are gone, while the API still answers.
-    loop {
-        assert!(
-            start.elapsed().as_secs() < 90,
-            "the budget was never reached"
-        );
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "iota local exited before Ctrl-C"
-        );
-        if let Some(body) = get_status(port) {
-            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-            let done = v["samples"]["completed"].as_u64().unwrap_or(0);
-            let finished = v["finished"].as_bool() == Some(true);
-            if finished {
-                assert_eq!(done, 4, "{body}");
-                assert!(v["eval_loss"].as_f64().is_some(), "{body}");
-                break;
-            }
-        }
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    let body = wait_until_finished(&mut child, port);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["samples"]["completed"].as_u64(), Some(4), "{body}");
+    assert!(v["eval_loss"].as_f64().is_some(), "{body}");
     std::thread::sleep(std::time::Duration::from_secs(2));
     assert!(
         child.try_wait().unwrap().is_none(),
         "iota local did not keep running"
     );
     assert!(get_status(port).is_some(), "the API stopped answering");
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let exit = child.wait().unwrap();
-    assert!(exit.success(), "exit {exit}");
-    assert!(
-        get_status(port).is_none(),
-        "the orchestrator outlived iota local"
-    );
+    interrupt_and_expect_a_clean_exit(&mut child, port);
 }
 
 /// A Ctrl-C sent while `iota local` winds the finished run up (its validator publishing, the
@@ -195,30 +139,50 @@ fn keep_running_serves_the_api_after_the_budget_until_ctrl_c() {
 fn a_ctrl_c_while_the_run_winds_up_stops_iota_local() {
     let dir = tempfile::tempdir().unwrap();
     let port = common::net::free_port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_iota"))
+    let mut child = keep_running_network(dir.path(), port);
+    wait_until_finished(&mut child, port);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    interrupt_and_expect_a_clean_exit(&mut child, port);
+}
+
+/// `iota local --keep-running` of 4 small samples, 1 miner per section, its API on `port`.
+fn keep_running_network(dir: &std::path::Path, port: u16) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_iota"))
         .args(["local", "--preset", "tiny", "--miners-per-section", "1"])
         .args(["--samples", "4", "--seq-len", "16", "--batch-size", "2"])
         .args(["--poll-ms", "200", "--keep-running"])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--dir")
-        .arg(dir.path())
+        .arg(dir)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Polls `/api/status` until the run says it finished (within 90 s, `child` alive all along);
+/// returns that status.
+fn wait_until_finished(child: &mut std::process::Child, port: u16) -> String {
     let start = std::time::Instant::now();
-    while !get_status(port).is_some_and(|body| body.contains("\"finished\":true")) {
+    loop {
         assert!(
             start.elapsed().as_secs() < 90,
             "the budget was never reached"
         );
         assert!(
             child.try_wait().unwrap().is_none(),
-            "iota local exited early"
+            "iota local exited before Ctrl-C"
         );
+        if let Some(body) = get_status(port).filter(|b| b.contains("\"finished\":true")) {
+            return body;
+        }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    std::thread::sleep(std::time::Duration::from_millis(300));
+}
+
+/// Sends `child` a Ctrl-C; it must exit successfully within 30 s, taking the orchestrator on
+/// `port` with it.
+fn interrupt_and_expect_a_clean_exit(child: &mut std::process::Child, port: u16) {
     let pid = child.id().to_string();
     assert!(
         Command::new("kill")
@@ -234,7 +198,7 @@ fn a_ctrl_c_while_the_run_winds_up_stops_iota_local() {
         }
         if sent.elapsed().as_secs() > 30 {
             let _ = child.kill();
-            panic!("iota local ignored a Ctrl-C sent as the run finished");
+            panic!("iota local ignored a Ctrl-C");
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
     };

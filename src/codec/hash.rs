@@ -8,6 +8,25 @@ pub fn payload_hash(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
 }
 
+/// BLAKE3 hash of `values` written as little-endian `f32` (an `f32` state or checkpoint),
+/// hashed a block at a time instead of through one copy of the whole.
+pub fn f32_hash(values: &[f32]) -> blake3::Hash {
+    let mut hasher = blake3::Hasher::new();
+    let mut block = [0u8; 4 * 4096];
+    for chunk in values.chunks(4096) {
+        for (out, v) in block.chunks_exact_mut(4).zip(chunk) {
+            out.copy_from_slice(&v.to_le_bytes());
+        }
+        hasher.update(&block[..4 * chunk.len()]);
+    }
+    hasher.finalize()
+}
+
+/// [`payload_hash`] of `values` written as little-endian `f32` (see [`f32_hash`]).
+pub fn f32_payload_hash(values: &[f32]) -> String {
+    f32_hash(values).to_hex().to_string()
+}
+
 /// Checks that `bytes` hash to `expected_hex` (64 hex digits, either case).
 ///
 /// The comparison is constant-time, although the hash is not a secret.
@@ -34,6 +53,19 @@ pub fn verify_hash(bytes: &[u8], expected_hex: &str) -> Result<(), CodecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f32_values_hash_like_their_little_endian_bytes() {
+        for n in [0usize, 1, 4095, 4096, 10_001] {
+            let values: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin()).collect();
+            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            assert_eq!(
+                f32_payload_hash(&values),
+                payload_hash(&bytes),
+                "{n} values"
+            );
+        }
+    }
 
     #[test]
     fn known_vector_for_empty_input() {

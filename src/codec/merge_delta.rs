@@ -261,21 +261,30 @@ impl DeltaSpec {
         keep: u16,
         keep_merged: u16,
     ) -> Result<Self, String> {
-        Self::with_codes(params, MomentCode::Four, chunk, keep, keep_merged)
+        Self::with_codes(
+            params,
+            MomentCode::Four,
+            FirstMomentCode::TopK,
+            chunk,
+            keep,
+            keep_merged,
+        )
     }
 
-    /// A checked spec with the parameter code `params` and the second-moment code `moments`.
+    /// A checked spec with the parameter code `params`, the second-moment code `moments` and
+    /// the first-moment code `first_moments`.
     ///
     /// # Errors
     /// A message naming the bound that is broken.
     pub fn with_codes(
         params: ParamCode,
         moments: MomentCode,
+        first_moments: FirstMomentCode,
         chunk: u16,
         keep: u16,
         keep_merged: u16,
     ) -> Result<Self, String> {
-        let name = Self::name_of(params, moments, FirstMomentCode::TopK);
+        let name = Self::name_of(params, moments, first_moments);
         if !(2..=MAX_CHUNK).contains(&chunk) {
             return Err(format!("{name} chunk {chunk} must be 2 to {MAX_CHUNK}"));
         }
@@ -295,7 +304,7 @@ impl DeltaSpec {
             keep,
             keep_merged,
             moments,
-            first_moments: FirstMomentCode::TopK,
+            first_moments,
         })
     }
 
@@ -361,23 +370,22 @@ impl DeltaSpec {
             .find(|&(c, m, f)| Self::name_of(c, m, f).eq_ignore_ascii_case(head))?;
         let name = Self::name_of(params, moments, first_moments);
         let nums: Result<Vec<u16>, _> = parts.map(str::parse::<u16>).collect();
-        let spec = match nums.as_deref() {
+        let codes =
+            |c: u16, k: u16, km: u16| Self::with_codes(params, moments, first_moments, c, k, km);
+        Some(match nums.as_deref() {
             Ok([]) => Ok(DeltaSpec {
                 params,
                 moments,
+                first_moments,
                 ..Self::DEFAULT
             }),
-            Ok([c, k]) => Self::with_codes(params, moments, *c, *k, (k.saturating_mul(2)).min(*c)),
-            Ok([c, k, km]) => Self::with_codes(params, moments, *c, *k, *km),
+            Ok([c, k]) => codes(*c, *k, (k.saturating_mul(2)).min(*c)),
+            Ok([c, k, km]) => codes(*c, *k, *km),
             _ => Err(format!(
                 "bad {name} spec {s:?}: expected {name}, {name}:CHUNK:KEEP or \
                  {name}:CHUNK:KEEP:MERGED_KEEP"
             )),
-        };
-        Some(spec.map(|spec| DeltaSpec {
-            first_moments,
-            ..spec
-        }))
+        })
     }
 }
 
@@ -1039,6 +1047,9 @@ mod tests {
         );
         assert_eq!(s.to_string(), "q4m4:32:2:4");
         assert_eq!(DeltaSpec::parse(&s.to_string()), Some(Ok(s)));
+        assert!(
+            matches!(DeltaSpec::parse("q4v2m4:1:1"), Some(Err(e)) if e.contains("q4v2m4 chunk"))
+        );
         assert!(DeltaSpec::parse("q4m2").is_none());
         assert!(DeltaSpec::parse("m4").is_none());
         for bad in [

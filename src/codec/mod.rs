@@ -29,7 +29,7 @@ pub mod token_ids;
 pub use flat::{
     FlatLayout, FlatParts, FlatTensor, LayoutError, f32_from_le_bytes, f32_to_le_bytes,
 };
-pub use hash::{payload_hash, verify_hash};
+pub use hash::{f32_hash, f32_payload_hash, payload_hash, verify_hash};
 pub use merge_delta::{DeltaError, DeltaSpec, ParamCode};
 pub use merge_wire::{ErrorFeedback, INT8_BLOCK, MergeWire, MergeWireError, Span};
 pub use tensor::{

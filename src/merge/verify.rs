@@ -113,12 +113,7 @@ pub struct Verification {
 /// BLAKE3 digest of `values` as little-endian `f32` bytes: a [`MergedCopy::hash`] for callers
 /// that have no payload hash at hand.
 pub fn values_hash(values: &[f32]) -> [u8; 32] {
-    let mut hasher = blake3::Hasher::new();
-    for chunk in values.chunks(4096) {
-        let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
-        hasher.update(&bytes);
-    }
-    *hasher.finalize().as_bytes()
+    *crate::codec::f32_hash(values).as_bytes()
 }
 
 /// Whether two copies agree within `tol` (see [`Tolerance`]); copies of different lengths or

@@ -177,8 +177,6 @@ pub struct MergedPartition {
     pub submit: MergeSubmitRequest,
     /// The uploaded result (`task.output`'s content).
     pub bytes: Bytes,
-    /// Sources read from a [`HeldUpload`] instead of downloaded.
-    pub reused_sources: usize,
 }
 
 /// Does one partition: reads its range of every source (downloaded concurrently, or sliced
@@ -221,7 +219,6 @@ pub async fn merge_partition_task(
         format
             .wire
             .byte_range(elems.clone(), total, Span::whole(format.params_len));
-    let mut reused_sources = 0;
     let reads = task.sources.iter().map(|source| {
         let failed = |reason: String| ParticipantError::Download {
             partition,
@@ -235,9 +232,6 @@ pub async fn merge_partition_task(
                 .as_deref()
                 .is_some_and(|want| want.eq_ignore_ascii_case(h.hash))
         });
-        if own.is_some() {
-            reused_sources += 1;
-        }
         let range = bytes.clone();
         async move {
             if let Some(own) = own {
@@ -289,7 +283,6 @@ pub async fn merge_partition_task(
             bytes: size,
         },
         bytes: merged,
-        reused_sources,
     })
 }
 

@@ -138,12 +138,6 @@ pub struct MinerReport {
     pub uploads: u64,
     /// Partitions merged and accepted.
     pub partitions_merged: u64,
-    /// Partition sources read from the miner's own upload, held in memory, instead of
-    /// downloaded.
-    pub merge_sources_reused: u64,
-    /// Checkpoints assembled from the partitions the miner merged itself and byte-range reads
-    /// of the rest (checked against the checkpoint's hash) instead of downloaded whole.
-    pub checkpoints_assembled: u64,
     /// Merged states adopted (after a merge, or at registration).
     pub adopted: u64,
     /// Epoch of the weights held at the end.

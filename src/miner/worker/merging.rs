@@ -26,8 +26,8 @@ use crate::api::{
     BlobRef, CheckpointDelta, MergeSubmitRequest, MergeTask, MergeTaskRequest, PartitionTask,
     Phase, SectionCheckpoint, UploadManifest,
 };
-use crate::codec::{MergeWire, Span};
-use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes, f32_to_le_bytes};
+use crate::codec::{MergeWire, Span, f32_payload_hash};
+use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes};
 use crate::miner::adversary::Adversary;
 use crate::miner::participant::{HeldUpload, MergeFormat, merge_partition_task};
 use crate::miner::payload::{self, PayloadError};
@@ -325,7 +325,6 @@ impl<B: AutodiffBackend> Worker<B> {
             let resp = self.client.merge_submit(&merged.submit).await?;
             if resp.accepted {
                 self.report.partitions_merged += 1;
-                self.report.merge_sources_reused += merged.reused_sources as u64;
                 self.merge_held
                     .partitions
                     .retain(|(start, _, _)| *start != task.start);
@@ -376,10 +375,7 @@ impl<B: AutodiffBackend> Worker<B> {
         let assembled = match (rebuilt, held) {
             (Some(flat), _) => Some(flat),
             (None, Some(held)) => match assemble_checkpoint(&checkpoint.blob, held, total).await {
-                Ok(flat) if payload_hash(&f32_to_le_bytes(&flat)).eq_ignore_ascii_case(want) => {
-                    self.report.checkpoints_assembled += 1;
-                    Some(flat)
-                }
+                Ok(flat) if f32_payload_hash(&flat).eq_ignore_ascii_case(want) => Some(flat),
                 Ok(_) => {
                     tracing::info!(
                         epoch = checkpoint.epoch,
@@ -412,8 +408,7 @@ impl<B: AutodiffBackend> Worker<B> {
         // restarted ones included) and every validator's replay continues from the same one.
         self.engine
             .adopt_flat(&checkpoint.layout, &flat, Some(checkpoint.optimizer_step))?;
-        let held = f32_to_le_bytes(&self.engine.section().export_flat(&checkpoint.layout)?);
-        let hash = payload_hash(&held);
+        let hash = f32_payload_hash(&self.engine.section().export_flat(&checkpoint.layout)?);
         let p = usize::try_from(checkpoint.layout.params_len).unwrap_or(usize::MAX);
         self.merge_base = MergeBase {
             epoch: checkpoint.epoch,
@@ -480,7 +475,7 @@ impl<B: AutodiffBackend> Worker<B> {
                 .wire
                 .decode_partitions(&bytes, &delta.bounds, params_len, &self.merge_base.params)
                 .map_err(|e| e.to_string())?;
-            let got = payload_hash(&f32_to_le_bytes(&flat));
+            let got = f32_payload_hash(&flat);
             if !got.eq_ignore_ascii_case(want) {
                 return Err(format!("the rebuilt state hashes to {got}, not {want}"));
             }

@@ -25,6 +25,11 @@ pub struct MineArgs {
     /// Forwards in flight to ask for (the orchestrator caps it; default 4).
     #[arg(long, env = "IOTA_MAX_IN_FLIGHT")]
     pub max_in_flight: Option<usize>,
+    /// Recompute each forward in its backward instead of keeping its activations until then
+    /// (about a sixth more compute per sample, the activations of one micro-batch held
+    /// instead of one per forward in flight). For a GPU whose memory is the limit.
+    #[arg(long, env = "IOTA_RECOMPUTE_BACKWARD")]
+    pub recompute_backward: bool,
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
@@ -101,6 +106,7 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
             .max_in_flight
             .or(layered.profile.max_in_flight)
             .unwrap_or(4),
+        retain_graphs: !args.recompute_backward,
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
         adversary: args.adversary,

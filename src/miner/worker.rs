@@ -101,6 +101,9 @@ pub struct MinerOptions {
     pub device: DeviceKind,
     /// Forwards in flight the miner asks for (the server caps it).
     pub max_in_flight: usize,
+    /// Keep each forward's graph until its backward (see
+    /// [`super::engine::EngineSettings::retain_graphs`]); false recomputes it there.
+    pub retain_graphs: bool,
     /// Draw a progress bar on stderr (hidden anyway when stderr is not a terminal).
     pub progress: bool,
     /// Set to stop the miner cleanly; Ctrl-C sets it too.
@@ -298,6 +301,7 @@ async fn mine<B: AutodiffBackend>(
         &device,
     )?;
     let mut engine_settings = EngineSettings::for_miner(&settings);
+    engine_settings.retain_graphs = options.retain_graphs;
     if options.adversary.is_some_and(Adversary::never_steps) {
         engine_settings.local_steps = u64::MAX;
         engine_settings.samples_per_step = 0;

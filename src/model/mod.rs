@@ -39,7 +39,7 @@ pub use config::{ModelConfig, SectionSpec};
 pub use optimizer::OptimizerConfig;
 pub use params::NamedTensor;
 pub use schedule::LrSchedule;
-pub use section::{Section, SectionStats, StepOutcome};
+pub use section::{Retained, Section, SectionStats, StepOutcome};
 pub use section_model::{SectionInput, SectionModel};
 
 /// Errors of the model core.

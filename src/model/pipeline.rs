@@ -11,7 +11,7 @@ use super::ModelError;
 use super::config::ModelConfig;
 use super::optimizer::OptimizerConfig;
 use super::params;
-use super::section::{Inner, Section, StepOutcome};
+use super::section::{Inner, Retained, Section, StepOutcome};
 use super::section_model::{SectionInput, cross_entropy};
 use crate::codec::{self, WireDtype};
 
@@ -37,12 +37,20 @@ pub struct WholeGraph {
     pub boundary_grads: Vec<Vec<f32>>,
 }
 
+/// What a section's backward starts from.
+enum Kept<B: AutodiffBackend> {
+    Graph(Box<Retained<B>>),
+    Input(SectionInput<Inner<B>>),
+}
+
 /// Every section of one model, in order.
 #[derive(Debug)]
 pub struct Pipeline<B: AutodiffBackend> {
     sections: Vec<Section<B>>,
     wire: WireDtype,
     device: B::Device,
+    /// Keep each section's forward graph for its backward instead of recomputing it.
+    retain_graphs: bool,
 }
 
 /// Input ids and next-token targets of a batch, both `[batch, seq]`.
@@ -97,7 +105,16 @@ impl<B: AutodiffBackend> Pipeline<B> {
             sections,
             wire,
             device: device.clone(),
+            retain_graphs: true,
         })
+    }
+
+    /// Whether a section's backward uses the graph its forward kept (the default: no
+    /// recomputation, every section's activations held until the backward, as one graph
+    /// would) or recomputes its forward from the boundary input (one section's activations
+    /// at a time). Both compute the same values.
+    pub fn set_retain_graphs(&mut self, retain: bool) {
+        self.retain_graphs = retain;
     }
 
     /// The sections, head first.
@@ -162,8 +179,14 @@ impl<B: AutodiffBackend> Pipeline<B> {
         let mut x = SectionInput::Tokens(inputs.clone());
         let (mut bytes_forward, mut bytes_backward) = (0, 0);
         for i in 0..n - 1 {
-            cached.push(x.clone());
-            let out = self.sections[i].forward(x)?;
+            let out = if self.retain_graphs {
+                let (out, graph) = self.sections[i].forward_retained(x)?;
+                cached.push(Kept::Graph(Box::new(graph)));
+                out
+            } else {
+                cached.push(Kept::Input(x.clone()));
+                self.sections[i].forward(x)?
+            };
             let (out, bytes) = self.cross(out)?;
             bytes_forward += bytes;
             if self.sections[i + 1].reembeds() {
@@ -182,10 +205,14 @@ impl<B: AutodiffBackend> Pipeline<B> {
             if record {
                 recorded.push(super::host_f32(g.to_data())?);
             }
-            let input = cached
+            let kept = cached
                 .pop()
                 .ok_or_else(|| ModelError::Shape("lost a cached input".into()))?;
-            match self.sections[i].backward(input, g)? {
+            let input_grad = match kept {
+                Kept::Graph(graph) => self.sections[i].backward_retained(*graph, g)?,
+                Kept::Input(input) => self.sections[i].backward(input, g)?,
+            };
+            match input_grad {
                 Some(g) => grad = g,
                 None => break,
             }

@@ -77,6 +77,24 @@ pub struct TailOutput<B: Backend> {
     pub input_grad: Tensor<B, 3>,
 }
 
+/// A forward's graph kept for its backward ([`Section::forward_retained`]): the activations
+/// the backward needs, recorded at the weights the forward ran at, so the backward does not
+/// recompute the forward (and is at those weights even after later steps: weight stashing for
+/// free). It holds the section's activations for one micro-batch until it is used or dropped.
+pub struct Retained<B: AutodiffBackend> {
+    out: Tensor<B, 3>,
+    leaf: Option<Tensor<B, 3>>,
+    weights: SectionModel<B>,
+}
+
+impl<B: AutodiffBackend> std::fmt::Debug for Retained<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Retained")
+            .field("out", &self.out.dims())
+            .finish()
+    }
+}
+
 /// Optimizer state exported as named flat tensors (`{param}.exp_avg`, `{param}.exp_avg_sq`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct OptimizerState {
@@ -326,6 +344,78 @@ impl<B: AutodiffBackend> Section<B> {
         }
         self.check_input(&input)?;
         Ok(weights.forward(input))
+    }
+
+    /// [`Self::forward`] with a graph: returns the output and the graph, which
+    /// [`Self::backward_retained`] back-propagates without recomputing the forward. Same output
+    /// and, later, the same gradients as a forward and a [`Self::backward_at`] at the same
+    /// weights; it costs the forward's activations in memory until then.
+    ///
+    /// # Errors
+    /// As [`Self::forward`].
+    pub fn forward_retained(
+        &mut self,
+        input: SectionInput<Inner<B>>,
+    ) -> Result<(Tensor<Inner<B>, 3>, Retained<B>), ModelError> {
+        let weights = self.model.clone();
+        let out = self.forward_retained_at(&weights, input)?;
+        self.stats.forwards += 1;
+        Ok(out)
+    }
+
+    /// [`Self::forward_retained`] at other weights (e.g. look-ahead weights), without
+    /// counting it.
+    ///
+    /// # Errors
+    /// As [`Self::forward`].
+    pub fn forward_retained_at(
+        &self,
+        weights: &SectionModel<B>,
+        input: SectionInput<Inner<B>>,
+    ) -> Result<(Tensor<Inner<B>, 3>, Retained<B>), ModelError> {
+        if self.spec.is_tail {
+            return Err(ModelError::Shape(
+                "the tail section ends in a loss: call train_tail or eval_loss".into(),
+            ));
+        }
+        self.check_input(&input)?;
+        let (input, leaf) = self.to_autodiff(input);
+        let out = weights.forward(input);
+        Ok((
+            out.clone().inner(),
+            Retained {
+                out,
+                leaf,
+                weights: weights.clone(),
+            },
+        ))
+    }
+
+    /// The backward of a retained forward with the upstream gradient `upstream`: as
+    /// [`Self::backward_at`] at the forward's weights, without recomputing the forward.
+    ///
+    /// # Errors
+    /// An upstream gradient of another shape than the forward's output (the graph is dropped).
+    pub fn backward_retained(
+        &mut self,
+        retained: Retained<B>,
+        upstream: Tensor<Inner<B>, 3>,
+    ) -> Result<Option<Tensor<Inner<B>, 3>>, ModelError> {
+        let Retained { out, leaf, weights } = retained;
+        if upstream.dims() != out.dims() {
+            return Err(ModelError::Shape(format!(
+                "gradient for section {} has shape {:?}, expected {:?}",
+                self.spec.index,
+                upstream.dims(),
+                out.dims()
+            )));
+        }
+        let grads = (out * Tensor::<B, 3>::from_inner(upstream))
+            .sum()
+            .backward();
+        let input_grad = leaf.and_then(|x| x.grad(&grads));
+        self.accumulate(&weights, &grads);
+        Ok(input_grad)
     }
 
     fn to_autodiff(
@@ -940,6 +1030,91 @@ mod tests {
         bad.pop();
         assert!(b.import_params(&bad).is_err());
         assert_eq!(a.export_params(), b.export_params());
+    }
+
+    fn hidden(cfg: &ModelConfig, seed: f32) -> Tensor<Inn, 3> {
+        let w = cfg.boundary_width();
+        let values = (0..2 * 8 * w)
+            .map(|i| (i as f32 * 0.37 + seed).sin())
+            .collect::<Vec<_>>();
+        Tensor::from_data(TensorData::new(values, [2, 8, w]), &Default::default())
+    }
+
+    #[test]
+    fn a_retained_forward_gives_the_recomputed_outputs_gradients_and_steps() {
+        let cfg = tiny();
+        let device = Default::default();
+        for index in [0, 1] {
+            let input = |k: usize| {
+                if index == 0 {
+                    SectionInput::Tokens(tokens(2, 8) + k as i64)
+                } else {
+                    SectionInput::HiddenTokens(hidden(&cfg, k as f32), tokens(2, 8))
+                }
+            };
+            let mut kept =
+                Section::<TestAutodiff>::new(&cfg, index, 3, OptimizerConfig::default(), &device)
+                    .unwrap();
+            let mut recomputing = kept.clone();
+            let upstream = |k: usize| hidden(&cfg, 10.0 + k as f32) * 0.01;
+            // Three samples in flight across two steps: sample 1 and 2 run forward at the
+            // first weights, sample 3 after a step; a fourth forward is dropped unused.
+            let mut graphs = Vec::new();
+            let mut stashed = Vec::new();
+            for k in [1, 2] {
+                let (out, graph) = kept.forward_retained(input(k)).unwrap();
+                let expected = recomputing.forward(input(k)).unwrap();
+                assert_eq!(
+                    out.to_data(),
+                    expected.to_data(),
+                    "section {index} sample {k}"
+                );
+                graphs.push(graph);
+                stashed.push(recomputing.weights());
+            }
+            let backward = |kept: &mut Section<TestAutodiff>,
+                            recomputing: &mut Section<TestAutodiff>,
+                            graph,
+                            weights: &SectionModel<TestAutodiff>,
+                            k: usize| {
+                let a = kept.backward_retained(graph, upstream(k)).unwrap();
+                let b = recomputing
+                    .backward_at(weights, input(k), upstream(k))
+                    .unwrap();
+                assert_eq!(a.is_some(), index > 0);
+                if let (Some(a), Some(b)) = (a, b) {
+                    assert_eq!(a.to_data(), b.to_data(), "section {index} sample {k}");
+                }
+            };
+            let (g1, g2) = (graphs.remove(0), graphs.remove(0));
+            backward(&mut kept, &mut recomputing, g1, &stashed[0], 1);
+            assert!(matches!(kept.step(1e-2), StepOutcome::Applied { .. }));
+            assert!(matches!(
+                recomputing.step(1e-2),
+                StepOutcome::Applied { .. }
+            ));
+            let (out, g3) = kept.forward_retained(input(3)).unwrap();
+            assert_eq!(
+                out.to_data(),
+                recomputing.forward(input(3)).unwrap().to_data()
+            );
+            let w3 = recomputing.weights();
+            let (_, unused) = kept.forward_retained(input(4)).unwrap();
+            drop(unused);
+            backward(&mut kept, &mut recomputing, g2, &stashed[1], 2);
+            backward(&mut kept, &mut recomputing, g3, &w3, 3);
+            assert!(matches!(kept.step(1e-2), StepOutcome::Applied { .. }));
+            assert!(matches!(
+                recomputing.step(1e-2),
+                StepOutcome::Applied { .. }
+            ));
+            assert_eq!(kept.export_params(), recomputing.export_params());
+            assert_eq!(kept.export_optimizer(), recomputing.export_optimizer());
+            // A gradient of the wrong shape is refused.
+            let (_, graph) = kept.forward_retained(input(5)).unwrap();
+            let wrong = Tensor::<Inn, 3>::zeros([1, 8, cfg.boundary_width()], &device);
+            assert!(kept.backward_retained(graph, wrong).is_err());
+        }
     }
 
     fn close(a: &[NamedTensor], b: &[NamedTensor]) -> Result<(), String> {

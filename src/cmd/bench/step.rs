@@ -6,8 +6,10 @@
 //!   ([`Pipeline::train_whole`]) and one AdamW step of every section, timed end to end; the
 //!   median over `--steps` steps after one warm-up step. This is the step a PyTorch twin of
 //!   the model takes (`benches/torch_twin.py`).
-//! - chain step: what `iota train` does (sections chained through the wire codec, backward by
-//!   recomputation, then the AdamW steps), timed the same way.
+//! - chain step: what `iota train` and the miners do (sections chained through the wire codec,
+//!   each section's backward from the graph its forward kept, then the AdamW steps), timed
+//!   the same way; and the chain recomputing each section's forward in its backward instead
+//!   (a miner's `--recompute-backward`, which holds one section's activations at a time).
 //! - per op: each kind of operation alone (forward + backward, median of `--op-reps`
 //!   repetitions) at the shapes it has in the preset; "x per step" is how often it occurs in
 //!   one step, and the share column is the op time x occurrences over the whole-graph step
@@ -151,6 +153,7 @@ struct Round {
     whole: Vec<Cost>,
     step: Vec<Cost>,
     chain: Vec<Cost>,
+    recompute: Vec<Cost>,
 }
 
 struct StepTask {
@@ -168,6 +171,7 @@ struct Measured {
     whole: Cost,
     optimizer: Cost,
     chain: Cost,
+    recompute: Cost,
     ops: Vec<OpTime>,
     torch: Vec<Cost>,
     torch_label: Option<String>,
@@ -192,6 +196,14 @@ impl BackendTask for StepTask {
             WireDtype::default(),
             &device,
         )?;
+        let mut recompute = Pipeline::<B>::new(
+            &self.cfg,
+            0,
+            OptimizerConfig::default(),
+            WireDtype::default(),
+            &device,
+        )?;
+        recompute.set_retain_graphs(false);
         let mut next = 0u64;
         let mut batch = || {
             let windows: Vec<Vec<u32>> = (0..self.batch)
@@ -217,7 +229,12 @@ impl BackendTask for StepTask {
                 chain.train_batch(&refs)?;
                 chain.step(1e-3);
                 let chained = c.stop();
+                let c = Meter::start();
+                recompute.train_batch(&refs)?;
+                recompute.step(1e-3);
+                let recomputed = c.stop();
                 if it > 0 {
+                    r.recompute.push(recomputed);
                     r.whole.push(total);
                     r.step.push(step);
                     r.chain.push(chained);
@@ -248,6 +265,7 @@ impl BackendTask for StepTask {
             whole: pick(|r| &r.whole),
             optimizer: pick(|r| &r.step),
             chain: pick(|r| &r.chain),
+            recompute: pick(|r| &r.recompute),
             ops,
             torch,
             torch_label,
@@ -450,6 +468,7 @@ pub fn run(args: BenchStepArgs) -> anyhow::Result<()> {
     row("whole graph fwd+bwd + AdamW", m.whole);
     row("  of which AdamW (all sections)", m.optimizer);
     row("section chain (iota train) + AdamW", m.chain);
+    row("  recomputing forwards in backwards", m.recompute);
     if let Some(label) = &m.torch_label {
         let t = median_cost(&m.torch);
         row(&format!("PyTorch twin, {label}"), t);
@@ -465,6 +484,11 @@ pub fn run(args: BenchStepArgs) -> anyhow::Result<()> {
             "iota chain step / PyTorch step         {:>9.2} {:>9.2}",
             ratio(m.chain.wall, t.wall),
             ratio(m.chain.cpu, t.cpu)
+        );
+        println!(
+            "  recomputing chain / PyTorch step     {:>9.2} {:>9.2}",
+            ratio(m.recompute.wall, t.wall),
+            ratio(m.recompute.cpu, t.cpu)
         );
     }
     if !m.ops.is_empty() {

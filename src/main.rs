@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    iota::cmd::allocator::tune();
     let cli = iota::cmd::Cli::parse();
     iota::cmd::init_tracing(cli.verbose, cli.log_format);
     iota::cmd::hint::install_panic_hook();

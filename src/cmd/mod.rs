@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod allocator;
 pub mod bench;
 pub mod dotenv;
 pub mod hint;

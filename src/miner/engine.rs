@@ -189,7 +189,7 @@ pub struct TailDone {
 pub struct BackwardDone {
     /// Gradient with respect to the section's input (None for the head).
     pub grad: Option<Activations>,
-    /// Version of the weights the backward recomputed at.
+    /// Version of the weights the backward's gradient was taken at.
     pub version: u64,
     /// The step this backward completed, if any.
     pub step: Option<StepRecord>,

@@ -1,6 +1,7 @@
-//! The section API that miners, validators and `iota train` share: forward without a graph,
-//! backward by recomputation from the cached input, gradient accumulation, and an AdamW step
-//! that no non-finite value can reach.
+//! The section API that miners, validators and `iota train` share: a forward that keeps its
+//! graph for the backward ([`Section::forward_retained`]), or a forward without a graph and a
+//! backward that recomputes it from the cached input (the same values, less memory, more
+//! compute); gradient accumulation, and an AdamW step that no non-finite value can reach.
 //!
 //! # Non-finite values
 //! A non-finite loss, an upstream gradient with NaN/inf, or a non-finite accumulated gradient

@@ -791,8 +791,8 @@ fn the_log_restarts_after_its_commit_pages() {
     let path = dir.path().join("state.sqlite");
     let repo = Repository::open(&path).unwrap();
     let pages = super::checkpoints::COMMIT_PAGES as u64;
-    // Three times the pages after which a commit checkpoints, at one page per commit at least.
-    for i in 0..3 * pages {
+    // Four times the pages after which a commit checkpoints, at one page per commit at least.
+    for i in 0..4 * pages {
         assert!(
             repo.record_signature(&format!("sig-{i:08}"), u64::MAX / 2, T0)
                 .unwrap()
@@ -802,12 +802,13 @@ fn the_log_restarts_after_its_commit_pages() {
         .unwrap()
         .len();
     // A log frame is a 4 KiB page and a 24-byte header. A commit's checkpoint is skipped
-    // while the background thread's is under way, so the log can run past the threshold:
-    // 1.22x of it once with the whole library's tests sharing 2 cores (1.2x was the bound
-    // then). Half of it again is allowed; a log that is never restarted reaches 3x.
-    let bound = (pages + pages / 2) * (4096 + 24);
+    // while the background thread's is under way, so the log can run past the threshold: with
+    // the whole library's tests sharing 2 cores it reached 1.22x of it once and 1.68x once
+    // (the bounds were 1.2x, then 1.5x). 2.5x is allowed; a log that is never restarted
+    // reaches 4x.
+    let bound = (5 * pages / 2) * (4096 + 24);
     assert!(log <= bound, "the log grew to {log} bytes (bound {bound})");
-    assert_eq!(repo.signature_count().unwrap(), 3 * pages);
+    assert_eq!(repo.signature_count().unwrap(), 4 * pages);
 }
 
 #[test]

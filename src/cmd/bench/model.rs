@@ -1,6 +1,6 @@
 //! `iota bench model`: forward+backward throughput of the whole model in one autodiff graph
-//! against the section chain (forward without a graph, backward by recomputation, boundary
-//! tensors through the wire codec), bytes per sample at each boundary, and peak memory.
+//! against the section chain (each section's graph kept from its forward to its backward,
+//! boundary tensors through the wire codec; `iota train`'s step), bytes per sample at each boundary, and peak memory.
 
 use std::time::{Duration, Instant};
 

@@ -48,6 +48,9 @@ pub struct ValidatorOptions {
     pub state_dir: PathBuf,
     /// How often to ask whether an epoch finished.
     pub poll: Duration,
+    /// Keep each replayed forward's graph until its backward (as miners do); false recomputes
+    /// it there (less memory, more compute; the same replay).
+    pub retain_graphs: bool,
     /// Print one line per window on stderr.
     pub progress: bool,
     /// Set to stop after the current window; Ctrl-C sets it too.
@@ -145,6 +148,7 @@ async fn validate<B: AutodiffBackend>(
         validation: reg.validation,
         chooser: Chooser::new(&options.hotkey),
         device,
+        retain_graphs: options.retain_graphs,
     };
     let mut next = history
         .next_epoch()

@@ -56,6 +56,9 @@ pub struct Context<B: AutodiffBackend> {
     pub chooser: Chooser,
     /// Compute device.
     pub device: B::Device,
+    /// Keep replayed forwards' graphs for their backwards
+    /// ([`crate::miner::engine::EngineSettings::retain_graphs`]).
+    pub retain_graphs: bool,
 }
 
 /// One miner's outcome in a window.
@@ -433,7 +436,9 @@ pub async fn replay_miner<B: AutodiffBackend>(
         &ctx.device,
     )?;
     let spec = section.spec().clone();
-    let mut engine = Engine::new(section, Replayer::<B>::engine_settings(&ctx.settings));
+    let mut settings = Replayer::<B>::engine_settings(&ctx.settings);
+    settings.retain_graphs = ctx.retain_graphs;
+    let mut engine = Engine::new(section, settings);
     engine
         .adopt_flat(
             &layout,

@@ -1,15 +1,21 @@
-//! Causal grouped-query attention: burn's matrix products, with the scaled, masked softmax and
-//! its backward each done in one pass over the score rows.
+//! Causal grouped-query attention: the scaled, masked softmax and its backward each done in
+//! one pass over the score rows, and the six matrix products (two forward, four backward) of
+//! every (batch, head) handed to the matrix-multiply kernel as strided views: burn's batched
+//! matmul copies each operand that is not row-major (the transposed keys, probabilities and
+//! scores, and the queries, whose heads are a permuted view of the projection's output).
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::ndarray::NdArrayTensor;
 use burn::tensor::backend::Backend;
 use burn::tensor::module::attention;
 use burn::tensor::ops::{AttentionModuleOptions, FloatTensor};
-use burn::tensor::{Tensor, TensorPrimitive};
+use burn::tensor::{Tensor, TensorMetadata, TensorPrimitive};
+use ndarray::linalg::general_mat_mul;
+use ndarray::{ArrayView2, ArrayView4, ArrayViewMut2, Ix4, s};
 use rayon::prelude::*;
 
 use super::{CHUNK, Cpu, downcast, exp, primitive, same_backend, values};
@@ -87,14 +93,15 @@ impl Forward {
     fn run(q: Tensor<Cpu, 4>, k: Tensor<Cpu, 4>, v: Tensor<Cpu, 4>) -> Self {
         let [batch, heads, seq, head_dim] = q.dims();
         let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads));
-        let scores = q.clone().matmul(k.clone().swap_dims(2, 3));
-        let mut probs = values(scores.into_primitive().tensor());
+        let tensor =
+            |p: FloatTensor<Cpu>| Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(p));
+        let [qp, kp, vp] = [&q, &k, &v].map(|t| t.clone().into_primitive().tensor());
+        let scores = batched_product(&qp, &kp, [false, true]);
+        let mut probs = values(scores);
         causal_softmax(&mut probs, seq, scale(head_dim));
-        let probs = Tensor::from_primitive(TensorPrimitive::Float(primitive(
-            probs,
-            [batch, heads, seq, seq].into(),
-        )));
-        let out = probs.clone().matmul(v.clone());
+        let probs = primitive(probs, [batch, heads, seq, seq].into());
+        let out = tensor(batched_product(&probs, &vp, [false, false]));
+        let probs = tensor(probs);
         Self {
             out,
             q,
@@ -144,25 +151,26 @@ impl Backward<Cpu, 3> for AttentionBackward {
             probs,
             kv_heads,
         } = ops.state;
-        let (q, k, v, probs) = (tensor(q), tensor(k), tensor(v), tensor(probs));
-        let [batch, heads, seq, head_dim] = q.dims();
+        let shape = q.shape();
+        let [batch, heads, seq, head_dim] = [shape[0], shape[1], shape[2], shape[3]];
+        let d_out = d_out.into_primitive().tensor();
         let [q_node, k_node, v_node] = ops.parents;
         if let Some(node) = v_node {
-            let dv = probs.clone().swap_dims(2, 3).matmul(d_out.clone());
+            let dv = tensor(batched_product(&probs, &d_out, [true, false]));
             let dv = sum_groups(dv, kv_heads);
             grads.register::<Cpu>(node.id, dv.into_primitive().tensor());
         }
-        let d_probs = values(d_out.matmul(v.swap_dims(2, 3)).into_primitive().tensor());
-        let probs = values(probs.into_primitive().tensor());
+        let d_probs = values(batched_product(&d_out, &v, [false, true]));
+        let probs = values(probs);
         let d_scores = causal_softmax_backward(&probs, d_probs, seq, scale(head_dim));
-        let d_scores = tensor(primitive(d_scores, [batch, heads, seq, seq].into()));
+        let d_scores = primitive(d_scores, [batch, heads, seq, seq].into());
         if let Some(node) = q_node {
-            let dq = d_scores.clone().matmul(k);
-            grads.register::<Cpu>(node.id, dq.into_primitive().tensor());
+            let dq = batched_product(&d_scores, &k, [false, false]);
+            grads.register::<Cpu>(node.id, dq);
         }
         if let Some(node) = k_node {
-            let dk = sum_groups(d_scores.swap_dims(2, 3).matmul(q), kv_heads);
-            grads.register::<Cpu>(node.id, dk.into_primitive().tensor());
+            let dk = tensor(batched_product(&d_scores, &q, [true, false]));
+            grads.register::<Cpu>(node.id, sum_groups(dk, kv_heads).into_primitive().tensor());
         }
     }
 }
@@ -200,6 +208,69 @@ fn attention_autodiff(
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     Tensor::from_primitive(TensorPrimitive::Float(result))
+}
+
+/// Calls `f` with a 4-D CPU tensor as an array view (its strides as they are; a row-major
+/// copy only for a storage that is not f32).
+fn with_view4<T>(tensor: &FloatTensor<Cpu>, f: impl FnOnce(ArrayView4<'_, f32>) -> T) -> T {
+    if let NdArrayTensor::F32(storage) = tensor
+        && let Ok(view) = storage.view().into_dimensionality::<Ix4>()
+    {
+        return f(view);
+    }
+    let shape = tensor.shape();
+    let dims = [shape[0], shape[1], shape[2], shape[3]];
+    let copy = values(tensor.clone());
+    match ArrayView4::from_shape(dims, &copy) {
+        Ok(view) => f(view),
+        Err(e) => unreachable!("a {dims:?} tensor has {} values: {e}", copy.len()),
+    }
+}
+
+/// Matrix `i` (batch `i / heads`, head `i % heads`) of `t`, transposed if asked.
+fn head_matrix<'a>(
+    t: &ArrayView4<'a, f32>,
+    heads: usize,
+    i: usize,
+    transposed: bool,
+) -> ArrayView2<'a, f32> {
+    let m = (*t).slice_move(s![i / heads, i % heads, .., ..]);
+    if transposed { m.reversed_axes() } else { m }
+}
+
+/// The product of every (batch, head) matrix of `a` and `b`, each read transposed where
+/// `transpose` says so: `[batch, heads, m, k] x [batch, heads, k, n] -> [batch, heads, m, n]`
+/// (with the transposes applied), row-major.
+fn batched_product(
+    a: &FloatTensor<Cpu>,
+    b: &FloatTensor<Cpu>,
+    transpose: [bool; 2],
+) -> FloatTensor<Cpu> {
+    with_view4(a, |a| {
+        with_view4(b, |b| {
+            let [batch, heads, ..] = a.shape() else {
+                unreachable!("a 4-D view")
+            };
+            let (batch, heads) = (*batch, *heads);
+            let (a0, b0) = (
+                head_matrix(&a, heads, 0, transpose[0]),
+                head_matrix(&b, heads, 0, transpose[1]),
+            );
+            let (rows, cols) = (a0.nrows(), b0.ncols());
+            let mut out = vec![0.0f32; batch * heads * rows * cols];
+            out.par_chunks_mut((rows * cols).max(1))
+                .enumerate()
+                .for_each(|(i, chunk)| {
+                    let x = head_matrix(&a, heads, i, transpose[0]);
+                    let y = head_matrix(&b, heads, i, transpose[1]);
+                    match ArrayViewMut2::from_shape((rows, cols), chunk) {
+                        Ok(mut c) => general_mat_mul(1.0, &x, &y, 0.0, &mut c),
+                        Err(e) => unreachable!("the output was sized for its view: {e}"),
+                    }
+                });
+            primitive(out, [batch, heads, rows, cols].into())
+        })
+    })
 }
 
 /// Score rows of `seq` values at a time, enough of them per work item for about [`CHUNK`]

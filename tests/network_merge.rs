@@ -4,6 +4,8 @@
 //! network's own evaluation of every merged model (held-out, forward-only through the miners)
 //! never gets worse.
 
+mod common;
+
 use std::collections::HashMap;
 use std::process::Command;
 
@@ -192,25 +194,13 @@ fn three_merge_cycles_in_a_local_network() {
 #[test]
 fn a_checkpoint_that_is_not_the_merged_partitions_is_downloaded() {
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("run.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "run: outer-e2e\n\
-             model: {{preset: tiny}}\n\
-             data: {{source: synthetic}}\n\
-             listen: 127.0.0.1:1\n\
-             data_dir: {}\n\
-             batch_size: 2\n\
-             seq_len: 32\n\
-             heartbeat_s: 1\n\
-             batches_before_merging: 8\n\
-             eval_samples: 0\n\
-             merge: {{upload_s: 30, merge_s: 30, outer: {{lr: 0.7, momentum: 0.9}}}}\n",
-            dir.path().join("state").display()
-        ),
-    )
-    .unwrap();
+    // `iota local` listens where it chooses; the config's port is not used.
+    let (_, config) = common::procs::write_config_with(
+        dir.path(),
+        "outer-e2e",
+        "heartbeat_s: 1\nbatches_before_merging: 8\neval_samples: 0\n\
+         merge: { upload_s: 30, merge_s: 30, outer: { lr: 0.7, momentum: 0.9 } }\n",
+    );
     let mut local = Command::new(env!("CARGO_BIN_EXE_iota"));
     local
         .args(["local", "--miners-per-section", "2", "--samples", "28"])

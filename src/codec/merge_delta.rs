@@ -957,6 +957,12 @@ mod tests {
 
     /// A flat state of `p` parameters (weights ~0.05, first moments ~1e-3, second moments
     /// over eight orders of magnitude) and a previous global state a small step away.
+    /// `flat` encoded with `spec` at `at` and decoded again.
+    fn coded(spec: DeltaSpec, flat: &[f32], at: Place, base: &[f32]) -> Vec<f32> {
+        let bytes = spec.encode(flat, at, base).unwrap();
+        spec.decode(&bytes, flat.len() as u64, at, base).unwrap()
+    }
+
     fn state(p: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let base: Vec<f32> = (0..p).map(|_| rng.random_range(-0.1f32..0.1)).collect();
@@ -1064,9 +1070,6 @@ mod tests {
         }
     }
 
-    /// `q4v2`: the parameters and first moments exactly as `q4` codes them, the second
-    /// moments in 2 bits, rounded up: never below the true value, less than 4x above it, and
-    /// `top / 64` for everything smaller.
     /// `m4`: every first moment in 4 bits (none zeroed, each within half a step of the
     /// chunk's scale `max / 7`), the parameters and second moments as without it; a bad
     /// first-moment scale or the code -8 is refused with the chunk's index.
@@ -1086,14 +1089,7 @@ mod tests {
             assert_eq!(m4.encoded_len(n, at) - topk, 4 * 36 + 26 - 5 * 3 * k);
             assert_eq!(bytes.len() as u64, m4.encoded_len(n, at));
             let back = m4.decode(&bytes, n, at, &base).unwrap();
-            let q4v2 = DeltaSpec::Q4V2
-                .decode(
-                    &DeltaSpec::Q4V2.encode(&flat, at, &base).unwrap(),
-                    n,
-                    at,
-                    &base,
-                )
-                .unwrap();
+            let q4v2 = coded(DeltaSpec::Q4V2, &flat, at, &base);
             assert_eq!(back[..p], q4v2[..p]);
             assert_eq!(back[2 * p..], q4v2[2 * p..]);
             for (chunk, got) in flat[p..2 * p].chunks(64).zip(back[p..2 * p].chunks(64)) {
@@ -1121,6 +1117,9 @@ mod tests {
         assert!(spec.decode(&bad, 12, at, &[0.0; 4]).is_err());
     }
 
+    /// `q4v2`: the parameters and first moments exactly as `q4` codes them, the second
+    /// moments in 2 bits, rounded up: never below the true value, less than 4x above it, and
+    /// `top / 64` for everything smaller.
     #[test]
     fn v2_second_moments_round_up_within_a_factor_of_four() {
         let p = 300usize;
@@ -1135,14 +1134,7 @@ mod tests {
             assert_eq!(q4_len - v2.encoded_len(n, at), 4 * (36 - 20) + (26 - 15));
             assert_eq!(bytes.len() as u64, v2.encoded_len(n, at));
             let back = v2.decode(&bytes, n, at, &base).unwrap();
-            let q4 = DeltaSpec::Q4
-                .decode(
-                    &DeltaSpec::Q4.encode(&flat, at, &base).unwrap(),
-                    n,
-                    at,
-                    &base,
-                )
-                .unwrap();
+            let q4 = coded(DeltaSpec::Q4, &flat, at, &base);
             assert_eq!(back[..2 * p], q4[..2 * p]);
             for (chunk, got) in flat[2 * p..].chunks(64).zip(back[2 * p..].chunks(64)) {
                 let top = chunk.iter().fold(0f32, |m, &v| m.max(v));
@@ -1201,14 +1193,7 @@ mod tests {
         assert!(err < norm, "{err} {norm}");
         // With every coefficient kept, the round trip is exact to bf16's precision.
         let dense = DeltaSpec::new(64, 64, 64).unwrap();
-        let back = dense
-            .decode(
-                &dense.encode(&flat, at, &base).unwrap(),
-                flat.len() as u64,
-                at,
-                &base,
-            )
-            .unwrap();
+        let back = coded(dense, &flat, at, &base);
         for i in 0..p {
             assert!(
                 (back[i] - flat[i]).abs() < 2e-5,
@@ -1313,14 +1298,7 @@ mod tests {
         let p = 640usize;
         let (flat, base) = state(p, 7);
         let at = place(0, p as u64, false);
-        let back = DeltaSpec::SIGN
-            .decode(
-                &DeltaSpec::SIGN.encode(&flat, at, &base).unwrap(),
-                flat.len() as u64,
-                at,
-                &base,
-            )
-            .unwrap();
+        let back = coded(DeltaSpec::SIGN, &flat, at, &base);
         for i in 0..p {
             let (d, e) = (flat[i] - base[i], back[i] - base[i]);
             assert!(d == 0.0 || (d > 0.0) == (e > 0.0), "{i}: {d} sent as {e}");

@@ -182,27 +182,16 @@ impl BackendTask for StepTask {
 
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
         let data = Dataset::load(&DataSpec::default(), &Tokenizer::byte(), self.seq, 0)?;
-        let mut whole = Pipeline::<B>::new(
-            &self.cfg,
-            0,
-            OptimizerConfig::default(),
-            WireDtype::default(),
-            &device,
-        )?;
-        let mut chain = Pipeline::<B>::new(
-            &self.cfg,
-            0,
-            OptimizerConfig::default(),
-            WireDtype::default(),
-            &device,
-        )?;
-        let mut recompute = Pipeline::<B>::new(
-            &self.cfg,
-            0,
-            OptimizerConfig::default(),
-            WireDtype::default(),
-            &device,
-        )?;
+        let pipeline = || {
+            Pipeline::<B>::new(
+                &self.cfg,
+                0,
+                OptimizerConfig::default(),
+                WireDtype::default(),
+                &device,
+            )
+        };
+        let (mut whole, mut chain, mut recompute) = (pipeline()?, pipeline()?, pipeline()?);
         recompute.set_retain_graphs(false);
         let mut next = 0u64;
         let mut batch = || {

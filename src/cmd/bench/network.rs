@@ -7,8 +7,9 @@
 //! - single process: `model::pipeline::Pipeline` in this process, `train_batch` + `step` per
 //!   sample, timed from the first to the last sample after one warm-up sample.
 //! - network: steady state only, from the first status poll that shows a completed sample to
-//!   the last poll (the `--metrics-out` lines of `iota local`), so process start-up and miner
-//!   registration are left out.
+//!   the first that shows the last one (the `--metrics-out` lines of `iota local`), so process
+//!   start-up, miner registration and the run's closing merge are left out; merges within the
+//!   run (every `merge_every` samples) are inside the span.
 //! - single process: uses every core of the machine (the network's processes share the same
 //!   cores: `--threads` compute threads per miner).
 //! - bytes: counted where they move ([`crate::storage::traffic`]). Each miner counts every
@@ -69,6 +70,9 @@ pub struct BenchNetworkArgs {
     /// --samples-per-step`; 0: asynchronous). The single process is the same either way.
     #[arg(long, value_name = "G", default_value_t = 0)]
     pub samples_per_step: u64,
+    /// Device of the single process and of every miner (`cuda` needs `--features cuda`).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
 }
 
 /// Throughput of a run: samples completed over a time span.
@@ -91,8 +95,10 @@ impl Span {
 }
 
 /// Steady-state span of a network run from the JSON lines of `iota local --metrics-out`
-/// (`t_s`, `completed` per poll): from the first poll with a completed sample to the last
-/// poll, counting the samples completed in between.
+/// (`t_s`, `completed` per poll): from the first poll with a completed sample to the first
+/// poll that shows the final count, counting the samples completed in between. Polls after
+/// the last sample (the run's closing merge and evaluation, the miners' shutdown) are left
+/// out: on a fast device they outweigh a short run's training.
 ///
 /// Returns `None` when fewer than two polls show completed samples or no time passed.
 pub fn steady_state(metrics_jsonl: &str) -> Option<Span> {
@@ -103,7 +109,8 @@ pub fn steady_state(metrics_jsonl: &str) -> Option<Span> {
         .filter(|&(_, c)| c > 0)
         .collect();
     let (t0, c0) = *polls.first()?;
-    let (t1, c1) = *polls.last()?;
+    let last = polls.iter().map(|&(_, c)| c).max()?;
+    let &(t1, c1) = polls.iter().find(|&&(_, c)| c == last)?;
     (t1 > t0 && c1 > c0).then_some(Span {
         samples: c1 - c0,
         seconds: t1 - t0,
@@ -207,6 +214,8 @@ impl BackendTask for Task {
             wire_bytes = report.bytes_forward + report.bytes_backward;
             pipeline.step(1e-3);
         }
+        // The last step's kernels may still be queued on a GPU.
+        B::sync(&device).map_err(|e| anyhow::anyhow!("device sync: {e:?}"))?;
         Ok(Single {
             span: Span {
                 samples: self.samples,
@@ -344,6 +353,7 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
         .args(["--seq-len", &args.seq_len.to_string()])
         .args(["--threads", &args.threads.max(1).to_string()])
         .args(["--samples-per-step", &args.samples_per_step.to_string()])
+        .args(["--device", &args.device.to_string()])
         .args(["--listen", &listen.to_string()])
         .args(["--poll-ms", "200"])
         .arg("--dir")
@@ -529,11 +539,20 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
     if args.samples < 2 {
         bail!("--samples must be at least 2");
     }
-    let mut cfg = ModelConfig::preset(&args.preset)?;
-    cfg.max_seq_len = cfg.max_seq_len.max(args.seq_len);
+    let cfg = ModelConfig::preset(&args.preset)?;
+    // The network's orchestrator refuses windows longer than the model's: so does the bench,
+    // before it spends the single process's run.
+    if args.seq_len > cfg.max_seq_len {
+        bail!(
+            "--seq-len {} is longer than preset {}'s max_seq_len {}",
+            args.seq_len,
+            cfg.name,
+            cfg.max_seq_len
+        );
+    }
     let tokens_per_sample = args.batch_size * args.seq_len;
     println!(
-        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each, {}); single process on all {} cores",
+        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each, {}, device {}); single process on all {} cores",
         cfg.name,
         args.samples,
         args.batch_size,
@@ -545,6 +564,7 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
             0 => "asynchronous steps".to_string(),
             g => format!("synchronous steps of {g} samples"),
         },
+        args.device,
         rayon::current_num_threads()
     );
     let task = Task {
@@ -553,7 +573,7 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
         seq: args.seq_len,
         samples: args.samples,
     };
-    let single = dispatch(DeviceKind::Cpu, task)
+    let single = dispatch(args.device, task)
         .map_err(anyhow::Error::msg)?
         .context("running the single-process chain")?;
 
@@ -589,7 +609,7 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
         total
     );
     println!(
-        "network tokens/s is the steady state: first completed sample to the last status poll (start-up and registration excluded)"
+        "network tokens/s is the steady state: first to last completed sample as the status polls saw them (start-up, registration and the closing merge excluded; merges within the run included)"
     );
     Ok(())
 }
@@ -608,6 +628,9 @@ mod tests {
         let span = steady_state(text).unwrap();
         assert_eq!(span.samples, 8);
         assert!((span.seconds - 2.0).abs() < 1e-12);
+        // Polls after the last sample (the closing merge) do not lengthen the span.
+        let tail = format!("{text}{{\"t_s\":9.0,\"completed\":10}}\n");
+        assert_eq!(steady_state(&tail), Some(span));
         // 8 samples x 16 tokens / 2 s = 64 tokens/s.
         assert!((span.tokens_per_s(16) - 64.0).abs() < 1e-9);
     }

@@ -8,9 +8,13 @@ pub fn payload_hash(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
 }
 
-/// BLAKE3 hash of `values` written as little-endian `f32` (an `f32` state or checkpoint),
-/// hashed a block at a time instead of through one copy of the whole.
+/// BLAKE3 hash of `values` written as little-endian `f32` (an `f32` state or checkpoint):
+/// their own bytes on a little-endian machine, else converted a block at a time instead of
+/// through one copy of the whole.
 pub fn f32_hash(values: &[f32]) -> blake3::Hash {
+    if cfg!(target_endian = "little") {
+        return blake3::hash(bytemuck::cast_slice(values));
+    }
     let mut hasher = blake3::Hasher::new();
     let mut block = [0u8; 4 * 4096];
     for chunk in values.chunks(4096) {

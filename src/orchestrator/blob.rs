@@ -149,6 +149,10 @@ pub async fn put_blob(
             .into_response());
     };
     let mut writer = state.storage.writer(&key);
+    if let Some(n) = declared {
+        // At most the token's limit, checked above.
+        writer.reserve(usize::try_from(n).unwrap_or(usize::MAX));
+    }
     let mut stream = body.into_data_stream();
     while let Some(chunk) = stream.next().await {
         let chunk = match chunk {

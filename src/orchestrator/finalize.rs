@@ -31,7 +31,7 @@ use crate::merge::{
     verify_partition,
 };
 use crate::model::layout::section_layout;
-use crate::storage::{ObjectKey, StatePart, StorageError, payload_hash};
+use crate::storage::{ObjectKey, StatePart, StorageError};
 
 /// Values merged at a time when the orchestrator recomputes a partition.
 const RECOMPUTE_CHUNK: usize = 1 << 20;
@@ -123,7 +123,7 @@ pub async fn finalize_section(
         let (mut values, verdict) = match verification.verdict {
             Verdict::Agreed { copy, support } => {
                 encoded = Some(copies[copy].bytes.clone());
-                (copies[copy].values.to_vec(), format!("agreed by {support}"))
+                (copies[copy].values.clone(), format!("agreed by {support}"))
             }
             Verdict::Single { copy } => {
                 // Nobody can cross-check a lone copy, so the orchestrator does.
@@ -140,29 +140,32 @@ pub async fn finalize_section(
                 }
                 if agrees {
                     encoded = Some(copies[copy].bytes.clone());
-                    (copies[copy].values.to_vec(), "single copy".to_string())
+                    (copies[copy].values.clone(), "single copy".to_string())
                 } else {
                     encoded = Some(Bytes::from(bytes));
-                    (values, "recomputed".to_string())
+                    (Arc::new(values), "recomputed".to_string())
                 }
             }
             Verdict::FallbackToPrevious => match &previous {
                 Some((_, key)) => (
-                    read_values(state, key, range.clone()).await?,
+                    Arc::new(read_values(state, key, range.clone()).await?),
                     "fallback to previous".to_string(),
                 ),
                 None => {
                     let (values, bytes) =
                         recompute(state, epoch, section, row, part, &base).await?;
                     encoded = Some(Bytes::from(bytes));
-                    (values, "recomputed (no previous global)".to_string())
+                    (
+                        Arc::new(values),
+                        "recomputed (no previous global)".to_string(),
+                    )
                 }
             },
             Verdict::NeedsRecompute | Verdict::Recomputed => {
                 let (values, bytes) = recompute(state, epoch, section, row, part, &base).await?;
                 verification = judge_against_recomputed(part.mergers(), &views, &values, tolerance);
                 encoded = Some(Bytes::from(bytes));
-                (values, "recomputed".to_string())
+                (Arc::new(values), "recomputed".to_string())
             }
         };
         for flag in &verification.flagged {
@@ -190,18 +193,26 @@ pub async fn finalize_section(
             };
             let merged = &values[..in_params.len()];
             let stepped = nesterov_outer_step(&prev, merged, &mut momentum, *step)?;
+            let values = Arc::make_mut(&mut values);
             values[..in_params.len()].copy_from_slice(&stepped);
             writer.write(&f32_to_le_bytes(&momentum)).await?;
             if wire.needs_base() {
                 // The stepped values go through the format too, so the checkpoint is what the
                 // delta object decodes to.
-                let bytes = encode_partition(wire, &values, part_span, &base, part.index())?;
-                values =
+                let bytes = encode_partition(wire, values, part_span, &base, part.index())?;
+                *values =
                     decode_partition(wire, &bytes, values.len(), part_span, &base, part.index())?;
                 encoded = Some(Bytes::from(bytes));
+            } else {
+                // The encoding no longer holds these values.
+                encoded = None;
             }
         }
-        let bytes = f32_to_le_bytes(&values);
+        // In `f32` a copy's encoding is the checkpoint's bytes themselves.
+        let bytes = match (&encoded, wire) {
+            (Some(bytes), MergeWire::F32) => bytes.clone(),
+            _ => Bytes::from(f32_to_le_bytes(&values)),
+        };
         hasher.update(&bytes);
         out.write(&bytes).await?;
         match (encoded, delta_out.as_mut()) {
@@ -302,6 +313,7 @@ async fn load_copies(
     // Hashes of the copies decoded so far, with the copy holding their values.
     let mut decoded: Vec<(&str, usize)> = Vec::new();
     for r in results.iter().filter(|r| r.partition == part.index()) {
+        let submitted = blake3::Hash::from_hex(&r.hash).ok();
         let (values, bytes) = match state.partition_key(section, epoch, part.index(), &r.merger) {
             // Exactly the partition's size, and the hash it was accepted with: a copy replaced
             // after it was submitted is neither read whole nor used.
@@ -312,7 +324,7 @@ async fn load_copies(
             {
                 // A copy that does not decode (a bad scale, a non-finite value, a malformed
                 // sparse chunk) is invalid.
-                Ok(bytes) if payload_hash(&bytes).eq_ignore_ascii_case(&r.hash) => {
+                Ok(bytes) if Some(blake3::hash(&bytes)) == submitted => {
                     let same = decoded
                         .iter()
                         .find(|(h, _)| h.eq_ignore_ascii_case(&r.hash));
@@ -329,7 +341,19 @@ async fn load_copies(
                     match wire.decode(&bytes, len, span, base) {
                         Ok(values) => {
                             decoded.push((r.hash.as_str(), out.len()));
-                            (values, bytes)
+                            // `f32` values hash like the bytes they were decoded from, which
+                            // were just hashed: no need to hash them again.
+                            let hash = match (wire, submitted) {
+                                (MergeWire::F32, Some(h)) => *h.as_bytes(),
+                                _ => values_hash(&values),
+                            };
+                            out.push(Loaded {
+                                merger: r.merger.clone(),
+                                hash,
+                                values: Arc::new(values),
+                                bytes,
+                            });
+                            continue;
                         }
                         Err(_) => (Vec::new(), Bytes::new()),
                     }

@@ -15,7 +15,7 @@ use super::wire::{get_url, put_url};
 use crate::api::*;
 use crate::codec::Span;
 use crate::model::layout::section_layout;
-use crate::storage::{StatePart, StorageError, payload_hash};
+use crate::storage::{StatePart, StorageError};
 
 /// How long `/api/merge/task` holds a request that has nothing to do, waiting for the merge
 /// cycle to move (a plan built, a section merged, a phase begun), before answering "wait".
@@ -407,16 +407,19 @@ pub async fn submit(
             let key = state
                 .partition_key(section, *epoch, *index, &req.hotkey)
                 .map_err(HttpError::internal)?;
-            let reason = match state.storage.get_exact(&key, expected).await {
-                Err(StorageError::LengthMismatch { got, .. }) => Some(format!(
+            // Only the object's size is checked here. Its bytes are read once, when the section
+            // is finalised: a copy that does not hash as submitted (or was replaced since) is
+            // flagged `invalid` there and left out, so reading and hashing it now as well
+            // would only repeat that work.
+            let reason = match state.storage.head(&key).await {
+                _ if blake3::Hash::from_hex(hash).is_err() => {
+                    Some(format!("hash must be 64 hex digits, got {hash:?}"))
+                }
+                Ok(got) if got != expected => Some(format!(
                     "partition {index} must be {expected} bytes, the object is {got}"
                 )),
                 Ok(_) if *bytes != expected => Some(format!(
                     "partition {index} must be {expected} bytes, reported {bytes}"
-                )),
-                Ok(data) if !payload_hash(&data).eq_ignore_ascii_case(hash) => Some(format!(
-                    "hash mismatch: reported {hash}, the object hashes to {}",
-                    payload_hash(&data)
                 )),
                 Ok(_) => None,
                 Err(StorageError::NotFound { .. }) => {

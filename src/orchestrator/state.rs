@@ -25,6 +25,10 @@ pub const SECRET_FILE: &str = "blob_secret";
 
 /// Most `/blob` uploads streaming at once ([`super::blob`]); more are turned away (503).
 pub const MAX_CONCURRENT_PUTS: usize = 8;
+/// Bytes of what the orchestrator stored recently kept in memory for its own read-backs
+/// (uploads it checks and serves to mergers, merged copies, checkpoints; see
+/// [`crate::storage::recent`]): 256 MiB, objects up to 64 MiB each.
+pub const RECENT_WRITES_BUDGET: usize = 256 << 20;
 
 /// Most stored sample tokens [`AppState`] remembers.
 pub const STAGED_MAX: usize = 256;
@@ -147,7 +151,7 @@ impl AppState {
         std::fs::create_dir_all(&config.data_dir)?;
         let repo = Repository::open(&config.data_dir.join(STATE_FILE))?;
         let secret = BlobSecret::load_or_create(&config.data_dir.join(SECRET_FILE))?;
-        let storage = Storage::open(&config.storage)?;
+        let storage = Storage::open(&config.storage)?.with_recent_writes(RECENT_WRITES_BUDGET);
         let tokenizer = Tokenizer::load(config.data.tokenizer.as_deref())?;
         if tokenizer.vocab_size() > config.model.vocab_size {
             return Err(StartError::Vocab {

@@ -8,12 +8,15 @@
 //!   over a local directory or an S3-compatible bucket.
 //! - [`store_config`] defines [`StorageConfig`], where the objects live.
 //! - [`store_error`] defines [`StorageError`].
+//! - [`recent`] keeps what a store wrote recently in memory, for the orchestrator's
+//!   read-backs.
 //! - [`transfer`] uploads and downloads through presigned URLs, for credential-less clients.
 //! - [`retry`] defines the retry policy of those transfers.
 //!
 //! This module knows nothing of models.
 
 pub mod key;
+pub mod recent;
 pub mod retry;
 pub mod store;
 pub mod store_config;

@@ -17,6 +17,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use url::Url;
 
 use super::key::ObjectKey;
+use super::recent::RecentWrites;
 use super::store_config::{self, BackendKind, StorageConfig};
 use super::store_error::{StorageError, StorageResult};
 use super::traffic::{self, TrafficDir};
@@ -65,6 +66,8 @@ pub struct Storage {
     kind: BackendKind,
     multipart_threshold: usize,
     part_size: usize,
+    /// What this handle stored recently, read back from memory (see [`RecentWrites`]).
+    recent: Option<Arc<RecentWrites>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -75,6 +78,7 @@ impl std::fmt::Debug for Storage {
             .field("kind", &self.kind)
             .field("multipart_threshold", &self.multipart_threshold)
             .field("part_size", &self.part_size)
+            .field("recent_writes", &self.recent.as_ref().map(|r| r.held()))
             .finish()
     }
 }
@@ -97,6 +101,7 @@ impl Storage {
             kind: opened.kind,
             multipart_threshold: DEFAULT_MULTIPART_THRESHOLD,
             part_size: DEFAULT_PART_SIZE,
+            recent: None,
         })
     }
 
@@ -122,7 +127,21 @@ impl Storage {
             kind,
             multipart_threshold: DEFAULT_MULTIPART_THRESHOLD,
             part_size: DEFAULT_PART_SIZE,
+            recent: None,
         }
+    }
+
+    /// Keeps what this handle (and its clones) store in memory, up to `budget` bytes, and
+    /// reads it back from there ([`RecentWrites`]). For a store that only this process
+    /// writes under the keys it stores itself, as the orchestrator's.
+    pub fn with_recent_writes(mut self, budget: usize) -> Self {
+        self.recent = Some(Arc::new(RecentWrites::new(budget)));
+        self
+    }
+
+    /// The object under `path` if this handle stored it recently.
+    fn recent(&self, path: &Path) -> Option<Bytes> {
+        self.recent.as_ref()?.get(path.as_ref())
     }
 
     /// Sets when [`Storage::put`] switches to a multipart upload (payloads strictly larger
@@ -182,15 +201,25 @@ impl Storage {
         let hash = payload_hash(&bytes);
         let path = self.path(key);
         let backend_err = |e| StorageError::from_backend(key.as_str(), e);
+        let whole = bytes.clone();
+        let stored = |path: &Path| {
+            if let Some(recent) = &self.recent {
+                recent.stored(path.as_ref(), whole.clone());
+            }
+        };
         if bytes.len() <= self.multipart_threshold {
             let len = bytes.len() as u64;
-            self.store
-                .put(&path, PutPayload::from(bytes))
-                .await
-                .map_err(backend_err)?;
+            let put = self.store.put(&path, PutPayload::from(bytes)).await;
+            if let Err(e) = put {
+                self.forget(&path);
+                return Err(backend_err(e));
+            }
+            stored(&path);
             traffic::global().record_key(key.as_str(), TrafficDir::Up, len);
             return Ok(hash);
         }
+        // Whatever is under the key while the parts go up is not what was cached.
+        self.forget(&path);
 
         let parts = bytes.len().div_ceil(self.part_size);
         if parts > S3_MAX_PARTS {
@@ -218,8 +247,16 @@ impl Storage {
         }
         // `finish` aborts the upload itself when a part or the completion fails.
         writer.finish().await.map_err(backend_err)?;
+        stored(&path);
         traffic::global().record_key(key.as_str(), TrafficDir::Up, len);
         Ok(hash)
+    }
+
+    /// Drops `path` from the recent writes (it changed in a way they do not hold).
+    fn forget(&self, path: &Path) {
+        if let Some(recent) = &self.recent {
+            recent.forget(path.as_ref());
+        }
     }
 
     /// A writer that stores an object under `key` from consecutive chunks, so a large object
@@ -235,6 +272,7 @@ impl Storage {
             buffer: Vec::new(),
             multipart: None,
             written: 0,
+            recent: self.recent.clone(),
         }
     }
 
@@ -245,8 +283,16 @@ impl Storage {
     /// [`StorageError::Backend`] when the backend fails.
     pub async fn get(&self, key: &ObjectKey) -> StorageResult<Bytes> {
         let backend_err = |e| StorageError::from_backend(key.as_str(), e);
-        let result = self.store.get(&self.path(key)).await.map_err(backend_err)?;
-        let bytes = result.bytes().await.map_err(backend_err)?;
+        let path = self.path(key);
+        // Read from memory or not, these are the store's bytes: the traffic counters count
+        // them alike.
+        let bytes = match self.recent(&path) {
+            Some(bytes) => bytes,
+            None => {
+                let result = self.store.get(&path).await.map_err(backend_err)?;
+                result.bytes().await.map_err(backend_err)?
+            }
+        };
         traffic::global().record_key(key.as_str(), TrafficDir::Down, bytes.len() as u64);
         Ok(bytes)
     }
@@ -309,11 +355,19 @@ impl Storage {
             return Ok(Bytes::new());
         }
         let expected = range.end - range.start;
-        let bytes = self
-            .store
-            .get_range(&self.path(key), range)
-            .await
-            .map_err(|e| StorageError::from_backend(key.as_str(), e))?;
+        let path = self.path(key);
+        let held = self
+            .recent(&path)
+            .filter(|b| range.end <= b.len() as u64)
+            .map(|b| b.slice(range.start as usize..range.end as usize));
+        let bytes = match held {
+            Some(bytes) => bytes,
+            None => self
+                .store
+                .get_range(&path, range)
+                .await
+                .map_err(|e| StorageError::from_backend(key.as_str(), e))?,
+        };
         if bytes.len() as u64 != expected {
             return Err(StorageError::LengthMismatch {
                 key: key.to_string(),
@@ -333,10 +387,19 @@ impl Storage {
     /// [`StorageError::NotFound`] when there is nothing under `from`; otherwise as
     /// [`Storage::get`].
     pub async fn copy(&self, from: &ObjectKey, to: &ObjectKey) -> StorageResult<()> {
-        self.store
-            .copy(&self.path(from), &self.path(to))
+        let (from_path, to_path) = (self.path(from), self.path(to));
+        let copied = self
+            .store
+            .copy(&from_path, &to_path)
             .await
-            .map_err(|e| StorageError::from_backend(from.as_str(), e))
+            .map_err(|e| StorageError::from_backend(from.as_str(), e));
+        if let Some(recent) = &self.recent {
+            match (&copied, recent.get(from_path.as_ref())) {
+                (Ok(()), Some(bytes)) => recent.stored(to_path.as_ref(), bytes),
+                _ => recent.forget(to_path.as_ref()),
+            }
+        }
+        copied
     }
 
     /// The size in bytes of the object under `key`.
@@ -344,9 +407,13 @@ impl Storage {
     /// # Errors
     /// As [`Storage::get`].
     pub async fn head(&self, key: &ObjectKey) -> StorageResult<u64> {
+        let path = self.path(key);
+        if let Some(bytes) = self.recent(&path) {
+            return Ok(bytes.len() as u64);
+        }
         let meta = self
             .store
-            .head(&self.path(key))
+            .head(&path)
             .await
             .map_err(|e| StorageError::from_backend(key.as_str(), e))?;
         Ok(meta.size)
@@ -414,7 +481,10 @@ impl Storage {
     /// # Errors
     /// [`StorageError::AccessDenied`] or [`StorageError::Backend`] when the backend fails.
     pub async fn delete(&self, key: &ObjectKey) -> StorageResult<()> {
-        match self.store.delete(&self.path(key)).await {
+        let path = self.path(key);
+        // Forgotten first: a failed delete may have removed the object all the same.
+        self.forget(&path);
+        match self.store.delete(&path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(StorageError::from_backend(key.as_str(), e)),
         }
@@ -481,6 +551,8 @@ pub struct ObjectWriter {
     buffer: Vec<u8>,
     multipart: Option<WriteMultipart>,
     written: u64,
+    /// The store's recent writes, told about the object once it is complete.
+    recent: Option<Arc<RecentWrites>>,
 }
 
 impl std::fmt::Debug for ObjectWriter {
@@ -493,6 +565,19 @@ impl std::fmt::Debug for ObjectWriter {
 }
 
 impl ObjectWriter {
+    /// Makes room for `additional` more bytes ahead of the writes (at most what is held before
+    /// a multipart upload takes over), so a body of known length is not copied again each
+    /// time the buffer grows.
+    pub fn reserve(&mut self, additional: usize) {
+        if self.multipart.is_none() {
+            let room = self
+                .threshold
+                .saturating_add(1)
+                .saturating_sub(self.buffer.len());
+            self.buffer.reserve(additional.min(room));
+        }
+    }
+
     /// Appends `chunk`.
     ///
     /// # Errors
@@ -549,15 +634,31 @@ impl ObjectWriter {
     /// As [`Self::write`].
     pub async fn finish(self) -> StorageResult<u64> {
         let backend_err = |e| StorageError::from_backend(self.key.as_str(), e);
+        let forget = |recent: &Option<Arc<RecentWrites>>, path: &Path| {
+            if let Some(recent) = recent {
+                recent.forget(path.as_ref());
+            }
+        };
         match self.multipart {
             Some(writer) => {
+                // Written in parts that were not kept: what the cache held is stale.
+                forget(&self.recent, &self.path);
                 writer.finish().await.map_err(backend_err)?;
             }
             None => {
-                self.store
-                    .put(&self.path, PutPayload::from(Bytes::from(self.buffer)))
-                    .await
-                    .map_err(backend_err)?;
+                let bytes = Bytes::from(self.buffer);
+                let put = self
+                    .store
+                    .put(&self.path, PutPayload::from(bytes.clone()))
+                    .await;
+                match (put, &self.recent) {
+                    (Ok(_), Some(recent)) => recent.stored(self.path.as_ref(), bytes),
+                    (Ok(_), None) => {}
+                    (Err(e), _) => {
+                        forget(&self.recent, &self.path);
+                        return Err(backend_err(e));
+                    }
+                }
             }
         }
         traffic::global().record_key(self.key.as_str(), TrafficDir::Up, self.written);
@@ -579,6 +680,65 @@ mod tests {
 
     fn key(s: &str) -> ObjectKey {
         ObjectKey::parse(s).unwrap()
+    }
+
+    /// A store with recent writes kept reads back exactly what the directory holds after
+    /// every kind of write, and forgets what is deleted or replaced in parts.
+    #[tokio::test]
+    async fn recent_writes_read_back_what_the_directory_holds() {
+        let (dir, plain) = local();
+        let cached = Storage::open(&StorageConfig::local(dir.path().display().to_string()))
+            .unwrap()
+            .with_multipart(64, 16)
+            .unwrap()
+            .with_recent_writes(1 << 20);
+        let same = |k: &'static str| {
+            let (plain, cached) = (plain.clone(), cached.clone());
+            async move {
+                let k = key(k);
+                let want = plain.get(&k).await.unwrap();
+                assert_eq!(cached.get(&k).await.unwrap(), want, "{k}");
+                assert_eq!(cached.head(&k).await.unwrap(), want.len() as u64, "{k}");
+                assert_eq!(
+                    cached.get_range(&k, 2..5).await.unwrap(),
+                    want.slice(2..5),
+                    "{k}"
+                );
+                want
+            }
+        };
+        cached
+            .put(&key("a/put"), Bytes::from_static(b"0123456789"))
+            .await
+            .unwrap();
+        assert_eq!(&same("a/put").await[..], b"0123456789");
+        let mut w = cached.writer(&key("a/written"));
+        w.write(b"abcdef").await.unwrap();
+        w.finish().await.unwrap();
+        assert_eq!(&same("a/written").await[..], b"abcdef");
+        cached.copy(&key("a/put"), &key("a/copy")).await.unwrap();
+        assert_eq!(&same("a/copy").await[..], b"0123456789");
+        // Replaced by a writer: the new content, not the cached one.
+        let mut w = cached.writer(&key("a/put"));
+        w.write(b"XYZXYZ").await.unwrap();
+        w.finish().await.unwrap();
+        assert_eq!(&same("a/put").await[..], b"XYZXYZ");
+        // Replaced in parts (over the 64-byte threshold), which are not kept.
+        let big: Vec<u8> = (0..200u8).collect();
+        let mut w = cached.writer(&key("a/put"));
+        w.write(&big).await.unwrap();
+        w.finish().await.unwrap();
+        assert_eq!(&same("a/put").await[..], &big[..]);
+        // A range past the end is refused as the backend refuses it.
+        assert!(cached.get_range(&key("a/written"), 0..7).await.is_err());
+        // Deleted: gone for both.
+        cached.delete_prefix(&key("a")).await.unwrap();
+        for k in ["a/put", "a/written", "a/copy"] {
+            assert!(matches!(
+                cached.get(&key(k)).await,
+                Err(StorageError::NotFound { .. })
+            ));
+        }
     }
 
     /// 0, 1, ..., 250, 0, 1, ...: a payload whose every byte is predictable.

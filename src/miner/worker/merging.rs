@@ -345,7 +345,8 @@ impl<B: AutodiffBackend> Worker<B> {
     }
 
     /// Loads a merged section state (hash-checked), forgets the old epoch's cached inputs and
-    /// reports the hash of the state now held, computed from the model itself.
+    /// reports the hash of the state now held (the checkpoint's, which the loaded values were
+    /// checked against).
     pub(super) async fn adopt(&mut self, checkpoint: &SectionCheckpoint) -> Result<(), MinerError> {
         if checkpoint.section != self.report.section {
             return Err(MinerError::Malformed {
@@ -408,7 +409,10 @@ impl<B: AutodiffBackend> Worker<B> {
         // restarted ones included) and every validator's replay continues from the same one.
         self.engine
             .adopt_flat(&checkpoint.layout, &flat, Some(checkpoint.optimizer_step))?;
-        let hash = f32_payload_hash(&self.engine.section().export_flat(&checkpoint.layout)?);
+        // Every path above checked `flat` against the checkpoint's hash, and the import is
+        // exact (`flat_export_import_round_trips_bit_exactly`): so the state now held hashes to
+        // it, without exporting and hashing it again (a self-report either way).
+        let hash = want.to_ascii_lowercase();
         let p = usize::try_from(checkpoint.layout.params_len).unwrap_or(usize::MAX);
         self.merge_base = MergeBase {
             epoch: checkpoint.epoch,

@@ -96,24 +96,6 @@ impl RecentWrites {
         self.lock().remove(path);
     }
 
-    /// Forgets every path that starts with `prefix` followed by `/` (or equals it).
-    pub fn forget_prefix(&self, prefix: &str) {
-        let mut inner = self.lock();
-        let doomed: Vec<String> = inner
-            .objects
-            .keys()
-            .filter(|p| {
-                p.as_str() == prefix
-                    || p.strip_prefix(prefix)
-                        .is_some_and(|rest| rest.starts_with('/'))
-            })
-            .cloned()
-            .collect();
-        for path in doomed {
-            inner.remove(&path);
-        }
-    }
-
     /// The object under `path`, if it is held.
     pub fn get(&self, path: &str) -> Option<Bytes> {
         self.lock().objects.get(path).cloned()
@@ -179,18 +161,6 @@ mod tests {
         // The new, larger content is not held, and neither is the old one it replaced.
         assert_eq!(cache.get("big"), None);
         assert_eq!(cache.held(), 0);
-    }
-
-    #[test]
-    fn a_prefix_is_forgotten_by_whole_components() {
-        let cache = RecentWrites::new(1000);
-        cache.stored("runs/r/epoch/1/a", b(1, 1));
-        cache.stored("runs/r/epoch/1/b", b(1, 2));
-        cache.stored("runs/r/epoch/10/a", b(1, 3));
-        cache.forget_prefix("runs/r/epoch/1");
-        assert_eq!(cache.get("runs/r/epoch/1/a"), None);
-        assert_eq!(cache.get("runs/r/epoch/1/b"), None);
-        assert_eq!(cache.get("runs/r/epoch/10/a"), Some(b(1, 3)));
     }
 
     #[test]

@@ -158,6 +158,20 @@ impl Harness {
 
     /// Does `p`'s merge work honestly (from the vectors the test knows), scaled by `lie`.
     async fn merge_work(&self, p: &Player, everyone: &[&Player], held: u64, lie: f32) -> usize {
+        self.merge_work_claiming(p, everyone, held, lie, false)
+            .await
+    }
+
+    /// As [`Self::merge_work`]; with `claim_honest` the hash submitted with each result is
+    /// the honest (unscaled) result's, whatever bytes were uploaded.
+    async fn merge_work_claiming(
+        &self,
+        p: &Player,
+        everyone: &[&Player],
+        held: u64,
+        lie: f32,
+        claim_honest: bool,
+    ) -> usize {
         let resp = self.task(p, held).await;
         let MergeTask::Merge {
             epoch,
@@ -182,13 +196,15 @@ impl Harness {
                 .map(|src| &by_name[src.hotkey.as_str()].flat[s..e])
                 .collect();
             let weights: Vec<f32> = part.sources.iter().map(|src| src.weight).collect();
-            let merged: Vec<f32> = merge_partition(op, &slices, &weights)
-                .unwrap()
-                .into_iter()
-                .map(|v| v * lie)
-                .collect();
+            let honest = merge_partition(op, &slices, &weights).unwrap();
+            let merged: Vec<f32> = honest.iter().map(|v| v * lie).collect();
             let bytes = f32_to_le_bytes(&merged);
-            let (hash, n) = (payload_hash(&bytes), bytes.len() as u64);
+            let hash = if claim_honest {
+                payload_hash(&f32_to_le_bytes(&honest))
+            } else {
+                payload_hash(&bytes)
+            };
+            let n = bytes.len() as u64;
             self.upload(&part.output, bytes).await;
             let r = self
                 .merge_submit(
@@ -218,6 +234,31 @@ impl Harness {
     }
 
     /// The checkpoint a player is told to adopt, with its values.
+    /// Trains `all` until the merge of epoch 0 asks for uploads, has each upload its state
+    /// (accepted), and moves the cycle on until the plan is built.
+    async fn upload_all(&self, all: &[&Player]) {
+        self.train_until_upload(all).await;
+        for p in all {
+            assert!(self.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
+        }
+        self.step().await;
+        self.step().await;
+    }
+
+    /// The merge weights of `players` for the merge of `epoch`: their backwards in it, or
+    /// equal weights when none did any.
+    fn merge_weights(&self, players: &[&Player], epoch: u64) -> Vec<f32> {
+        let weights: Vec<f32> = players
+            .iter()
+            .map(|p| self.state.repo.backwards_in_epoch(&p.name, epoch).unwrap() as f32)
+            .collect();
+        if weights.iter().all(|w| *w == 0.0) {
+            vec![1.0; players.len()]
+        } else {
+            weights
+        }
+    }
+
     async fn adopt(&self, p: &Player, held: u64) -> (SectionCheckpoint, Vec<f32>) {
         let resp = self.task(p, held).await;
         let MergeTask::Adopt { checkpoint } = resp.task else {
@@ -357,45 +398,75 @@ async fn a_lying_merger_is_flagged_and_its_result_not_used() {
     let h = merge_harness("");
     let (a, b, c, _) = three_players(&h).await;
     let all = [&a, &b, &c];
-    h.train_until_upload(&all).await;
-    for p in all {
-        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
-    }
-    h.step().await;
-    h.step().await;
+    h.upload_all(&all).await;
     h.merge_work(&a, &all, 0, 1.0).await;
     h.merge_work(&b, &all, 0, 1.0).await;
     h.merge_work(&c, &all, 0, 1.5).await; // Charlie scales his results
+    let ms = only_the_last_is_flagged(&h, &all, "disagreed").await;
+    assert!(ms.sections[0].recomputed >= 1);
+}
+
+/// Ends the merge of epoch 0 and checks that the last of `all` alone was flagged (every flag
+/// with `reason`) and penalised, and that the checkpoint is the honest mean of all uploads.
+async fn only_the_last_is_flagged(h: &Harness, all: &[&Player], reason: &str) -> MergeStatus {
+    let liar = all[all.len() - 1];
     h.step().await;
     let ms = h.merge_status().await;
     assert_eq!(ms.epoch, 1);
-    let flagged: Vec<&str> = ms.sections[0]
-        .flagged
-        .iter()
-        .map(|f| f.hotkey.as_str())
-        .collect();
+    let flagged = &ms.sections[0].flagged;
     assert!(!flagged.is_empty());
-    assert!(flagged.iter().all(|f| *f == c.name), "{flagged:?}");
     assert!(
-        ms.sections[0]
-            .flagged
+        flagged
             .iter()
-            .all(|f| f.reason == "disagreed")
+            .all(|f| f.hotkey == liar.name && f.reason == reason),
+        "{flagged:?}"
     );
-    assert!(ms.sections[0].recomputed >= 1);
-    let weights: Vec<f32> = all
-        .iter()
-        .map(|p| h.state.repo.backwards_in_epoch(&p.name, 0).unwrap() as f32)
-        .collect();
-    let weights = if weights.iter().all(|w| *w == 0.0) {
-        vec![1.0; 3]
-    } else {
-        weights
+    let weights = h.merge_weights(all, 0);
+    let (_, values) = h.adopt(all[0], 0).await;
+    assert_eq!(values, direct_mean(all, &weights));
+    let miner = h.state.repo.miner(&liar.name).unwrap().unwrap();
+    assert!(miner.penalties >= 1);
+    ms
+}
+
+/// A merger that uploads one result and submits the hash of another (here: the honest one's,
+/// over scaled bytes) has its submission accepted on size alone, and is caught when the
+/// section is finalised: its copy does not hash as submitted, so it is flagged `invalid`,
+/// penalised and left out. A submission whose hash is not 64 hex digits is refused at once.
+#[tokio::test]
+async fn a_merger_whose_copy_does_not_hash_as_submitted_is_flagged_invalid() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.upload_all(&all).await;
+    let MergeTask::Merge { partitions, .. } = h.task(&c, 0).await.task else {
+        panic!("expected a merge task for {}", c.name);
     };
-    let (_, values) = h.adopt(&a, 0).await;
-    assert_eq!(values, direct_mean(&all, &weights));
-    let charlie = h.state.repo.miner(&c.name).unwrap().unwrap();
-    assert!(charlie.penalties >= 1);
+    let first = &partitions[0];
+    let r = h
+        .merge_submit(
+            &c,
+            &MergeSubmitRequest::Partition {
+                epoch: 0,
+                index: first.index,
+                hash: "not a hash".into(),
+                bytes: 4 * (first.end - first.start),
+            },
+        )
+        .await;
+    assert!(!r.accepted, "{r:?}");
+    assert!(
+        r.reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("64 hex digits"),
+        "{r:?}"
+    );
+    h.merge_work(&a, &all, 0, 1.0).await;
+    h.merge_work(&b, &all, 0, 1.0).await;
+    // Charlie uploads results scaled by 1.5 but submits the honest results' hashes.
+    assert!(h.merge_work_claiming(&c, &all, 0, 1.5, true).await > 0);
+    only_the_last_is_flagged(&h, &all, "invalid").await;
 }
 
 #[tokio::test]
@@ -404,12 +475,7 @@ async fn dead_mergers_are_covered_by_their_twin_or_the_previous_global() {
     let (a, b, c, n) = three_players(&h).await;
     let all = [&a, &b, &c];
     // Epoch 0: an honest merge gives the previous global values.
-    h.train_until_upload(&all).await;
-    for p in all {
-        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
-    }
-    h.step().await;
-    h.step().await;
+    h.upload_all(&all).await;
     for p in all {
         h.merge_work(p, &all, 0, 1.0).await;
     }
@@ -454,15 +520,7 @@ async fn dead_mergers_are_covered_by_their_twin_or_the_previous_global() {
     let mut names: Vec<String> = now.iter().map(|p| p.name.clone()).collect();
     names.sort();
     let plan = PlanSpec::new("test-run", 0, 1, names, n).build().unwrap();
-    let weights: Vec<f32> = now
-        .iter()
-        .map(|p| h.state.repo.backwards_in_epoch(&p.name, 1).unwrap() as f32)
-        .collect();
-    let weights = if weights.iter().all(|w| *w == 0.0) {
-        vec![1.0; 3]
-    } else {
-        weights
-    };
+    let weights = h.merge_weights(&now, 1);
     let fresh = direct_mean(&now, &weights);
     let (cp, values) = h.adopt(&shifted[0], 1).await;
     assert_eq!(cp.epoch, 2);
@@ -771,12 +829,7 @@ async fn an_orchestrator_restarted_mid_merge_finishes_it() {
     let h = harness_in(dir.path(), T0);
     let (a, b, c, _) = three_players(&h).await;
     let all = [&a, &b, &c];
-    h.train_until_upload(&all).await;
-    for p in all {
-        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
-    }
-    h.step().await;
-    h.step().await;
+    h.upload_all(&all).await;
     h.merge_work(&a, &all, 0, 1.0).await;
     h.merge_work(&b, &all, 0, 1.0).await;
     let now = h.now();
@@ -805,12 +858,7 @@ async fn a_lone_copy_is_checked_by_the_orchestrator() {
     let h = merge_harness("");
     let (a, b, c, _) = three_players(&h).await;
     let all = [&a, &b, &c];
-    h.train_until_upload(&all).await;
-    for p in all {
-        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
-    }
-    h.step().await;
-    h.step().await;
+    h.upload_all(&all).await;
     // Alice dies before merging; Charlie lies wherever he merges, even where he is alone.
     h.merge_work(&b, &all, 0, 1.0).await;
     h.merge_work(&c, &all, 0, 1.25).await;
@@ -1002,12 +1050,7 @@ async fn r9_a_merge_whose_inputs_vanish_falls_back_at_the_deadline() {
     let h = merge_harness("");
     let (a, b, c, _) = three_players(&h).await;
     let all = [&a, &b, &c];
-    h.train_until_upload(&all).await;
-    for p in all {
-        assert!(h.upload_state(p, 0, &p.flat, |_| {}).await.accepted);
-    }
-    h.step().await;
-    h.step().await;
+    h.upload_all(&all).await;
     assert_eq!(h.merge_status().await.phase, Phase::Merging);
     for p in all {
         let key = h.state.accepted_upload_key(0, 0, &p.name).unwrap();

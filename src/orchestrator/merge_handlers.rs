@@ -411,10 +411,10 @@ pub async fn submit(
             // is finalised: a copy that does not hash as submitted (or was replaced since) is
             // flagged `invalid` there and left out, so reading and hashing it now as well
             // would only repeat that work.
+            if blake3::Hash::from_hex(hash).is_err() {
+                return Ok(refused(format!("hash must be 64 hex digits, got {hash:?}")));
+            }
             let reason = match state.storage.head(&key).await {
-                _ if blake3::Hash::from_hex(hash).is_err() => {
-                    Some(format!("hash must be 64 hex digits, got {hash:?}"))
-                }
                 Ok(got) if got != expected => Some(format!(
                     "partition {index} must be {expected} bytes, the object is {got}"
                 )),

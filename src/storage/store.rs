@@ -254,9 +254,7 @@ impl Storage {
 
     /// Drops `path` from the recent writes (it changed in a way they do not hold).
     fn forget(&self, path: &Path) {
-        if let Some(recent) = &self.recent {
-            recent.forget(path.as_ref());
-        }
+        forget(self.recent.as_deref(), path);
     }
 
     /// A writer that stores an object under `key` from consecutive chunks, so a large object
@@ -540,6 +538,14 @@ impl Storage {
     }
 }
 
+/// Drops `path` from `recent`, where there is one (the object changed in a way it does not
+/// hold).
+fn forget(recent: Option<&RecentWrites>, path: &Path) {
+    if let Some(recent) = recent {
+        recent.forget(path.as_ref());
+    }
+}
+
 /// Writes one object from consecutive chunks ([`Storage::writer`]): small objects go up in one
 /// request at [`ObjectWriter::finish`], larger ones as a multipart upload (aborted on error).
 pub struct ObjectWriter {
@@ -634,15 +640,10 @@ impl ObjectWriter {
     /// As [`Self::write`].
     pub async fn finish(self) -> StorageResult<u64> {
         let backend_err = |e| StorageError::from_backend(self.key.as_str(), e);
-        let forget = |recent: &Option<Arc<RecentWrites>>, path: &Path| {
-            if let Some(recent) = recent {
-                recent.forget(path.as_ref());
-            }
-        };
         match self.multipart {
             Some(writer) => {
                 // Written in parts that were not kept: what the cache held is stale.
-                forget(&self.recent, &self.path);
+                forget(self.recent.as_deref(), &self.path);
                 writer.finish().await.map_err(backend_err)?;
             }
             None => {
@@ -655,7 +656,7 @@ impl ObjectWriter {
                     (Ok(_), Some(recent)) => recent.stored(self.path.as_ref(), bytes),
                     (Ok(_), None) => {}
                     (Err(e), _) => {
-                        forget(&self.recent, &self.path);
+                        forget(self.recent.as_deref(), &self.path);
                         return Err(backend_err(e));
                     }
                 }

@@ -636,6 +636,25 @@ mod tests {
     }
 
     #[test]
+    fn a_window_longer_than_the_presets_is_refused_before_anything_runs() {
+        let args = BenchNetworkArgs {
+            preset: "tiny".into(),
+            samples: 2,
+            miners_per_section: 1,
+            batch_size: 1,
+            seq_len: 65,
+            threads: 1,
+            samples_per_step: 0,
+            device: DeviceKind::Cpu,
+        };
+        let err = format!("{:#}", run(args).unwrap_err());
+        assert!(
+            err.contains("--seq-len 65") && err.contains("max_seq_len 64"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn steady_state_needs_progress() {
         assert_eq!(steady_state(""), None);
         assert_eq!(steady_state("{\"t_s\":1.0,\"completed\":3}\n"), None);

@@ -605,6 +605,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         poll_ms: 500,
         merge_every: args.merge_every * split,
         samples_per_step: args.samples_per_step,
+        max_in_flight: args.max_in_flight as u64,
+        eval_every: args.eval_interval() / args.merge_every,
         merge_op: args.merge_op,
         merge_wire: args.merge_wire,
         validators: 0,
@@ -615,7 +617,6 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         deadline_s: 20,
     };
     let mut config = generated_config(&local, dir, listen)?;
-    config["max_in_flight"] = json!(args.max_in_flight);
     config["local_steps"] = json!(args.local_steps);
     config["wire"] = json!(args.wire.to_string());
     config["weight_stashing"] = json!(!args.no_weight_stashing);
@@ -625,7 +626,6 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["early_merge_samples"] = json!(args.early_merge * split);
     config["early_merge_every"] = json!(args.early_merge_every * split);
     config["samples_per_step"] = json!(args.samples_per_step);
-    config["eval_every"] = json!(args.eval_interval() / args.merge_every);
     // The schedule runs over optimizer steps: `iota train`'s.
     config["schedule"]["total_steps"] = json!(args.samples);
     config["merge"]["wire"] = json!(args.merge_wire.to_string());

@@ -107,9 +107,9 @@ pub struct LocalArgs {
     #[arg(long, value_name = "G", default_value_t = 0)]
     pub samples_per_step: u64,
     /// Forwards each miner may hold awaiting their backward (the run config's
-    /// `max_in_flight`; ignored with --config). Fewer keeps the asynchronous backward closer to its forward's
-    /// weights (Performance, Learning: 2 with `--merge-every 20` is within 3% of `iota train`
-    /// at 1500 samples of `tiny`).
+    /// `max_in_flight`; ignored with --config). Fewer keeps the asynchronous backward closer
+    /// to its forward's weights (Performance, Learning: 2 with `--merge-every 20` comes within
+    /// about 3% of `iota train` at 1500 samples of `tiny`).
     #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
     pub max_in_flight: u64,
     /// Evaluate the merged model through the network every N-th epoch, and the final one (the

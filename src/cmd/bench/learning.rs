@@ -593,6 +593,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         data: "synthetic".into(),
         dir: dir.to_path_buf(),
         listen: Some(listen),
+        // The generated schedule counts optimizer steps (G samples each): `iota train`'s
+        // `args.samples` steps.
         samples: Some(args.samples * split),
         keep_running: false,
         metrics_out: None,
@@ -625,10 +627,6 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["single_lane_samples"] = json!(args.single_lane * split);
     config["early_merge_samples"] = json!(args.early_merge * split);
     config["early_merge_every"] = json!(args.early_merge_every * split);
-    config["samples_per_step"] = json!(args.samples_per_step);
-    // The schedule runs over optimizer steps: `iota train`'s.
-    config["schedule"]["total_steps"] = json!(args.samples);
-    config["merge"]["wire"] = json!(args.merge_wire.to_string());
     if let Some(beta1) = args.beta1 {
         config["optimizer"]["beta1"] = json!(beta1);
     }

@@ -121,7 +121,7 @@ pub struct LocalArgs {
     #[arg(long, default_value = "mean")]
     pub merge_op: MergeOp,
     /// Merge payload format (the run config's `merge.wire`: f32, bf16, int8, dct, sign, sign2,
-    /// q4, q4v2; ignored with --config).
+    /// q4, q4v2, q4v2m4, q4v2m2, or NAME:CHUNK[:KEEP[:MERGED_KEEP]]; ignored with --config).
     #[arg(long, value_name = "FORMAT", default_value = "f32")]
     pub merge_wire: MergeWire,
     /// Validators to start (hotkeys `validator0..`, listed in the generated run config; with

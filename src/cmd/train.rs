@@ -70,8 +70,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "N")]
     pub average_every: Option<u64>,
     /// With --replicas: merge them through this merge format (the run config's `merge.wire`:
-    /// f32, bf16, int8, dct, sign, sign2, q4, q4v2, or NAME:CHUNK:KEEP[:MERGED_KEEP]), with
-    /// error feedback for the last five, as the network does; measures a format's learning cost
+    /// f32, bf16, int8, dct, sign, sign2, q4, q4v2, q4v2m4, q4v2m2, or
+    /// NAME:CHUNK[:KEEP[:MERGED_KEEP]]), with error feedback for the compressed changes, as the
+    /// network does; measures a format's learning cost
     /// without the network's timing noise.
     #[arg(long, value_name = "FORMAT")]
     pub merge_wire: Option<MergeWire>,

@@ -991,7 +991,11 @@ mod tests {
         assert_eq!(MergeWire::default(), MergeWire::F32);
         assert!("fp8".parse::<MergeWire>().is_err());
         assert!("dct:1000:4".parse::<MergeWire>().is_err());
-        assert!(serde_json::from_str::<MergeWire>("\"dct:64\"").is_err());
+        // `NAME:C` sets the chunk alone; a fifth field is refused.
+        let chunked: MergeWire = serde_json::from_str("\"q4v2m2:128\"").unwrap();
+        assert_eq!(chunked.to_string(), "q4v2m2:128:4:8");
+        assert_eq!("dct:64".parse::<MergeWire>(), "dct".parse::<MergeWire>());
+        assert!(serde_json::from_str::<MergeWire>("\"dct:64:4:8:1\"").is_err());
     }
 
     /// A dct or sign state read by ranges (as mergers read partitions) decodes to the same

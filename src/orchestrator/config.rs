@@ -168,9 +168,9 @@ pub struct MergeConfig {
     pub outlier_factor: f64,
     /// Element format of the uploads and merged partitions: `f32` (lossless, default),
     /// `bf16`, `int8` (blocks of 256 with one scale; see [`crate::codec::merge_wire`]), or
-    /// `dct`, `sign`, `sign2`, `q4` or `q4v2` (each optionally `:CHUNK:KEEP[:MERGED_KEEP]`),
-    /// the compressed change from the previous global state with error feedback
-    /// ([`crate::codec::merge_delta`]).
+    /// `dct`, `sign`, `sign2`, `q4` or `q4v2`, with `m4` or `m2` after it to code every first
+    /// moment (`q4v2m2`; each optionally `:CHUNK[:KEEP[:MERGED_KEEP]]`), the compressed change
+    /// from the previous global state with error feedback ([`crate::codec::merge_delta`]).
     #[serde(default)]
     pub wire: MergeWire,
 }
@@ -687,7 +687,8 @@ impl RunConfig {
                 "merge.wire",
                 format!(
                     "{} is not checked by validators (their replay compares the whole \
-                     change); with `validators` use f32, bf16, int8, q4 or q4v2",
+                     change); with `validators` use f32, bf16, int8 or a q4 format (q4, q4v2, \
+                     q4v2m4, q4v2m2)",
                     raw.merge.wire
                 ),
             ));

@@ -145,8 +145,8 @@ pub struct BenchLearningArgs {
     #[arg(long, value_name = "OP", default_value = "mean")]
     pub merge_op: MergeOp,
     /// Variant: element format of the merge's uploads and partitions (run config
-    /// `merge.wire`): f32, bf16, int8, dct, sign, sign2, q4, q4v2, or
-    /// NAME:CHUNK:KEEP[:MERGED_KEEP].
+    /// `merge.wire`): f32, bf16, int8, dct, sign, sign2, q4, q4v2, q4v2m4, q4v2m2, or
+    /// NAME:CHUNK[:KEEP[:MERGED_KEEP]].
     #[arg(long, value_name = "FORMAT", default_value = "f32")]
     pub merge_wire: MergeWire,
     /// Keep both runs (configs, logs, checkpoints, metrics) in this directory.

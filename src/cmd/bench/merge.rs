@@ -66,7 +66,7 @@ pub struct BenchMergeArgs {
         long,
         value_name = "FORMAT,..",
         value_delimiter = ',',
-        default_value = "f32,bf16,int8,dct,sign,q4v2"
+        default_value = "f32,bf16,int8,dct,sign,q4v2,q4v2m2:128"
     )]
     pub wire: Vec<MergeWire>,
     /// Training samples per miner before the merge (1 x 16 tokens each).

@@ -613,7 +613,7 @@ pub fn run(args: BenchValidateArgs) -> anyhow::Result<()> {
     }
     if !args.merge_wire.checked_by_validators() {
         anyhow::bail!(
-            "--merge-wire {}: validators do not check that format (f32, bf16, int8, q4 or q4v2)",
+            "--merge-wire {}: validators do not check that format (f32, bf16, int8 or a q4 format)",
             args.merge_wire
         );
     }

@@ -86,6 +86,77 @@ impl MergeHeld {
     }
 }
 
+impl MergeHeld {
+    /// The encodings of the partitions of `epoch`'s merge held in `wire`, by first flat index
+    /// and value count (empty for another epoch or format).
+    fn encoded(&self, epoch: u64, wire: MergeWire) -> Vec<(u64, u64, &Bytes)> {
+        match self.format {
+            Some(format) if self.epoch == epoch && format.wire == wire => self
+                .partitions
+                .iter()
+                .map(|(start, len, bytes)| (*start, *len, bytes))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// A checkpoint's delta object (`wire`'s merged partitions ending at `bounds`, back to back)
+/// read from `url`, its `size` bytes taken from `held` (encodings by first index and value
+/// count) where a held partition has the delta's bounds and size, and read by byte range
+/// between them; how many of its bytes came from `held`. What the caller rebuilds from it is checked
+/// against the checkpoint's hash, so a held copy that was not the one accepted only costs a
+/// second, whole read.
+async fn read_delta(
+    url: &Url,
+    wire: MergeWire,
+    bounds: &[u64],
+    params_len: u64,
+    size: u64,
+    held: &[(u64, u64, &Bytes)],
+) -> Result<(Vec<u8>, u64), String> {
+    let mut out = Vec::with_capacity(usize::try_from(size).map_err(|e| e.to_string())?);
+    let mut used = 0u64;
+    // The byte range not yet read: from `pending` to the end of the partitions walked so far.
+    let mut pending = 0u64;
+    let (mut start, mut at) = (0u64, 0u64);
+    let read = |from: u64, to: u64| async move {
+        let bytes = crate::storage::download_from_url(url, Some(from..to))
+            .await
+            .map_err(|e| e.to_string())?;
+        if bytes.len() as u64 == to - from {
+            Ok(bytes)
+        } else {
+            Err(format!("bytes {from}..{to}: {} read", bytes.len()))
+        }
+    };
+    for &end in bounds {
+        let len = wire.encoded_len(end - start, Span::partition(start, params_len));
+        let mine = held
+            .iter()
+            .find(|(s, n, b)| *s == start && *n == end - start && b.len() as u64 == len);
+        if let Some((_, _, bytes)) = mine {
+            if pending < at {
+                out.extend_from_slice(&read(pending, at).await?);
+            }
+            out.extend_from_slice(bytes);
+            used += len;
+            pending = at + len;
+        }
+        (start, at) = (end, at + len);
+    }
+    if used == 0 {
+        let bytes = crate::storage::download_from_url(url, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok((bytes.to_vec(), 0));
+    }
+    if pending < at {
+        out.extend_from_slice(&read(pending, at).await?);
+    }
+    Ok((out, used))
+}
+
 /// The `f32` checkpoint `blob` of `total` values, taken from `held` (decoded partitions by
 /// first index, in order) where it has them and read by byte range from `blob` between
 /// them; the result is only what the caller then checks against the checkpoint's hash.
@@ -469,21 +540,54 @@ impl<B: AutodiffBackend> Worker<B> {
                 return Err("bounds that do not cover the flat state".to_string());
             }
             let url = Url::parse(&delta.blob.url).map_err(|e| e.to_string())?;
-            let bytes = crate::storage::download_from_url(&url, None)
-                .await
-                .map_err(|e| e.to_string())?;
-            if bytes.len() as u64 != size {
-                return Err(format!("{} bytes, expected {size}", bytes.len()));
+            // The partitions merged here are the delta's bytes in their ranges if this
+            // miner's copies were the ones accepted: only the rest is read.
+            let held = checkpoint
+                .epoch
+                .checked_sub(1)
+                .map(|epoch| self.merge_held.encoded(epoch, delta.wire))
+                .unwrap_or_default();
+            for held in [held, Vec::new()] {
+                let (bytes, from_held) =
+                    read_delta(&url, delta.wire, &delta.bounds, params_len, size, &held).await?;
+                let rebuilt = (bytes.len() as u64 == size)
+                    .then(|| {
+                        delta.wire.decode_partitions(
+                            &bytes,
+                            &delta.bounds,
+                            params_len,
+                            &self.merge_base.params,
+                        )
+                    })
+                    .ok_or_else(|| format!("{} bytes, expected {size}", bytes.len()))
+                    .and_then(|r| r.map_err(|e| e.to_string()))
+                    .and_then(|flat| {
+                        let got = f32_payload_hash(&flat);
+                        if got.eq_ignore_ascii_case(want) {
+                            Ok(flat)
+                        } else {
+                            Err(format!("the rebuilt state hashes to {got}, not {want}"))
+                        }
+                    });
+                match rebuilt {
+                    Ok(flat) => {
+                        tracing::info!(
+                            epoch = checkpoint.epoch,
+                            held_bytes = from_held,
+                            read_bytes = size - from_held,
+                            "merge: rebuilt the merged state from the checkpoint's delta"
+                        );
+                        return Ok(flat);
+                    }
+                    Err(e) if from_held > 0 => tracing::info!(
+                        epoch = checkpoint.epoch,
+                        "merge: the partitions merged here do not make up the checkpoint's \
+                         delta ({e}): reading it whole"
+                    ),
+                    other => return other,
+                }
             }
-            let flat = delta
-                .wire
-                .decode_partitions(&bytes, &delta.bounds, params_len, &self.merge_base.params)
-                .map_err(|e| e.to_string())?;
-            let got = f32_payload_hash(&flat);
-            if !got.eq_ignore_ascii_case(want) {
-                return Err(format!("the rebuilt state hashes to {got}, not {want}"));
-            }
-            Ok(flat)
+            Err("read whole, it did not rebuild".to_string())
         };
         match attempt.await {
             Ok(flat) => Some(flat),

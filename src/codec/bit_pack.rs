@@ -27,10 +27,14 @@ pub(crate) fn pack(codes: impl IntoIterator<Item = u8>, width: usize, out: &mut 
     }
 }
 
-/// Code `i` of the codes packed at `width` bits in `bytes`.
-pub(crate) fn code(bytes: &[u8], width: usize, i: usize) -> u8 {
+/// The first `len` codes packed at `width` bits in `bytes` (which must hold them), in order.
+pub(crate) fn codes(bytes: &[u8], width: usize, len: usize) -> impl Iterator<Item = u8> + '_ {
     let per_byte = 8 / width;
-    (bytes[i / per_byte] >> (width * (i % per_byte))) & ((1u8 << width) - 1)
+    let mask = (1u8 << width) - 1;
+    bytes
+        .iter()
+        .flat_map(move |&b| (0..per_byte).map(move |k| (b >> (width * k)) & mask))
+        .take(len)
 }
 
 /// Whether the padding bits after the last of `len` codes packed at `width` bits are zero.
@@ -53,14 +57,14 @@ mod tests {
         let mut out = Vec::new();
         pack([3, 1, 2], 2, &mut out);
         assert_eq!(out, vec![0b10_01_11]);
-        assert_eq!(
-            (code(&out, 2, 0), code(&out, 2, 1), code(&out, 2, 2)),
-            (3, 1, 2)
-        );
         let mut out = Vec::new();
         pack([0xA, 0x5, 0xF], 4, &mut out);
         assert_eq!(out, vec![0x5A, 0x0F]);
-        assert_eq!(code(&out, 4, 2), 0xF);
+        assert_eq!(codes(&out, 4, 3).collect::<Vec<_>>(), vec![0xA, 0x5, 0xF]);
+        assert_eq!(
+            codes(&[0b10_01_11], 2, 3).collect::<Vec<_>>(),
+            vec![3, 1, 2]
+        );
         assert!(padding_is_clear(&out, 4, 3));
         out[1] |= 0x10;
         assert!(!padding_is_clear(&out, 4, 3));

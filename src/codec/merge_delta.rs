@@ -380,6 +380,12 @@ impl DeltaSpec {
         }
     }
 
+    /// The DCT basis of a whole chunk, for the `dct` parameter code only (building it costs
+    /// `C^2` cosines).
+    fn basis(self) -> Option<Basis> {
+        (self.params == ParamCode::Dct).then(|| Basis::new(usize::from(self.chunk)))
+    }
+
     fn keep_for(self, merged: bool) -> usize {
         usize::from(if merged { self.keep_merged } else { self.keep })
     }
@@ -719,7 +725,7 @@ impl DeltaSpec {
         let n = values.len() as u64;
         check_base(n, place, base)?;
         let c = u64::from(self.chunk);
-        let full = Basis::new(usize::from(self.chunk));
+        let full = self.basis();
         let keep = self.keep_for(place.merged);
         let mut out = Vec::with_capacity(usize::try_from(self.encoded_len(n, place)).unwrap_or(0));
         for chunk in chunks(place.start, n, place.params_len, c) {
@@ -741,10 +747,9 @@ impl DeltaSpec {
                     }
                     match self.params {
                         ParamCode::Dct => {
-                            let coefs = if chunk.len == full.len {
-                                full.forward(&delta)
-                            } else {
-                                Basis::new(chunk.len).forward(&delta)
+                            let coefs = match &full {
+                                Some(full) if chunk.len == full.len => full.forward(&delta),
+                                _ => Basis::new(chunk.len).forward(&delta),
                             };
                             write_top_k(&coefs, keep, chunk.start, &mut out)?;
                         }
@@ -787,7 +792,7 @@ impl DeltaSpec {
         }
         check_base(n, place, base)?;
         let c = u64::from(self.chunk);
-        let full = Basis::new(usize::from(self.chunk));
+        let full = self.basis();
         let keep = self.keep_for(place.merged);
         let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
         let mut at = 0usize;
@@ -801,10 +806,9 @@ impl DeltaSpec {
                     let x = match self.params {
                         ParamCode::Dct => {
                             let entries = read_entries(bytes, chunk.len, keep, chunk.start)?;
-                            if chunk.len == full.len {
-                                full.inverse(&entries)
-                            } else {
-                                Basis::new(chunk.len).inverse(&entries)
+                            match &full {
+                                Some(full) if chunk.len == full.len => full.inverse(&entries),
+                                _ => Basis::new(chunk.len).inverse(&entries),
                             }
                         }
                         code => sign_bits(code, place.merged)
@@ -983,9 +987,11 @@ fn read_codes(
         return Err(DeltaError::BadTop { index, value: top });
     }
     let codes = &bytes[4..];
-    for i in 0..len {
-        out.push(scaled(top, code, bit_pack::code(codes, code.width(), i)));
+    let mut table = [0f32; 16];
+    for (q, value) in (0u8..).zip(table.iter_mut().take(1 << code.width())) {
+        *value = scaled(top, code, q);
     }
+    out.extend(bit_pack::codes(codes, code.width(), len).map(|q| table[usize::from(q)]));
     if !bit_pack::padding_is_clear(codes, code.width(), len) {
         return Err(DeltaError::Padding { index });
     }

@@ -117,10 +117,10 @@ impl Bits {
         }
         let codes = &bytes[4 * count..];
         let w = self.width();
-        let mut out = Vec::with_capacity(len);
-        for i in 0..len {
-            let c = bit_pack::code(codes, w, i);
-            let value = match self {
+        // Each code's value, looked up (a chunk holds many values and few codes).
+        let mut table = [0f32; 16];
+        for (c, value) in (0u8..).zip(table.iter_mut().take(1 << w)) {
+            *value = match self {
                 Bits::One => {
                     if c == 1 {
                         -scales[0]
@@ -132,15 +132,16 @@ impl Bits {
                     let magnitude = scales[usize::from(c >> 1)];
                     if c & 1 == 1 { -magnitude } else { magnitude }
                 }
-                Bits::Four => {
-                    if c == NIBBLE_MIN {
-                        return Err(Fault::Code(i));
-                    }
-                    // Sign-extend the nibble.
-                    f32::from(((c << 4) as i8) >> 4) * scales[0]
-                }
+                // Sign-extend the nibble.
+                Bits::Four => f32::from(((c << 4) as i8) >> 4) * scales[0],
             };
-            out.push(value);
+        }
+        let mut out = Vec::with_capacity(len);
+        for (i, c) in bit_pack::codes(codes, w, len).enumerate() {
+            if self == Bits::Four && c == NIBBLE_MIN {
+                return Err(Fault::Code(i));
+            }
+            out.push(table[usize::from(c)]);
         }
         if !bit_pack::padding_is_clear(codes, w, len) {
             return Err(Fault::Padding);

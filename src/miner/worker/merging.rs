@@ -84,9 +84,7 @@ impl MergeHeld {
         }
         Some(out)
     }
-}
 
-impl MergeHeld {
     /// The encodings of the partitions of `epoch`'s merge held in `wire`, by first flat index
     /// and value count (empty for another epoch or format).
     fn encoded(&self, epoch: u64, wire: MergeWire) -> Vec<(u64, u64, &Bytes)> {
@@ -104,9 +102,9 @@ impl MergeHeld {
 /// A checkpoint's delta object (`wire`'s merged partitions ending at `bounds`, back to back)
 /// read from `url`, its `size` bytes taken from `held` (encodings by first index and value
 /// count) where a held partition has the delta's bounds and size, and read by byte range
-/// between them; how many of its bytes came from `held`. What the caller rebuilds from it is checked
-/// against the checkpoint's hash, so a held copy that was not the one accepted only costs a
-/// second, whole read.
+/// between them; and how many of its bytes came from `held`. What the caller rebuilds from it
+/// is checked against the checkpoint's hash, so a held copy that was not the one accepted
+/// only costs a second, whole read.
 async fn read_delta(
     url: &Url,
     wire: MergeWire,

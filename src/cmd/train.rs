@@ -72,8 +72,7 @@ pub struct TrainArgs {
     /// With --replicas: merge them through this merge format (the run config's `merge.wire`:
     /// f32, bf16, int8, dct, sign, sign2, q4, q4v2, q4v2m4, q4v2m2, or
     /// NAME:CHUNK[:KEEP[:MERGED_KEEP]]), with error feedback for the compressed changes, as the
-    /// network does; measures a format's learning cost
-    /// without the network's timing noise.
+    /// network does; measures a format's learning cost without the network's timing noise.
     #[arg(long, value_name = "FORMAT")]
     pub merge_wire: Option<MergeWire>,
     /// Directory for the checkpoint.

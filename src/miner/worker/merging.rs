@@ -14,6 +14,7 @@
 //! or the whole checkpoint is downloaded. With two miners per section (each merges both
 //! partitions) a miner's merge reads half of what it did and its adoption reads nothing.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -113,11 +114,26 @@ async fn read_delta(
     size: u64,
     held: &[(u64, u64, &Bytes)],
 ) -> Result<(Vec<u8>, u64), String> {
-    let mut out = Vec::with_capacity(usize::try_from(size).map_err(|e| e.to_string())?);
-    let mut used = 0u64;
-    // The byte range not yet read: from `pending` to the end of the partitions walked so far.
-    let mut pending = 0u64;
+    // The held partitions that are the delta's, by byte offset in it.
+    let mut mine: Vec<(u64, &Bytes)> = Vec::new();
     let (mut start, mut at) = (0u64, 0u64);
+    for &end in bounds {
+        let len = wire.encoded_len(end - start, Span::partition(start, params_len));
+        if let Some((_, _, bytes)) = held
+            .iter()
+            .find(|(s, n, b)| *s == start && *n == end - start && b.len() as u64 == len)
+        {
+            mine.push((at, *bytes));
+        }
+        (start, at) = (end, at + len);
+    }
+    let used: u64 = mine.iter().map(|(_, b)| b.len() as u64).sum();
+    if used == 0 {
+        let bytes = crate::storage::download_from_url(url, None)
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok((bytes.to_vec(), 0));
+    }
     let read = |from: u64, to: u64| async move {
         let bytes = crate::storage::download_from_url(url, Some(from..to))
             .await
@@ -128,31 +144,37 @@ async fn read_delta(
             Err(format!("bytes {from}..{to}: {} read", bytes.len()))
         }
     };
-    for &end in bounds {
-        let len = wire.encoded_len(end - start, Span::partition(start, params_len));
-        let mine = held
-            .iter()
-            .find(|(s, n, b)| *s == start && *n == end - start && b.len() as u64 == len);
-        if let Some((_, _, bytes)) = mine {
-            if pending < at {
-                out.extend_from_slice(&read(pending, at).await?);
-            }
-            out.extend_from_slice(bytes);
-            used += len;
-            pending = at + len;
+    let pieces = mine.into_iter().map(|(at, b)| (at, b.iter().copied()));
+    Ok((fill_between(pieces, size, read).await?, used))
+}
+
+/// The `total` items of an object: the `held` pieces (by first index, in order, not
+/// overlapping) where there are any, and `read(from, to)` (which must give `to - from` items)
+/// for each gap between them.
+async fn fill_between<T, P, R, F, Fut>(
+    held: impl IntoIterator<Item = (u64, P)>,
+    total: u64,
+    read: F,
+) -> Result<Vec<T>, String>
+where
+    P: IntoIterator<Item = T>,
+    R: IntoIterator<Item = T>,
+    F: Fn(u64, u64) -> Fut,
+    Fut: Future<Output = Result<R, String>>,
+{
+    let mut out = Vec::with_capacity(usize::try_from(total).map_err(|e| e.to_string())?);
+    for (start, piece) in held {
+        let at = out.len() as u64;
+        if start > at {
+            out.extend(read(at, start).await?);
         }
-        (start, at) = (end, at + len);
+        out.extend(piece);
     }
-    if used == 0 {
-        let bytes = crate::storage::download_from_url(url, None)
-            .await
-            .map_err(|e| e.to_string())?;
-        return Ok((bytes.to_vec(), 0));
+    let at = out.len() as u64;
+    if at < total {
+        out.extend(read(at, total).await?);
     }
-    if pending < at {
-        out.extend_from_slice(&read(pending, at).await?);
-    }
-    Ok((out, used))
+    Ok(out)
 }
 
 /// The `f32` checkpoint `blob` of `total` values, taken from `held` (decoded partitions by
@@ -175,19 +197,7 @@ async fn assemble_checkpoint(
                 .ok_or_else(|| format!("values {from}..{to}: {} bytes", bytes.len()))
         }
     };
-    let mut flat = Vec::with_capacity(usize::try_from(total).map_err(|e| e.to_string())?);
-    for (start, values) in held {
-        let at = flat.len() as u64;
-        if start > at {
-            flat.extend(read(at, start).await?);
-        }
-        flat.extend(values);
-    }
-    let at = flat.len() as u64;
-    if at < total {
-        flat.extend(read(at, total).await?);
-    }
-    Ok(flat)
+    fill_between(held, total, read).await
 }
 
 impl<B: AutodiffBackend> Worker<B> {
@@ -545,47 +555,39 @@ impl<B: AutodiffBackend> Worker<B> {
                 .checked_sub(1)
                 .map(|epoch| self.merge_held.encoded(epoch, delta.wire))
                 .unwrap_or_default();
-            for held in [held, Vec::new()] {
-                let (bytes, from_held) =
-                    read_delta(&url, delta.wire, &delta.bounds, params_len, size, &held).await?;
-                let rebuilt = (bytes.len() as u64 == size)
-                    .then(|| {
-                        delta.wire.decode_partitions(
-                            &bytes,
-                            &delta.bounds,
-                            params_len,
-                            &self.merge_base.params,
-                        )
-                    })
-                    .ok_or_else(|| format!("{} bytes, expected {size}", bytes.len()))
-                    .and_then(|r| r.map_err(|e| e.to_string()))
-                    .and_then(|flat| {
-                        let got = f32_payload_hash(&flat);
-                        if got.eq_ignore_ascii_case(want) {
-                            Ok(flat)
-                        } else {
-                            Err(format!("the rebuilt state hashes to {got}, not {want}"))
-                        }
-                    });
-                match rebuilt {
-                    Ok(flat) => {
-                        tracing::info!(
-                            epoch = checkpoint.epoch,
-                            held_bytes = from_held,
-                            read_bytes = size - from_held,
-                            "merge: rebuilt the merged state from the checkpoint's delta"
-                        );
-                        return Ok(flat);
-                    }
-                    Err(e) if from_held > 0 => tracing::info!(
-                        epoch = checkpoint.epoch,
-                        "merge: the partitions merged here do not make up the checkpoint's \
-                         delta ({e}): reading it whole"
-                    ),
-                    other => return other,
+            let rebuild_from = |bytes: &[u8], from_held: u64| {
+                if bytes.len() as u64 != size {
+                    return Err(format!("{} bytes, expected {size}", bytes.len()));
                 }
+                let flat = delta
+                    .wire
+                    .decode_partitions(bytes, &delta.bounds, params_len, &self.merge_base.params)
+                    .map_err(|e| e.to_string())?;
+                let got = f32_payload_hash(&flat);
+                if !got.eq_ignore_ascii_case(want) {
+                    return Err(format!("the rebuilt state hashes to {got}, not {want}"));
+                }
+                tracing::info!(
+                    epoch = checkpoint.epoch,
+                    held_bytes = from_held,
+                    read_bytes = size - from_held,
+                    "merge: rebuilt the merged state from the checkpoint's delta"
+                );
+                Ok(flat)
+            };
+            let (bytes, from_held) =
+                read_delta(&url, delta.wire, &delta.bounds, params_len, size, &held).await?;
+            match rebuild_from(&bytes, from_held) {
+                Err(e) if from_held > 0 => tracing::info!(
+                    epoch = checkpoint.epoch,
+                    "merge: the partitions merged here do not make up the checkpoint's delta \
+                     ({e}): reading it whole"
+                ),
+                done => return done,
             }
-            Err("read whole, it did not rebuild".to_string())
+            let (bytes, _) =
+                read_delta(&url, delta.wire, &delta.bounds, params_len, size, &[]).await?;
+            rebuild_from(&bytes, 0)
         };
         match attempt.await {
             Ok(flat) => Some(flat),
@@ -617,5 +619,58 @@ impl<B: AutodiffBackend> Worker<B> {
         {
             w.0 = self.held_epoch;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The gaps between held pieces are read, in order, and only they.
+    #[tokio::test]
+    async fn fill_between_reads_only_the_gaps() {
+        let object: Vec<u32> = (0..10).collect();
+        let reads = std::sync::Mutex::new(Vec::new());
+        let read = |from: u64, to: u64| {
+            reads.lock().unwrap().push((from, to));
+            let piece = object[from as usize..to as usize].to_vec();
+            async move { Ok::<_, String>(piece) }
+        };
+        let held = vec![(2, vec![2, 3]), (6, vec![6])];
+        assert_eq!(fill_between(held, 10, read).await.unwrap(), object);
+        assert_eq!(*reads.lock().unwrap(), vec![(0, 2), (4, 6), (7, 10)]);
+        reads.lock().unwrap().clear();
+        let whole = vec![(0, object.clone())];
+        assert_eq!(fill_between(whole, 10, read).await.unwrap(), object);
+        assert!(reads.lock().unwrap().is_empty());
+    }
+
+    /// A delta whose every partition is held is taken from memory (the URL is never read:
+    /// it names no server), and a held partition of the wrong bounds or size is not used.
+    #[tokio::test]
+    async fn a_delta_held_whole_is_not_read() {
+        let wire: MergeWire = "q4v2".parse().unwrap();
+        let (p, bounds) = (200u64, [300u64, 600]);
+        let len0 = wire.encoded_len(300, Span::partition(0, p));
+        let len1 = wire.encoded_len(300, Span::partition(300, p));
+        let (a, b) = (
+            Bytes::from(vec![1u8; len0 as usize]),
+            Bytes::from(vec![2u8; len1 as usize]),
+        );
+        let url = Url::parse("http://127.0.0.1:9/delta").unwrap();
+        let held = [(300, 300, &b), (0, 300, &a)];
+        let (bytes, used) = read_delta(&url, wire, &bounds, p, len0 + len1, &held)
+            .await
+            .unwrap();
+        assert_eq!(used, len0 + len1);
+        assert_eq!(bytes, [a.to_vec(), b.to_vec()].concat());
+        // Wrong bounds: nothing held matches, so the whole object is read (and fails here).
+        let short = a.slice(1..);
+        let wrong = [(0, 299, &a), (300, 300, &short)];
+        assert!(
+            read_delta(&url, wire, &bounds, p, len0 + len1, &wrong)
+                .await
+                .is_err()
+        );
     }
 }

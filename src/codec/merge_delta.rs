@@ -1224,6 +1224,20 @@ mod tests {
                 }
             }
         }
+        // A forged first-moment scale (either of the two) is refused.
+        let spec = DeltaSpec::parse("q4v2m2:4:1").unwrap().unwrap();
+        let at = place(0, 4, false);
+        let values = [
+            0.1f32, 0.2, -0.1, 0.3, 1e-3, -2e-3, 5e-4, 0.0, 1e-6, 2e-6, 3e-6, 4e-6,
+        ];
+        let good = spec.encode(&values, at, &[0.0; 4]).unwrap();
+        assert!(spec.decode(&good, 12, at, &[0.0; 4]).is_ok());
+        // The first-moment chunk starts after the parameter chunk (4 + 2 bytes).
+        for (offset, scale) in [(6, f32::NAN), (6, -1.0), (10, f32::INFINITY), (10, 1e30)] {
+            let mut bad = good.clone();
+            bad[offset..offset + 4].copy_from_slice(&scale.to_le_bytes());
+            assert!(spec.decode(&bad, 12, at, &[0.0; 4]).is_err(), "{scale}");
+        }
     }
 
     /// `q4v2`: the parameters and first moments exactly as `q4` codes them, the second

@@ -417,6 +417,39 @@ struct Tally {
     interrupted: bool,
 }
 
+/// The arguments of miner `name`'s `iota mine`: `max_in_flight` is the run config's, and
+/// `stats` where it writes its stats.
+fn mine_command(
+    name: &str,
+    url: &str,
+    wallets: &WalletDir,
+    args: &LocalArgs,
+    max_in_flight: usize,
+    stats: &Path,
+) -> Vec<String> {
+    vec![
+        "mine".to_string(),
+        "--wallet".into(),
+        WALLET.into(),
+        "--hotkey".into(),
+        name.to_string(),
+        "--orchestrator".into(),
+        url.to_string(),
+        "--wallets-dir".into(),
+        wallets.root().display().to_string(),
+        "--threads".into(),
+        args.threads.max(1).to_string(),
+        "--device".into(),
+        args.device.to_string(),
+        // Explicit, so an operator's ~/.config/iota/miner.yaml changes nothing here.
+        "--max-in-flight".into(),
+        max_in_flight.to_string(),
+        "--quiet".into(),
+        "--stats-out".into(),
+        stats.display().to_string(),
+    ]
+}
+
 /// Runs a local network.
 ///
 /// # Errors
@@ -462,6 +495,9 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     let n_sections = info.model.n_sections();
     let wallets = WalletDir::new(dir.join("wallets"));
     let n_miners = n_sections * args.miners_per_section.max(1);
+    // Miners ask for as many forwards in flight as the run allows (the orchestrator caps
+    // what they ask; asking for fewer would cap a run config's larger `max_in_flight`).
+    let max_in_flight = RunConfig::load(&config)?.max_in_flight;
     eprintln!(
         "iota local: run {:?} on {url}: {} sections x {} miners, logs in {}",
         info.run,
@@ -476,28 +512,8 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     for i in 0..n_miners {
         let name = format!("miner{i}");
         ensure_hotkey(&wallets, &name)?;
-        let mine = vec![
-            "mine".to_string(),
-            "--wallet".into(),
-            WALLET.into(),
-            "--hotkey".into(),
-            name.clone(),
-            "--orchestrator".into(),
-            url.clone(),
-            "--wallets-dir".into(),
-            wallets.root().display().to_string(),
-            "--threads".into(),
-            args.threads.max(1).to_string(),
-            "--device".into(),
-            args.device.to_string(),
-            // Explicit, so an operator's ~/.config/iota/miner.yaml changes nothing here.
-            "--max-in-flight".into(),
-            "4".into(),
-            "--quiet".into(),
-            "--stats-out".into(),
-            stats_dir.join(format!("{name}.json")).display().to_string(),
-        ];
-        let mut mine = mine;
+        let stats = stats_dir.join(format!("{name}.json"));
+        let mut mine = mine_command(&name, &url, &wallets, &args, max_in_flight, &stats);
         if let Some(kind) = args.adversaries.get(i) {
             mine.extend(["--adversary".to_string(), kind.to_string()]);
             if *kind == Adversary::Copier {
@@ -886,6 +902,43 @@ mod tests {
             run_of(a.path()),
             "a restart on the same --dir changed it"
         );
+    }
+
+    #[test]
+    fn miners_ask_for_the_run_configs_max_in_flight() {
+        let dir = tempfile::tempdir().unwrap();
+        let listen: SocketAddr = "127.0.0.1:9999".parse().unwrap();
+        let wallets = WalletDir::new(dir.path().join("wallets"));
+        let stats = dir.path().join("m.json");
+        let asked = |args: &LocalArgs, config: &Path| {
+            let k = crate::orchestrator::RunConfig::load(config)
+                .unwrap()
+                .max_in_flight;
+            let cmd = mine_command("miner0", "http://x", &wallets, args, k, &stats);
+            let at = cmd.iter().position(|a| a == "--max-in-flight").unwrap();
+            cmd[at + 1].clone()
+        };
+        // A generated config: the flag's value.
+        let wrap = Wrap::parse_from(["x", "--max-in-flight", "8"]);
+        let path = write_config(&wrap.args, dir.path(), listen).unwrap();
+        assert_eq!(asked(&wrap.args, &path), "8");
+        // A run config of its own (--config): its value, not the flag's default of 4.
+        let own = dir.path().join("own.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let text: String = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("max_in_flight:") {
+                    "max_in_flight: 12".to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&own, text).unwrap();
+        let wrap = Wrap::parse_from(["x", "--config", own.to_str().unwrap()]);
+        assert_eq!(asked(&wrap.args, &own), "12");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use clap::{Args, Subcommand};
 
+pub mod cpu;
 pub mod latency;
 pub mod learning;
 pub mod merge;

@@ -36,6 +36,7 @@ use anyhow::{Context, bail};
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
+use super::cpu;
 use crate::cmd::model::human_bytes;
 use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
@@ -70,6 +71,14 @@ pub struct BenchNetworkArgs {
     /// --samples-per-step`; 0: asynchronous). The single process is the same either way.
     #[arg(long, value_name = "G", default_value_t = 0)]
     pub samples_per_step: u64,
+    /// Forwards each miner may hold awaiting their backward (`iota local --max-in-flight`,
+    /// the run config's `max_in_flight`).
+    #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_in_flight: u64,
+    /// Validators in the network (`iota local --validators`). A validator replays a miner's
+    /// epoch on this machine's cores too; in a deployment it runs on its own.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub validators: usize,
     /// Device of the single process and of every miner (`cuda` needs `--features cuda`).
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: DeviceKind,
@@ -236,6 +245,17 @@ struct Network {
     miners: Vec<UtilizationReport>,
     /// The orchestrator's own traffic per completed sample: `(kind, dir, bytes)`.
     orchestrator: Vec<(String, String, f64)>,
+    /// CPU time by process in the steady state (`None` without `/proc`).
+    cpu: Option<cpu::Breakdown>,
+}
+
+/// CPU time from the first scrape that saw a completed sample to the first that saw the most
+/// (the steady state's span, as the scrapes saw it).
+fn steady_cpu(snapshots: &[(u64, cpu::Snapshot)]) -> Option<cpu::Breakdown> {
+    let most = snapshots.iter().map(|s| s.0).max()?;
+    let first = snapshots.iter().find(|s| s.0 > 0)?;
+    let last = snapshots.iter().find(|s| s.0 == most)?;
+    (last.0 > first.0).then(|| cpu::between(&first.1, &last.1))
 }
 
 /// Counter values `name{...kind="K",dir="D"} V` of Prometheus text, summed by (kind, dir).
@@ -353,6 +373,8 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
         .args(["--seq-len", &args.seq_len.to_string()])
         .args(["--threads", &args.threads.max(1).to_string()])
         .args(["--samples-per-step", &args.samples_per_step.to_string()])
+        .args(["--max-in-flight", &args.max_in_flight.to_string()])
+        .args(["--validators", &args.validators.to_string()])
         .args(["--device", &args.device.to_string()])
         .args(["--listen", &listen.to_string()])
         .args(["--poll-ms", "200"])
@@ -369,6 +391,8 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
     // it is done, so the last scrape is the one kept.
     let mut last_scrape = None;
     let mut first_busy_scrape: Option<String> = None;
+    // The machine's and the network's CPU time at each scrape, with the samples completed.
+    let mut cpu_snapshots: Vec<(u64, cpu::Snapshot)> = Vec::new();
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for iota local")? {
             break status;
@@ -377,6 +401,9 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
             let completed = sample_value(&text, "iota_samples_total{outcome=\"completed\"}");
             if first_busy_scrape.is_none() && completed.unwrap_or(0.0) > 0.0 {
                 first_busy_scrape = Some(text.clone());
+            }
+            if let Some(snap) = cpu::snapshot(child.id()) {
+                cpu_snapshots.push((completed.unwrap_or(0.0) as u64, snap));
             }
             last_scrape = Some(text);
         }
@@ -406,6 +433,7 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
         .filter_map(|v| v["completed"].as_u64())
         .max()
         .unwrap_or(0);
+    let cpu = steady_cpu(&cpu_snapshots);
     let mut orchestrator = Vec::new();
     if let (Some(first), Some(last)) = (&first_busy_scrape, &last_scrape) {
         let done = |t: &str| sample_value(t, "iota_samples_total{outcome=\"completed\"}");
@@ -432,6 +460,7 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
         completed,
         miners,
         orchestrator,
+        cpu,
     })
 }
 
@@ -552,7 +581,7 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
     }
     let tokens_per_sample = args.batch_size * args.seq_len;
     println!(
-        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each, {}, device {}); single process on all {} cores",
+        "iota bench network: preset {}, {} samples of {} x {} tokens, {} sections x {} miners ({} threads each, {}, at most {} in flight, device {}); single process on all {} cores",
         cfg.name,
         args.samples,
         args.batch_size,
@@ -564,6 +593,7 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
             0 => "asynchronous steps".to_string(),
             g => format!("synchronous steps of {g} samples"),
         },
+        args.max_in_flight,
         args.device,
         rayon::current_num_threads()
     );
@@ -601,6 +631,9 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
     );
     print_traffic(&net, single.wire_bytes_per_sample, &cfg);
     print_utilization(&net);
+    if let Some(b) = &net.cpu {
+        cpu::print(b);
+    }
     let total: u64 = net.histogram.last().map_or(0, |b| b.1);
     println!(
         "orchestrator latency        p50 {}  p99 {}  ({} requests, /metrics histogram bucket bounds)",
@@ -645,6 +678,8 @@ mod tests {
             seq_len: 65,
             threads: 1,
             samples_per_step: 0,
+            max_in_flight: 4,
+            validators: 1,
             device: DeviceKind::Cpu,
         };
         let err = format!("{:#}", run(args).unwrap_err());
@@ -652,6 +687,38 @@ mod tests {
             err.contains("--seq-len 65") && err.contains("max_seq_len 64"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn steady_cpu_spans_the_first_busy_scrape_to_the_first_with_every_sample() {
+        let snap = |busy: u64, miner: u64| cpu::Snapshot {
+            machine: cpu::MachineTicks { busy, idle: 0 },
+            procs: BTreeMap::from([(9, (cpu::Role::Miner, miner))]),
+        };
+        let scrapes = [
+            (0, snap(100, 10)),
+            (3, snap(200, 20)),
+            (7, snap(300, 70)),
+            (9, snap(400, 100)),
+            // The closing merge, after the last sample: outside the span.
+            (9, snap(900, 500)),
+        ];
+        let b = steady_cpu(&scrapes).unwrap();
+        // From the scrape with 3 samples to the first with 9: 80 of the 200 busy ticks were
+        // the miner's.
+        let (n, miner_s) = b.roles[&cpu::Role::Miner];
+        assert_eq!(n, 1);
+        assert!(
+            (miner_s / (miner_s + b.other_s) - 0.4).abs() < 1e-12,
+            "{b:?}"
+        );
+        assert_eq!(b.idle_s, 0.0);
+        assert_eq!(
+            steady_cpu(&scrapes[..2]),
+            None,
+            "one busy scrape is no span"
+        );
+        assert_eq!(steady_cpu(&[]), None);
     }
 
     #[test]

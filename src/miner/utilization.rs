@@ -105,10 +105,6 @@ impl Utilization {
         self.totals[i] += d;
     }
 
-    /// Adds milliseconds (as the miner's [`crate::api::Timings`] report them).
-    pub fn add_ms(&mut self, activity: Activity, ms: u64) {
-        self.add(activity, Duration::from_millis(ms));
-    }
 
     /// The totals so far.
     pub fn report(&self) -> UtilizationReport {
@@ -182,7 +178,7 @@ mod tests {
         assert_eq!(u.report().utilization, 0.0);
         u.start();
         u.add(Activity::Compute, Duration::from_millis(30));
-        u.add_ms(Activity::Idle, 20);
+        u.add(Activity::Idle, Duration::from_millis(20));
         std::thread::sleep(Duration::from_millis(60));
         let r = u.report();
         assert!((r.usage.compute_s - 0.03).abs() < 1e-9);

@@ -43,6 +43,7 @@ use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::miner::utilization::UtilizationReport;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::pipeline::Pipeline;
+use crate::model::config::even_sections;
 use crate::model::{ModelConfig, OptimizerConfig};
 use crate::storage::traffic::{TrafficDir, TrafficKind};
 
@@ -55,6 +56,10 @@ pub struct BenchNetworkArgs {
     /// Samples (micro-batches) through each variant.
     #[arg(long, value_name = "N", default_value_t = 20)]
     pub samples: u64,
+    /// Pipeline sections, the layers split evenly (default: the preset's), in both the single
+    /// process and the network.
+    #[arg(long, value_name = "S", value_parser = clap::value_parser!(u64).range(1..))]
+    pub sections: Option<u64>,
     /// Miners per section in the network.
     #[arg(long, value_name = "M", default_value_t = 1)]
     pub miners_per_section: usize,
@@ -369,6 +374,11 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
         .args(["--preset", &args.preset])
         .args(["--samples", &args.samples.to_string()])
         .args(["--miners-per-section", &args.miners_per_section.to_string()])
+        .args(
+            args.sections
+                .map(|s| vec!["--sections".to_string(), s.to_string()])
+                .unwrap_or_default(),
+        )
         .args(["--batch-size", &args.batch_size.to_string()])
         .args(["--seq-len", &args.seq_len.to_string()])
         .args(["--threads", &args.threads.max(1).to_string()])
@@ -568,7 +578,10 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
     if args.samples < 2 {
         bail!("--samples must be at least 2");
     }
-    let cfg = ModelConfig::preset(&args.preset)?;
+    let mut cfg = ModelConfig::preset(&args.preset)?;
+    if let Some(n) = args.sections {
+        cfg.sections = even_sections(cfg.n_layers, n as usize);
+    }
     // The network's orchestrator refuses windows longer than the model's: so does the bench,
     // before it spends the single process's run.
     if args.seq_len > cfg.max_seq_len {
@@ -673,6 +686,7 @@ mod tests {
         let args = BenchNetworkArgs {
             preset: "tiny".into(),
             samples: 2,
+            sections: None,
             miners_per_section: 1,
             batch_size: 1,
             seq_len: 65,

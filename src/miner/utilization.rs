@@ -47,6 +47,8 @@ const ACTIVITIES: [Activity; 6] = [
 pub struct Utilization {
     totals: [Duration; 6],
     started: Option<Instant>,
+    /// An activity under way since then (a merge round), counted in reports before it ends.
+    current: Option<(Activity, Instant)>,
     /// The section served, copied into reports.
     pub section: Option<usize>,
     /// Merged states adopted, copied into reports.
@@ -105,6 +107,20 @@ impl Utilization {
         self.totals[i] += d;
     }
 
+    /// Starts a long `activity` (a merge round): reports written before [`Self::end`] count
+    /// the time it has taken so far, so a miner stopped during it, or a stats file written in
+    /// it, does not leave that time unaccounted for. Ends one under way first.
+    pub fn begin(&mut self, activity: Activity) {
+        self.end();
+        self.current = Some((activity, Instant::now()));
+    }
+
+    /// Ends the activity [`Self::begin`] started, adding its time.
+    pub fn end(&mut self) {
+        if let Some((activity, since)) = self.current.take() {
+            self.add(activity, since.elapsed());
+        }
+    }
 
     /// The totals so far.
     pub fn report(&self) -> UtilizationReport {
@@ -115,7 +131,11 @@ impl Utilization {
             .as_secs_f64();
         let s = |a: Activity| {
             let i = ACTIVITIES.iter().position(|x| *x == a).unwrap_or(0);
-            self.totals[i].as_secs_f64()
+            let under_way = match self.current {
+                Some((c, since)) if c == a && self.started.is_some() => since.elapsed(),
+                _ => Duration::ZERO,
+            };
+            (self.totals[i] + under_way).as_secs_f64()
         };
         let traffic: Vec<TrafficLine> = traffic::global()
             .snapshot()
@@ -185,6 +205,25 @@ mod tests {
         assert!((r.usage.idle_s - 0.02).abs() < 1e-9);
         assert!(r.usage.wall_s >= 0.06, "{r:?}");
         assert!(r.utilization > 0.0 && r.utilization <= 0.5, "{r:?}");
+    }
+
+    #[test]
+    fn an_activity_under_way_counts_in_reports_once() {
+        let mut u = Utilization::default();
+        u.start();
+        u.begin(Activity::Merge);
+        std::thread::sleep(Duration::from_millis(30));
+        let during = u.report().usage.merge_s;
+        assert!(during >= 0.03, "{during}");
+        u.end();
+        let after = u.report().usage.merge_s;
+        assert!(after >= during);
+        std::thread::sleep(Duration::from_millis(20));
+        // Ended: no longer growing, and a second end adds nothing.
+        assert_eq!(u.report().usage.merge_s, after);
+        u.end();
+        assert_eq!(u.report().usage.merge_s, after);
+        assert_eq!(u.report().usage.compute_s, 0.0);
     }
 
     #[test]

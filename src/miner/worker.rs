@@ -475,9 +475,11 @@ impl<B: AutodiffBackend> Worker<B> {
                 // The run is merging, or merged since: finish what is under way, take part,
                 // adopt, then go on.
                 self.collect_deliveries(true).await;
-                let t = Instant::now();
+                // Under way in reports (the stats file written at adoption, a miner stopped
+                // during the run's closing merge) as well as once it ends.
+                self.util.begin(Activity::Merge);
                 self.merge_round(stop).await;
-                self.util.add(Activity::Merge, t.elapsed());
+                self.util.end();
                 if work.assignments.is_empty() {
                     // The merge round returns when the orchestrator says to train: ask for
                     // work at once (the poll is held until there is some), not after a pause.

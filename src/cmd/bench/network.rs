@@ -28,7 +28,7 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -37,13 +37,14 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
 use super::cpu;
+use crate::api::MinerUsage;
 use crate::cmd::model::human_bytes;
 use crate::codec::WireDtype;
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::miner::utilization::UtilizationReport;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
-use crate::model::pipeline::Pipeline;
 use crate::model::config::even_sections;
+use crate::model::pipeline::Pipeline;
 use crate::model::{ModelConfig, OptimizerConfig};
 use crate::storage::traffic::{TrafficDir, TrafficKind};
 
@@ -248,6 +249,9 @@ struct Network {
     completed: u64,
     /// Each miner's last report.
     miners: Vec<UtilizationReport>,
+    /// Each miner's time in the steady state (as its reports at the first and last scrapes
+    /// of it saw it), where both were read.
+    steady_miners: Option<Vec<UtilizationReport>>,
     /// The orchestrator's own traffic per completed sample: `(kind, dir, bytes)`.
     orchestrator: Vec<(String, String, f64)>,
     /// CPU time by process in the steady state (`None` without `/proc`).
@@ -317,7 +321,15 @@ pub(super) fn own_traffic(prometheus: &str) -> BTreeMap<(String, String), f64> {
 /// # Errors
 /// A directory or file that cannot be read or parsed.
 pub(super) fn miner_stats(stats: &Path) -> anyhow::Result<Vec<UtilizationReport>> {
-    let mut miners = Vec::new();
+    Ok(miner_stats_by_file(stats)?.into_values().collect())
+}
+
+/// [`miner_stats`] by file (one file per miner).
+///
+/// # Errors
+/// A directory or file that cannot be read or parsed.
+fn miner_stats_by_file(stats: &Path) -> anyhow::Result<BTreeMap<PathBuf, UtilizationReport>> {
+    let mut miners = BTreeMap::new();
     for entry in fs::read_dir(stats).with_context(|| format!("reading {}", stats.display()))? {
         let path = entry.context("listing miner stats")?.path();
         if path.extension().is_some_and(|e| e == "json") {
@@ -325,10 +337,51 @@ pub(super) fn miner_stats(stats: &Path) -> anyhow::Result<Vec<UtilizationReport>
                 &fs::read(&path).with_context(|| format!("reading {}", path.display()))?,
             )
             .with_context(|| format!("parsing {}", path.display()))?;
-            miners.push(report);
+            miners.insert(path, report);
         }
     }
     Ok(miners)
+}
+
+/// Each miner's time between its report in `a` and its report in `b` (a miner absent from
+/// `a` had not started: all of `b`), ordered by section. Traffic is left out.
+fn usage_between(
+    a: &BTreeMap<PathBuf, UtilizationReport>,
+    b: &BTreeMap<PathBuf, UtilizationReport>,
+) -> Vec<UtilizationReport> {
+    let mut out: Vec<UtilizationReport> = b
+        .iter()
+        .map(|(path, end)| {
+            let start = a.get(path).map(|r| r.usage.clone()).unwrap_or_default();
+            let (s, e) = (&start, &end.usage);
+            let usage = MinerUsage {
+                wall_s: e.wall_s - s.wall_s,
+                compute_s: e.compute_s - s.compute_s,
+                download_s: e.download_s - s.download_s,
+                upload_s: e.upload_s - s.upload_s,
+                orchestrator_s: e.orchestrator_s - s.orchestrator_s,
+                idle_s: e.idle_s - s.idle_s,
+                merge_s: e.merge_s - s.merge_s,
+                bytes_up: e.bytes_up.saturating_sub(s.bytes_up),
+                bytes_down: e.bytes_down.saturating_sub(s.bytes_down),
+            };
+            UtilizationReport {
+                section: end.section,
+                utilization: if usage.wall_s > 0.0 {
+                    usage.compute_s / usage.wall_s
+                } else {
+                    0.0
+                },
+                usage,
+                traffic: Vec::new(),
+                adopted: end
+                    .adopted
+                    .saturating_sub(a.get(path).map_or(0, |r| r.adopted)),
+            }
+        })
+        .collect();
+    out.sort_by_key(|m| m.section);
+    out
 }
 
 /// Empties (or creates) `dir` for a fresh network run and finds a free loopback port for it.
@@ -360,7 +413,8 @@ pub(super) fn scrape(addr: SocketAddr) -> Option<String> {
         .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_string()))
 }
 
-fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
+/// Runs the network of `n_miners` miners in `dir` and measures it.
+fn run_network(args: &BenchNetworkArgs, n_miners: usize, dir: &Path) -> anyhow::Result<Network> {
     let listen = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .context("finding a free port")?;
@@ -401,8 +455,13 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
     // it is done, so the last scrape is the one kept.
     let mut last_scrape = None;
     let mut first_busy_scrape: Option<String> = None;
-    // The machine's and the network's CPU time at each scrape, with the samples completed.
+    // The machine's and the network's CPU time at each scrape, with the samples completed;
+    // the miners' reports at the first scrape that saw a sample and every miner's report, and
+    // at the first that saw each later count (the last of which is the steady state's end).
     let mut cpu_snapshots: Vec<(u64, cpu::Snapshot)> = Vec::new();
+    let stats_dir = dir.join("net/stats");
+    let mut stats_first: Option<BTreeMap<PathBuf, UtilizationReport>> = None;
+    let mut stats_last: Option<(u64, BTreeMap<PathBuf, UtilizationReport>)> = None;
     let status = loop {
         if let Some(status) = child.try_wait().context("waiting for iota local")? {
             break status;
@@ -412,8 +471,21 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
             if first_busy_scrape.is_none() && completed.unwrap_or(0.0) > 0.0 {
                 first_busy_scrape = Some(text.clone());
             }
+            let done = completed.unwrap_or(0.0) as u64;
             if let Some(snap) = cpu::snapshot(child.id()) {
-                cpu_snapshots.push((completed.unwrap_or(0.0) as u64, snap));
+                cpu_snapshots.push((done, snap));
+            }
+            if done > 0 && stats_last.as_ref().is_none_or(|l| done > l.0) {
+                // A stats file is replaced whole (renamed into place); one not written yet
+                // is not there.
+                if let Ok(stats) = miner_stats_by_file(&stats_dir) {
+                    if stats_first.is_none() && stats.len() == n_miners {
+                        stats_first = Some(stats.clone());
+                    }
+                    if stats_first.is_some() {
+                        stats_last = Some((done, stats));
+                    }
+                }
             }
             last_scrape = Some(text);
         }
@@ -459,8 +531,12 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
             }
         }
     }
-    let mut miners = miner_stats(&dir.join("net/stats"))?;
+    let mut miners = miner_stats(&stats_dir)?;
     miners.sort_by_key(|m| m.section);
+    let steady_miners = match (&stats_first, &stats_last) {
+        (Some(a), Some((_, b))) => Some(usage_between(a, b)),
+        _ => None,
+    };
     let histogram = last_scrape
         .map(|t| latency_histogram(&t, &["/metrics", "/api/status"]))
         .unwrap_or_default();
@@ -469,6 +545,7 @@ fn run_network(args: &BenchNetworkArgs, dir: &Path) -> anyhow::Result<Network> {
         histogram,
         completed,
         miners,
+        steady_miners,
         orchestrator,
         cpu,
     })
@@ -538,16 +615,23 @@ fn print_traffic(net: &Network, chain_bytes: usize, cfg: &ModelConfig) {
 }
 
 /// Each miner's utilization and where the rest of its time went.
+/// Each miner's utilization and where the rest of its time went: in the steady state where
+/// its reports there were read, otherwise since its first assignment; the last column is
+/// always the whole run's.
 fn print_utilization(net: &Network) {
+    let (rows, window) = match &net.steady_miners {
+        Some(steady) if steady.len() == net.miners.len() => (steady, "steady state"),
+        _ => (&net.miners, "whole run"),
+    };
     println!(
-        "\nminer  section  utilization  compute s  download s  upload s  orchestrator s  idle s  merge s  other s  wall s"
+        "\nminer  section  utilization  compute s  download s  upload s  orchestrator s  idle s  merge s  other s  wall s  whole run  ({window})"
     );
-    for (i, m) in net.miners.iter().enumerate() {
+    for (i, (m, whole)) in rows.iter().zip(&net.miners).enumerate() {
         let u = &m.usage;
         let other = u.wall_s
             - (u.compute_s + u.download_s + u.upload_s + u.orchestrator_s + u.idle_s + u.merge_s);
         println!(
-            "{i:<5}  {:<7}  {:>10.1}%  {:>9.2}  {:>10.2}  {:>8.2}  {:>14.2}  {:>6.2}  {:>7.2}  {:>7.2}  {:>6.2}",
+            "{i:<5}  {:<7}  {:>10.1}%  {:>9.2}  {:>10.2}  {:>8.2}  {:>14.2}  {:>6.2}  {:>7.2}  {:>7.2}  {:>6.2}  {:>8.1}%",
             m.section.map_or("-".into(), |s| s.to_string()),
             100.0 * m.utilization,
             u.compute_s,
@@ -557,7 +641,8 @@ fn print_utilization(net: &Network) {
             u.idle_s,
             u.merge_s,
             other.max(0.0),
-            u.wall_s
+            u.wall_s,
+            100.0 * whole.utilization
         );
     }
 }
@@ -622,7 +707,8 @@ pub fn run(args: BenchNetworkArgs) -> anyhow::Result<()> {
 
     let tmp = std::env::temp_dir().join(format!("iota-bench-network-{}", std::process::id()));
     fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    let net = run_network(&args, &tmp);
+    let n_miners = cfg.n_sections() * args.miners_per_section.max(1);
+    let net = run_network(&args, n_miners, &tmp);
     // Best effort: a leftover directory in /tmp is harmless.
     let _ = fs::remove_dir_all(&tmp);
     let net = net?;
@@ -733,6 +819,35 @@ mod tests {
             "one busy scrape is no span"
         );
         assert_eq!(steady_cpu(&[]), None);
+    }
+
+    #[test]
+    fn steady_usage_is_the_difference_of_each_miners_reports() {
+        let report =
+            |section: usize, wall_s: f64, compute_s: f64, merge_s: f64| UtilizationReport {
+                section: Some(section),
+                usage: MinerUsage {
+                    wall_s,
+                    compute_s,
+                    merge_s,
+                    ..MinerUsage::default()
+                },
+                ..UtilizationReport::default()
+            };
+        let a = BTreeMap::from([(PathBuf::from("m1.json"), report(1, 2.0, 1.0, 0.0))]);
+        let b = BTreeMap::from([
+            (PathBuf::from("m1.json"), report(1, 12.0, 10.0, 0.5)),
+            // Absent from the first: counted from its first assignment.
+            (PathBuf::from("m0.json"), report(0, 4.0, 3.0, 0.0)),
+        ]);
+        let got = usage_between(&a, &b);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].section, Some(0));
+        assert!((got[0].utilization - 0.75).abs() < 1e-12);
+        assert_eq!(got[1].section, Some(1));
+        assert!((got[1].usage.wall_s - 10.0).abs() < 1e-12);
+        assert!((got[1].usage.merge_s - 0.5).abs() < 1e-12);
+        assert!((got[1].utilization - 0.9).abs() < 1e-12);
     }
 
     #[test]

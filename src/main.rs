@@ -6,6 +6,7 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     iota::cmd::allocator::tune();
+    iota::cmd::subnormals::flush();
     let cli = iota::cmd::Cli::parse();
     iota::cmd::init_tracing(cli.verbose, cli.log_format);
     iota::cmd::hint::install_panic_hook();

@@ -18,6 +18,7 @@ pub mod register;
 pub mod service;
 pub mod setup;
 pub mod status;
+pub mod subnormals;
 pub mod tokenizer;
 pub mod train;
 pub mod validate;

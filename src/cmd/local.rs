@@ -417,18 +417,17 @@ struct Tally {
     interrupted: bool,
 }
 
-/// The arguments of miner `name`'s `iota mine`: `max_in_flight` is the run config's, and
-/// `stats` where it writes its stats.
-fn mine_command(
+/// The arguments every node of the network (`iota mine`, `iota validate`) starts with: its
+/// hotkey `name` in this network's wallet, the orchestrator, threads and device.
+fn node_command(
+    subcommand: &str,
     name: &str,
     url: &str,
     wallets: &WalletDir,
     args: &LocalArgs,
-    max_in_flight: usize,
-    stats: &Path,
 ) -> Vec<String> {
     vec![
-        "mine".to_string(),
+        subcommand.to_string(),
         "--wallet".into(),
         WALLET.into(),
         "--hotkey".into(),
@@ -441,13 +440,29 @@ fn mine_command(
         args.threads.max(1).to_string(),
         "--device".into(),
         args.device.to_string(),
+    ]
+}
+
+/// The arguments of miner `name`'s `iota mine`: `max_in_flight` is the run config's, and
+/// `stats` where it writes its stats.
+fn mine_command(
+    name: &str,
+    url: &str,
+    wallets: &WalletDir,
+    args: &LocalArgs,
+    max_in_flight: usize,
+    stats: &Path,
+) -> Vec<String> {
+    let mut cmd = node_command("mine", name, url, wallets, args);
+    cmd.extend([
         // Explicit, so an operator's ~/.config/iota/miner.yaml changes nothing here.
         "--max-in-flight".into(),
         max_in_flight.to_string(),
         "--quiet".into(),
         "--stats-out".into(),
         stats.display().to_string(),
-    ]
+    ]);
+    cmd
 }
 
 /// Runs a local network.
@@ -528,23 +543,11 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     for i in 0..args.validators {
         let name = validator_name(i);
         ensure_hotkey(&wallets, &name)?;
-        let validate = vec![
-            "validate".to_string(),
-            "--wallet".into(),
-            WALLET.into(),
-            "--hotkey".into(),
-            name.clone(),
-            "--orchestrator".into(),
-            url.clone(),
-            "--wallets-dir".into(),
-            wallets.root().display().to_string(),
-            "--threads".into(),
-            args.threads.max(1).to_string(),
-            "--device".into(),
-            args.device.to_string(),
+        let mut validate = node_command("validate", &name, &url, &wallets, &args);
+        validate.extend([
             "--state-dir".into(),
             dir.join("validators").join(&name).display().to_string(),
-        ];
+        ]);
         let log = dir.join(format!("logs/{name}.log"));
         children.push(name, spawn_self(&validate, &log)?);
     }

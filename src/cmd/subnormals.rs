@@ -1,8 +1,9 @@
 //! Subnormal floats flushed to zero on the CPU (x86-64: the FTZ and DAZ bits of MXCSR).
 //!
 //! An x86 core computes with a subnormal input or result (magnitude below about 1.2e-38)
-//! through a slow microcode path. Training produces them as it goes (attention probabilities
-//! that underflow as attention sharpens, among others): measured on the 2-core Intel Xeon,
+//! through a slow microcode path. Training produces them as it goes (which tensors hold them
+//! was not measured; probabilities that underflow as attention sharpens are one likely
+//! source, and the section checkpoints held none): measured on the 2-core Intel Xeon,
 //! `iota local --preset small --sections 2` (1 miner per section, 220 samples) ran at about
 //! 3.5 samples/s for its first ~75 samples and about 2.3 after, the head miner's compute per
 //! sample up 1.5x; with these bits set it kept about 3.4 samples/s to the end (220 samples in

@@ -455,9 +455,10 @@ fn run_network(args: &BenchNetworkArgs, n_miners: usize, dir: &Path) -> anyhow::
     // it is done, so the last scrape is the one kept.
     let mut last_scrape = None;
     let mut first_busy_scrape: Option<String> = None;
-    // The machine's and the network's CPU time at each scrape, with the samples completed;
-    // the miners' reports at the first scrape that saw a sample and every miner's report, and
-    // at the first that saw each later count (the last of which is the steady state's end).
+    // The machine's and the network's CPU time at each scrape, with the samples completed.
+    // The miners' reports: first at the first scrape that saw a sample and a report of every
+    // miner, then at the first scrape of each later count (the last of which ends the steady
+    // state).
     let mut cpu_snapshots: Vec<(u64, cpu::Snapshot)> = Vec::new();
     let stats_dir = dir.join("net/stats");
     let mut stats_first: Option<BTreeMap<PathBuf, UtilizationReport>> = None;
@@ -467,11 +468,11 @@ fn run_network(args: &BenchNetworkArgs, n_miners: usize, dir: &Path) -> anyhow::
             break status;
         }
         if let Some(text) = scrape(listen) {
-            let completed = sample_value(&text, "iota_samples_total{outcome=\"completed\"}");
-            if first_busy_scrape.is_none() && completed.unwrap_or(0.0) > 0.0 {
+            let done = sample_value(&text, "iota_samples_total{outcome=\"completed\"}")
+                .unwrap_or(0.0) as u64;
+            if first_busy_scrape.is_none() && done > 0 {
                 first_busy_scrape = Some(text.clone());
             }
-            let done = completed.unwrap_or(0.0) as u64;
             if let Some(snap) = cpu::snapshot(child.id()) {
                 cpu_snapshots.push((done, snap));
             }
@@ -614,7 +615,6 @@ fn print_traffic(net: &Network, chain_bytes: usize, cfg: &ModelConfig) {
     );
 }
 
-/// Each miner's utilization and where the rest of its time went.
 /// Each miner's utilization and where the rest of its time went: in the steady state where
 /// its reports there were read, otherwise since its first assignment; the last column is
 /// always the whole run's.

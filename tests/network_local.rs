@@ -1,6 +1,6 @@
 //! End to end: `iota local` with the `tiny` preset, 3 sections x 2 miners as separate
-//! processes. The loss falls, and the ledger shows every miner working and samples keeping to
-//! lanes (lane routing is the default).
+//! processes. The loss falls, the merged model's held-out loss falls, and the ledger shows
+//! every miner working and samples keeping to lanes (lane routing is the default).
 
 use std::collections::{BTreeSet, HashMap};
 use std::process::Command;
@@ -13,6 +13,7 @@ use common::net::http_get;
 fn local_network_trains_and_keeps_samples_on_lanes() {
     let dir = tempfile::tempdir().unwrap();
     let metrics = dir.path().join("metrics.jsonl");
+    let summary = dir.path().join("summary.json");
     let output = Command::new(env!("CARGO_BIN_EXE_iota"))
         .args([
             "local",
@@ -37,6 +38,8 @@ fn local_network_trains_and_keeps_samples_on_lanes() {
         .arg(dir.path())
         .arg("--metrics-out")
         .arg(&metrics)
+        .arg("--summary-out")
+        .arg(&summary)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -47,7 +50,12 @@ fn local_network_trains_and_keeps_samples_on_lanes() {
     );
     assert!(stdout.contains("loss: first"), "{stdout}");
 
-    // The loss reported by the status polls falls.
+    // The training loss reported by the status polls falls. Its lowest reading is compared,
+    // not its last: at this deliberately high learning rate (0.01, 64-token samples) a lane
+    // can spike in the last few samples, as single-process training does at the same settings
+    // (`iota train` over 12 seeds peaked at up to 10.1 after step 10 of 40; here about 1 run
+    // in 30 ended a lane at 15 before recovering, and the last reading then sat above the
+    // first). The merged model's held-out loss below is the end result.
     let losses: Vec<f64> = std::fs::read_to_string(&metrics)
         .unwrap()
         .lines()
@@ -55,10 +63,30 @@ fn local_network_trains_and_keeps_samples_on_lanes() {
         .filter_map(|v| v["loss"].as_f64())
         .collect();
     assert!(losses.len() >= 2, "too few loss readings: {losses:?}");
-    let (first, last) = (losses[0], losses[losses.len() - 1]);
+    let lowest = losses.iter().copied().fold(f64::INFINITY, f64::min);
     assert!(
-        last < first - 0.2,
-        "loss did not fall: first {first}, last {last}"
+        lowest < losses[0] - 0.5,
+        "loss did not fall: readings {losses:?}"
+    );
+
+    // The held-out loss of the merged model, evaluated through the network, before training
+    // and after the epoch's merge (about 5.6 falling to 2.9-4.3 over 30 runs measured).
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    let evals: Vec<(u64, f64)> = summary["evals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["epoch"].as_u64().unwrap(),
+                e["eval_loss"].as_f64().unwrap(),
+            )
+        })
+        .collect();
+    assert!(
+        matches!(evals[..], [(0, before), (1, after)] if after < before - 0.5),
+        "the merged model's held-out loss did not fall: {evals:?}"
     );
 
     // The ledger: every completed sample has a pathway through all three sections, and the

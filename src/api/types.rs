@@ -295,6 +295,32 @@ pub struct MinerUsage {
     pub bytes_down: u64,
 }
 
+impl MinerUsage {
+    /// Compute time over wall time (0 before any wall time).
+    pub fn utilization(&self) -> f64 {
+        if self.wall_s > 0.0 {
+            self.compute_s / self.wall_s
+        } else {
+            0.0
+        }
+    }
+
+    /// The time and bytes between `earlier`, an account of the same miner, and this one.
+    pub fn since(&self, earlier: &MinerUsage) -> MinerUsage {
+        MinerUsage {
+            wall_s: self.wall_s - earlier.wall_s,
+            compute_s: self.compute_s - earlier.compute_s,
+            download_s: self.download_s - earlier.download_s,
+            upload_s: self.upload_s - earlier.upload_s,
+            orchestrator_s: self.orchestrator_s - earlier.orchestrator_s,
+            idle_s: self.idle_s - earlier.idle_s,
+            merge_s: self.merge_s - earlier.merge_s,
+            bytes_up: self.bytes_up.saturating_sub(earlier.bytes_up),
+            bytes_down: self.bytes_down.saturating_sub(earlier.bytes_down),
+        }
+    }
+}
+
 /// `POST /api/heartbeat` response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeartbeatResponse {

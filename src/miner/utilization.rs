@@ -162,11 +162,7 @@ impl Utilization {
         };
         UtilizationReport {
             section: self.section,
-            utilization: if wall_s > 0.0 {
-                usage.compute_s / wall_s
-            } else {
-                0.0
-            },
+            utilization: usage.utilization(),
             usage,
             traffic,
             adopted: self.adopted,

@@ -70,11 +70,7 @@ impl Metrics {
              # TYPE iota_miner_utilization gauge\n",
         );
         for (hotkey, (section, u)) in map.iter() {
-            let ratio = if u.wall_s > 0.0 {
-                u.compute_s / u.wall_s
-            } else {
-                0.0
-            };
+            let ratio = u.utilization();
             let _ = writeln!(
                 out,
                 "iota_miner_utilization{{miner=\"{hotkey}\",section=\"{section}\"}} {ratio}"

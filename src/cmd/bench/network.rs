@@ -352,31 +352,16 @@ fn usage_between(
     let mut out: Vec<UtilizationReport> = b
         .iter()
         .map(|(path, end)| {
-            let start = a.get(path).map(|r| r.usage.clone()).unwrap_or_default();
-            let (s, e) = (&start, &end.usage);
-            let usage = MinerUsage {
-                wall_s: e.wall_s - s.wall_s,
-                compute_s: e.compute_s - s.compute_s,
-                download_s: e.download_s - s.download_s,
-                upload_s: e.upload_s - s.upload_s,
-                orchestrator_s: e.orchestrator_s - s.orchestrator_s,
-                idle_s: e.idle_s - s.idle_s,
-                merge_s: e.merge_s - s.merge_s,
-                bytes_up: e.bytes_up.saturating_sub(s.bytes_up),
-                bytes_down: e.bytes_down.saturating_sub(s.bytes_down),
-            };
+            let start = a.get(path);
+            let usage = end
+                .usage
+                .since(start.map(|r| &r.usage).unwrap_or(&MinerUsage::default()));
             UtilizationReport {
                 section: end.section,
-                utilization: if usage.wall_s > 0.0 {
-                    usage.compute_s / usage.wall_s
-                } else {
-                    0.0
-                },
+                utilization: usage.utilization(),
                 usage,
                 traffic: Vec::new(),
-                adopted: end
-                    .adopted
-                    .saturating_sub(a.get(path).map_or(0, |r| r.adopted)),
+                adopted: end.adopted.saturating_sub(start.map_or(0, |r| r.adopted)),
             }
         })
         .collect();

@@ -127,6 +127,24 @@ async fn refused_requests_change_nothing() {
     }
     assert_eq!(h.snapshot(), before, "stale");
 
+    // Signed for another endpoint: a heartbeat's signature presented with the same body at
+    // /api/work is refused (the signature covers the method and path).
+    let body_bytes = serde_json::to_vec(&WorkRequest { max: 1, wait_ms: 0 }).unwrap();
+    let moved = signed_raw(
+        "/api/heartbeat",
+        body_bytes.clone(),
+        &alice,
+        h.now(),
+        "test-run",
+    );
+    let (mut parts, _) = moved.into_parts();
+    parts.uri = "/api/work".parse().unwrap();
+    let (code, _) = h
+        .send(Request::from_parts(parts, Body::from(body_bytes)))
+        .await;
+    assert_eq!(code, StatusCode::UNAUTHORIZED, "signed for another path");
+    assert_eq!(h.snapshot(), before, "signed for another path");
+
     // Unregistered.
     let (code, body) = h
         .send(h.signed(

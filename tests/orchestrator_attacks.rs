@@ -7,7 +7,7 @@ use std::net::TcpStream;
 use std::time::Duration;
 
 use iota::api::{RegisterRequest, RegisterResponse, WorkRequest, WorkResponse};
-use iota::wallet::{Hotkey, sign_request};
+use iota::wallet::{Hotkey, RequestLine, sign_request};
 
 mod common;
 
@@ -124,7 +124,13 @@ fn r9_replays_with_respelled_timestamps_are_refused_by_the_real_server() {
     })
     .unwrap();
     let ts = now_ms();
-    let headers = sign_request(&key, &body, ts, "replay");
+    let headers = sign_request(
+        &key,
+        RequestLine::post("/api/register"),
+        &body,
+        ts,
+        "replay",
+    );
     let addr = url.trim_start_matches("http://").to_string();
     let send = |timestamp: &str| {
         let mut head = format!(

@@ -16,7 +16,7 @@ use iota::orchestrator::Repository;
 use iota::orchestrator::cycle::advance;
 use iota::orchestrator::retention::release_done;
 use iota::storage::payload_hash;
-use iota::wallet::{Hotkey, SignedHeaders, verify_request};
+use iota::wallet::{Hotkey, RequestLine, SignedHeaders, verify_request};
 
 const VALIDATORS: [(&str, f64); 3] = [("//Val1", 3.0), ("//Val2", 1.0), ("//Val3", 1.0)];
 
@@ -387,6 +387,7 @@ async fn weights_are_checked_combined_by_stake_and_kept_across_a_restart() {
         };
         let signer = verify_request(
             &headers,
+            RequestLine::post("/api/weights"),
             v.signed_body.as_bytes(),
             v.signed_unix_ms,
             0,

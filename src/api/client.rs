@@ -28,7 +28,7 @@ use super::validator::{
 };
 use crate::storage::retry::{RetryPolicy, is_transient_error, is_transient_status};
 use crate::wallet::keys::Hotkey;
-use crate::wallet::signing::sign_request;
+use crate::wallet::signing::{RequestLine, sign_request};
 
 /// How long one request may take in all before the attempt counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -445,7 +445,12 @@ impl ApiClient {
                 .header(CONTENT_TYPE, "application/json")
                 .body(body.clone());
             if let Some(key) = &self.hotkey {
-                let headers = sign_request(key, &body, now_ms(), &self.run);
+                let target = match url.query() {
+                    Some(q) => format!("{}?{q}", url.path()),
+                    None => url.path().to_string(),
+                };
+                let headers =
+                    sign_request(key, RequestLine::post(&target), &body, now_ms(), &self.run);
                 for (name, value) in headers.to_pairs() {
                     request = request.header(name, value);
                 }
@@ -637,7 +642,20 @@ mod tests {
         assert_eq!(headers.signed_for, "r1");
         assert_eq!(headers.hotkey, key.address().to_string());
         let now = now_ms();
-        assert!(verify_request(&headers, body, now, 30_000, "r1").is_ok());
+        let line = RequestLine::post("/api/work");
+        assert!(verify_request(&headers, line, body, now, 30_000, "r1").is_ok());
+        assert!(
+            verify_request(
+                &headers,
+                RequestLine::post("/api/heartbeat"),
+                body,
+                now,
+                30_000,
+                "r1"
+            )
+            .is_err(),
+            "the signature names its path"
+        );
     }
 
     #[tokio::test]

@@ -780,7 +780,8 @@ pub struct ValidatorWeights {
     pub dissent: bool,
     /// The exact JSON body the validator signed.
     pub signed_body: String,
-    /// Its sr25519 signature (hex) over `hex(sha256(signed_body)).{signed_unix_ms}.{run}`.
+    /// Its sr25519 signature (hex) over
+    /// `POST /api/weights.{hex(sha256(signed_body))}.{signed_unix_ms}.{run}`.
     pub signature: String,
     /// The signature's timestamp.
     pub signed_unix_ms: u64,

@@ -3,7 +3,8 @@
 //!
 //! Checks, in order, each refusing with nothing changed:
 //! 1. the four auth headers are present and parse (401 `unauthorized`);
-//! 2. the request is for this run and the signature covers the raw body (401 `unauthorized`),
+//! 2. the request is for this run and the signature covers the method, the path (with its
+//!    query) and the raw body (401 `unauthorized`),
 //!    signed within [`MAX_AGE_MS`] of the server clock (401 `stale`);
 //! 3. the body is valid JSON for `T` (400 `bad_request`);
 //! 4. the hotkey is registered (403 `not_registered`; skipped by [`SignedAny`]), or for
@@ -17,7 +18,7 @@ use serde::de::DeserializeOwned;
 
 use super::http_error::HttpError;
 use super::state::AppState;
-use crate::wallet::{SignedHeaders, signature_id, verify_request};
+use crate::wallet::{RequestLine, SignedHeaders, signature_id, verify_request};
 
 /// Largest allowed distance between a request's timestamp and the server clock.
 pub const MAX_AGE_MS: u64 = 30_000;
@@ -75,11 +76,26 @@ async fn verify<T: DeserializeOwned>(
 ) -> Result<Verified<T>, HttpError> {
     let headers =
         SignedHeaders::from_lookup(|name| req.headers().get(name).and_then(|v| v.to_str().ok()))?;
+    let method = req.method().as_str().to_string();
+    let path = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_string(), |p| p.as_str().to_string());
     let bytes = Bytes::from_request(req, state)
         .await
         .map_err(|e| HttpError::new(e.status(), "bad_request", e.body_text()))?;
     let now = state.now_ms();
-    let address = verify_request(&headers, &bytes, now, MAX_AGE_MS, &state.config.run)?;
+    let address = verify_request(
+        &headers,
+        RequestLine {
+            method: &method,
+            path: &path,
+        },
+        &bytes,
+        now,
+        MAX_AGE_MS,
+        &state.config.run,
+    )?;
     let hotkey = address.to_string();
     let body: T = serde_json::from_slice(&bytes)
         .map_err(|e| HttpError::bad_request(format!("malformed body: {e}")))?;

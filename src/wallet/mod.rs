@@ -15,5 +15,7 @@ pub mod ss58;
 
 pub use files::{WalletDir, WalletFileError};
 pub use keys::{DEV_PHRASE, Hotkey, KeyError, Sr25519Signature};
-pub use signing::{SignatureError, SignedHeaders, sign_request, signature_id, verify_request};
+pub use signing::{
+    RequestLine, SignatureError, SignedHeaders, sign_request, signature_id, verify_request,
+};
 pub use ss58::{Ss58Address, Ss58Error};

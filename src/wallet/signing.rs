@@ -1,14 +1,16 @@
-//! Signed requests: how a miner or validator proves that an HTTP request body comes from its
-//! hotkey, for one orchestrator, recently.
+//! Signed requests: how a miner or validator proves that an HTTP request (its method, path and
+//! body) comes from its hotkey, for one orchestrator, recently.
 //!
 //! Pure functions over bytes: the HTTP layer copies the four headers in and out.
 //!
 //! # Format
 //!
 //! ```text
-//! message   = hex(sha256(body)) "." timestamp_ms "." signed_for
-//!             e.g. "e3b0c442...b855.1767225600000.5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
-//!             (lowercase hex, 64 digits; timestamp in decimal milliseconds since the Unix epoch,
+//! message   = METHOD " " path "." hex(sha256(body)) "." timestamp_ms "." signed_for
+//!             e.g. "POST /api/work.e3b0c442...b855.1767225600000.local-tiny"
+//!             (METHOD upper case as sent; path is the request target's path and query as sent,
+//!             starting with "/"; lowercase hex, 64 digits; timestamp in decimal milliseconds
+//!             since the Unix epoch,
 //!             canonical: ASCII digits only, no sign, no leading zero, no whitespace;
 //!             signed_for is the orchestrator's SS58 address or the run name)
 //! signature = sr25519(hotkey, context b"substrate", message)
@@ -19,8 +21,9 @@
 //! X-Iota-Signed-For: signed_for
 //! ```
 //!
-//! The verifier rebuilds the message from the body it received and the `signed_for` it
-//! expects, so a request signed for another orchestrator or run never verifies here. Timestamps
+//! The verifier rebuilds the message from the method, path and body it received and the
+//! `signed_for` it expects, so a request signed for another orchestrator or run, or for another
+//! endpoint (a signed heartbeat body presented to `/api/submit`), never verifies here. Timestamps
 //! are milliseconds on both sides (the reference compared milliseconds with seconds).
 //! Replays within the freshness window are the server's to refuse, keyed by [`signature_id`].
 
@@ -71,8 +74,10 @@ pub enum SignatureError {
         /// What the request names.
         got: String,
     },
-    /// The signature does not match the body, timestamp, target and hotkey.
-    #[error("bad signature: it does not match the body, timestamp, target and hotkey")]
+    /// The signature does not match the method, path, body, timestamp, target and hotkey.
+    #[error(
+        "bad signature: it does not match the method, path, body, timestamp, target and hotkey"
+    )]
     BadSignature,
 }
 
@@ -124,24 +129,52 @@ impl SignedHeaders {
     }
 }
 
+/// What a signature says about the HTTP request itself: its method and its path (with the
+/// query, as sent).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestLine<'a> {
+    /// `GET`, `POST`, ... (upper case).
+    pub method: &'a str,
+    /// The request target's path and query, starting with `/`.
+    pub path: &'a str,
+}
+
+impl<'a> RequestLine<'a> {
+    /// A `POST` to `path`.
+    pub fn post(path: &'a str) -> Self {
+        Self {
+            method: "POST",
+            path,
+        }
+    }
+}
+
 /// The exact bytes that are signed (see the module's `# Format`).
-pub fn signing_message(body: &[u8], timestamp_ms: u64, signed_for: &str) -> String {
+pub fn signing_message(
+    line: RequestLine<'_>,
+    body: &[u8],
+    timestamp_ms: u64,
+    signed_for: &str,
+) -> String {
     format!(
-        "{}.{}.{}",
+        "{} {}.{}.{}.{}",
+        line.method,
+        line.path,
         hex::encode(Sha256::digest(body)),
         timestamp_ms,
         signed_for
     )
 }
 
-/// Signs a request body for `signed_for` at `timestamp_ms` with `key`.
+/// Signs a request (`line` and `body`) for `signed_for` at `timestamp_ms` with `key`.
 pub fn sign_request(
     key: &Hotkey,
+    line: RequestLine<'_>,
     body: &[u8],
     timestamp_ms: u64,
     signed_for: &str,
 ) -> SignedHeaders {
-    let signature = key.sign(signing_message(body, timestamp_ms, signed_for).as_bytes());
+    let signature = key.sign(signing_message(line, body, timestamp_ms, signed_for).as_bytes());
     SignedHeaders {
         signature: signature.to_hex(),
         timestamp_ms: timestamp_ms.to_string(),
@@ -153,7 +186,8 @@ pub fn sign_request(
 /// Verifies a signed request and returns the signer's address.
 ///
 /// The request must be signed for `signed_for` (this server), its timestamp must lie within
-/// `max_age_ms` of `now_ms` in either direction, and the signature must cover `body`.
+/// `max_age_ms` of `now_ms` in either direction, and the signature must cover `line` (the
+/// method and path the server received) and `body`.
 /// Replay detection is the caller's job: after success, refuse a [`signature_id`] seen within
 /// the last `2 * max_age_ms`.
 ///
@@ -162,6 +196,7 @@ pub fn sign_request(
 /// [`SignatureError::Stale`], or [`SignatureError::BadSignature`].
 pub fn verify_request(
     headers: &SignedHeaders,
+    line: RequestLine<'_>,
     body: &[u8],
     now_ms: u64,
     max_age_ms: u64,
@@ -204,7 +239,7 @@ pub fn verify_request(
             max_age_ms,
         });
     }
-    let message = signing_message(body, timestamp_ms, signed_for);
+    let message = signing_message(line, body, timestamp_ms, signed_for);
     if verify(hotkey.public_key(), message.as_bytes(), &signature) {
         Ok(hotkey)
     } else {
@@ -251,6 +286,10 @@ mod tests {
     const ORCH: &str = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty";
     const NOW: u64 = 1_767_225_600_000;
     const MAX_AGE: u64 = 30_000;
+    const L: RequestLine<'static> = RequestLine {
+        method: "POST",
+        path: "/api/work",
+    };
 
     fn alice() -> Hotkey {
         Hotkey::from_uri("//Alice").unwrap()
@@ -260,20 +299,41 @@ mod tests {
     fn message_layout_is_as_documented() {
         // sha256("") is the well-known e3b0c442...b855.
         assert_eq!(
-            signing_message(b"", 1234, "run-1"),
-            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855.1234.run-1"
+            signing_message(RequestLine::post("/api/register"), b"", 1234, "run-1"),
+            "POST /api/register.\
+             e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855.1234.run-1"
         );
+    }
+
+    #[test]
+    fn a_signature_is_bound_to_its_method_and_path() {
+        let headers = sign_request(&alice(), L, b"{}", NOW, ORCH);
+        assert!(verify_request(&headers, L, b"{}", NOW, MAX_AGE, ORCH).is_ok());
+        for other in [
+            RequestLine::post("/api/heartbeat"),
+            RequestLine::post("/api/work?x=1"),
+            RequestLine {
+                method: "PUT",
+                path: "/api/work",
+            },
+        ] {
+            assert_eq!(
+                verify_request(&headers, other, b"{}", NOW, MAX_AGE, ORCH),
+                Err(SignatureError::BadSignature),
+                "{other:?}"
+            );
+        }
     }
 
     #[test]
     fn round_trip_verifies_and_names_the_signer() {
         let key = alice();
         let body = br#"{"section":1}"#;
-        let headers = sign_request(&key, body, NOW, ORCH);
+        let headers = sign_request(&key, L, body, NOW, ORCH);
         assert_eq!(headers.hotkey, key.address().as_str());
         assert_eq!(headers.timestamp_ms, NOW.to_string());
         assert!(headers.signature.starts_with("0x") && headers.signature.len() == 130);
-        let who = verify_request(&headers, body, NOW + 1_000, MAX_AGE, ORCH).unwrap();
+        let who = verify_request(&headers, L, body, NOW + 1_000, MAX_AGE, ORCH).unwrap();
         assert_eq!(&who, key.address());
 
         let pairs = headers.to_pairs();
@@ -287,12 +347,12 @@ mod tests {
     #[test]
     fn tampering_is_detected() {
         let body = b"payload bytes".to_vec();
-        let headers = sign_request(&alice(), &body, NOW, ORCH);
+        let headers = sign_request(&alice(), L, &body, NOW, ORCH);
 
         let mut bad_body = body.clone();
         bad_body[0] ^= 1;
         assert_eq!(
-            verify_request(&headers, &bad_body, NOW, MAX_AGE, ORCH),
+            verify_request(&headers, L, &bad_body, NOW, MAX_AGE, ORCH),
             Err(SignatureError::BadSignature)
         );
 
@@ -302,7 +362,7 @@ mod tests {
             chars[at] = if chars[at] == '0' { '1' } else { '0' };
             sig.signature = chars.into_iter().collect();
             assert_eq!(
-                verify_request(&sig, &body, NOW, MAX_AGE, ORCH),
+                verify_request(&sig, L, &body, NOW, MAX_AGE, ORCH),
                 Err(SignatureError::BadSignature),
                 "signature char {at}"
             );
@@ -311,7 +371,7 @@ mod tests {
         let mut ts = headers.clone();
         ts.timestamp_ms = (NOW + 1).to_string();
         assert_eq!(
-            verify_request(&ts, &body, NOW, MAX_AGE, ORCH),
+            verify_request(&ts, L, &body, NOW, MAX_AGE, ORCH),
             Err(SignatureError::BadSignature)
         );
 
@@ -319,16 +379,16 @@ mod tests {
         let mut who = headers.clone();
         who.hotkey = ORCH.to_string();
         assert_eq!(
-            verify_request(&who, &body, NOW, MAX_AGE, ORCH),
+            verify_request(&who, L, &body, NOW, MAX_AGE, ORCH),
             Err(SignatureError::BadSignature)
         );
     }
 
     #[test]
     fn wrong_recipient_is_refused() {
-        let headers = sign_request(&alice(), b"x", NOW, "run-a");
+        let headers = sign_request(&alice(), L, b"x", NOW, "run-a");
         assert_eq!(
-            verify_request(&headers, b"x", NOW, MAX_AGE, "run-b"),
+            verify_request(&headers, L, b"x", NOW, MAX_AGE, "run-b"),
             Err(SignatureError::WrongRecipient {
                 expected: "run-b".into(),
                 got: "run-a".into()
@@ -338,7 +398,7 @@ mod tests {
         let mut forged = headers.clone();
         forged.signed_for = "run-b".into();
         assert_eq!(
-            verify_request(&forged, b"x", NOW, MAX_AGE, "run-b"),
+            verify_request(&forged, L, b"x", NOW, MAX_AGE, "run-b"),
             Err(SignatureError::BadSignature)
         );
     }
@@ -346,33 +406,33 @@ mod tests {
     #[test]
     fn stale_and_future_timestamps_are_refused() {
         let key = alice();
-        let at_edge = sign_request(&key, b"x", NOW - MAX_AGE, ORCH);
-        assert!(verify_request(&at_edge, b"x", NOW, MAX_AGE, ORCH).is_ok());
-        let old = sign_request(&key, b"x", NOW - MAX_AGE - 1, ORCH);
+        let at_edge = sign_request(&key, L, b"x", NOW - MAX_AGE, ORCH);
+        assert!(verify_request(&at_edge, L, b"x", NOW, MAX_AGE, ORCH).is_ok());
+        let old = sign_request(&key, L, b"x", NOW - MAX_AGE - 1, ORCH);
         assert_eq!(
-            verify_request(&old, b"x", NOW, MAX_AGE, ORCH),
+            verify_request(&old, L, b"x", NOW, MAX_AGE, ORCH),
             Err(SignatureError::Stale {
                 timestamp_ms: NOW - MAX_AGE - 1,
                 now_ms: NOW,
                 max_age_ms: MAX_AGE
             })
         );
-        let future = sign_request(&key, b"x", NOW + MAX_AGE + 1, ORCH);
+        let future = sign_request(&key, L, b"x", NOW + MAX_AGE + 1, ORCH);
         assert!(matches!(
-            verify_request(&future, b"x", NOW, MAX_AGE, ORCH),
+            verify_request(&future, L, b"x", NOW, MAX_AGE, ORCH),
             Err(SignatureError::Stale { .. })
         ));
         // A timestamp in seconds instead of milliseconds is stale, not accepted.
-        let seconds = sign_request(&key, b"x", NOW / 1000, ORCH);
+        let seconds = sign_request(&key, L, b"x", NOW / 1000, ORCH);
         assert!(matches!(
-            verify_request(&seconds, b"x", NOW, MAX_AGE, ORCH),
+            verify_request(&seconds, L, b"x", NOW, MAX_AGE, ORCH),
             Err(SignatureError::Stale { .. })
         ));
     }
 
     #[test]
     fn malformed_headers_are_named() {
-        let good = sign_request(&alice(), b"x", NOW, ORCH);
+        let good = sign_request(&alice(), L, b"x", NOW, ORCH);
         let cases = [
             (HEADER_HOTKEY, {
                 let mut h = good.clone();
@@ -391,7 +451,7 @@ mod tests {
             }),
         ];
         for (expected, headers) in cases {
-            match verify_request(&headers, b"x", NOW, MAX_AGE, ORCH) {
+            match verify_request(&headers, L, b"x", NOW, MAX_AGE, ORCH) {
                 Err(SignatureError::Malformed { header, .. }) => assert_eq!(header, expected),
                 other => panic!("{expected}: expected Malformed, got {other:?}"),
             }
@@ -409,15 +469,15 @@ mod tests {
     #[test]
     fn signature_id_is_stable_and_distinct() {
         let key = alice();
-        let a = sign_request(&key, b"x", NOW, ORCH);
-        let b = sign_request(&key, b"x", NOW, ORCH);
+        let a = sign_request(&key, L, b"x", NOW, ORCH);
+        let b = sign_request(&key, L, b"x", NOW, ORCH);
         // Same request signed twice: randomised signatures, different ids.
         assert_ne!(signature_id(&a), signature_id(&b));
         // A replay with the hex re-spelled maps to the same id.
         let mut respelled = a.clone();
         respelled.signature = format!(" 0X{} ", a.signature[2..].to_uppercase());
         assert_eq!(signature_id(&respelled), signature_id(&a));
-        assert!(verify_request(&respelled, b"x", NOW, MAX_AGE, ORCH).is_ok());
+        assert!(verify_request(&respelled, L, b"x", NOW, MAX_AGE, ORCH).is_ok());
         assert_eq!(signature_id(&a).len(), 64);
     }
 
@@ -427,8 +487,8 @@ mod tests {
     #[test]
     fn respelled_timestamps_are_refused_and_share_the_replay_id() {
         let key = alice();
-        let a = sign_request(&key, b"x", NOW, ORCH);
-        assert!(verify_request(&a, b"x", NOW, MAX_AGE, ORCH).is_ok());
+        let a = sign_request(&key, L, b"x", NOW, ORCH);
+        assert!(verify_request(&a, L, b"x", NOW, MAX_AGE, ORCH).is_ok());
         for spelled in [
             format!("0{NOW}"),
             format!("+{NOW}"),
@@ -442,7 +502,7 @@ mod tests {
             h.timestamp_ms = spelled.clone();
             assert!(
                 matches!(
-                    verify_request(&h, b"x", NOW, MAX_AGE, ORCH),
+                    verify_request(&h, L, b"x", NOW, MAX_AGE, ORCH),
                     Err(SignatureError::Malformed {
                         header: HEADER_TIMESTAMP,
                         ..

@@ -9,13 +9,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tower::ServiceExt;
 
-use iota::wallet::{Hotkey, sign_request};
+use iota::wallet::{Hotkey, RequestLine, sign_request};
 
 use super::net::now_ms;
 
 /// A POST of `body` to `path`, signed by `hotkey` at `ts` for `run`.
 pub fn signed_raw(path: &str, body: Vec<u8>, hotkey: &Hotkey, ts: u64, run: &str) -> Request<Body> {
-    let headers = sign_request(hotkey, &body, ts, run);
+    let headers = sign_request(hotkey, RequestLine::post(path), &body, ts, run);
     let mut req = Request::post(path).header("content-type", "application/json");
     for (name, value) in headers.to_pairs() {
         req = req.header(name, value);
@@ -57,7 +57,8 @@ pub async fn post_http<T: DeserializeOwned>(
     let mut req = reqwest::Client::new()
         .post(format!("{base}{path}"))
         .header("content-type", "application/json");
-    for (name, value) in sign_request(key, &body, now_ms(), run).to_pairs() {
+    for (name, value) in sign_request(key, RequestLine::post(path), &body, now_ms(), run).to_pairs()
+    {
         req = req.header(name, value);
     }
     let resp = req.body(body).send().await.unwrap();

@@ -1353,3 +1353,128 @@ async fn compressed_merges_refuse_hostile_bytes_and_merge_the_decoded_values() {
         assert!(worst < 0.01, "{wire}: off by {worst}");
     }
 }
+
+/// Stalling the uploads: a live miner that never asks for its upload holds the phase for
+/// `merge.ask_s` (5 s) at most, not to the upload deadline (30 s here); one that takes a lease
+/// and never delivers is waited for as long again as the others' uploads took (at least
+/// `merge.straggler_s`, 2 s), and its lease ends then, so a late upload is refused.
+#[tokio::test]
+async fn a_miner_that_does_not_upload_stalls_the_phase_a_few_seconds_at_most() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    let began = h.now();
+    assert!(h.upload_state(&a, 0, &a.flat, |_| {}).await.accepted);
+    assert!(h.upload_state(&b, 0, &b.flat, |_| {}).await.accepted);
+    // Charlie is live (he worked a moment ago) and has not asked.
+    h.step().await;
+    assert_eq!(
+        h.merge_status().await.phase,
+        Phase::Uploading,
+        "asking window"
+    );
+    h.advance(5_000);
+    h.step().await;
+    assert_eq!(
+        h.merge_status().await.phase,
+        Phase::Merging,
+        "closed {} ms after the phase began, not at its 30 s deadline",
+        h.now() - began
+    );
+
+    // A fresh run: Charlie takes a lease and never uploads.
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    assert!(matches!(h.task(&c, 0).await.task, MergeTask::Upload { .. }));
+    h.advance(1_000);
+    assert!(h.upload_state(&a, 0, &a.flat, |_| {}).await.accepted);
+    assert!(h.upload_state(&b, 0, &b.flat, |_| {}).await.accepted);
+    h.step().await;
+    assert_eq!(h.merge_status().await.phase, Phase::Uploading);
+    h.advance(1_999);
+    h.step().await;
+    assert_eq!(h.merge_status().await.phase, Phase::Uploading, "waited 2 s");
+    h.advance(1);
+    h.step().await;
+    assert_eq!(h.merge_status().await.phase, Phase::Merging);
+    let late = h.task(&c, 0).await.task;
+    assert!(
+        !matches!(late, MergeTask::Upload { .. }),
+        "the lease ended: {late:?}"
+    );
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!((ms.sections[0].uploads, ms.sections[0].partitions), (2, 2));
+}
+
+/// Stalling the merge: an uploader that never delivers its partitions holds the merge only
+/// until every partition has a copy and it was waited for as long again (at least 2 s), not
+/// to the merge deadline; it is flagged missing, and its twins' copies are used.
+#[tokio::test]
+async fn a_merger_that_never_delivers_stalls_the_merge_a_few_seconds_at_most() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.upload_all(&all).await;
+    let closed = h.now();
+    h.advance(1_000);
+    assert!(h.merge_work(&a, &all, 0, 1.0).await > 0);
+    assert!(h.merge_work(&b, &all, 0, 1.0).await > 0);
+    h.step().await;
+    let covered = h.now();
+    assert_eq!(h.merge_status().await.phase, Phase::Merging);
+    // Covering took 1 s from the close: Charlie is waited for max(1 s, 2 s) more.
+    h.advance(1_999);
+    h.step().await;
+    assert_eq!(h.merge_status().await.phase, Phase::Merging);
+    h.advance(1);
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!(
+        (ms.phase, ms.epoch),
+        (Phase::Training, 1),
+        "finalised {} ms after the uploads closed (deadline 30 s)",
+        h.now() - closed
+    );
+    assert!(h.now() - covered <= 2_000);
+    assert_eq!(ms.sections[0].fallbacks, 0, "every partition had a copy");
+    assert!(
+        ms.sections[0]
+            .flagged
+            .iter()
+            .all(|f| f.reason == "missing" && f.hotkey == c.name),
+        "{:?}",
+        ms.sections[0].flagged
+    );
+    assert!(!ms.sections[0].flagged.is_empty());
+}
+
+/// An excluded miner is not leased an upload (nor merge work): it is told to wait.
+#[tokio::test]
+async fn an_excluded_miner_gets_no_upload_or_partitions() {
+    let h = merge_harness("");
+    let (a, b, c, _) = three_players(&h).await;
+    let all = [&a, &b, &c];
+    h.train_until_upload(&all).await;
+    let now = h.now();
+    // Two flagged windows (the run's default `exclude_after_flags`) exclude Charlie.
+    for epoch in [0, 1] {
+        h.state
+            .repo
+            .flag_window(&c.name, epoch, "test: flagged", 2, 600_000, now)
+            .unwrap();
+    }
+    assert!(h.state.repo.excluded(&c.name, now).unwrap());
+    assert!(matches!(h.task(&c, 0).await.task, MergeTask::Wait { .. }));
+    assert!(h.upload_state(&a, 0, &a.flat, |_| {}).await.accepted);
+    assert!(h.upload_state(&b, 0, &b.flat, |_| {}).await.accepted);
+    h.advance(5_000);
+    h.step().await;
+    h.step().await;
+    let ms = h.merge_status().await;
+    assert_eq!((ms.sections[0].uploads, ms.sections[0].partitions), (2, 2));
+    assert!(matches!(h.task(&c, 0).await.task, MergeTask::Wait { .. }));
+}

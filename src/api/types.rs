@@ -132,7 +132,7 @@ pub struct RegisterResponse {
 }
 
 /// Direction of an assignment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum WorkKind {
     /// Run the section forward on `input`, upload the output activations (the tail instead

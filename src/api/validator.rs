@@ -54,6 +54,56 @@ impl Thresholds {
     }
 }
 
+/// Spot checks (run config `validation.spot`): a sample of every miner's items in every window,
+/// each recomputed at weights placed between the epoch's start state and the miner's merge
+/// upload (see `validator::spot`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpotSettings {
+    /// Items checked per miner and window at least (all of them when it has fewer; 0: no spot
+    /// checks). 22 catches a miner that cheats on a tenth of its items within two windows
+    /// with probability at least 1 - 0.9^44 = 99.03% (computed).
+    #[serde(default = "spot_items")]
+    pub min_items: usize,
+    /// Fraction of a miner's checkable items checked when that is more than `min_items`.
+    #[serde(default = "spot_fraction")]
+    pub fraction: f64,
+    /// Thresholds for each checked output or input gradient (cosine after centring each
+    /// channel, and magnitude ratio).
+    #[serde(default = "spot_thresholds")]
+    pub outputs: Thresholds,
+    /// Largest relative difference between the tail's reported loss and the recomputed one.
+    #[serde(default = "spot_loss_tolerance")]
+    pub loss_tolerance: f64,
+}
+
+impl Default for SpotSettings {
+    fn default() -> Self {
+        Self {
+            min_items: spot_items(),
+            fraction: spot_fraction(),
+            outputs: spot_thresholds(),
+            loss_tolerance: spot_loss_tolerance(),
+        }
+    }
+}
+
+fn spot_items() -> usize {
+    22
+}
+fn spot_fraction() -> f64 {
+    0.1
+}
+fn spot_thresholds() -> Thresholds {
+    Thresholds {
+        min_cosine: 0.9,
+        min_magnitude_ratio: 0.8,
+    }
+}
+fn spot_loss_tolerance() -> f64 {
+    0.05
+}
+
 /// Replay checks (run config `validation.replay`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -220,6 +270,9 @@ pub enum PenaltyKind {
     RefusedUpload,
     /// A merge partition the miner was assigned and never delivered.
     MissingMerge,
+    /// Work in an epoch whose merge got no accepted upload from the miner (its training
+    /// credit for the epoch is forfeit as well).
+    MissedUpload,
 }
 
 /// Samples each penalty costs (run config `validation.penalties`).
@@ -238,6 +291,9 @@ pub struct PenaltyWeights {
     /// Per merge partition not delivered.
     #[serde(default = "ten")]
     pub missing_merge: f64,
+    /// Per epoch of work without an accepted merge upload.
+    #[serde(default = "ten")]
+    pub missed_upload: f64,
 }
 
 fn two() -> f64 {
@@ -254,6 +310,7 @@ impl Default for PenaltyWeights {
             refused_result: two(),
             refused_upload: ten(),
             missing_merge: ten(),
+            missed_upload: ten(),
         }
     }
 }
@@ -266,6 +323,7 @@ impl PenaltyWeights {
             PenaltyKind::RefusedResult => self.refused_result,
             PenaltyKind::RefusedUpload => self.refused_upload,
             PenaltyKind::MissingMerge => self.missing_merge,
+            PenaltyKind::MissedUpload => self.missed_upload,
         }
     }
 
@@ -279,6 +337,7 @@ impl PenaltyWeights {
             ("refused_result", self.refused_result),
             ("refused_upload", self.refused_upload),
             ("missing_merge", self.missing_merge),
+            ("missed_upload", self.missed_upload),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(format!("{name} must be finite and >= 0, got {v}"));
@@ -335,6 +394,9 @@ pub struct ValidationSettings {
     /// Replay checks.
     #[serde(default)]
     pub replay: ReplaySettings,
+    /// Spot checks of every miner.
+    #[serde(default)]
+    pub spot: SpotSettings,
     /// CLASP.
     #[serde(default)]
     pub clasp: ClaspConfig,
@@ -371,6 +433,10 @@ pub struct ValidationSettings {
     /// more are configured); see `orchestrator::flag_quorum`.
     #[serde(default = "half")]
     pub flag_quorum: f64,
+    /// Windows after a flag in which this validator scores the miner 0 (probation), whether
+    /// or not a check catches it again.
+    #[serde(default = "probation_windows")]
+    pub probation_windows: u64,
     /// Agreed flagged epochs that exclude a miner from routing for `penalties.exclusion_s`
     /// (0: validator flags never act on routing).
     #[serde(default = "two_windows")]
@@ -386,6 +452,9 @@ fn merge_checks() -> usize {
 fn upload_samples() -> usize {
     4
 }
+fn probation_windows() -> u64 {
+    10
+}
 fn dissent_l1() -> f64 {
     0.5
 }
@@ -400,6 +469,7 @@ impl Default for ValidationSettings {
     fn default() -> Self {
         Self {
             replay: ReplaySettings::default(),
+            spot: SpotSettings::default(),
             clasp: ClaspConfig::default(),
             copy_cosine: copy_cosine(),
             merge_checks: merge_checks(),
@@ -411,6 +481,7 @@ impl Default for ValidationSettings {
             dissent_l1: dissent_l1(),
             retain_s: retain_s(),
             flag_quorum: half(),
+            probation_windows: probation_windows(),
             exclude_after_flags: two_windows(),
         }
     }
@@ -441,6 +512,22 @@ impl ValidationSettings {
         if !(r.loss_tolerance.is_finite() && r.loss_tolerance >= 0.0) {
             return Err((
                 "validation.replay.loss_tolerance",
+                "must be finite and >= 0".into(),
+            ));
+        }
+        let spot = &self.spot;
+        if !(spot.fraction.is_finite() && (0.0..=1.0).contains(&spot.fraction)) {
+            return Err((
+                "validation.spot.fraction",
+                format!("must lie in [0, 1], got {}", spot.fraction),
+            ));
+        }
+        spot.outputs
+            .validate()
+            .map_err(|e| ("validation.spot.outputs", e))?;
+        if !(spot.loss_tolerance.is_finite() && spot.loss_tolerance >= 0.0) {
+            return Err((
+                "validation.spot.loss_tolerance",
                 "must be finite and >= 0".into(),
             ));
         }
@@ -565,6 +652,9 @@ pub struct MinerRecord {
     pub section: usize,
     /// Accepted results on samples that completed (the tail's combined forward counts once).
     pub completed_work: u64,
+    /// Of those, forwards (the rest are backwards; the tail's forward includes its backward).
+    #[serde(default)]
+    pub completed_forwards: u64,
     /// Accepted results in all.
     pub accepted: u64,
     /// Assignments whose deadline passed.

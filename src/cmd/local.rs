@@ -856,7 +856,7 @@ fn print_summary(status: &StatusResponse, merge: Option<&MergeStatus>, tally: &T
         }
     }
     println!(
-        "section  miner                                             fwd    bwd  penalties  weights"
+        "section  miner                                             fwd    bwd  penalties  weights (reported)"
     );
     for section in &status.sections {
         for m in &section.miners {

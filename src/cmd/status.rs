@@ -94,7 +94,7 @@ pub fn table(url: &str, status: &StatusResponse, merge: &MergeStatus, now_ms: u6
     );
     let _ = writeln!(
         out,
-        "section  blocks  miner                                             fwd    bwd  penalties  seen   weights"
+        "section  blocks  miner                                             fwd    bwd  penalties  seen   weights (reported)"
     );
     for section in &status.sections {
         if section.miners.is_empty() {

@@ -398,6 +398,33 @@ impl ModelConfig {
     }
 }
 
+impl ModelConfig {
+    /// Model FLOPs of one training token (forward and backward) through section `index` alone,
+    /// computed as [`Self::train_flops_per_token`] counts the whole model: 6 per parameter of
+    /// its matrix products (its embedding or re-embedding tables are lookups) plus attention's
+    /// products in its blocks. A forward is a third of it, a backward two thirds. The sections'
+    /// figures add up to the whole model's.
+    ///
+    /// # Errors
+    /// [`ModelError::Invalid`] when `index` is out of range.
+    pub fn section_train_flops_per_token(
+        &self,
+        index: usize,
+        seq: usize,
+    ) -> Result<f64, ModelError> {
+        let spec = self.section(index)?;
+        let mut lookups = 0;
+        if spec.is_head {
+            lookups += self.vocab_size * self.d_model;
+        }
+        if spec.reembed {
+            lookups += self.vocab_size * self.d_model;
+        }
+        let matmul = self.section_params(index)? - lookups;
+        Ok(6.0 * matmul as f64 + 12.0 * (spec.blocks.len() * self.d_model * seq) as f64)
+    }
+}
+
 /// Where one section sits in the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SectionSpec {
@@ -421,6 +448,23 @@ pub struct SectionSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn section_flops_add_up_to_the_model() {
+        for preset in ["tiny", "small", "1b"] {
+            let c = ModelConfig::preset(preset).unwrap();
+            let sum: f64 = (0..c.n_sections())
+                .map(|i| c.section_train_flops_per_token(i, 64).unwrap())
+                .sum();
+            let whole = c.train_flops_per_token(64);
+            assert!(
+                (sum - whole).abs() <= whole * 1e-12,
+                "{preset}: {sum} vs {whole}"
+            );
+        }
+        let c = ModelConfig::preset("tiny").unwrap();
+        assert!(c.section_train_flops_per_token(c.n_sections(), 64).is_err());
+    }
 
     #[test]
     fn training_flops_count_the_products_and_attention() {

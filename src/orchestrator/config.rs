@@ -155,6 +155,17 @@ pub struct MergeConfig {
     /// Seconds the mergers have once the plan is out; unmerged partitions then fall back.
     #[serde(default = "default_merge_s")]
     pub merge_s: u64,
+    /// Seconds after the upload phase begins within which a live miner must ask for its
+    /// upload to be waited for: a miner that stays silent, or keeps working without asking,
+    /// does not hold the phase to its deadline.
+    #[serde(default = "default_ask_s")]
+    pub ask_s: u64,
+    /// Once every partition has at least one copy, the mergers still missing are waited for
+    /// as long again as covering them took, and at least this many seconds; then the section
+    /// is finalised without them (each missing copy a penalty), so a merger that never
+    /// delivers cannot hold the merge to `merge_s`.
+    #[serde(default = "default_straggler_s")]
+    pub straggler_s: u64,
     /// Relative tolerance when comparing the copies of a partition.
     #[serde(default = "default_tolerance")]
     pub tolerance: f32,
@@ -190,6 +201,12 @@ fn default_lease_grace_s() -> u64 {
 fn default_merge_s() -> u64 {
     120
 }
+fn default_ask_s() -> u64 {
+    5
+}
+fn default_straggler_s() -> u64 {
+    2
+}
 fn default_tolerance() -> f32 {
     1e-4
 }
@@ -207,6 +224,8 @@ impl Default for MergeConfig {
             upload_s: default_upload_s(),
             lease_grace_s: default_lease_grace_s(),
             merge_s: default_merge_s(),
+            ask_s: default_ask_s(),
+            straggler_s: default_straggler_s(),
             tolerance: default_tolerance(),
             outer: None,
             outlier_factor: default_outlier_factor(),

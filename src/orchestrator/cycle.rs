@@ -5,11 +5,15 @@
 //!   or, in a run with a sample budget, once the budget is spent and its last samples ended
 //!   (so the run ends with a merged, evaluated model). Samples still under way are dropped
 //!   with a recorded reason (never lost silently).
-//! - **uploading -> merging** when every live miner's upload is in (accepted or refused), or at
-//!   the upload deadline. Uploads started under a lease may still finish until the lease ends;
-//!   a section's plan is built once its leases are resolved.
+//! - **uploading -> merging** when every awaited miner's upload is in (accepted or refused), or
+//!   at the upload deadline. A live miner is awaited while it holds an open lease, and, for
+//!   `merge.ask_s` after the phase began, while it has not asked for one: a miner that stays
+//!   silent or never asks does not hold the phase up. Uploads started under a lease may still
+//!   finish until the lease ends; a section's plan is built once its leases are resolved.
 //! - **merging -> training** when every section's merge is finalised: all partitions have
-//!   their `r` results, or the merge deadline passed ([`super::finalize`]).
+//!   their `r` results; or every partition has a copy and the missing mergers were waited for
+//!   as long again as covering them took (at least `merge.straggler_s`); or the merge
+//!   deadline passed ([`super::finalize`]).
 
 pub use super::cycle_error::CycleError;
 use super::finalize::{fall_back, finalize_section};
@@ -97,7 +101,19 @@ async fn step(state: &AppState) -> Result<bool, CycleError> {
         }
         Phase::Uploading => {
             let deadline = info.deadline_ms.unwrap_or(now);
-            if now >= deadline || all_live_uploads_in(state, info.epoch, now)? {
+            if now >= deadline || all_live_uploads_in(state, info.epoch, now, deadline)? {
+                if now < deadline {
+                    // Closed early: a lease still open belongs to a miner that was waited for
+                    // and did not deliver.
+                    let ended = state.repo.end_leases(info.epoch, now)?;
+                    if ended > 0 {
+                        tracing::warn!(
+                            epoch = info.epoch,
+                            ended,
+                            "undelivered upload leases ended"
+                        );
+                    }
+                }
                 let merge_deadline = now
                     .saturating_add(m.lease_grace_s.saturating_mul(1000))
                     .saturating_add(m.merge_s.saturating_mul(1000));
@@ -137,8 +153,19 @@ async fn step(state: &AppState) -> Result<bool, CycleError> {
     Ok(moved)
 }
 
-/// Whether every live miner has a resolved upload (and at least one miner is live).
-fn all_live_uploads_in(state: &AppState, epoch: u64, now: u64) -> Result<bool, CycleError> {
+/// Whether every awaited miner has a resolved upload (and at least one upload is in): a live
+/// miner is awaited until `merge.ask_s` after the phase began (`deadline - upload_s`) when it
+/// has not asked, and while its lease is open unless the others' uploads are in and it has
+/// been waited for as long again as they took (at least `merge.straggler_s`).
+fn all_live_uploads_in(
+    state: &AppState,
+    epoch: u64,
+    now: u64,
+    deadline: u64,
+) -> Result<bool, CycleError> {
+    let m = &state.config.merge;
+    let began = deadline.saturating_sub(m.upload_s.saturating_mul(1000));
+    let asking = now < began.saturating_add(m.ask_s.saturating_mul(1000));
     let window = state
         .config
         .heartbeat_s
@@ -153,13 +180,33 @@ fn all_live_uploads_in(state: &AppState, epoch: u64, now: u64) -> Result<bool, C
     if live.is_empty() {
         return Ok(false);
     }
+    let (mut resolved, mut last, mut leased) = (0, None::<u64>, false);
     for miner in &live {
         match state.repo.upload(epoch, &miner.hotkey)? {
-            Some(u) if u.state != UploadState::Leased => {}
-            _ => return Ok(false),
+            Some(u) if u.state != UploadState::Leased => {
+                resolved += 1;
+                let at = state
+                    .repo
+                    .upload_time(epoch, &miner.hotkey)?
+                    .unwrap_or(began);
+                last = Some(last.map_or(at, |l| l.max(at)));
+            }
+            Some(u) if now > u.lease_until_ms => {}
+            Some(_) => leased = true,
+            None if asking => return Ok(false),
+            None => {}
         }
     }
-    Ok(true)
+    if leased {
+        // A lease holder that does not deliver is waited for as long again as the uploads
+        // in took, at least `merge.straggler_s`, after the last of them.
+        let Some(last) = last else { return Ok(false) };
+        let wait = last
+            .saturating_sub(began)
+            .max(m.straggler_s.saturating_mul(1000));
+        return Ok(now >= last.saturating_add(wait));
+    }
+    Ok(resolved > 0)
 }
 
 /// Moves one section's merge forward: whether it is finalised, and whether this call changed
@@ -249,7 +296,7 @@ async fn advance_section(
                 .any(|r| r.partition == p.index() && &r.merger == m)
         })
     });
-    if !complete && now < deadline {
+    if !complete && now < deadline && !stragglers_waited_for(state, &plan, &results, now)? {
         return Ok((false, false));
     }
     match finalize_section(state, epoch, section, &row, &plan, &results).await {
@@ -265,6 +312,32 @@ async fn advance_section(
         }
         Err(e) => Err(e),
     }
+}
+
+/// Whether the mergers still missing from a section's merge have been waited for long enough:
+/// every partition has at least one copy, and since the last copy arrived as much time passed
+/// as covering them took from the close of the uploads (at least `merge.straggler_s`).
+fn stragglers_waited_for(
+    state: &AppState,
+    plan: &MergePlan,
+    results: &[super::repo::ResultRow],
+    now: u64,
+) -> Result<bool, CycleError> {
+    let covered = plan
+        .partitions()
+        .iter()
+        .all(|p| results.iter().any(|r| r.partition == p.index()));
+    let Some(last) = results.iter().map(|r| r.at_ms).max() else {
+        return Ok(false);
+    };
+    if !covered {
+        return Ok(false);
+    }
+    let closed = state.repo.phase_info()?.upload_closed_ms.unwrap_or(last);
+    let wait = last
+        .saturating_sub(closed)
+        .max(state.config.merge.straggler_s.saturating_mul(1000));
+    Ok(now >= last.saturating_add(wait))
 }
 
 /// The plan of a stored [`PlanRow`] (recomputed: it is a pure function of the row).

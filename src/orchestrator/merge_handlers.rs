@@ -172,6 +172,12 @@ async fn next_task(
     if info.phase == Phase::Training {
         return Ok(MergeTask::Train);
     }
+    if state.repo.excluded(hotkey, now)? {
+        // An excluded miner's state does not enter the merge, and it merges nothing.
+        return Ok(wait(
+            "excluded: no upload or merge work until the exclusion ends",
+        ));
+    }
     let upload = state.repo.upload(epoch, hotkey)?;
     let planned = state.repo.plan(epoch, section)?;
     let lease_open = |u: &UploadRow| {

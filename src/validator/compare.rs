@@ -90,6 +90,39 @@ pub fn similarity(a: &[f32], b: &[f32]) -> Similarity {
     c.similarity()
 }
 
+/// Compares `b` (the miner's `[.., width]` tensor) with `a` (the validator's) after taking
+/// each channel's mean *over `a`* out of both: the cosine then measures agreement in what
+/// varies from position to position, which a channel's constant offset cannot fake. With a
+/// narrow boundary the offset dominates the raw cosine (a 2-channel `tiny` boundary gave noise
+/// of the right mean and spread a raw cosine of 0.966); centred, such noise scores about 0 and
+/// zeros exactly 0. The magnitude ratio is taken on the raw vectors, as in [`similarity`].
+pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
+    let width = width.max(1);
+    let rows = a.len() / width;
+    let mut mean = vec![0f64; width];
+    for row in a.chunks(width) {
+        for (m, x) in mean.iter_mut().zip(row) {
+            *m += f64::from(*x);
+        }
+    }
+    for m in &mut mean {
+        *m /= rows.max(1) as f64;
+    }
+    let center = |v: &[f32]| -> Vec<f32> {
+        v.iter()
+            .enumerate()
+            .map(|(i, x)| (f64::from(*x) - mean[i % width]) as f32)
+            .collect()
+    };
+    let raw = similarity(a, b);
+    let centered = similarity(&center(a), &center(b));
+    Similarity {
+        cosine: centered.cosine,
+        magnitude_ratio: raw.magnitude_ratio,
+        len: raw.len,
+    }
+}
+
 /// Why `s` fails `t`, or `None` when it passes (the magnitude test first, as in the
 /// reference validator).
 pub fn failure(t: &Thresholds, s: &Similarity) -> Option<String> {
@@ -154,6 +187,32 @@ mod tests {
         assert!(close(short.cosine, 1.0 / 2f64.sqrt()));
         let nan = similarity(&[1.0, 1.0], &[1.0, f32::NAN]);
         assert_eq!((nan.cosine, nan.magnitude_ratio), (0.0, 0.0));
+    }
+
+    #[test]
+    fn centring_sees_through_a_channel_offset() {
+        // Two channels with a large constant offset and a small varying part.
+        let truth: Vec<f32> = (0..64)
+            .map(|i| if i % 2 == 0 { 5.0 } else { -3.0 } + (i as f32 * 0.7).sin() * 0.2)
+            .collect();
+        let noise: Vec<f32> = (0..64)
+            .map(|i| if i % 2 == 0 { 5.0 } else { -3.0 } + (i as f32 * 3.1).cos() * 0.2)
+            .collect();
+        assert!(similarity(&truth, &noise).cosine > 0.99, "raw is fooled");
+        let c = centered_similarity(&truth, &noise, 2);
+        assert!(c.cosine.abs() < 0.5, "{c:?}");
+        let same = centered_similarity(&truth, &truth, 2);
+        assert!(close(same.cosine, 1.0) && close(same.magnitude_ratio, 1.0));
+        let zeros = centered_similarity(&truth, &[0.0; 64], 2);
+        assert!(
+            zeros.cosine.abs() < 1e-6 && zeros.magnitude_ratio == 0.0,
+            "{zeros:?}"
+        );
+        // A constant per channel (the mean itself) carries nothing either.
+        let means: Vec<f32> = (0..64)
+            .map(|i| if i % 2 == 0 { 5.0 } else { -3.0 })
+            .collect();
+        assert!(centered_similarity(&truth, &means, 2).cosine.abs() < 0.2);
     }
 
     #[test]

@@ -102,6 +102,22 @@ impl History {
         self.windows.keys().next_back().map(|e| e + 1)
     }
 
+    /// The miners flagged in the `windows` windows before `epoch`, with the epoch of each one's
+    /// latest flag (probation; see `validation.probation_windows`).
+    pub fn probation(&self, epoch: u64, windows: u64) -> BTreeMap<String, u64> {
+        let mut out = BTreeMap::new();
+        for w in self
+            .windows
+            .range(epoch.saturating_sub(windows)..epoch)
+            .map(|(_, w)| w)
+        {
+            for hotkey in w.flagged() {
+                out.insert(hotkey.to_string(), w.epoch);
+            }
+        }
+        out
+    }
+
     /// Every window, oldest first.
     pub fn windows(&self) -> impl Iterator<Item = &WindowResult> {
         self.windows.values()
@@ -120,6 +136,7 @@ mod tests {
             burn: 1.0,
             notes: vec![format!("epoch {epoch}")],
             replays: vec![],
+            spots: vec![],
         }
     }
 
@@ -136,6 +153,7 @@ mod tests {
         assert_eq!(h.next_epoch(), Some(2));
         assert_eq!(h.latest(), Some(&window(1)));
         assert_eq!(h.windows().count(), 2);
+        assert!(h.probation(2, 10).is_empty(), "nobody flagged");
         std::fs::write(dir.path().join("window-7.json"), "{not json").unwrap();
         let err = History::open(dir.path()).unwrap_err();
         assert!(err.to_string().contains("window-7.json"), "{err}");

@@ -167,7 +167,8 @@ async fn validate<B: AutodiffBackend>(
             tokio::time::sleep(options.poll).await;
             continue;
         }
-        let w = match validate_epoch(&ctx, next).await {
+        let probation = history.probation(next, ctx.validation.probation_windows);
+        let w = match validate_epoch(&ctx, next, &probation).await {
             Ok(w) => w,
             Err(e) => {
                 tracing::warn!(epoch = next, "window failed (retrying): {e}");

@@ -6,17 +6,21 @@
 //! penalty = sum_k weight_k * count_k                   (in samples)
 //! ```
 //!
-//! `throughput` is the miner's valid work in the window: samples whose work passed (its
-//! accepted results on completed samples; a failed replay zeroes the whole window anyway).
-//! A flag (failed replay, copy, CLASP outlier, lying merger, free-riding, an upload that did
-//! not train) sets the score to 0 for the window, with every reason kept.
+//! `throughput` is the miner's valid work in the window in compute units
+//! ([`super::window::compute_units`]: its accepted results on completed samples weighted by
+//! their FLOPs, so that one sample through the average section is 1 and every section pays
+//! the same for the same compute; a failed check zeroes the whole window anyway). It is 0 for
+//! an epoch whose work never reached the merge (no accepted upload).
+//! A flag (failed replay or spot check, copy, CLASP outlier, lying merger, free-riding, an
+//! upload that did not train, work without an upload) sets the score to 0 for the window, with
+//! every reason kept. So does probation: a flag in one of the validator's recent windows.
 
 pub use crate::api::{PenaltyKind, PenaltyWeights, ScoreParts};
 
 /// What one window of checks found about one miner.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ScoreInput {
-    /// Valid throughput (samples).
+    /// Valid throughput (compute units: samples through the average section).
     pub throughput: f64,
     /// Quality factor from replay (`None`: not replayed this window).
     pub replay: Option<f64>,
@@ -28,6 +32,8 @@ pub struct ScoreInput {
     pub penalties: Vec<(PenaltyKind, u64)>,
     /// Reasons the miner is flagged this window (empty: not flagged).
     pub flags: Vec<String>,
+    /// The epoch of a flag in a recent window: the miner is on probation and scores 0.
+    pub probation: Option<u64>,
     /// What the checks measured (kept with the score).
     pub notes: Vec<String>,
 }
@@ -60,7 +66,13 @@ pub fn score(input: &ScoreInput, weights: &PenaltyWeights) -> ScoreParts {
     } else {
         0.0
     };
-    let score = if input.flags.is_empty() {
+    let mut notes = input.notes.clone();
+    if let Some(epoch) = input.probation {
+        notes.push(format!(
+            "probation: flagged in epoch {epoch}, within the last windows; scores 0"
+        ));
+    }
+    let score = if input.flags.is_empty() && input.probation.is_none() {
         (throughput * quality - penalty).max(0.0)
     } else {
         0.0
@@ -74,7 +86,7 @@ pub fn score(input: &ScoreInput, weights: &PenaltyWeights) -> ScoreParts {
         penalties,
         penalty,
         flags: input.flags.clone(),
-        notes: input.notes.clone(),
+        notes,
         score,
     }
 }
@@ -96,6 +108,7 @@ mod tests {
                 penalties: vec![(PenaltyKind::MissedDeadline, 2)],
                 flags: vec![],
                 notes: vec![],
+                probation: None,
             },
             &w,
         );
@@ -127,6 +140,21 @@ mod tests {
         assert_eq!(parts.score, 0.0);
         assert_eq!(parts.flags.len(), 1);
         assert_eq!(parts.quality, 1.0, "the parts still show what was measured");
+    }
+
+    #[test]
+    fn probation_zeroes_the_window_without_a_new_flag() {
+        let parts = score(
+            &ScoreInput {
+                throughput: 100.0,
+                probation: Some(3),
+                ..ScoreInput::default()
+            },
+            &PenaltyWeights::default(),
+        );
+        assert_eq!(parts.score, 0.0);
+        assert!(parts.flags.is_empty());
+        assert!(parts.notes.iter().any(|n| n.contains("epoch 3")));
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! | missed deadlines, refused results and uploads | ledger | penalties |
 //! | free-riding (missed deadlines over `free_rider`) | ledger | flag |
 //! | merge verification flagged a copy `disagreed` / `invalid` | ledger | flag |
-//! | CLASP outlier ([`super::clasp`]) | ledger pathways and losses | flag; CLASP factor |
+//! | CLASP outlier ([`super::clasp`]) | ledger pathways, losses recomputed by spot checks | flag; CLASP factor |
 //! | replay of `miners_per_epoch` tracked miners ([`super::replay`]) | objects | flag |
+//! | spot checks of a sample of every miner's items ([`super::spot`]) | objects, upload | flag; the tail's recomputed losses |
+//! | work without an accepted merge upload | ledger | training credit forfeit, penalty, flag |
+//! | a flag in one of the last `probation_windows` windows | this validator's history | score 0 |
 //! | upload identical to the epoch's start (did not train) | uploads | flag |
 //! | copy of another uploader's state ([`super::uploads`]) | uploads | flag (the later one) |
 //! | merged partitions recomputed ([`super::merge_check`]) | uploads, copies | flag; missing ones a penalty |
@@ -26,13 +29,14 @@ use super::merge_check::check_merge;
 use super::quality;
 use super::replay::{ReplayStats, Replayer, compare_progress, replay_count};
 use super::score::{PenaltyKind, ScoreInput, score};
+use super::spot::{SpotChecker, SpotStats, checkable, path_positions, spot_count};
 use super::tracking::Chooser;
 use super::uploads::{find_copies, start_state, state_hash};
 use super::weights::normalize;
 use crate::api::client::{ApiClient, ClientError};
 use crate::api::{
     EpochLedger, MergeRecord, MinerSettings, MinerWeight, MinerWork, ValidationSettings,
-    WeightSubmission,
+    WeightSubmission, WorkKind,
 };
 use crate::codec::Span;
 use crate::miner::engine::{Engine, EngineError};
@@ -88,6 +92,22 @@ pub struct WindowResult {
     /// What each replay of a tracked miner measured (older windows: empty).
     #[serde(default)]
     pub replays: Vec<ReplayRecord>,
+    /// What the spot checks of each miner measured (older windows: empty).
+    #[serde(default)]
+    pub spots: Vec<SpotRecord>,
+}
+
+/// What the spot checks of one miner measured in a window.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpotRecord {
+    /// The miner.
+    pub miner: String,
+    /// Its section.
+    pub section: usize,
+    /// Its accepted work items in the epoch.
+    pub items: u64,
+    /// The figures of the items checked.
+    pub stats: SpotStats,
 }
 
 /// What the replay of one tracked miner measured in a window.
@@ -174,7 +194,8 @@ fn section_peers(
         .collect()
 }
 
-/// Validates the finished epoch `epoch`.
+/// Validates the finished epoch `epoch`. `probation` maps the miners this validator flagged
+/// in recent windows to the epoch of their latest flag: they score 0 in this window too.
 ///
 /// # Errors
 /// The orchestrator refused or could not be reached for the ledger; every other failure is a
@@ -182,6 +203,7 @@ fn section_peers(
 pub async fn validate_epoch<B: AutodiffBackend>(
     ctx: &Context<B>,
     epoch: u64,
+    probation: &BTreeMap<String, u64>,
 ) -> Result<WindowResult, ClientError> {
     let v = &ctx.validation;
     let ledger = ctx.client.ledger(epoch).await?;
@@ -190,7 +212,7 @@ pub async fn validate_epoch<B: AutodiffBackend>(
     for m in &ledger.miners {
         let e = ev.entry(m.hotkey.clone()).or_default();
         e.section = m.section;
-        e.input.throughput = m.completed_work as f64;
+        e.input.throughput = compute_units(&ctx.model, ctx.settings.seq_len, m);
         e.penalise(PenaltyKind::MissedDeadline, m.missed_deadlines);
         e.penalise(PenaltyKind::RefusedResult, m.refused_results);
         if let Some(u) = &m.upload
@@ -220,8 +242,28 @@ pub async fn validate_epoch<B: AutodiffBackend>(
                 ));
             }
         }
+        let uploaded = m.upload.as_ref().is_some_and(|u| u.state == "accepted");
+        if ledger.merged && m.completed_work > 0 && !uploaded {
+            // Work that never reached the merge trained nothing the network keeps.
+            e.input.throughput = 0.0;
+            e.penalise(PenaltyKind::MissedUpload, 1);
+            if m.accepted >= v.spot.min_items.max(1) as u64 {
+                e.flag(format!(
+                    "no accepted merge upload after {} items of work: its training never \
+                     reached the merge",
+                    m.accepted
+                ));
+            } else {
+                e.note("no accepted merge upload: the epoch's training credit is forfeit".into());
+            }
+        }
+        if let Some(flagged) = probation.get(&m.hotkey) {
+            e.input.probation = Some(*flagged);
+        }
     }
-    clasp(ctx, &ledger, &mut ev);
+    let mut spots = Vec::new();
+    let losses = spot_check_all(ctx, &ledger, &mut ev, &mut notes, &mut spots).await;
+    clasp(ctx, &ledger, &losses, &mut ev);
     let mut replays = Vec::new();
     let tracked = replay_tracked(ctx, &ledger, &mut ev, &mut notes, &mut replays).await;
     let mut records = Vec::new();
@@ -295,13 +337,42 @@ pub async fn validate_epoch<B: AutodiffBackend>(
         burn: vector.burn,
         notes,
         replays,
+        spots,
     })
 }
 
-/// CLASP over the epoch's completed samples.
+/// A miner's accepted work on completed samples in compute units: its FLOPs
+/// ([`ModelConfig::section_train_flops_per_token`]; a forward a third of a section's training
+/// FLOPs, a backward two thirds, the tail's forward with its backward all of it) over one
+/// sample's training FLOPs through the average section. So a sample through one section pays
+/// 1 wherever the section is, and every section pays the same for the same compute, however
+/// its work is cut into items (the tail's forward and backward are one item; a head or body
+/// miner's are two).
+pub fn compute_units(model: &ModelConfig, seq: usize, m: &crate::api::MinerRecord) -> f64 {
+    let n = model.n_sections().max(1);
+    let flops = |i: usize| model.section_train_flops_per_token(i, seq).unwrap_or(0.0);
+    let mean = (0..n).map(flops).sum::<f64>() / n as f64;
+    if mean <= 0.0 {
+        return m.completed_work as f64;
+    }
+    let own = flops(m.section);
+    let forwards = m.completed_forwards.min(m.completed_work) as f64;
+    let backwards = m.completed_work.saturating_sub(m.completed_forwards) as f64;
+    let tail = m.section + 1 == n;
+    let work = if tail {
+        forwards * own
+    } else {
+        forwards * own / 3.0 + backwards * own * 2.0 / 3.0
+    };
+    work / mean
+}
+
+/// CLASP over the epoch's completed samples whose loss a spot check recomputed (`losses`):
+/// the loss a tail miner reports is never used for credit.
 fn clasp<B: AutodiffBackend>(
     ctx: &Context<B>,
     ledger: &EpochLedger,
+    losses: &BTreeMap<u64, f32>,
     ev: &mut BTreeMap<String, Evidence>,
 ) {
     let entries: Vec<LedgerEntry> = ledger
@@ -311,7 +382,7 @@ fn clasp<B: AutodiffBackend>(
             Some(LedgerEntry {
                 sample: s.sample,
                 time: s.loss_unix_ms,
-                loss: f64::from(s.loss?),
+                loss: f64::from(*losses.get(&s.sample)?),
                 pathway: s.pathway.clone(),
             })
         })
@@ -333,6 +404,160 @@ fn clasp<B: AutodiffBackend>(
             ));
         }
     }
+}
+
+/// Spot-checks every miner with accepted work and an accepted upload
+/// ([`super::spot`]); returns the tail losses recomputed on the way, by sample.
+async fn spot_check_all<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    ledger: &EpochLedger,
+    ev: &mut BTreeMap<String, Evidence>,
+    notes: &mut Vec<String>,
+    records: &mut Vec<SpotRecord>,
+) -> BTreeMap<u64, f32> {
+    let mut losses = BTreeMap::new();
+    if ctx.validation.spot.min_items == 0 {
+        return losses;
+    }
+    let mut starts: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
+    for m in ledger.miners.iter().filter(|m| m.accepted > 0) {
+        let work = match ctx.client.miner_work(ledger.epoch, &m.hotkey).await {
+            Ok(work) => work,
+            Err(e) => {
+                notes.push(format!("spot checks of {} skipped: {e}", m.hotkey));
+                continue;
+            }
+        };
+        if work.upload.is_none() {
+            continue;
+        }
+        match spot_check_miner(ctx, &work, &mut starts, &mut losses).await {
+            Ok(stats) => {
+                let Some(e) = ev.get_mut(&m.hotkey) else {
+                    continue;
+                };
+                e.note(format!(
+                    "spot checks: {} of {} items, {} failed, min centred cosine {}, min \
+                     magnitude ratio {}, max loss error {}",
+                    stats.checked,
+                    work.items.len(),
+                    stats.failed,
+                    stats.min_cosine.map_or("-".into(), |c| format!("{c:.4}")),
+                    stats
+                        .min_magnitude_ratio
+                        .map_or("-".into(), |c| format!("{c:.4}")),
+                    stats
+                        .max_loss_error
+                        .map_or("-".into(), |c| format!("{c:.4}")),
+                ));
+                if stats.failed > 0 {
+                    e.flag(format!(
+                        "spot checks: {} of {} checked items differ from their recomputation \
+                         ({})",
+                        stats.failed,
+                        stats.checked,
+                        stats.failures.join("; ")
+                    ));
+                }
+                records.push(SpotRecord {
+                    miner: m.hotkey.clone(),
+                    section: work.section,
+                    items: work.items.len() as u64,
+                    stats,
+                });
+            }
+            Err(e) => notes.push(format!("spot checks of {} skipped: {e}", m.hotkey)),
+        }
+    }
+    losses
+}
+
+/// Spot-checks one miner's work against its upload; adds the recomputed tail losses.
+async fn spot_check_miner<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    work: &MinerWork,
+    starts: &mut BTreeMap<usize, Vec<f32>>,
+    losses: &mut BTreeMap<u64, f32>,
+) -> Result<SpotStats, ReplayError> {
+    let Some(upload) = &work.upload else {
+        return Ok(SpotStats::default());
+    };
+    let layout = section_layout(&ctx.model, work.section)?;
+    let start = match starts.get(&work.section) {
+        Some(s) => s.clone(),
+        None => {
+            let s = start_state::<B>(
+                work.start.as_ref(),
+                &ctx.model,
+                work.section,
+                &ctx.settings,
+                &ctx.device,
+            )
+            .await?;
+            starts.insert(work.section, s.clone());
+            s
+        }
+    };
+    let n = layout.total_len() as u64;
+    let end =
+        fetch_merge_object(upload, work.wire, n, Span::whole(layout.params_len), &start).await?;
+    let section = Section::<B>::new(
+        &ctx.model,
+        work.section,
+        ctx.settings.seed,
+        ctx.settings.optimizer,
+        &ctx.device,
+    )?;
+    let spec = section.spec().clone();
+    let settings = Replayer::<B>::engine_settings(&ctx.settings);
+    let kinds: Vec<(u64, WorkKind)> = work.items.iter().map(|i| (i.sample, i.kind)).collect();
+    let at = path_positions(&kinds, spec.is_tail, &settings);
+    let mut checker = SpotChecker::new(
+        Engine::new(section, settings),
+        layout,
+        start,
+        end,
+        ctx.validation.spot,
+    );
+    let candidates: Vec<String> = work
+        .items
+        .iter()
+        .enumerate()
+        .filter(|(_, i)| checkable(i.kind, spec.is_head))
+        .map(|(k, _)| k.to_string())
+        .collect();
+    let k = spot_count(candidates.len(), &ctx.validation.spot);
+    let chosen = ctx
+        .chooser
+        .pick(&format!("spot {}", work.miner), work.epoch, &candidates, k);
+    let mut stats = SpotStats::default();
+    for index in chosen {
+        let Ok(i) = index.parse::<usize>() else {
+            continue;
+        };
+        let item = &work.items[i];
+        let forward_input = if item.kind == WorkKind::Backward {
+            match work.items[..i]
+                .iter()
+                .rev()
+                .find(|f| f.sample == item.sample && f.kind == WorkKind::Forward)
+            {
+                Some(f) => Some(load_item(f, spec.is_head, spec.is_tail).await?.input),
+                None => continue,
+            }
+        } else {
+            None
+        };
+        let loaded = load_item(item, spec.is_head, spec.is_tail).await?;
+        let checked = checker.check(loaded, forward_input, at[i])?;
+        if let Some(loss) = checked.loss
+            && checked.failure.is_none()
+        {
+            losses.insert(item.sample, loss);
+        }
+        stats.record(&checked);
+    }
+    Ok(stats)
 }
 
 /// Replays the tracked miners; returns who they were.

@@ -36,7 +36,7 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
 use super::step::{Cost, Meter, median_cost};
-use crate::api::{MinerSettings, ReplaySettings, WorkKind};
+use crate::api::{MinerSettings, ReplaySettings, SpotSettings, WorkKind};
 use crate::codec::{MergeWire, Span, WireDtype, payload_hash, verify_hash};
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::merge::FlatLayout;
@@ -47,6 +47,7 @@ use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::layout::section_layout;
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, Section};
 use crate::validator::replay::{ReplayItem, Replayer, compare_progress, replay_count};
+use crate::validator::spot::{SpotChecker, checkable, path_positions, spot_count};
 
 /// Arguments of `iota bench validate`.
 #[derive(Debug, Args)]
@@ -95,6 +96,12 @@ pub struct BenchValidateArgs {
     /// Device.
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: DeviceKind,
+    /// Measure the spot checks instead (`validation.spot`): every checkable item of each
+    /// section recomputed on the path from the start state to the upload, as sent and as each
+    /// cheat would send it; prints the honest items' lowest figures, each cheat's highest, the
+    /// share of items each cheat fails, and the cost of one window's sample.
+    #[arg(long)]
+    pub spot: bool,
 }
 
 /// An encoded object with the hash the orchestrator would hand out with it.
@@ -546,15 +553,9 @@ impl Task {
                 Some(Check { cost, ..last })
             })
             .collect();
-        let role = match (spec.is_head, spec.is_tail) {
-            (true, true) => "whole",
-            (true, false) => "head",
-            (false, true) => "tail",
-            (false, false) => "body",
-        };
         Ok(Row {
             section: index,
-            role,
+            role: role_of(spec.is_head, spec.is_tail),
             items: items.len(),
             miner: median_cost(&miner),
             checks,
@@ -562,8 +563,265 @@ impl Task {
     }
 }
 
+/// What the spot checks of one section measured: per variant of the miner's outputs (honest
+/// first, then each cheat), the items compared, how many failed, and the extreme figures.
+struct SpotRow {
+    section: usize,
+    role: &'static str,
+    checkable: usize,
+    variants: Vec<SpotVariant>,
+    /// One window's sample (`spot_count` items) against the miner's whole epoch.
+    sample: usize,
+    sample_cost: Cost,
+    miner: Cost,
+}
+
+struct SpotVariant {
+    name: &'static str,
+    items: u64,
+    failed: u64,
+    /// Honest: the lowest centred cosine; a cheat: the highest.
+    cosine: Option<f64>,
+    /// Honest: the lowest magnitude ratio; a cheat: the highest.
+    ratio: Option<f64>,
+}
+
+/// The cheats a spot check must catch, applied to what the honest miner sent: noise of the
+/// sent tensor's mean and spread, zeros, another sample's output, the input passed through
+/// (scaled to the output's spread; body sections, whose input is as wide as their output).
+const CHEATS: [&str; 4] = ["noise", "zeros", "other sample", "input echoed"];
+
+fn mean_std(v: &[f32]) -> (f32, f32) {
+    let n = v.len().max(1) as f64;
+    let mean = v.iter().map(|x| f64::from(*x)).sum::<f64>() / n;
+    let var = v
+        .iter()
+        .map(|x| (f64::from(*x) - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    (mean as f32, var.sqrt() as f32)
+}
+
+/// `honest` replaced by cheat `name` (`None`: the cheat does not apply to this item).
+fn cheat(
+    name: &str,
+    honest: &[f32],
+    other: Option<&[f32]>,
+    input: &CachedInput,
+    seed: u64,
+) -> Option<Vec<f32>> {
+    use rand::{RngExt, SeedableRng};
+    let (mean, std) = mean_std(honest);
+    match name {
+        "noise" => {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            Some(
+                (0..honest.len())
+                    .map(|_| {
+                        // Irwin-Hall: a sum of 12 uniforms, less 6, is close to N(0, 1).
+                        let z: f32 = (0..12).map(|_| rng.random::<f32>()).sum::<f32>() - 6.0;
+                        mean + std * z
+                    })
+                    .collect(),
+            )
+        }
+        "zeros" => Some(vec![0.0; honest.len()]),
+        "other sample" => other.map(<[f32]>::to_vec),
+        "input echoed" => match input {
+            CachedInput::Hidden { data, .. } if data.len() == honest.len() => {
+                let (m, s) = mean_std(data);
+                let k = if s > 0.0 { std / s } else { 0.0 };
+                Some(data.iter().map(|x| mean + (x - m) * k).collect())
+            }
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+impl Task {
+    /// The spot checks of section `index` (see [`BenchValidateArgs::spot`]).
+    fn spot<B: AutodiffBackend>(
+        &self,
+        index: usize,
+        start: &Object,
+        items: &[Recorded],
+        upload: &Object,
+        device: &B::Device,
+    ) -> anyhow::Result<SpotRow> {
+        let layout = section_layout(&self.cfg, index)?;
+        let spec = self.cfg.section(index)?;
+        let (b, l) = (self.args.batch_size, self.args.seq_len);
+        let n = layout.total_len() as u64;
+        let params = Span::whole(layout.params_len);
+        let start_flat = self.args.merge_wire.decode(&start.bytes, n, params, &[])?;
+        let end_flat = self.args.merge_wire.decode(&upload.bytes, n, params, &[])?;
+        let settings = EngineSettings::for_miner(&self.settings());
+        let kinds: Vec<(u64, WorkKind)> = items.iter().map(|i| (i.sample, i.kind)).collect();
+        let at = path_positions(&kinds, spec.is_tail, &settings);
+        let spot_settings = SpotSettings::default();
+        let checker = |device: &B::Device| -> anyhow::Result<SpotChecker<B>> {
+            let section =
+                Section::<B>::new(&self.cfg, index, 0, OptimizerConfig::default(), device)?;
+            Ok(SpotChecker::new(
+                Engine::new(section, settings),
+                layout.clone(),
+                start_flat.clone(),
+                end_flat.clone(),
+                spot_settings,
+            ))
+        };
+        let mut spot = checker(device)?;
+        let width = self.cfg.boundary_width();
+        let decode_out = |o: &Object| -> anyhow::Result<Vec<f32>> {
+            verify_hash(&o.bytes, &o.hash)?;
+            Ok(decode_tensor(&o.bytes, [b, l, width])?)
+        };
+        let checkable_items: Vec<usize> = (0..items.len())
+            .filter(|i| checkable(items[*i].kind, spec.is_head))
+            .collect();
+        let mut variants: Vec<SpotVariant> = std::iter::once("honest")
+            .chain(CHEATS)
+            .map(|name| SpotVariant {
+                name,
+                items: 0,
+                failed: 0,
+                cosine: None,
+                ratio: None,
+            })
+            .collect();
+        let mut previous: HashMap<WorkKind, Vec<f32>> = HashMap::new();
+        for &i in &checkable_items {
+            let item = &items[i];
+            let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
+            let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
+            let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
+            let Some(honest) = item.output.as_ref().map(&decode_out).transpose()? else {
+                continue;
+            };
+            let forward_input = if item.kind == WorkKind::Backward {
+                let f = items[..i]
+                    .iter()
+                    .rev()
+                    .find(|f| f.sample == item.sample && f.kind == WorkKind::Forward)
+                    .context("a backward without its forward")?;
+                Some(self.decode_input(&f.input, spec.is_head, f.tokens.as_ref())?)
+            } else {
+                None
+            };
+            for v in &mut variants {
+                let sent = if v.name == "honest" {
+                    Some(honest.clone())
+                } else {
+                    cheat(
+                        v.name,
+                        &honest,
+                        previous.get(&item.kind).map(Vec::as_slice),
+                        &input,
+                        item.sample,
+                    )
+                };
+                let Some(sent) = sent else { continue };
+                let checked = spot.check(
+                    ReplayItem {
+                        sample: item.sample,
+                        kind: item.kind,
+                        input: input.clone(),
+                        targets: targets.clone(),
+                        output: Some(sent),
+                        loss: item.loss,
+                    },
+                    forward_input.clone(),
+                    at[i],
+                )?;
+                v.items += 1;
+                v.failed += u64::from(checked.failure.is_some());
+                if let Some(s) = checked.similarity {
+                    let pick = |old: Option<f64>, new: f64| {
+                        Some(old.map_or(new, |o| {
+                            if v.name == "honest" {
+                                o.min(new)
+                            } else {
+                                o.max(new)
+                            }
+                        }))
+                    };
+                    v.cosine = pick(v.cosine, s.cosine);
+                    v.ratio = pick(v.ratio, s.magnitude_ratio);
+                }
+            }
+            previous.insert(item.kind, honest);
+        }
+        // One window's cost: `spot_count` items, each placed and recomputed, from a fresh
+        // checker (decoding the states included), against the miner's whole epoch.
+        let sample = spot_count(checkable_items.len(), &spot_settings);
+        let mut costs = Vec::new();
+        let mut miner = Vec::new();
+        for _ in 0..self.args.rounds.max(1) {
+            let m = Meter::start();
+            std::hint::black_box(self.redo::<B>(index, &layout, start, items, device)?);
+            miner.push(m.stop());
+            let m = Meter::start();
+            let mut fresh = checker(device)?;
+            for &i in checkable_items.iter().take(sample) {
+                let item = &items[i];
+                let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
+                let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
+                let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
+                let output = item.output.as_ref().map(&decode_out).transpose()?;
+                let forward_input = match item.kind {
+                    WorkKind::Backward => items[..i]
+                        .iter()
+                        .rev()
+                        .find(|f| f.sample == item.sample && f.kind == WorkKind::Forward)
+                        .map(|f| self.decode_input(&f.input, spec.is_head, f.tokens.as_ref()))
+                        .transpose()?,
+                    _ => None,
+                };
+                std::hint::black_box(fresh.check(
+                    ReplayItem {
+                        sample: item.sample,
+                        kind: item.kind,
+                        input,
+                        targets,
+                        output,
+                        loss: item.loss,
+                    },
+                    forward_input,
+                    at[i],
+                )?);
+            }
+            costs.push(m.stop());
+        }
+        Ok(SpotRow {
+            section: index,
+            role: role_of(spec.is_head, spec.is_tail),
+            checkable: checkable_items.len(),
+            variants,
+            sample,
+            sample_cost: median_cost(&costs),
+            miner: median_cost(&miner),
+        })
+    }
+}
+
+fn role_of(head: bool, tail: bool) -> &'static str {
+    match (head, tail) {
+        (true, true) => "whole",
+        (true, false) => "head",
+        (false, true) => "tail",
+        (false, false) => "body",
+    }
+}
+
+/// What the benchmark measured.
+enum Measured {
+    Replays(Vec<Row>),
+    Spots(Vec<SpotRow>),
+}
+
 impl BackendTask for Task {
-    type Output = anyhow::Result<Vec<Row>>;
+    type Output = anyhow::Result<Measured>;
 
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
         let starts = self.starts::<B>(&device)?;
@@ -575,15 +833,77 @@ impl BackendTask for Task {
         } else {
             self.args.sections.clone()
         };
-        sections
-            .into_iter()
-            .map(|s| {
-                let (items, upload) = &records[s];
-                self.section::<B>(s, &starts[s], items, upload, &device)
-                    .with_context(|| format!("section {s}"))
-            })
-            .collect()
+        if self.args.spot {
+            return Ok(Measured::Spots(
+                sections
+                    .into_iter()
+                    .map(|s| {
+                        let (items, upload) = &records[s];
+                        self.spot::<B>(s, &starts[s], items, upload, &device)
+                            .with_context(|| format!("section {s}"))
+                    })
+                    .collect::<anyhow::Result<_>>()?,
+            ));
+        }
+        Ok(Measured::Replays(
+            sections
+                .into_iter()
+                .map(|s| {
+                    let (items, upload) = &records[s];
+                    self.section::<B>(s, &starts[s], items, upload, &device)
+                        .with_context(|| format!("section {s}"))
+                })
+                .collect::<anyhow::Result<_>>()?,
+        ))
     }
+}
+
+fn print_spots(rows: &[SpotRow]) {
+    let t = SpotSettings::default().outputs;
+    println!(
+        "\nspot checks (thresholds: centred cosine >= {}, magnitude ratio >= {}): honest = the \
+         lowest figures over the section's items; a cheat = the highest, and the share of \
+         its items that fail",
+        t.min_cosine, t.min_magnitude_ratio
+    );
+    println!(
+        "section  role  items | variant        checked  failed  cosine     ratio    | sample  \
+         validator CPU ms  miner CPU ms  validator/miner CPU"
+    );
+    for r in rows {
+        for (k, v) in r.variants.iter().enumerate() {
+            let cost = if k == 0 {
+                format!(
+                    "| {:>6} {:>17.1} {:>13.1} {:>20.4}",
+                    r.sample,
+                    ms(r.sample_cost.cpu),
+                    ms(r.miner.cpu),
+                    ms(r.sample_cost.cpu) / ms(r.miner.cpu).max(1e-9)
+                )
+            } else {
+                "|".into()
+            };
+            println!(
+                "{:>7}  {:<4} {:>6} | {:<13} {:>8} {:>7}  {:<9} {:<9}{cost}",
+                r.section,
+                r.role,
+                r.checkable,
+                v.name,
+                v.items,
+                v.failed,
+                opt4(v.cosine),
+                opt4(v.ratio),
+            );
+        }
+    }
+    println!(
+        "\nsample: the items one window checks (validation.spot: max(min_items, ceil(fraction x \
+         items)), at most all), and its cost against the miner's cost of the whole epoch."
+    );
+}
+
+fn opt4(v: Option<f64>) -> String {
+    v.map_or("-".into(), |c| format!("{c:.4}"))
 }
 
 fn ms(d: Duration) -> f64 {
@@ -642,9 +962,16 @@ pub fn run(args: BenchValidateArgs) -> anyhow::Result<()> {
         rayon::current_num_threads()
     );
     let device = args.device;
-    let rows = dispatch(device, Task { cfg, args })
+    let rows = match dispatch(device, Task { cfg, args })
         .map_err(anyhow::Error::msg)?
-        .context("running the benchmark")?;
+        .context("running the benchmark")?
+    {
+        Measured::Spots(rows) => {
+            print_spots(&rows);
+            return Ok(());
+        }
+        Measured::Replays(rows) => rows,
+    };
     println!(
         "\nsection  role  items  miner CPU ms  wall ms |     f  items  validator CPU ms  wall ms  \
          validator/miner CPU  wall | failed  min cosine  strict miss at step  state cosine"

@@ -101,6 +101,8 @@ pub struct ResultRow {
     pub merger: String,
     /// Hash of its upload.
     pub hash: String,
+    /// When it was recorded, ms since the Unix epoch.
+    pub at_ms: u64,
 }
 
 /// A section's merged state.
@@ -186,6 +188,22 @@ impl Repository {
                 ],
             )?;
             Ok(())
+        })
+    }
+
+    /// Ends every lease of `epoch` still open at `now_ms` (the uploads closed early without
+    /// them: their holders were waited for and did not deliver): each now ended just before
+    /// `now_ms`. Returns how many.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn end_leases(&self, epoch: u64, now_ms: u64) -> Result<usize, RepoError> {
+        self.write(|tx| {
+            Ok(tx.execute_cached(
+                "UPDATE uploads SET lease_until = ?2 - 1 \
+                 WHERE epoch = ?1 AND state = 'leased' AND lease_until >= ?2",
+                params![to_i64(epoch), to_i64(now_ms)],
+            )?)
         })
     }
 
@@ -609,13 +627,14 @@ pub(super) fn results_in(
     epoch: u64,
     section: usize,
 ) -> Result<Vec<ResultRow>, RepoError> {
-    let sql = "SELECT partition, merger, hash FROM partition_results \
+    let sql = "SELECT partition, merger, hash, at FROM partition_results \
                WHERE epoch = ?1 AND section = ?2 ORDER BY partition, merger";
     merge_rows(conn, sql, epoch, section, |r| {
         Ok(ResultRow {
             partition: usize_of(r.get(0)?),
             merger: r.get(1)?,
             hash: r.get(2)?,
+            at_ms: to_u64(r.get(3)?),
         })
     })
 }

@@ -228,6 +228,28 @@ impl Repository {
     }
 }
 
+impl Repository {
+    /// Whether `hotkey` is excluded at `now_ms` (for strikes or for validator flags): an
+    /// excluded miner is not leased uploads or merge partitions either.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn excluded(&self, hotkey: &str, now_ms: u64) -> Result<bool, RepoError> {
+        let policy = self.standing;
+        self.read_hot(|conn| {
+            Ok(conn
+                .query_row_cached(
+                    "SELECT (strikes >= ?3 AND COALESCE(benched_until, 0) > ?1) \
+                     OR COALESCE(flag_excluded_until, 0) > ?1 FROM miners WHERE hotkey = ?2",
+                    params![to_i64(now_ms), hotkey, i64::from(policy.exclude_after)],
+                    |r| r.get::<_, bool>(0),
+                )
+                .optional()?
+                .unwrap_or(false))
+        })
+    }
+}
+
 /// Until when `hotkey` gets no new work (back-off, exclusion, or exclusion for validator
 /// flags), if it is kept from it.
 pub(super) fn benched_until(tx: &Connection, hotkey: &str) -> Result<Option<u64>, RepoError> {

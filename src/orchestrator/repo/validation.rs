@@ -35,6 +35,8 @@ pub struct WorkCounts {
     pub accepted: u64,
     /// Accepted results on completed samples.
     pub completed_work: u64,
+    /// Of those, forwards (the tail's forward includes its backward).
+    pub completed_forwards: u64,
     /// Missed deadlines.
     pub missed: u64,
     /// Refused results.
@@ -275,7 +277,8 @@ impl Repository {
                 "SELECT a.miner, m.section, \
                  SUM(a.state = 'done'), \
                  SUM(a.state = 'done' AND s.outcome = 'completed'), \
-                 SUM(a.state = 'expired'), SUM(a.state = 'failed') \
+                 SUM(a.state = 'expired'), SUM(a.state = 'failed'), \
+                 SUM(a.state = 'done' AND s.outcome = 'completed' AND a.kind = 'forward') \
                  FROM assignments a JOIN samples s ON s.id = a.sample \
                  JOIN miners m ON m.hotkey = a.miner \
                  WHERE a.epoch = ?1 AND a.miner IS NOT NULL AND s.kind = 'train' \
@@ -288,6 +291,7 @@ impl Repository {
                         section: usize_of(r.get(1)?),
                         accepted: to_u64(r.get(2)?),
                         completed_work: to_u64(r.get(3)?),
+                        completed_forwards: to_u64(r.get(6)?),
                         missed: to_u64(r.get(4)?),
                         refused: to_u64(r.get(5)?),
                     },

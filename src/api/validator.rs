@@ -54,27 +54,21 @@ impl Thresholds {
     }
 }
 
-/// Spot checks (run config `validation.spot`): a sample of every miner's items in every window,
-/// each recomputed at weights placed between the epoch's start state and the miner's merge
-/// upload (see `validator::spot`).
+/// How much of every miner's work each window replays (run config `validation.spot`; see
+/// `validator::spot`): the prefix of its epoch that holds `max(min_items, ceil(fraction x n))`
+/// of its `n` checkable items.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpotSettings {
-    /// Items checked per miner and window at least (all of them when it has fewer; 0: no spot
-    /// checks). 22 catches a miner that cheats on a tenth of its items within two windows
-    /// with probability at least 1 - 0.9^44 = 99.03% (computed).
+    /// Items checked per miner and window at least (all of them when it has fewer; 0: only
+    /// the `replay.miners_per_epoch` whole replays). 22 catches a miner that cheats on a
+    /// random tenth of its items within two windows with probability at least
+    /// 1 - 0.9^44 = 99.03% (computed).
     #[serde(default = "spot_items")]
     pub min_items: usize,
     /// Fraction of a miner's checkable items checked when that is more than `min_items`.
     #[serde(default = "spot_fraction")]
     pub fraction: f64,
-    /// Thresholds for each checked output or input gradient (cosine after centring each
-    /// channel, and magnitude ratio).
-    #[serde(default = "spot_thresholds")]
-    pub outputs: Thresholds,
-    /// Largest relative difference between the tail's reported loss and the recomputed one.
-    #[serde(default = "spot_loss_tolerance")]
-    pub loss_tolerance: f64,
 }
 
 impl Default for SpotSettings {
@@ -82,8 +76,6 @@ impl Default for SpotSettings {
         Self {
             min_items: spot_items(),
             fraction: spot_fraction(),
-            outputs: spot_thresholds(),
-            loss_tolerance: spot_loss_tolerance(),
         }
     }
 }
@@ -93,15 +85,6 @@ fn spot_items() -> usize {
 }
 fn spot_fraction() -> f64 {
     0.1
-}
-fn spot_thresholds() -> Thresholds {
-    Thresholds {
-        min_cosine: 0.9,
-        min_magnitude_ratio: 0.8,
-    }
-}
-fn spot_loss_tolerance() -> f64 {
-    0.05
 }
 
 /// Replay checks (run config `validation.replay`).
@@ -520,15 +503,6 @@ impl ValidationSettings {
             return Err((
                 "validation.spot.fraction",
                 format!("must lie in [0, 1], got {}", spot.fraction),
-            ));
-        }
-        spot.outputs
-            .validate()
-            .map_err(|e| ("validation.spot.outputs", e))?;
-        if !(spot.loss_tolerance.is_finite() && spot.loss_tolerance >= 0.0) {
-            return Err((
-                "validation.spot.loss_tolerance",
-                "must be finite and >= 0".into(),
             ));
         }
         self.clasp.validate().map_err(|e| ("validation.clasp", e))?;

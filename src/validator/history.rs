@@ -136,7 +136,6 @@ mod tests {
             burn: 1.0,
             notes: vec![format!("epoch {epoch}")],
             replays: vec![],
-            spots: vec![],
         }
     }
 

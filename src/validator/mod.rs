@@ -7,8 +7,7 @@
 //! - [`score`]: the score formula (valid throughput x quality - penalties; 0 when flagged).
 //! - [`weights`]: normalization into a weight vector with the run's burn share.
 //! - [`replay`]: replaying a miner's recorded work and comparing what it uploaded.
-//! - [`spot`]: spot checks, a sample of every miner's items recomputed on the path from the
-//!   epoch's start state to the miner's upload.
+//! - [`spot`]: how much of every miner's work a window replays, and what that catches.
 //! - [`fetch`]: downloading work items and states through the orchestrator's URLs.
 //! - [`merge_check`]: recomputing merged partitions from their sources.
 //! - [`uploads`]: start states, uploads that did not train, copies between uploaders.

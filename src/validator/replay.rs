@@ -1,14 +1,15 @@
 //! Replaying a miner's recorded work: the same starting weights, inputs, upstream gradients
 //! and local optimizer steps, in the order the miner did them, comparing each output and
-//! input gradient it uploaded with the replay's (magnitude ratio and cosine), the losses it
-//! reported, and at the end the state it uploaded for the merge.
+//! input gradient it uploaded with the replay's (magnitude ratio, and cosine after taking each
+//! channel's mean out: [`super::compare::centered_similarity`]), the losses it reported, and
+//! at the end the state it uploaded for the merge.
 //!
 //! The core ([`Replayer`]) takes decoded items, so the network driver
 //! ([`super::fetch::load_item`]) and `iota bench validate` (in-memory traces) share it.
 
 use burn::tensor::backend::AutodiffBackend;
 
-use super::compare::{Comparison, Similarity, failure, similarity};
+use super::compare::{Comparison, Similarity, centered_similarity, failure};
 use crate::api::{MinerSettings, ReplaySettings, WorkKind};
 use crate::merge::FlatLayout;
 use crate::miner::CachedInput;
@@ -43,6 +44,8 @@ pub struct ItemCheck {
     pub similarity: Option<Similarity>,
     /// Relative difference between the reported and the replayed loss (tail forwards).
     pub loss_error: Option<f64>,
+    /// The replayed loss (tail forwards): the validator's own figure for the sample.
+    pub loss: Option<f32>,
     /// Why it fails the thresholds.
     pub failure: Option<String>,
     /// Why it could not be replayed (e.g. a backward whose forward was not accepted).
@@ -168,6 +171,7 @@ impl<B: AutodiffBackend> Replayer<B> {
             kind: item.kind,
             similarity: None,
             loss_error: None,
+            loss: None,
             failure: None,
             skipped: None,
         };
@@ -177,9 +181,10 @@ impl<B: AutodiffBackend> Replayer<B> {
                 Ok(None)
             }
             (WorkKind::Forward, false) => self.engine.forward(item.sample, item.input).map(|f| {
-                check.similarity = Some(similarity(
+                check.similarity = Some(centered_similarity(
                     &f.output.data,
                     item.output.as_deref().unwrap_or(&[]),
+                    f.output.shape[2],
                 ));
                 f.step
             }),
@@ -193,10 +198,12 @@ impl<B: AutodiffBackend> Replayer<B> {
                     self.engine
                         .train_tail(item.sample, item.input, targets, shape)
                         .map(|t| {
-                            check.similarity = Some(similarity(
+                            check.similarity = Some(centered_similarity(
                                 &t.grad.data,
                                 item.output.as_deref().unwrap_or(&[]),
+                                t.grad.shape[2],
                             ));
+                            check.loss = Some(t.loss);
                             check.loss_error = Some(match item.loss {
                                 Some(reported) if reported.is_finite() => {
                                     let (r, v) = (f64::from(reported), f64::from(t.loss));
@@ -214,9 +221,10 @@ impl<B: AutodiffBackend> Replayer<B> {
                     .backward(item.sample, Activations { data, shape })
                     .map(|b| {
                         if let Some(grad) = &b.grad {
-                            check.similarity = Some(similarity(
+                            check.similarity = Some(centered_similarity(
                                 &grad.data,
                                 item.output.as_deref().unwrap_or(&[]),
+                                grad.shape[2],
                             ));
                         }
                         b.step

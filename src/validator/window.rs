@@ -6,9 +6,8 @@
 //! | missed deadlines, refused results and uploads | ledger | penalties |
 //! | free-riding (missed deadlines over `free_rider`) | ledger | flag |
 //! | merge verification flagged a copy `disagreed` / `invalid` | ledger | flag |
-//! | CLASP outlier ([`super::clasp`]) | ledger pathways, losses recomputed by spot checks | flag; CLASP factor |
-//! | replay of `miners_per_epoch` tracked miners ([`super::replay`]) | objects | flag |
-//! | spot checks of a sample of every miner's items ([`super::spot`]) | objects, upload | flag; the tail's recomputed losses |
+//! | CLASP outlier ([`super::clasp`]) | ledger pathways, tail losses the replays recomputed | flag; CLASP factor |
+//! | replay of every miner: a prefix holding `spot` items ([`super::spot`]), the whole epoch and upload for `miners_per_epoch` secret ones ([`super::replay`]) | objects | flag; the tail's recomputed losses |
 //! | work without an accepted merge upload | ledger | training credit forfeit, penalty, flag |
 //! | a flag in one of the last `probation_windows` windows | this validator's history | score 0 |
 //! | upload identical to the epoch's start (did not train) | uploads | flag |
@@ -29,7 +28,7 @@ use super::merge_check::check_merge;
 use super::quality;
 use super::replay::{ReplayStats, Replayer, compare_progress, replay_count};
 use super::score::{PenaltyKind, ScoreInput, score};
-use super::spot::{SpotChecker, SpotStats, checkable, path_positions, spot_count};
+use super::spot::prefix_len;
 use super::tracking::Chooser;
 use super::uploads::{find_copies, start_state, state_hash};
 use super::weights::normalize;
@@ -89,28 +88,12 @@ pub struct WindowResult {
     pub burn: f64,
     /// Checks that could not be done, and why.
     pub notes: Vec<String>,
-    /// What each replay of a tracked miner measured (older windows: empty).
+    /// What each replay measured, whole or a prefix (older windows: the tracked miners').
     #[serde(default)]
     pub replays: Vec<ReplayRecord>,
-    /// What the spot checks of each miner measured (older windows: empty).
-    #[serde(default)]
-    pub spots: Vec<SpotRecord>,
 }
 
-/// What the spot checks of one miner measured in a window.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SpotRecord {
-    /// The miner.
-    pub miner: String,
-    /// Its section.
-    pub section: usize,
-    /// Its accepted work items in the epoch.
-    pub items: u64,
-    /// The figures of the items checked.
-    pub stats: SpotStats,
-}
-
-/// What the replay of one tracked miner measured in a window.
+/// What the replay of one miner (whole, or a prefix) measured in a window.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReplayRecord {
     /// The miner.
@@ -119,9 +102,9 @@ pub struct ReplayRecord {
     pub section: usize,
     /// Its accepted work items in the epoch.
     pub items: u64,
-    /// The figures of the items replayed (the configured fraction).
+    /// The figures of the items replayed.
     pub stats: ReplayStats,
-    /// The uploaded state's change against the replay's (full replays with an upload).
+    /// The uploaded state's change against the replay's (whole replays with an upload).
     pub state: Option<Similarity>,
 }
 
@@ -261,11 +244,10 @@ pub async fn validate_epoch<B: AutodiffBackend>(
             e.input.probation = Some(*flagged);
         }
     }
-    let mut spots = Vec::new();
-    let losses = spot_check_all(ctx, &ledger, &mut ev, &mut notes, &mut spots).await;
-    clasp(ctx, &ledger, &losses, &mut ev);
     let mut replays = Vec::new();
-    let tracked = replay_tracked(ctx, &ledger, &mut ev, &mut notes, &mut replays).await;
+    let mut losses = BTreeMap::new();
+    let tracked = replay_all(ctx, &ledger, &mut ev, &mut notes, &mut replays, &mut losses).await;
+    clasp(ctx, &ledger, &losses, &mut ev);
     let mut records = Vec::new();
     let mut starts = Vec::new();
     for section in 0..ctx.model.n_sections() {
@@ -337,7 +319,6 @@ pub async fn validate_epoch<B: AutodiffBackend>(
         burn: vector.burn,
         notes,
         replays,
-        spots,
     })
 }
 
@@ -367,7 +348,7 @@ pub fn compute_units(model: &ModelConfig, seq: usize, m: &crate::api::MinerRecor
     work / mean
 }
 
-/// CLASP over the epoch's completed samples whose loss a spot check recomputed (`losses`):
+/// CLASP over the epoch's completed samples whose loss a replay recomputed (`losses`):
 /// the loss a tail miner reports is never used for credit.
 fn clasp<B: AutodiffBackend>(
     ctx: &Context<B>,
@@ -406,167 +387,16 @@ fn clasp<B: AutodiffBackend>(
     }
 }
 
-/// Spot-checks every miner with accepted work and an accepted upload
-/// ([`super::spot`]); returns the tail losses recomputed on the way, by sample.
-async fn spot_check_all<B: AutodiffBackend>(
-    ctx: &Context<B>,
-    ledger: &EpochLedger,
-    ev: &mut BTreeMap<String, Evidence>,
-    notes: &mut Vec<String>,
-    records: &mut Vec<SpotRecord>,
-) -> BTreeMap<u64, f32> {
-    let mut losses = BTreeMap::new();
-    if ctx.validation.spot.min_items == 0 {
-        return losses;
-    }
-    let mut starts: BTreeMap<usize, Vec<f32>> = BTreeMap::new();
-    for m in ledger.miners.iter().filter(|m| m.accepted > 0) {
-        let work = match ctx.client.miner_work(ledger.epoch, &m.hotkey).await {
-            Ok(work) => work,
-            Err(e) => {
-                notes.push(format!("spot checks of {} skipped: {e}", m.hotkey));
-                continue;
-            }
-        };
-        if work.upload.is_none() {
-            continue;
-        }
-        match spot_check_miner(ctx, &work, &mut starts, &mut losses).await {
-            Ok(stats) => {
-                let Some(e) = ev.get_mut(&m.hotkey) else {
-                    continue;
-                };
-                e.note(format!(
-                    "spot checks: {} of {} items, {} failed, min centred cosine {}, min \
-                     magnitude ratio {}, max loss error {}",
-                    stats.checked,
-                    work.items.len(),
-                    stats.failed,
-                    stats.min_cosine.map_or("-".into(), |c| format!("{c:.4}")),
-                    stats
-                        .min_magnitude_ratio
-                        .map_or("-".into(), |c| format!("{c:.4}")),
-                    stats
-                        .max_loss_error
-                        .map_or("-".into(), |c| format!("{c:.4}")),
-                ));
-                if stats.failed > 0 {
-                    e.flag(format!(
-                        "spot checks: {} of {} checked items differ from their recomputation \
-                         ({})",
-                        stats.failed,
-                        stats.checked,
-                        stats.failures.join("; ")
-                    ));
-                }
-                records.push(SpotRecord {
-                    miner: m.hotkey.clone(),
-                    section: work.section,
-                    items: work.items.len() as u64,
-                    stats,
-                });
-            }
-            Err(e) => notes.push(format!("spot checks of {} skipped: {e}", m.hotkey)),
-        }
-    }
-    losses
-}
-
-/// Spot-checks one miner's work against its upload; adds the recomputed tail losses.
-async fn spot_check_miner<B: AutodiffBackend>(
-    ctx: &Context<B>,
-    work: &MinerWork,
-    starts: &mut BTreeMap<usize, Vec<f32>>,
-    losses: &mut BTreeMap<u64, f32>,
-) -> Result<SpotStats, ReplayError> {
-    let Some(upload) = &work.upload else {
-        return Ok(SpotStats::default());
-    };
-    let layout = section_layout(&ctx.model, work.section)?;
-    let start = match starts.get(&work.section) {
-        Some(s) => s.clone(),
-        None => {
-            let s = start_state::<B>(
-                work.start.as_ref(),
-                &ctx.model,
-                work.section,
-                &ctx.settings,
-                &ctx.device,
-            )
-            .await?;
-            starts.insert(work.section, s.clone());
-            s
-        }
-    };
-    let n = layout.total_len() as u64;
-    let end =
-        fetch_merge_object(upload, work.wire, n, Span::whole(layout.params_len), &start).await?;
-    let section = Section::<B>::new(
-        &ctx.model,
-        work.section,
-        ctx.settings.seed,
-        ctx.settings.optimizer,
-        &ctx.device,
-    )?;
-    let spec = section.spec().clone();
-    let settings = Replayer::<B>::engine_settings(&ctx.settings);
-    let kinds: Vec<(u64, WorkKind)> = work.items.iter().map(|i| (i.sample, i.kind)).collect();
-    let at = path_positions(&kinds, spec.is_tail, &settings);
-    let mut checker = SpotChecker::new(
-        Engine::new(section, settings),
-        layout,
-        start,
-        end,
-        ctx.validation.spot,
-    );
-    let candidates: Vec<String> = work
-        .items
-        .iter()
-        .enumerate()
-        .filter(|(_, i)| checkable(i.kind, spec.is_head))
-        .map(|(k, _)| k.to_string())
-        .collect();
-    let k = spot_count(candidates.len(), &ctx.validation.spot);
-    let chosen = ctx
-        .chooser
-        .pick(&format!("spot {}", work.miner), work.epoch, &candidates, k);
-    let mut stats = SpotStats::default();
-    for index in chosen {
-        let Ok(i) = index.parse::<usize>() else {
-            continue;
-        };
-        let item = &work.items[i];
-        let forward_input = if item.kind == WorkKind::Backward {
-            match work.items[..i]
-                .iter()
-                .rev()
-                .find(|f| f.sample == item.sample && f.kind == WorkKind::Forward)
-            {
-                Some(f) => Some(load_item(f, spec.is_head, spec.is_tail).await?.input),
-                None => continue,
-            }
-        } else {
-            None
-        };
-        let loaded = load_item(item, spec.is_head, spec.is_tail).await?;
-        let checked = checker.check(loaded, forward_input, at[i])?;
-        if let Some(loss) = checked.loss
-            && checked.failure.is_none()
-        {
-            losses.insert(item.sample, loss);
-        }
-        stats.record(&checked);
-    }
-    Ok(stats)
-}
-
-/// Replays the tracked miners; returns who they were.
-async fn replay_tracked<B: AutodiffBackend>(
+/// Replays every miner with accepted work: `miners_per_epoch` secret ones whole, the others
+/// over the prefix that holds the window's spot items ([`super::spot`]). Adds the tail losses
+/// the replays recomputed to `losses`; returns the miners replayed whole.
+async fn replay_all<B: AutodiffBackend>(
     ctx: &Context<B>,
     ledger: &EpochLedger,
     ev: &mut BTreeMap<String, Evidence>,
     notes: &mut Vec<String>,
     records: &mut Vec<ReplayRecord>,
+    losses: &mut BTreeMap<u64, f32>,
 ) -> Vec<String> {
     let k = ctx.validation.replay.miners_per_epoch;
     let candidates: Vec<String> = ledger
@@ -581,7 +411,11 @@ async fn replay_tracked<B: AutodiffBackend>(
         .into_iter()
         .cloned()
         .collect();
-    for miner in &tracked {
+    for miner in &candidates {
+        let whole = tracked.contains(miner);
+        if !whole && ctx.validation.spot.min_items == 0 {
+            continue;
+        }
         let work = match ctx.client.miner_work(ledger.epoch, miner).await {
             Ok(work) => work,
             Err(e) => {
@@ -589,15 +423,32 @@ async fn replay_tracked<B: AutodiffBackend>(
                 continue;
             }
         };
-        match replay_miner(ctx, &work).await {
+        let n = if whole {
+            replay_count(work.items.len(), ctx.validation.replay.fraction)
+        } else {
+            let head = ctx
+                .model
+                .section(work.section)
+                .map(|s| s.is_head)
+                .unwrap_or(false);
+            let kinds: Vec<WorkKind> = work.items.iter().map(|i| i.kind).collect();
+            prefix_len(&kinds, head, &ctx.validation.spot)
+        };
+        match replay_miner(ctx, &work, n).await {
             Ok(Replayed {
                 flags,
                 note,
                 record,
+                losses: replayed,
             }) => {
                 records.push(record);
+                if flags.is_empty() {
+                    losses.extend(replayed);
+                }
                 if let Some(e) = ev.get_mut(miner) {
-                    e.input.replay = Some(if flags.is_empty() { 1.0 } else { 0.0 });
+                    if whole {
+                        e.input.replay = Some(if flags.is_empty() { 1.0 } else { 0.0 });
+                    }
                     e.note(note);
                     for f in flags {
                         e.flag(f);
@@ -633,15 +484,18 @@ pub struct Replayed {
     pub note: String,
     /// The figures, for the window's record.
     pub record: ReplayRecord,
+    /// The tail losses the replay computed, by sample.
+    pub losses: Vec<(u64, f32)>,
 }
 
-/// Replays one miner's work (the configured fraction).
+/// Replays the first `n` of one miner's items (all of them: its upload is compared too).
 ///
 /// # Errors
 /// [`ReplayError`] when the record cannot be replayed at all.
 pub async fn replay_miner<B: AutodiffBackend>(
     ctx: &Context<B>,
     work: &MinerWork,
+    n: usize,
 ) -> Result<Replayed, ReplayError> {
     let r = &ctx.validation.replay;
     let layout = section_layout(&ctx.model, work.section)?;
@@ -675,12 +529,16 @@ pub async fn replay_miner<B: AutodiffBackend>(
             other => ReplayError::Model(crate::model::ModelError::Params(other.to_string())),
         })?;
     let mut replayer = Replayer::new(engine, *r);
-    let n = replay_count(work.items.len(), r.fraction);
+    let n = n.min(work.items.len());
+    let mut losses = Vec::new();
     // After a merge the checkpoint carries AdamW's step count (`optimizer_step`), which every
     // miner of the section adopts with the weights, so later epochs replay in full too.
     for item in work.items.iter().take(n) {
         let item = load_item(item, spec.is_head, spec.is_tail).await?;
-        replayer.apply(item)?;
+        let sample = item.sample;
+        if let Some(loss) = replayer.apply(item)?.loss {
+            losses.push((sample, loss));
+        }
     }
     let stats = replayer.stats().clone();
     let mut flags = Vec::new();
@@ -734,6 +592,7 @@ pub async fn replay_miner<B: AutodiffBackend>(
             stats,
             state,
         },
+        losses,
     })
 }
 

@@ -47,7 +47,7 @@ use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::layout::section_layout;
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, Section};
 use crate::validator::replay::{ReplayItem, Replayer, compare_progress, replay_count};
-use crate::validator::spot::{SpotChecker, checkable, path_positions, spot_count};
+use crate::validator::spot::{checkable, prefix_len};
 
 /// Arguments of `iota bench validate`.
 #[derive(Debug, Args)]
@@ -96,10 +96,11 @@ pub struct BenchValidateArgs {
     /// Device.
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: DeviceKind,
-    /// Measure the spot checks instead (`validation.spot`): every checkable item of each
-    /// section recomputed on the path from the start state to the upload, as sent and as each
-    /// cheat would send it; prints the honest items' lowest figures, each cheat's highest, the
-    /// share of items each cheat fails, and the cost of one window's sample.
+    /// Measure what replays catch instead: each section's epoch replayed with the miner's
+    /// outputs as sent and as each cheat would send them (noise of their mean and spread,
+    /// zeros, another sample's output, the input echoed); prints the honest items' lowest
+    /// figures, each cheat's highest, the items each fails (overall and in the prefix every
+    /// window replays, `validation.spot`), and that prefix's cost.
     #[arg(long)]
     pub spot: bool,
 }
@@ -570,7 +571,7 @@ struct SpotRow {
     role: &'static str,
     checkable: usize,
     variants: Vec<SpotVariant>,
-    /// One window's sample (`spot_count` items) against the miner's whole epoch.
+    /// Items in one window's prefix replay, and its cost against the miner's whole epoch.
     sample: usize,
     sample_cost: Cost,
     miner: Cost,
@@ -579,6 +580,8 @@ struct SpotRow {
 struct SpotVariant {
     name: &'static str,
     items: u64,
+    /// Failures among the items of one window's prefix.
+    prefix_failed: u64,
     failed: u64,
     /// Honest: the lowest centred cosine; a cheat: the highest.
     cosine: Option<f64>,
@@ -640,121 +643,98 @@ fn cheat(
 }
 
 impl Task {
-    /// The spot checks of section `index` (see [`BenchValidateArgs::spot`]).
+    /// The replays of section `index` that every window runs (see [`BenchValidateArgs::spot`]).
     fn spot<B: AutodiffBackend>(
         &self,
         index: usize,
         start: &Object,
         items: &[Recorded],
-        upload: &Object,
         device: &B::Device,
     ) -> anyhow::Result<SpotRow> {
         let layout = section_layout(&self.cfg, index)?;
         let spec = self.cfg.section(index)?;
         let (b, l) = (self.args.batch_size, self.args.seq_len);
-        let n = layout.total_len() as u64;
-        let params = Span::whole(layout.params_len);
-        let start_flat = self.args.merge_wire.decode(&start.bytes, n, params, &[])?;
-        let end_flat = self.args.merge_wire.decode(&upload.bytes, n, params, &[])?;
-        let settings = EngineSettings::for_miner(&self.settings());
-        let kinds: Vec<(u64, WorkKind)> = items.iter().map(|i| (i.sample, i.kind)).collect();
-        let at = path_positions(&kinds, spec.is_tail, &settings);
-        let spot_settings = SpotSettings::default();
-        let checker = |device: &B::Device| -> anyhow::Result<SpotChecker<B>> {
-            let section =
-                Section::<B>::new(&self.cfg, index, 0, OptimizerConfig::default(), device)?;
-            Ok(SpotChecker::new(
-                Engine::new(section, settings),
-                layout.clone(),
-                start_flat.clone(),
-                end_flat.clone(),
-                spot_settings,
-            ))
-        };
-        let mut spot = checker(device)?;
         let width = self.cfg.boundary_width();
-        let decode_out = |o: &Object| -> anyhow::Result<Vec<f32>> {
-            verify_hash(&o.bytes, &o.hash)?;
-            Ok(decode_tensor(&o.bytes, [b, l, width])?)
-        };
-        let checkable_items: Vec<usize> = (0..items.len())
-            .filter(|i| checkable(items[*i].kind, spec.is_head))
-            .collect();
-        let mut variants: Vec<SpotVariant> = std::iter::once("honest")
-            .chain(CHEATS)
-            .map(|name| SpotVariant {
+        let kinds: Vec<WorkKind> = items.iter().map(|i| i.kind).collect();
+        let spot_settings = SpotSettings::default();
+        let prefix = prefix_len(&kinds, spec.is_head, &spot_settings);
+        let decoded: Vec<(CachedInput, Option<Vec<u32>>, Option<Vec<f32>>)> = items
+            .iter()
+            .map(|item| {
+                let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
+                let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
+                let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
+                let output = match &item.output {
+                    Some(o) => {
+                        verify_hash(&o.bytes, &o.hash)?;
+                        Some(decode_tensor(&o.bytes, [b, l, width])?)
+                    }
+                    None => None,
+                };
+                Ok((input, targets, output))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let mut variants = Vec::new();
+        for name in std::iter::once("honest").chain(CHEATS) {
+            let engine = self.engine::<B>(index, &layout, start, device)?;
+            let mut replayer = Replayer::new(engine, ReplaySettings::default());
+            let mut v = SpotVariant {
                 name,
                 items: 0,
+                prefix_failed: 0,
                 failed: 0,
                 cosine: None,
                 ratio: None,
-            })
-            .collect();
-        let mut previous: HashMap<WorkKind, Vec<f32>> = HashMap::new();
-        for &i in &checkable_items {
-            let item = &items[i];
-            let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
-            let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
-            let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
-            let Some(honest) = item.output.as_ref().map(&decode_out).transpose()? else {
-                continue;
             };
-            let forward_input = if item.kind == WorkKind::Backward {
-                let f = items[..i]
-                    .iter()
-                    .rev()
-                    .find(|f| f.sample == item.sample && f.kind == WorkKind::Forward)
-                    .context("a backward without its forward")?;
-                Some(self.decode_input(&f.input, spec.is_head, f.tokens.as_ref())?)
-            } else {
-                None
-            };
-            for v in &mut variants {
-                let sent = if v.name == "honest" {
-                    Some(honest.clone())
-                } else {
-                    cheat(
-                        v.name,
-                        &honest,
+            let mut previous: HashMap<WorkKind, Vec<f32>> = HashMap::new();
+            for (i, (item, (input, targets, honest))) in items.iter().zip(&decoded).enumerate() {
+                let sent = match honest {
+                    Some(h) if name != "honest" => cheat(
+                        name,
+                        h,
                         previous.get(&item.kind).map(Vec::as_slice),
-                        &input,
+                        input,
                         item.sample,
                     )
+                    .or_else(|| Some(h.clone())),
+                    other => other.clone(),
                 };
-                let Some(sent) = sent else { continue };
-                let checked = spot.check(
-                    ReplayItem {
-                        sample: item.sample,
-                        kind: item.kind,
-                        input: input.clone(),
-                        targets: targets.clone(),
-                        output: Some(sent),
-                        loss: item.loss,
-                    },
-                    forward_input.clone(),
-                    at[i],
-                )?;
-                v.items += 1;
-                v.failed += u64::from(checked.failure.is_some());
-                if let Some(s) = checked.similarity {
-                    let pick = |old: Option<f64>, new: f64| {
-                        Some(old.map_or(new, |o| {
-                            if v.name == "honest" {
-                                o.min(new)
-                            } else {
-                                o.max(new)
-                            }
-                        }))
-                    };
-                    v.cosine = pick(v.cosine, s.cosine);
-                    v.ratio = pick(v.ratio, s.magnitude_ratio);
+                let checked = replayer.apply(ReplayItem {
+                    sample: item.sample,
+                    kind: item.kind,
+                    input: input.clone(),
+                    targets: targets.clone(),
+                    output: sent,
+                    loss: item.loss,
+                })?;
+                if let Some(h) = honest {
+                    previous.insert(item.kind, h.clone());
                 }
+                let Some(s) = checked.similarity else {
+                    continue;
+                };
+                v.items += 1;
+                if checked.failure.is_some() {
+                    v.failed += 1;
+                    if i < prefix {
+                        v.prefix_failed += 1;
+                    }
+                }
+                let pick = |old: Option<f64>, new: f64| {
+                    Some(old.map_or(new, |o| {
+                        if name == "honest" {
+                            o.min(new)
+                        } else {
+                            o.max(new)
+                        }
+                    }))
+                };
+                v.cosine = pick(v.cosine, s.cosine);
+                v.ratio = pick(v.ratio, s.magnitude_ratio);
             }
-            previous.insert(item.kind, honest);
+            variants.push(v);
         }
-        // One window's cost: `spot_count` items, each placed and recomputed, from a fresh
-        // checker (decoding the states included), against the miner's whole epoch.
-        let sample = spot_count(checkable_items.len(), &spot_settings);
+        // One window's prefix replay from a fresh engine, against the miner's whole epoch.
         let mut costs = Vec::new();
         let mut miner = Vec::new();
         for _ in 0..self.args.rounds.max(1) {
@@ -762,43 +742,29 @@ impl Task {
             std::hint::black_box(self.redo::<B>(index, &layout, start, items, device)?);
             miner.push(m.stop());
             let m = Meter::start();
-            let mut fresh = checker(device)?;
-            for &i in checkable_items.iter().take(sample) {
-                let item = &items[i];
-                let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
-                let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
-                let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
-                let output = item.output.as_ref().map(&decode_out).transpose()?;
-                let forward_input = match item.kind {
-                    WorkKind::Backward => items[..i]
-                        .iter()
-                        .rev()
-                        .find(|f| f.sample == item.sample && f.kind == WorkKind::Forward)
-                        .map(|f| self.decode_input(&f.input, spec.is_head, f.tokens.as_ref()))
-                        .transpose()?,
-                    _ => None,
-                };
-                std::hint::black_box(fresh.check(
-                    ReplayItem {
-                        sample: item.sample,
-                        kind: item.kind,
-                        input,
-                        targets,
-                        output,
-                        loss: item.loss,
-                    },
-                    forward_input,
-                    at[i],
-                )?);
+            let engine = self.engine::<B>(index, &layout, start, device)?;
+            let mut replayer = Replayer::new(engine, ReplaySettings::default());
+            for (item, (input, targets, output)) in items.iter().zip(&decoded).take(prefix) {
+                std::hint::black_box(replayer.apply(ReplayItem {
+                    sample: item.sample,
+                    kind: item.kind,
+                    input: input.clone(),
+                    targets: targets.clone(),
+                    output: output.clone(),
+                    loss: item.loss,
+                })?);
             }
             costs.push(m.stop());
         }
         Ok(SpotRow {
             section: index,
             role: role_of(spec.is_head, spec.is_tail),
-            checkable: checkable_items.len(),
+            checkable: kinds
+                .iter()
+                .filter(|k| checkable(**k, spec.is_head))
+                .count(),
             variants,
-            sample,
+            sample: prefix,
             sample_cost: median_cost(&costs),
             miner: median_cost(&miner),
         })
@@ -838,8 +804,7 @@ impl BackendTask for Task {
                 sections
                     .into_iter()
                     .map(|s| {
-                        let (items, upload) = &records[s];
-                        self.spot::<B>(s, &starts[s], items, upload, &device)
+                        self.spot::<B>(s, &starts[s], &records[s].0, &device)
                             .with_context(|| format!("section {s}"))
                     })
                     .collect::<anyhow::Result<_>>()?,
@@ -859,22 +824,26 @@ impl BackendTask for Task {
 }
 
 fn print_spots(rows: &[SpotRow]) {
-    let t = SpotSettings::default().outputs;
+    let r = ReplaySettings::default();
     println!(
-        "\nspot checks (thresholds: centred cosine >= {}, magnitude ratio >= {}): honest = the \
-         lowest figures over the section's items; a cheat = the highest, and the share of \
-         its items that fail",
-        t.min_cosine, t.min_magnitude_ratio
+        "\nreplays of every miner (thresholds: centred cosine >= {} and magnitude ratio >= {} \
+         for the first {} steps, then >= {} and >= {}): each variant replays the whole epoch \
+         with the miner's outputs replaced; honest = the lowest figures, a cheat = the highest",
+        r.outputs.min_cosine,
+        r.outputs.min_magnitude_ratio,
+        r.strict_steps,
+        r.late_outputs.min_cosine,
+        r.late_outputs.min_magnitude_ratio
     );
     println!(
-        "section  role  items | variant        checked  failed  cosine     ratio    | sample  \
-         validator CPU ms  miner CPU ms  validator/miner CPU"
+        "section  role  checkable | variant        compared  failed  in prefix  cosine     ratio    \
+         | prefix items  validator CPU ms  miner CPU ms  validator/miner CPU"
     );
     for r in rows {
         for (k, v) in r.variants.iter().enumerate() {
             let cost = if k == 0 {
                 format!(
-                    "| {:>6} {:>17.1} {:>13.1} {:>20.4}",
+                    "| {:>12} {:>17.1} {:>13.1} {:>20.4}",
                     r.sample,
                     ms(r.sample_cost.cpu),
                     ms(r.miner.cpu),
@@ -884,21 +853,22 @@ fn print_spots(rows: &[SpotRow]) {
                 "|".into()
             };
             println!(
-                "{:>7}  {:<4} {:>6} | {:<13} {:>8} {:>7}  {:<9} {:<9}{cost}",
+                "{:>7}  {:<4} {:>9} | {:<13} {:>9} {:>7} {:>10}  {:<9} {:<9}{cost}",
                 r.section,
                 r.role,
                 r.checkable,
                 v.name,
                 v.items,
                 v.failed,
+                v.prefix_failed,
                 opt4(v.cosine),
                 opt4(v.ratio),
             );
         }
     }
     println!(
-        "\nsample: the items one window checks (validation.spot: max(min_items, ceil(fraction x \
-         items)), at most all), and its cost against the miner's cost of the whole epoch."
+        "\nprefix: the items of the epoch's start that a window replays for every miner \
+         (validation.spot), and that replay's cost against the miner's cost of the whole epoch."
     );
 }
 

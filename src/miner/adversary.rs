@@ -17,9 +17,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::cache::CachedInput;
-use super::engine::Activations;
 use crate::api::PartitionTask;
+use crate::compute::cache::CachedInput;
+use crate::compute::engine::Activations;
 
 /// A hostile behaviour; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,11 +19,11 @@ use thiserror::Error;
 use tokio::task::JoinHandle;
 
 use super::adversary::Adversary;
-use super::cache::CachedInput;
 use super::copier::Copier;
-use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
-use super::payload::PayloadError;
 use super::utilization::{Activity, Utilization};
+use crate::compute::cache::CachedInput;
+use crate::compute::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
+use crate::compute::payload::PayloadError;
 
 mod merging;
 mod transfer;
@@ -102,7 +102,7 @@ pub struct MinerOptions {
     /// Forwards in flight the miner asks for (the server caps it).
     pub max_in_flight: usize,
     /// Keep each forward's graph until its backward (see
-    /// [`super::engine::EngineSettings::retain_graphs`]); false recomputes it there.
+    /// [`crate::compute::engine::EngineSettings::retain_graphs`]); false recomputes it there.
     pub retain_graphs: bool,
     /// Draw a progress bar on stderr (hidden anyway when stderr is not a terminal).
     pub progress: bool,

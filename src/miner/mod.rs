@@ -8,16 +8,24 @@
 //! compute itself ([`crate::compute::engine`]) and the payload checks are shared ground, which
 //! validators replay too.
 //!
-//! - [`adversary`]: hostile behaviours for tests (hidden `--adversary`).
+//! - [`adversary`]: hostile behaviours for tests (hidden `--adversary`); only with the
+//!   `adversary` feature, otherwise an empty stand-in (`no_adversary.rs`).
 //! - [`advice`]: what to do about each [`MinerError`] (one sentence for the operator).
-//! - [`copier`]: the copier adversary's read access to other miners' uploads (tests only).
+//! - `copier`: the copier adversary's read access to other miners' uploads (tests only; with
+//!   the `adversary` feature).
 //! - [`participant`]: the miner's share of a butterfly merge (read ranges, merge, upload).
 //! - [`status_line`]: the run's phase and distance to the next merge, for the live status line.
 //! - [`utilization`]: where the miner's wall time goes (compute against I/O and waiting).
 //! - [`worker`]: the loop itself, generic over the burn backend.
 
+#[cfg(feature = "adversary")]
+pub mod adversary;
+/// The hostile behaviours' empty stand-in: the release build has none.
+#[cfg(not(feature = "adversary"))]
+#[path = "no_adversary.rs"]
 pub mod adversary;
 pub mod advice;
+#[cfg(feature = "adversary")]
 pub mod copier;
 pub mod participant;
 pub mod status_line;

@@ -19,6 +19,9 @@ use thiserror::Error;
 use tokio::task::JoinHandle;
 
 use super::adversary::Adversary;
+#[cfg(not(feature = "adversary"))]
+use super::adversary::Copier;
+#[cfg(feature = "adversary")]
 use super::copier::Copier;
 use super::utilization::{Activity, Utilization};
 use crate::compute::cache::CachedInput;
@@ -114,7 +117,7 @@ pub struct MinerOptions {
     /// A hostile behaviour, for tests only (`None`: honest).
     pub adversary: Option<Adversary>,
     /// The object store directory a copier reads other miners' uploads from (tests only;
-    /// required with [`Adversary::Copier`]).
+    /// required with the `copier` adversary).
     pub copy_from: Option<String>,
 }
 
@@ -332,11 +335,11 @@ async fn mine<B: AutodiffBackend>(
     eprintln!("iota mine: warmed up in {:.1} s", warm.took.as_secs_f64());
     tracing::info!(took_ms = warm.took.as_millis() as u64, step = ?warm.step, "warm-up done");
     let copier = match (options.adversary, &options.copy_from) {
-        (Some(Adversary::Copier), Some(dir)) => Some(
+        (Some(a), Some(dir)) if a.copies_uploads() => Some(
             Copier::open(dir, &reg.run, options.hotkey.address().as_str())
                 .map_err(MinerError::Runtime)?,
         ),
-        (Some(Adversary::Copier), None) => {
+        (Some(a), None) if a.copies_uploads() => {
             return Err(MinerError::Runtime(
                 "the copier needs the object store directory (--copy-from)".into(),
             ));

@@ -614,6 +614,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         validators: 0,
         validator_wait_s: 0,
         seed: args.seed,
+        #[cfg(feature = "adversary")]
         adversaries: Vec::new(),
         validation: None,
         deadline_s: 20,

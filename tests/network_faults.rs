@@ -432,7 +432,9 @@ fn an_s3_server_restarted_mid_upload_leaves_a_consistent_run() {
     assert!(last >= 2);
 }
 
-/// The f32 values of every checkpoint object of the run under `objects`.
+/// The f32 values of every checkpoint object of the run under `objects` (read by the
+/// poisoning test, which needs the `adversary` feature).
+#[cfg(feature = "adversary")]
 fn checkpoint_values(objects: &Path) -> Vec<(PathBuf, Vec<f32>)> {
     let mut out = Vec::new();
     let mut stack = vec![objects.to_path_buf()];

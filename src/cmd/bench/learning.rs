@@ -24,7 +24,7 @@
 //! Flags choose the network's variant (in-flight bound, local steps, weight stashing,
 //! look-ahead, learning-rate schedule and the miners' rate scale, outer step, merge operator,
 //! interval and wire format), so every
-//! ablation of the README's table is one command. `iota train` always runs with its
+//! ablation of docs/learning-log.md's tables is one command. `iota train` always runs with its
 //! defaults: it is the reference.
 
 use std::fs;

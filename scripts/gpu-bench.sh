@@ -1,5 +1,5 @@
 #!/bin/sh
-# The GPU measurements of the README's "On a GPU" section, run on a machine with an NVIDIA GPU.
+# The GPU measurements of docs/performance.md's "On a GPU" section, run on a machine with an NVIDIA GPU.
 #
 #   BIN=target/release/iota TEST=<cuda_smoke test binary> OUT=results sh scripts/gpu-bench.sh
 #

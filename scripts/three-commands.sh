@@ -1,5 +1,5 @@
 #!/bin/sh
-# Times the README's "Mining in 3 commands" from nothing, on this machine, over loopback:
+# Times the README's "Mining in three commands" from nothing, on this machine, over loopback:
 #
 #   1. curl -sSf BASE/install.sh | sh      (download, SHA-256 check, unpack into ~/.local/bin)
 #   2. iota setup --yes --orchestrator URL (new hotkey, live check, ~/.config/iota/miner.yaml)

@@ -14,18 +14,22 @@
 //! - [`chain`]: the chain hotkeys register on, behind a trait (local registry; Bittensor
 //!   networks refused with what to run instead).
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
+//! - [`compute`]: shared ground below the roles: the section compute engine, the forward-input
+//!   cache and payload download checks, which miners run and validators replay.
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
 //! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
 //! - [`validator`]: replay checks, CLASP, copy detection, scores and weights (`iota validate`).
 //!
-//! Dependencies point one way: `cmd` uses everything; `model` knows nothing of networks;
-//! `merge`, `storage` and `wallet` know nothing of burn.
+//! Dependencies point one way: `cmd` uses everything; the roles (`orchestrator`, `miner`,
+//! `validator`) never import each other and share `compute` below them; `model` knows nothing
+//! of networks; `merge`, `storage` and `wallet` know nothing of burn.
 #![warn(missing_docs)]
 
 pub mod api;
 pub mod chain;
 pub mod cmd;
 pub mod codec;
+pub mod compute;
 pub mod data;
 pub mod merge;
 pub mod miner;

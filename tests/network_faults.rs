@@ -432,7 +432,9 @@ fn an_s3_server_restarted_mid_upload_leaves_a_consistent_run() {
     assert!(last >= 2);
 }
 
-/// The f32 values of every checkpoint object of the run under `objects`.
+/// The f32 values of every checkpoint object of the run under `objects` (read by the
+/// poisoning test, which needs the `adversary` feature).
+#[cfg(feature = "adversary")]
 fn checkpoint_values(objects: &Path) -> Vec<(PathBuf, Vec<f32>)> {
     let mut out = Vec::new();
     let mut stack = vec![objects.to_path_buf()];
@@ -456,7 +458,8 @@ fn checkpoint_values(objects: &Path) -> Vec<(PathBuf, Vec<f32>)> {
     out
 }
 
-/// Merge poisoning through the real binary: a miner (`iota mine --adversary poisoner`) among
+/// Merge poisoning through the real binary (with the `adversary` feature, as scripts/test.sh
+/// builds): a miner (`iota mine --adversary poisoner`) among
 /// five honest ones uploads, for the merges of even epochs, a state of ±3e38 (finite: it passes
 /// the decoder, and under `mean` one such upload would swamp the checkpoint), for odd epochs
 /// its honest state; after every upload it overwrites it with 16 bytes through the URL it
@@ -464,6 +467,7 @@ fn checkpoint_values(objects: &Path) -> Vec<(PathBuf, Vec<f32>)> {
 /// ones are merged from the orchestrator's own copy, so no swap reaches a checkpoint or stalls
 /// a merge: every checkpoint is finite and small, no partition falls back, and the run learns.
 #[test]
+#[cfg(feature = "adversary")]
 fn merge_poisoning_by_a_real_miner_is_left_out() {
     let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let started = Instant::now();

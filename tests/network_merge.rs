@@ -25,7 +25,7 @@ fn three_merge_cycles_in_a_local_network() {
             "2",
             // `iota local`'s default batch (4 x 64). At 2 x 32 tokens per step, asynchronous
             // steps and two lanes per section, the re-embedding `tiny` sometimes diverged in
-            // its third epoch (README, "Learning": 2 of 10 runs), so smaller batches would test
+            // its third epoch (docs/learning-log.md: 2 of 10 runs), so smaller batches would test
             // that instability rather than the merge.
             "--seq-len",
             "64",
@@ -34,7 +34,7 @@ fn three_merge_cycles_in_a_local_network() {
             // Half the default peak rate (3e-3). At the default, the average of the two lanes
             // at the second merge (each lane 8 steps from the first merge, near peak rate) set
             // the next samples back by 0.26-1.9 nats in 4 of 58 runs, and the third merge's
-            // setback reached +0.07 against the 0.15 allowed below (README, "Learning": an
+            // setback reached +0.07 against the 0.15 allowed below (docs/learning-log.md: an
             // instability early in a run). At 1.5e-3, ten runs: every setback -0.11 or lower,
             // the last evaluation 3.11-3.14.
             "--lr",

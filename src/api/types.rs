@@ -101,7 +101,7 @@ pub struct MinerSettings {
     #[serde(default)]
     pub lookahead: bool,
     /// Samples per synchronous optimizer step (0: asynchronous steps every `local_steps`
-    /// backwards); see [`crate::miner::engine`].
+    /// backwards); see [`crate::compute::engine`].
     #[serde(default)]
     pub samples_per_step: u64,
     /// Seconds between heartbeats.

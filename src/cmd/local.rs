@@ -23,6 +23,7 @@ use crate::api::client::ApiClient;
 use crate::api::{MergeStatus, MetagraphView, StatusResponse};
 use crate::codec::MergeWire;
 use crate::merge::MergeOp;
+#[cfg(feature = "adversary")]
 use crate::miner::adversary::Adversary;
 use crate::model::backend::DeviceKind;
 use crate::model::config::even_sections;
@@ -136,7 +137,9 @@ pub struct LocalArgs {
     /// --config).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
-    /// Test harness only: hostile miners, one per listed kind (`miner0` gets the first).
+    /// Test harness only: hostile miners, one per listed kind (`miner0` gets the first; only
+    /// with the `adversary` feature).
+    #[cfg(feature = "adversary")]
     #[arg(long, hide = true, value_delimiter = ',')]
     pub adversaries: Vec<Adversary>,
     /// Test harness only: the generated config's `validation` section, as JSON.
@@ -145,6 +148,27 @@ pub struct LocalArgs {
     /// Test harness only: forward deadline in seconds (the backward gets twice as long).
     #[arg(long, hide = true, default_value_t = 20)]
     pub deadline_s: u64,
+}
+
+/// The hidden flags that make miner `i` hostile (`--adversaries`, tests only).
+#[cfg(feature = "adversary")]
+fn hostile_args(args: &LocalArgs, i: usize, dir: &Path) -> Vec<String> {
+    let Some(kind) = args.adversaries.get(i) else {
+        return Vec::new();
+    };
+    let mut flags = vec!["--adversary".to_string(), kind.to_string()];
+    if *kind == Adversary::Copier {
+        // It reads the generated config's local store (data_dir/objects).
+        let store = dir.join("state/objects").display().to_string();
+        flags.extend(["--copy-from".to_string(), store]);
+    }
+    flags
+}
+
+/// No hostile miners without the `adversary` feature.
+#[cfg(not(feature = "adversary"))]
+fn hostile_args(_args: &LocalArgs, _i: usize, _dir: &Path) -> Vec<String> {
+    Vec::new()
 }
 
 /// Child processes, killed and reaped on drop.
@@ -529,14 +553,7 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         ensure_hotkey(&wallets, &name)?;
         let stats = stats_dir.join(format!("{name}.json"));
         let mut mine = mine_command(&name, &url, &wallets, &args, max_in_flight, &stats);
-        if let Some(kind) = args.adversaries.get(i) {
-            mine.extend(["--adversary".to_string(), kind.to_string()]);
-            if *kind == Adversary::Copier {
-                // It reads the generated config's local store (data_dir/objects).
-                let store = dir.join("state/objects").display().to_string();
-                mine.extend(["--copy-from".to_string(), store]);
-            }
-        }
+        mine.extend(hostile_args(&args, i, &dir));
         let log = dir.join(format!("logs/{name}.log"));
         children.push(name, spawn_self(&mine, &log)?);
     }

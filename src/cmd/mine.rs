@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use super::profile::{NodeArgs, Role};
+#[cfg(feature = "adversary")]
 use crate::miner::adversary::Adversary;
 use crate::miner::{MinerOptions, run_miner};
 
@@ -33,10 +34,13 @@ pub struct MineArgs {
     /// No progress bar.
     #[arg(long)]
     pub quiet: bool,
-    /// Test harness only: behave as this kind of hostile miner (see `miner::adversary`).
+    /// Test harness only: behave as this kind of hostile miner (see `miner::adversary`; only
+    /// with the `adversary` feature, which the release build leaves out).
+    #[cfg(feature = "adversary")]
     #[arg(long, hide = true)]
     pub adversary: Option<Adversary>,
     /// Test harness only: the object store directory a `copier` reads other uploads from.
+    #[cfg(feature = "adversary")]
     #[arg(long, hide = true)]
     pub copy_from: Option<String>,
     /// Write where the miner's time goes (compute, download, upload, orchestrator, idle,
@@ -98,6 +102,10 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
         wallet.wallet,
         wallet.hotkey
     );
+    #[cfg(feature = "adversary")]
+    let (adversary, copy_from) = (args.adversary, args.copy_from);
+    #[cfg(not(feature = "adversary"))]
+    let (adversary, copy_from) = (None, None);
     let report = run_miner(MinerOptions {
         orchestrator,
         hotkey,
@@ -109,8 +117,8 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
         retain_graphs: !args.recompute_backward,
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
-        adversary: args.adversary,
-        copy_from: args.copy_from,
+        adversary,
+        copy_from,
         stats_out: args.stats_out,
     })?;
     eprintln!(

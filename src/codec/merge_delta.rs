@@ -18,7 +18,7 @@
 //!   - `sign`: every value of `d`, one bit each in uploads (its sign, times the chunk's mean
 //!     magnitude) and four bits in merged partitions ([`super::sign_code`]). The same upload
 //!     size as `dct`'s default, but nothing is left out for long: measured in the in-process
-//!     simulation (README), `dct`'s top-k parameter code is what costs it its learning.
+//!     simulation (docs/learning-log.md), `dct`'s top-k parameter code is what costs it its learning.
 //!   - `sign2`: as `sign` with two bits per value in uploads (the sign, and whether the value
 //!     is above the chunk's mean magnitude; two scales per chunk).
 //!   - `q4`: four bits per value in uploads too (symmetric, scale max / 7).
@@ -35,7 +35,7 @@
 //!   values' steps. Rounding to the nearer value, not up: a moment is coded again at every
 //!   merge after a few steps have decayed it (AdamW's `beta2` 0.95 keeps 60% of it over 10
 //!   steps), and a code that always rounds up inflates it anew each time. Measured in the
-//!   in-process simulation with 10-step merges (README): rounding up cost `q4v2m4` about 4% of
+//!   in-process simulation with 10-step merges (docs/learning-log.md): rounding up cost `q4v2m4` about 4% of
 //!   the eval loss against `f32`, rounding to the nearer value nothing measurable.
 //!
 //! The chunk grid of an object starts at the object's first element, and again at every

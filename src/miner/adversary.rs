@@ -1,5 +1,7 @@
 //! Hostile miner behaviours for tests (`iota mine --adversary KIND`, a hidden flag; `iota local`
-//! passes it to some miners with its hidden `--adversaries`). Not a user feature: they exist so
+//! passes it to some miners with its hidden `--adversaries`). Built only with the `adversary`
+//! cargo feature, which the tests enable and the release build does not (without it the loop
+//! sees `no_adversary.rs`). Not a user feature: they exist so
 //! that the validator's and the orchestrator's defences are shown working against real miner
 //! processes. Each kind does the honest compute, then cheats in one way:
 //!
@@ -17,9 +19,9 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::cache::CachedInput;
-use super::engine::Activations;
 use crate::api::PartitionTask;
+use crate::compute::cache::CachedInput;
+use crate::compute::engine::Activations;
 
 /// A hostile behaviour; see the module docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +102,11 @@ impl Adversary {
     /// Whether it abandons every assignment it takes.
     pub fn abandons_work(self) -> bool {
         self == Self::FreeRider
+    }
+
+    /// Whether it uploads another miner's state as its own ([`super::copier`]).
+    pub fn copies_uploads(self) -> bool {
+        self == Self::Copier
     }
 
     /// Whether it poisons its merge uploads ([`Self::poison`]).

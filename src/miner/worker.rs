@@ -19,11 +19,14 @@ use thiserror::Error;
 use tokio::task::JoinHandle;
 
 use super::adversary::Adversary;
-use super::cache::CachedInput;
+#[cfg(not(feature = "adversary"))]
+use super::adversary::Copier;
+#[cfg(feature = "adversary")]
 use super::copier::Copier;
-use super::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
-use super::payload::PayloadError;
 use super::utilization::{Activity, Utilization};
+use crate::compute::cache::CachedInput;
+use crate::compute::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
+use crate::compute::payload::PayloadError;
 
 mod merging;
 mod transfer;
@@ -102,7 +105,7 @@ pub struct MinerOptions {
     /// Forwards in flight the miner asks for (the server caps it).
     pub max_in_flight: usize,
     /// Keep each forward's graph until its backward (see
-    /// [`super::engine::EngineSettings::retain_graphs`]); false recomputes it there.
+    /// [`crate::compute::engine::EngineSettings::retain_graphs`]); false recomputes it there.
     pub retain_graphs: bool,
     /// Draw a progress bar on stderr (hidden anyway when stderr is not a terminal).
     pub progress: bool,
@@ -114,7 +117,7 @@ pub struct MinerOptions {
     /// A hostile behaviour, for tests only (`None`: honest).
     pub adversary: Option<Adversary>,
     /// The object store directory a copier reads other miners' uploads from (tests only;
-    /// required with [`Adversary::Copier`]).
+    /// required with the `copier` adversary).
     pub copy_from: Option<String>,
 }
 
@@ -332,11 +335,11 @@ async fn mine<B: AutodiffBackend>(
     eprintln!("iota mine: warmed up in {:.1} s", warm.took.as_secs_f64());
     tracing::info!(took_ms = warm.took.as_millis() as u64, step = ?warm.step, "warm-up done");
     let copier = match (options.adversary, &options.copy_from) {
-        (Some(Adversary::Copier), Some(dir)) => Some(
+        (Some(a), Some(dir)) if a.copies_uploads() => Some(
             Copier::open(dir, &reg.run, options.hotkey.address().as_str())
                 .map_err(MinerError::Runtime)?,
         ),
-        (Some(Adversary::Copier), None) => {
+        (Some(a), None) if a.copies_uploads() => {
             return Err(MinerError::Runtime(
                 "the copier needs the object store directory (--copy-from)".into(),
             ));

@@ -11,7 +11,7 @@ use std::str::FromStr;
 use burn::tensor::backend::AutodiffBackend;
 use serde::{Deserialize, Serialize};
 
-/// The default CPU backend (measured faster than `flex` on the `small` preset; see README).
+/// The default CPU backend (measured faster than `flex` on the `small` preset; see docs/performance.md).
 pub type Cpu = burn::backend::NdArray<f32>;
 
 /// The matrix-multiply kernel behind the CPU backend: OpenBLAS when built with the
@@ -133,7 +133,7 @@ impl FromStr for FloatType {
 /// this call set the configuration (false when cubecl had already read its own).
 ///
 /// burn compiles each kernel with NVRTC the first time it meets it: on one H100 the `small`
-/// preset's first batch compiled 399 kernels in about 325 s (README, "On a GPU"). cubecl keeps
+/// preset's first batch compiled 399 kernels in about 325 s (docs/performance.md, "On a GPU"). cubecl keeps
 /// no compiled kernel between runs unless asked to, so without this every start of a miner paid
 /// that again. The cache lives where cubecl keeps its autotune results: `target/` when run
 /// inside a cargo project, else the user's cache directory (`~/.cache/cubecl`).

@@ -66,7 +66,7 @@ pub struct ModelConfig {
     /// embedding scale. The table starts at `init_std` like every matrix; the multiplier makes
     /// its contribution comparable to the decoded boundary's at the start and lets AdamW move
     /// it that much faster (at scale 1 it changed nothing on `small` in 300 steps; 10 and
-    /// `sqrt(384)` = 19.6 ended within 0.3% of each other; README, "Activation compression").
+    /// `sqrt(384)` = 19.6 ended within 0.3% of each other; docs/performance.md, "Activation compression").
     #[serde(default)]
     pub reembed_scale: Option<f64>,
 }
@@ -135,7 +135,7 @@ impl ModelConfig {
         let cfg = match name {
             // The byte-vocabulary presets re-embed the token ids after every boundary: a
             // table costs 256 x d_model (+6.9% parameters on `tiny`, +1.5% on `small`) and
-            // the narrow boundary then costs no loss (README, "Activation compression").
+            // the narrow boundary then costs no loss (docs/performance.md, "Activation compression").
             "tiny" => Self {
                 reembed: true,
                 ..base(256, 128, 6, 4, 2, 256, 64, 3)

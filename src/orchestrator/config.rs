@@ -463,7 +463,7 @@ pub struct RunConfig {
     /// miner of each section takes all training work, the others wait, and the merge that ends
     /// them gives every miner that lane's state (the others upload with no merge weight). The
     /// model then leaves its first plateau as one process would, before the miners train apart
-    /// (see the README's learning section). A multiple of `batches_before_merging`; 0: off.
+    /// (see docs/learning-log.md). A multiple of `batches_before_merging`; 0: off.
     pub single_lane_samples: u64,
     /// Samples per synchronous optimizer step: the orchestrator starts no sample of step
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
@@ -488,8 +488,8 @@ pub struct RunConfig {
     /// The run's first this many samples are merged every `early_merge_every` samples instead
     /// of every `batches_before_merging`: the miners of a section drift apart fastest early,
     /// when the learning rate is at its peak and the model leaves its first plateau, so that
-    /// is where frequent merges buy the most for their cost (see the README's learning
-    /// section). A multiple of `early_merge_every`; 0: off.
+    /// is where frequent merges buy the most for their cost (see docs/learning-log.md). A
+    /// multiple of `early_merge_every`; 0: off.
     pub early_merge_samples: u64,
     /// Samples per epoch during the early merges.
     pub early_merge_every: u64,

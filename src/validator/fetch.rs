@@ -10,9 +10,9 @@ use url::Url;
 use super::replay::ReplayItem;
 use crate::api::{BlobRef, WorkItem, WorkKind};
 use crate::codec::{MergeWire, Span};
+use crate::compute::CachedInput;
+use crate::compute::payload::{self, PayloadError};
 use crate::merge::f32_from_le_bytes;
-use crate::miner::CachedInput;
-use crate::miner::payload::{self, PayloadError};
 use crate::storage::{StorageError, download_from_url};
 
 /// Why something could not be fetched.

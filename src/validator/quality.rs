@@ -16,7 +16,7 @@ use super::tracking::Chooser;
 use crate::api::client::{ApiClient, ClientError};
 use crate::api::{EpochLedger, MAX_SAMPLES_PER_REQUEST, MergeRecord, MinerSettings};
 use crate::codec::{Span, token_ids};
-use crate::miner::payload::{self, PayloadError};
+use crate::compute::payload::{self, PayloadError};
 use crate::model::layout::section_layout;
 use crate::model::section::Inner;
 use crate::model::{ModelConfig, ModelError, Section, SectionInput};

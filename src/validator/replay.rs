@@ -11,9 +11,9 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::compare::{Comparison, Similarity, centered_similarity, failure};
 use crate::api::{MinerSettings, ReplaySettings, WorkKind};
+use crate::compute::CachedInput;
+use crate::compute::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
 use crate::merge::FlatLayout;
-use crate::miner::CachedInput;
-use crate::miner::engine::{Activations, Engine, EngineError, EngineSettings, StepRecord};
 use crate::model::{ModelError, StepOutcome};
 
 /// One piece of a miner's work, decoded.

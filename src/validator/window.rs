@@ -38,7 +38,7 @@ use crate::api::{
     WeightSubmission, WorkKind,
 };
 use crate::codec::Span;
-use crate::miner::engine::{Engine, EngineError};
+use crate::compute::engine::{Engine, EngineError};
 use crate::model::layout::section_layout;
 use crate::model::{ModelConfig, Section};
 
@@ -60,7 +60,7 @@ pub struct Context<B: AutodiffBackend> {
     /// Compute device.
     pub device: B::Device,
     /// Keep replayed forwards' graphs for their backwards
-    /// ([`crate::miner::engine::EngineSettings::retain_graphs`]).
+    /// ([`crate::compute::engine::EngineSettings::retain_graphs`]).
     pub retain_graphs: bool,
 }
 

@@ -24,7 +24,7 @@
 //! Flags choose the network's variant (in-flight bound, local steps, weight stashing,
 //! look-ahead, learning-rate schedule and the miners' rate scale, outer step, merge operator,
 //! interval and wire format), so every
-//! ablation of the README's table is one command. `iota train` always runs with its
+//! ablation of docs/learning-log.md's tables is one command. `iota train` always runs with its
 //! defaults: it is the reference.
 
 use std::fs;
@@ -614,6 +614,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         validators: 0,
         validator_wait_s: 0,
         seed: args.seed,
+        #[cfg(feature = "adversary")]
         adversaries: Vec::new(),
         validation: None,
         deadline_s: 20,

@@ -306,6 +306,7 @@ fn run_one(
         validators: 0,
         validator_wait_s: 0,
         seed: 0,
+        #[cfg(feature = "adversary")]
         adversaries: Vec::new(),
         validation: None,
         deadline_s: 60,

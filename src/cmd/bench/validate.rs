@@ -3,7 +3,7 @@
 //!
 //! How each number is taken:
 //! - **the work**: one epoch of `--samples` samples trained through every section of the
-//!   preset, one compute engine per section ([`crate::miner::engine`], what `iota mine`
+//!   preset, one compute engine per section ([`crate::compute::engine`], what `iota mine`
 //!   runs), in pipeline order (each sample forward through the chain and the tail's loss and
 //!   backward at once, each section's backward `--max-in-flight` samples behind, an AdamW step
 //!   every `--local-steps` backwards), on the built-in corpus; every tensor crosses a boundary
@@ -38,11 +38,11 @@ use clap::Args;
 use super::step::{Cost, Meter, median_cost};
 use crate::api::{MinerSettings, ReplaySettings, SpotSettings, WorkKind};
 use crate::codec::{MergeWire, Span, WireDtype, payload_hash, verify_hash};
+use crate::compute::CachedInput;
+use crate::compute::engine::{Activations, Engine, EngineSettings};
+use crate::compute::payload::{decode_tensor, decode_tokens};
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::merge::FlatLayout;
-use crate::miner::CachedInput;
-use crate::miner::engine::{Activations, Engine, EngineSettings};
-use crate::miner::payload::{decode_tensor, decode_tokens};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::layout::section_layout;
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, Section};

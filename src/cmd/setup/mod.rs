@@ -312,7 +312,7 @@ pub fn orchestrator_plan(
         "data_dir": data_dir,
     });
     let yaml = format!(
-        "# iota orchestrator run config, written by `iota setup` (mode 0600: it may hold storage keys).\n# Every key is described in the README's configuration reference.\n{}",
+        "# iota orchestrator run config, written by `iota setup` (mode 0600: it may hold storage keys).\n# Every key is described in docs/configuration.md.\n{}",
         serde_norway::to_string(&value).context("writing the run config")?
     );
     let config = RunConfig::from_yaml(&yaml).context("the answers do not make a valid run")?;

@@ -28,10 +28,10 @@ use crate::api::{
     Phase, SectionCheckpoint, UploadManifest,
 };
 use crate::codec::{MergeWire, Span, f32_payload_hash};
+use crate::compute::payload::{self, PayloadError};
 use crate::merge::{FlatLayout, MergeOp, f32_from_le_bytes};
 use crate::miner::adversary::Adversary;
 use crate::miner::participant::{HeldUpload, MergeFormat, merge_partition_task};
-use crate::miner::payload::{self, PayloadError};
 use crate::storage::{payload_hash, upload_to_url};
 
 /// Longest wait between two polls of the merge task.

@@ -14,9 +14,9 @@ use super::{MinerError, elapsed_ms};
 use crate::api::client::{ApiClient, ClientError};
 use crate::api::{Assignment, BlobRef, SubmitRequest, SubmitResponse, WorkKind};
 use crate::codec::WireDtype;
-use crate::miner::cache::CachedInput;
-use crate::miner::engine::Activations;
-use crate::miner::payload::{self, PayloadError};
+use crate::compute::cache::CachedInput;
+use crate::compute::engine::Activations;
+use crate::compute::payload::{self, PayloadError};
 use crate::model::ModelError;
 use crate::storage::{encode, payload_hash, upload_to_url};
 

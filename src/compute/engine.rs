@@ -1,5 +1,5 @@
-//! The miner's compute without a network: decoded inputs in, outputs out, local optimizer
-//! steps. The miner loop ([`super::worker`]) drives it with what it downloads; a validator can
+//! A section's compute without a network: decoded inputs in, outputs out, local optimizer
+//! steps. The miner loop ([`crate::miner::worker`]) drives it with what it downloads; a validator can
 //! drive another one with the same inputs, upstream gradients and order of work, and gets the
 //! same outputs, gradients and weights.
 //!

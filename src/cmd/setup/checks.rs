@@ -1,5 +1,6 @@
 //! Live checks `iota setup` runs before it writes anything: the orchestrator answers, the
-//! storage accepts a write, a read and a delete, and which compute devices are usable.
+//! storage accepts a write, a read and a delete, the orchestrator's certificate loads and
+//! serves a verified TLS handshake, and which compute devices are usable.
 
 use std::path::Path;
 use std::time::Duration;
@@ -9,6 +10,8 @@ use bytes::Bytes;
 
 use crate::api::client::ApiClient;
 use crate::model::backend::DeviceKind;
+use crate::orchestrator::{ServerTls, TlsFiles, TlsListener};
+use crate::storage::trust::{CertificateProblem, certificate_problem, client_builder};
 use crate::storage::{ObjectKey, RetryPolicy, Storage, StorageConfig};
 
 /// How long one live check may take.
@@ -81,6 +84,77 @@ pub fn check_storage(config: &StorageConfig) -> anyhow::Result<()> {
             "storage {}: no answer within {CHECK_TIMEOUT:?} (check the endpoint)",
             config.url
         ),
+    }
+}
+
+/// Loads the certificate and key of `files`, serves them on a loopback port, and connects to
+/// that port as a miner would reach `public_url` (its host name resolved to loopback), verifying
+/// the certificate against this machine's roots and the CA file in force. Returns a one-line
+/// description. A certificate signed by an authority the roots do not hold is accepted with a
+/// note (a private run: miners need `--ca-file`); for a `public_url` whose host is an IP
+/// address only the handshake is checked.
+///
+/// # Errors
+/// The files do not load (missing, not PEM, key not the certificate's); the certificate has
+/// expired, is not valid yet, or is not issued for `public_url`'s host.
+pub fn check_tls(files: &TlsFiles, public_url: &str) -> anyhow::Result<String> {
+    let tls = ServerTls::load(files)?;
+    let url = url::Url::parse(public_url).with_context(|| format!("parsing {public_url}"))?;
+    let host = url
+        .host_str()
+        .with_context(|| format!("{public_url} names no host"))?
+        .to_string();
+    let by_name = matches!(url.host(), Some(url::Host::Domain(_)));
+    let outcome = runtime()?.block_on(async {
+        let tcp = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .context("binding a loopback port for the check")?;
+        let addr = tcp.local_addr().context("reading the check's address")?;
+        let listener = TlsListener::new(tcp, tls).context("starting TLS")?;
+        let app = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
+        let server = tokio::spawn(async move { axum::serve(listener, app).await });
+        let builder = client_builder().timeout(CHECK_TIMEOUT);
+        let (client, target) = if by_name {
+            (
+                builder.resolve(&host, addr),
+                format!("https://{host}:{}/health", addr.port()),
+            )
+        } else {
+            (
+                builder.tls_danger_accept_invalid_certs(true),
+                format!("https://{addr}/health"),
+            )
+        };
+        let client = client.build().context("building the check's client")?;
+        let answer = client.get(&target).send().await;
+        server.abort();
+        anyhow::Ok(answer)
+    })?;
+    let trusted_by = match crate::storage::trust::ca_file() {
+        Some(ca) => format!("this machine's roots and {}", ca.display()),
+        None => "this machine's roots".to_string(),
+    };
+    match outcome {
+        Ok(r) if r.status().is_success() && by_name => Ok(format!(
+            "certificate for {host} served over TLS and trusted by {trusted_by}"
+        )),
+        Ok(r) if r.status().is_success() => Ok(format!(
+            "certificate served over TLS (the public URL names an IP address, so its name and issuer were not checked: use a host name for a public run)"
+        )),
+        Ok(r) => bail!("the TLS check's server answered HTTP {}", r.status()),
+        Err(e) => match certificate_problem(&e) {
+            Some(CertificateProblem::UnknownIssuer) => Ok(format!(
+                "certificate for {host} served over TLS, signed by an authority {trusted_by} do not hold: fine for a private run, whose miners and validators need the CA certificate (--ca-file)"
+            )),
+            Some(problem) => bail!(
+                "the certificate {} does not verify for {host}: {}",
+                files.cert.display(),
+                problem.describe()
+            ),
+            None => {
+                Err(anyhow::Error::new(e).context("the TLS handshake with the certificate failed"))
+            }
+        },
     }
 }
 

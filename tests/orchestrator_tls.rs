@@ -14,16 +14,15 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
+use common::browser::{browse, chromium_or_skip};
 use common::net::free_port;
-use common::procs::{Kids, create_hotkey, spawn, spawn_miner};
+use common::procs::{Kids, create_hotkey, iota_bin, spawn, spawn_miner};
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     PublicKeyData,
 };
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-
-const BIN: &str = env!("CARGO_BIN_EXE_iota");
 
 /// The test's certificates, as PEM files in one directory.
 struct Pki {
@@ -120,7 +119,7 @@ fn tls_block((cert, key): &(PathBuf, PathBuf)) -> String {
 
 /// `iota ARGS` run to its end (killed after `limit`).
 fn iota(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(iota_bin())
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -166,7 +165,7 @@ impl Https {
             if !r.status().is_success() {
                 return None;
             }
-            r.json().await.ok()
+            serde_json::from_slice(&r.bytes().await.ok()?).ok()
         })
     }
 }
@@ -210,7 +209,7 @@ fn one_line_failure(out: &Output) -> String {
 
 fn start_validator(dir: &Path, url: &str, ca: &Path) -> Child {
     let log = std::fs::File::create(dir.join("validator.log")).unwrap();
-    Command::new(BIN)
+    Command::new(iota_bin())
         .args(["validate", "--wallet", "w", "--hotkey", "validator"])
         .arg("--wallets-dir")
         .arg(dir.join("wallets"))
@@ -442,27 +441,9 @@ fn bad_certificate_files_and_public_plain_http_are_refused_at_start() {
     assert!(one_line_failure(&out).contains("holds no usable PEM certificate"));
 }
 
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|name| {
-            Command::new(name)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-}
-
 #[test]
 fn the_dashboard_loads_over_https_in_chromium() {
-    let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("IOTA_REQUIRE_BROWSER").is_none(),
-            "IOTA_REQUIRE_BROWSER is set but no chromium runs (apt-get install chromium)"
-        );
-        eprintln!(
-            "SKIPPED the_dashboard_loads_over_https_in_chromium: no chromium installed (apt-get install chromium)"
-        );
+    let Some(browser) = chromium_or_skip("the_dashboard_loads_over_https_in_chromium") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
@@ -482,36 +463,10 @@ fn the_dashboard_loads_over_https_in_chromium() {
         &logs,
         || https.json(&format!("{url}/api/status")).is_some(),
     );
-    let browse = |extra: &[String]| {
-        let profile = tempfile::tempdir().unwrap();
-        let out = Command::new(browser)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-            ])
-            .args([
-                "--enable-logging=stderr",
-                "--v=0",
-                "--virtual-time-budget=6000",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .args(extra)
-            .arg("--dump-dom")
-            .arg(format!("{url}/"))
-            .output()
-            .unwrap();
-        (
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let page = format!("{url}/");
     // Trusting the server's key (chromium's test switch for a private certificate).
-    let (dom, console) = browse(&[format!(
-        "--ignore-certificate-errors-spki-list={}",
-        pki.spki
-    )]);
+    let trust = format!("--ignore-certificate-errors-spki-list={}", pki.spki);
+    let (dom, console) = browse(browser, &page, &[&trust, "--dump-dom"]);
     assert!(
         dom.contains("data-ready=\"1\""),
         "the page never drew over HTTPS:\n{dom}\n{console}\n{}",
@@ -525,6 +480,6 @@ fn the_dashboard_loads_over_https_in_chromium() {
         assert!(!console.contains(bad), "console: {console}");
     }
     // Without that trust the browser shows no dashboard.
-    let (dom, _) = browse(&[]);
+    let (dom, _) = browse(browser, &page, &["--dump-dom"]);
     assert!(!dom.contains("data-ready=\"1\""), "{dom}");
 }

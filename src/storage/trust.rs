@@ -176,16 +176,15 @@ pub fn certificate_problem(err: &(dyn StdError + 'static)) -> Option<Certificate
         if let Some(rustls::Error::InvalidCertificate(c)) = e.downcast_ref::<rustls::Error>() {
             return Some(CertificateProblem::from_rustls(c));
         }
-        // `io::Error::source` skips the error it wraps: look inside it.
-        if let Some(inner) = e
+        // `io::Error::source` skips the error it wraps (tokio-rustls wraps rustls's verdict in
+        // one, and the connector that one in another): step into it instead.
+        next = match e
             .downcast_ref::<std::io::Error>()
             .and_then(|io| io.get_ref())
-            .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-            && let rustls::Error::InvalidCertificate(c) = inner
         {
-            return Some(CertificateProblem::from_rustls(c));
-        }
-        next = e.source();
+            Some(inner) => Some(inner as &(dyn StdError + 'static)),
+            None => e.source(),
+        };
     }
     None
 }
@@ -250,7 +249,10 @@ mod tests {
     #[test]
     fn a_refused_certificate_is_found_through_io_errors() {
         let verdict = rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer);
-        let io = std::io::Error::other(verdict);
+        let io = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            verdict,
+        ));
         assert_eq!(
             certificate_problem(&io),
             Some(CertificateProblem::UnknownIssuer)

@@ -494,6 +494,11 @@ fn print_next_steps(plan: &Plan, out: &std::path::Path, default_out: bool) -> an
                 "miners join with: iota setup --role miner --orchestrator {}; dashboard at {}/",
                 config.public_url, config.public_url
             );
+            if config.tls.is_some() {
+                println!(
+                    "if a private CA signed the certificate, miners and validators add --ca-file CA.pem (docs/operators-tls.md)"
+                );
+            }
         }
     }
     Ok(())

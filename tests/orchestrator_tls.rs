@@ -299,8 +299,9 @@ fn a_miner_and_a_validator_work_over_https_and_wrong_trust_is_refused() {
 
     // The right CA: a miner per section and a validator train, merge and publish over HTTPS.
     let ca_flag = pki.ca.to_str().unwrap();
+    let mut miners = Vec::new();
     for name in ["m0", "m1"] {
-        create_hotkey(dir, name);
+        miners.push(create_hotkey(dir, name));
         kids.0
             .push(spawn_miner(dir, &url, name, &["--ca-file", ca_flag]));
     }
@@ -316,6 +317,20 @@ fn a_miner_and_a_validator_work_over_https_and_wrong_trust_is_refused() {
                 .unwrap_or(false)
         },
     );
+    // The validator's vector weighs both miners, whose work it fetched over HTTPS.
+    let weights = https.json(&format!("{url}/api/weights")).unwrap();
+    let published = &weights["validators"][0];
+    assert_eq!(published["hotkey"], validator.as_str(), "{weights}");
+    let weighed: Vec<&str> = published["weights"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|w| w["hotkey"].as_str())
+        .collect();
+    for m in &miners {
+        assert!(weighed.contains(&m.as_str()), "{m} not weighed: {weights}");
+    }
+    eprintln!("published over HTTPS: {published}");
     let status = https.json(&format!("{url}/api/status")).unwrap();
     assert!(common::net::completed(&status) >= 6, "{status}\n{}", logs());
     let out = iota(

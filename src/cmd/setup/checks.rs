@@ -139,9 +139,9 @@ pub fn check_tls(files: &TlsFiles, public_url: &str) -> anyhow::Result<String> {
         Ok(r) if r.status().is_success() && by_name => Ok(format!(
             "certificate for {host} served over TLS and trusted by {trusted_by}"
         )),
-        Ok(r) if r.status().is_success() => Ok(format!(
-            "certificate served over TLS (the public URL names an IP address, so its name and issuer were not checked: use a host name for a public run)"
-        )),
+        Ok(r) if r.status().is_success() => Ok(
+            "certificate served over TLS (the public URL names an IP address, so its name and issuer were not checked: use a host name for a public run)".to_string(),
+        ),
         Ok(r) => bail!("the TLS check's server answered HTTP {}", r.status()),
         Err(e) => match certificate_problem(&e) {
             Some(CertificateProblem::UnknownIssuer) => {

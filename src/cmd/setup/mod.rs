@@ -120,6 +120,8 @@ pub enum HotkeySource {
 }
 
 /// Everything setup decided, before anything is written.
+// One plan per setup run: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Plan {
     /// A miner or validator.

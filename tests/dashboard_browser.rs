@@ -12,57 +12,14 @@ use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::browser::{browse, chromium_or_skip};
 use common::net::{completed, free_port, http_get, status, wait_for};
 
 const BIN: &str = env!("CARGO_BIN_EXE_iota");
 
-fn chromium() -> Option<&'static str> {
-    ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|name| {
-            Command::new(name)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-}
-
-/// Runs the browser on `url` with `extra` arguments; returns (stdout, stderr).
-fn browse(browser: &str, url: &str, extra: &[&str]) -> (String, String) {
-    let profile = tempfile::tempdir().unwrap();
-    let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--no-first-run",
-        ])
-        .args([
-            "--enable-logging=stderr",
-            "--v=0",
-            "--virtual-time-budget=6000",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .args(extra)
-        .arg(url)
-        .output()
-        .unwrap();
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[test]
 fn dashboard_shows_the_miners_of_a_local_network() {
-    let Some(browser) = chromium() else {
-        assert!(
-            std::env::var_os("IOTA_REQUIRE_BROWSER").is_none(),
-            "IOTA_REQUIRE_BROWSER is set but no chromium runs (apt-get install chromium)"
-        );
-        eprintln!(
-            "SKIPPED dashboard_shows_the_miners_of_a_local_network: no chromium installed (scripts/test.sh installs it: apt-get install chromium)"
-        );
+    let Some(browser) = chromium_or_skip("dashboard_shows_the_miners_of_a_local_network") else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

@@ -27,6 +27,7 @@ use super::validator::{
     ValidatorRegisterResponse, WeightSubmission,
 };
 use crate::storage::retry::{RetryPolicy, is_transient_error, is_transient_status};
+use crate::storage::trust::{CertificateProblem, UntrustedCertificate, certificate_problem};
 use crate::wallet::keys::Hotkey;
 use crate::wallet::signing::{RequestLine, sign_request};
 
@@ -79,6 +80,9 @@ pub enum ClientError {
     /// The HTTP client could not be built (TLS initialisation).
     #[error("cannot build the HTTP client: {0}")]
     Build(String),
+    /// The orchestrator's TLS certificate was refused (not retried).
+    #[error(transparent)]
+    Certificate(#[from] UntrustedCertificate),
     /// The orchestrator speaks another API version than this binary.
     #[error(
         "the orchestrator speaks API v{server_api} (iota {server_version}), this iota {} speaks v{}",
@@ -133,6 +137,7 @@ impl ClientError {
                 "the URL answers but is not an iota orchestrator: check --orchestrator".into(),
             ),
             Self::Build(_) => None,
+            Self::Certificate(e) => Some(e.advice()),
         }
     }
 }
@@ -211,7 +216,7 @@ impl ApiClient {
             url: base.to_string(),
             reason: e.to_string(),
         })?;
-        let http = reqwest::Client::builder()
+        let http = crate::storage::trust::client_builder()
             .timeout(REQUEST_TIMEOUT)
             .build()
             .map_err(|e| ClientError::Build(e.to_string()))?;
@@ -486,6 +491,14 @@ impl ApiClient {
         }
     }
 
+    /// The error for a refused server certificate (`err` holds rustls's verdict).
+    fn untrusted(&self, err: &reqwest::Error) -> ClientError {
+        ClientError::Certificate(UntrustedCertificate {
+            url: self.base.as_str().trim_end_matches('/').to_string(),
+            problem: certificate_problem(err).unwrap_or(CertificateProblem::Other),
+        })
+    }
+
     async fn attempt<T: DeserializeOwned>(
         &self,
         path: &str,
@@ -493,6 +506,9 @@ impl ApiClient {
     ) -> Result<T, Attempt> {
         let response = match request.send().await {
             Ok(r) => r,
+            Err(e) if certificate_problem(&e).is_some() => {
+                return Err(Attempt::Fatal(self.untrusted(&e)));
+            }
             Err(e) if is_transient_error(&e) => {
                 return Err(Attempt::Transient(e.without_url().to_string()));
             }

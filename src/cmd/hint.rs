@@ -6,10 +6,25 @@
 use crate::api::client::ClientError;
 use crate::miner::MinerError;
 use crate::miner::advice::{OUT_OF_MEMORY, is_out_of_memory};
+use crate::orchestrator::TlsError;
 use crate::storage::StorageError;
+use crate::storage::trust::{UntrustedCertificate, certificate_problem};
 
-/// The advice of the first error in the chain that has one.
+/// The advice of the first error in the chain that has one; a refused TLS certificate
+/// anywhere in the chain (a presigned-URL transfer, say) wins, since it is the root cause.
 pub fn advice(err: &anyhow::Error) -> Option<String> {
+    let refused = err.chain().find_map(|cause| {
+        certificate_problem(cause).map(|problem| {
+            UntrustedCertificate {
+                url: String::new(),
+                problem,
+            }
+            .advice()
+        })
+    });
+    if refused.is_some() {
+        return refused;
+    }
     err.chain().find_map(|cause| {
         if let Some(e) = cause.downcast_ref::<MinerError>() {
             e.advice()
@@ -17,6 +32,8 @@ pub fn advice(err: &anyhow::Error) -> Option<String> {
             e.advice()
         } else if let Some(e) = cause.downcast_ref::<StorageError>() {
             e.advice().map(str::to_string)
+        } else if let Some(e) = cause.downcast_ref::<TlsError>() {
+            Some(e.advice().to_string())
         } else if is_out_of_memory(&cause.to_string()) {
             Some(OUT_OF_MEMORY.to_string())
         } else {

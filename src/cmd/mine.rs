@@ -92,6 +92,7 @@ pub fn run(args: MineArgs) -> anyhow::Result<()> {
         eprintln!("iota mine: {source}");
     }
     set_threads(args.threads.or(layered.profile.threads))?;
+    layered.trust_ca_file()?;
     let wallet = layered.wallet()?;
     let hotkey = wallet.load()?;
     let orchestrator = layered.orchestrator()?;

@@ -38,6 +38,11 @@ pub struct Cli {
     /// Log lines as `pretty` text or `json` objects (one per line, for log collectors).
     #[arg(long, global = true, env = "IOTA_LOG_FORMAT", default_value = "pretty")]
     pub log_format: LogFormat,
+    /// Also trust the CA certificates in FILE (PEM) when verifying an HTTPS orchestrator, for a
+    /// private run whose operator signs its own certificate. Miners and validators may instead
+    /// name it as `ca_file:` in their settings.
+    #[arg(long, global = true, env = "IOTA_CA_FILE", value_name = "FILE")]
+    pub ca_file: Option<std::path::PathBuf>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -83,6 +88,9 @@ pub enum Command {
 /// # Errors
 /// Whatever the subcommand reports; `main` prints it on one line and exits non-zero.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(path) = &cli.ca_file {
+        crate::storage::trust::trust_ca_file(path)?;
+    }
     match cli.command {
         Command::Train(args) => train::run(args),
         Command::Model(args) => model::run(args),
@@ -137,5 +145,19 @@ mod tests {
     #[test]
     fn cli_definition_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_ca_file_flag_goes_after_any_subcommand() {
+        let cli = Cli::try_parse_from([
+            "iota",
+            "status",
+            "--orchestrator",
+            "https://o.example",
+            "--ca-file",
+            "ca.pem",
+        ])
+        .unwrap();
+        assert_eq!(cli.ca_file.as_deref(), Some(std::path::Path::new("ca.pem")));
     }
 }

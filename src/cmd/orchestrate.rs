@@ -1,11 +1,15 @@
-//! `iota orchestrate --config run.yaml`: runs the orchestrator of one training run.
+//! `iota orchestrate --config run.yaml`: runs the orchestrator of one training run, over HTTPS
+//! when the config names a certificate (`tls:`), else over plain HTTP (loopback, or behind a
+//! TLS reverse proxy with `insecure_http: true`).
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Args;
 
-use crate::orchestrator::{AppState, BLOCKING_THREADS, RunConfig, serve, shutdown_signal};
+use crate::orchestrator::{
+    AppState, BLOCKING_THREADS, RunConfig, ServerTls, TlsListener, serve, shutdown_signal,
+};
 
 /// Arguments of `iota orchestrate`.
 #[derive(Debug, Args)]
@@ -21,15 +25,25 @@ pub struct OrchestrateArgs {
 /// Runs the orchestrator until Ctrl-C or SIGTERM.
 ///
 /// # Errors
-/// A bad config, a state directory or storage that cannot be opened, a busy address.
+/// A bad config, a certificate or key that does not load, a state directory or storage that
+/// cannot be opened, a busy address.
 pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
     let mut config = RunConfig::load(&args.config)?;
     if let Some(listen) = args.listen {
-        if config.public_url == format!("http://{}", config.listen) {
-            config.public_url = format!("http://{listen}");
+        for scheme in ["http", "https"] {
+            if config.public_url == format!("{scheme}://{}", config.listen) {
+                config.public_url = format!("{scheme}://{listen}");
+            }
         }
         config.listen = listen;
+        config.check_transport()?;
     }
+    // Before anything is opened: a certificate that does not load is the operator's first
+    // error to fix, and nothing has been written yet.
+    let tls = match &config.tls {
+        Some(files) => Some(ServerTls::load(files)?),
+        None => None,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
@@ -39,18 +53,25 @@ pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
         let listen = config.listen;
         let run = config.run.clone();
         let data_dir = config.data_dir.clone();
+        let public_url = config.public_url.clone();
         let state = AppState::open(config).context("opening the run")?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
         let local = listener.local_addr().context("reading the bound address")?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
         eprintln!(
-            "iota orchestrator: run {run:?} on http://{local} (state in {})",
+            "iota orchestrator: run {run:?} on {scheme}://{local}, public URL {public_url} (state in {})",
             data_dir.display()
         );
-        serve(state, listener, shutdown_signal())
-            .await
-            .context("serving")?;
+        match tls {
+            Some(tls) => {
+                let listener = TlsListener::new(listener, tls).context("starting TLS")?;
+                serve(state, listener, shutdown_signal()).await
+            }
+            None => serve(state, listener, shutdown_signal()).await,
+        }
+        .context("serving")?;
         eprintln!("iota orchestrator: stopped");
         Ok(())
     })

@@ -13,6 +13,7 @@
 //! device: cuda
 //! threads: null        # compute threads (null: all cores)
 //! max_in_flight: 4     # forwards awaiting their backward
+//! ca_file: null        # PEM CA certificate of a private run's HTTPS orchestrator
 //! ```
 //! Every key is optional; unknown keys are errors naming the key.
 
@@ -79,6 +80,10 @@ pub struct NodeProfile {
     /// Forwards in flight to ask for.
     #[serde(default)]
     pub max_in_flight: Option<usize>,
+    /// A CA certificate (PEM) to trust beside the system's roots: a private run's
+    /// orchestrator certificate is signed by it (the global `--ca-file` flag wins).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 impl From<EnvSettings> for NodeProfile {
@@ -105,6 +110,7 @@ impl NodeProfile {
             device: self.device.or(fallback.device),
             threads: self.threads.or(fallback.threads),
             max_in_flight: self.max_in_flight.or(fallback.max_in_flight),
+            ca_file: self.ca_file.or(fallback.ca_file),
         }
     }
 
@@ -242,6 +248,19 @@ impl Layered {
         self.profile.wallet_args().resolve()
     }
 
+    /// Trusts the settings' `ca_file`, unless `--ca-file` / `IOTA_CA_FILE` already named one
+    /// (the flag wins over the file).
+    ///
+    /// # Errors
+    /// The file cannot be read or holds no PEM certificate.
+    pub fn trust_ca_file(&self) -> anyhow::Result<()> {
+        if let (Some(path), None) = (&self.profile.ca_file, crate::storage::trust::ca_file()) {
+            crate::storage::trust::trust_ca_file(path)
+                .context("the settings' `ca_file` (pass --ca-file to override it)")?;
+        }
+        Ok(())
+    }
+
     /// The orchestrator URL, or an error saying where to give one.
     ///
     /// # Errors
@@ -272,6 +291,8 @@ impl NodeArgs {
             device: self.device,
             threads: None,
             max_in_flight: None,
+            // The global `--ca-file` flag is applied by `cmd::run` before this.
+            ca_file: None,
         };
         let config_path = match &self.config {
             Some(path) => Some(path.clone()),

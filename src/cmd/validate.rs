@@ -48,6 +48,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
         eprintln!("iota validate: {source}");
     }
     set_threads(args.threads.or(layered.profile.threads))?;
+    layered.trust_ca_file()?;
     let wallet = layered.wallet()?;
     let hotkey = wallet.load()?;
     let orchestrator = layered.orchestrator()?;

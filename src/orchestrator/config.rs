@@ -9,7 +9,10 @@
 //! data: { source: synthetic, tokenizer: null }
 //! storage: null              # StorageConfig; default: a local directory data_dir/objects
 //! listen: 127.0.0.1:8700
-//! public_url: null           # base URL clients reach; default http://{listen}
+//! public_url: null           # base URL clients reach; default http(s)://{listen}
+//! tls: null                  # {cert: fullchain.pem, key: privkey.pem}: serve HTTPS (PEM files,
+//!                            # re-read when they change); see docs/operators-tls.md
+//! insecure_http: false       # plain HTTP on a non-loopback `listen` (behind a TLS proxy only)
 //! data_dir: ./iota-run       # SQLite file, blob secret and local objects
 //! max_miners_per_section: 50
 //! batch_size: 4
@@ -61,6 +64,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::repo::Standing;
+use super::tls::TlsFiles;
 use crate::api::ValidationSettings;
 use crate::codec::MergeWire;
 use crate::data::DataSpec;
@@ -264,6 +268,10 @@ struct RawRunConfig {
     listen: SocketAddr,
     #[serde(default)]
     public_url: Option<String>,
+    #[serde(default)]
+    tls: Option<TlsFiles>,
+    #[serde(default)]
+    insecure_http: bool,
     #[serde(default = "default_data_dir")]
     data_dir: PathBuf,
     #[serde(default = "default_max_miners")]
@@ -430,6 +438,10 @@ pub struct RunConfig {
     pub listen: SocketAddr,
     /// Base URL clients use to reach this server (blob URLs are built from it).
     pub public_url: String,
+    /// The certificate and key to serve HTTPS with; `None`: plain HTTP.
+    pub tls: Option<TlsFiles>,
+    /// Plain HTTP is allowed on a non-loopback `listen` (a TLS reverse proxy in front).
+    pub insecure_http: bool,
     /// Directory of the SQLite file, the blob secret and the local objects.
     pub data_dir: PathBuf,
     /// Most miners one section accepts.
@@ -735,9 +747,10 @@ impl RunConfig {
         let storage = raw.storage.unwrap_or_else(|| {
             StorageConfig::local(raw.data_dir.join("objects").to_string_lossy().into_owned())
         });
+        let scheme = if raw.tls.is_some() { "https" } else { "http" };
         let public_url = raw
             .public_url
-            .unwrap_or_else(|| format!("http://{}", raw.listen))
+            .unwrap_or_else(|| format!("{scheme}://{}", raw.listen))
             .trim_end_matches('/')
             .to_string();
         if !(public_url.starts_with("http://") || public_url.starts_with("https://")) {
@@ -746,6 +759,15 @@ impl RunConfig {
                 "must start with http:// or https://".into(),
             ));
         }
+        if raw.tls.is_some() && public_url.starts_with("http://") {
+            return Err(invalid(
+                "public_url",
+                format!(
+                    "is {public_url} but the orchestrator serves HTTPS (`tls` is set): make it https://"
+                ),
+            ));
+        }
+        check_transport(raw.listen, raw.tls.as_ref(), raw.insecure_http)?;
         Ok(Self {
             run: raw.run,
             model,
@@ -753,6 +775,8 @@ impl RunConfig {
             storage,
             listen: raw.listen,
             public_url,
+            tls: raw.tls,
+            insecure_http: raw.insecure_http,
             data_dir: raw.data_dir,
             max_miners_per_section: raw.max_miners_per_section,
             batch_size: raw.batch_size,
@@ -784,6 +808,15 @@ impl RunConfig {
             validators: raw.validators,
             validation: raw.validation,
         })
+    }
+
+    /// Checks that the orchestrator may serve on its `listen` address as configured (after an
+    /// override of `listen`): see [`check_transport`].
+    ///
+    /// # Errors
+    /// As [`check_transport`].
+    pub fn check_transport(&self) -> Result<(), ConfigError> {
+        check_transport(self.listen, self.tls.as_ref(), self.insecure_http)
     }
 
     /// The standing policy of the state store (penalties and liveness, in milliseconds).
@@ -829,6 +862,28 @@ impl RunConfig {
     pub fn validator(&self, hotkey: &str) -> Option<&ValidatorEntry> {
         self.validators.iter().find(|v| v.hotkey == hotkey)
     }
+}
+
+/// Refuses plain HTTP on an address other machines can reach, unless the operator said
+/// `insecure_http: true` (a TLS reverse proxy in front): miners' upload tokens and the
+/// dashboard would cross the network in the clear.
+///
+/// # Errors
+/// [`ConfigError::Invalid`] for `listen`, saying why and what to do, on one line.
+pub fn check_transport(
+    listen: SocketAddr,
+    tls: Option<&TlsFiles>,
+    insecure_http: bool,
+) -> Result<(), ConfigError> {
+    if tls.is_some() || insecure_http || listen.ip().is_loopback() {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid {
+        key: "listen",
+        reason: format!(
+            "is {listen}, reachable from other machines, but the orchestrator would speak plain              HTTP there (upload tokens and the dashboard readable and alterable on the way): add              `tls: {{cert: FULLCHAIN.pem, key: PRIVKEY.pem}}`, or listen on 127.0.0.1 behind a              TLS reverse proxy, or set `insecure_http: true` to accept the risk (see              docs/operators-tls.md)"
+        ),
+    })
 }
 
 /// How a run's samples divide into training epochs: `early_samples / early_every` epochs of
@@ -937,6 +992,45 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("early_merge_every (30)"), "{err}");
+    }
+
+    #[test]
+    fn plain_http_off_loopback_is_refused_unless_asked_for() {
+        let err = RunConfig::from_yaml("run: r\nlisten: 0.0.0.0:8700\n").unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.starts_with("run config: `listen` is 0.0.0.0:8700"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tls:") && text.contains("insecure_http: true"),
+            "{text}"
+        );
+        assert_eq!(text.lines().count(), 1);
+        let cfg =
+            RunConfig::from_yaml("run: r\nlisten: 0.0.0.0:8700\ninsecure_http: true\n").unwrap();
+        assert_eq!(cfg.public_url, "http://0.0.0.0:8700");
+        assert!(RunConfig::from_yaml("run: r\nlisten: '[::1]:8700'\n").is_ok());
+        // With a certificate the default public URL is https, and an http one is refused.
+        let cfg =
+            RunConfig::from_yaml("run: r\nlisten: 0.0.0.0:8443\ntls: {cert: c.pem, key: k.pem}\n")
+                .unwrap();
+        assert_eq!(cfg.public_url, "https://0.0.0.0:8443");
+        assert_eq!(
+            cfg.tls.as_ref().map(|t| t.key.as_path()),
+            Some(Path::new("k.pem"))
+        );
+        let err = RunConfig::from_yaml(
+            "run: r\ntls: {cert: c.pem, key: k.pem}\npublic_url: http://o.example\n",
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("`public_url`"), "{err}");
+        let err = RunConfig::from_yaml("run: r\ntls: {cert: c.pem}\n").unwrap_err();
+        assert!(err.to_string().contains("key"), "{err}");
+        // An override of `listen` is checked again.
+        let mut cfg = RunConfig::from_yaml("run: r\n").unwrap();
+        cfg.listen = "0.0.0.0:1".parse().unwrap();
+        assert!(cfg.check_transport().is_err());
     }
 
     #[test]

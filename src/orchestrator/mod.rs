@@ -12,7 +12,8 @@
 //!   for them; their durable state is in [`repo`] too. [`flag_quorum`]: validators' agreed
 //!   flags, which exclude repeat offenders from routing.
 //! - [`metrics`]: Prometheus counters; [`state`]: the shared [`AppState`];
-//!   [`server`]: the router, the deadline task, graceful shutdown.
+//!   [`server`]: the router, the deadline task, graceful shutdown; [`tls`]: HTTPS (the
+//!   certificate and key of the run config, reloaded when they change).
 
 pub mod auth;
 pub mod blob;
@@ -35,6 +36,7 @@ pub mod repo_types;
 pub mod retention;
 pub mod server;
 pub mod state;
+pub mod tls;
 pub mod validation_handlers;
 pub mod wakeups;
 pub mod wire;
@@ -44,3 +46,4 @@ pub use http_error::HttpError;
 pub use repo::Repository;
 pub use server::{BLOCKING_THREADS, enforce_deadlines, router, serve, shutdown_signal};
 pub use state::{AppState, Clock, StartError};
+pub use tls::{ServerTls, TlsError, TlsFiles, TlsListener};

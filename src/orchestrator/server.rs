@@ -8,6 +8,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
+use axum::serve::Listener;
 
 use super::blob::{get_blob, put_blob};
 use super::handlers;
@@ -112,15 +113,20 @@ pub fn enforce_deadlines(state: &AppState) -> usize {
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, running the deadline task
-/// alongside; in-flight requests finish before it returns.
+/// alongside; in-flight requests finish before it returns. `listener` is a plain
+/// [`tokio::net::TcpListener`] or a [`super::TlsListener`] (HTTPS).
 ///
 /// # Errors
 /// An I/O error of the listener.
-pub async fn serve(
+pub async fn serve<L>(
     state: AppState,
-    listener: tokio::net::TcpListener,
+    listener: L,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+) -> std::io::Result<()>
+where
+    L: Listener,
+    L::Addr: std::fmt::Debug,
+{
     let ticker_state = state.clone();
     let ticker = tokio::spawn(async move {
         let mut interval = tokio::time::interval(DEADLINE_TICK);

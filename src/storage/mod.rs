@@ -12,6 +12,8 @@
 //!   read-backs.
 //! - [`transfer`] uploads and downloads through presigned URLs, for credential-less clients.
 //! - [`retry`] defines the retry policy of those transfers.
+//! - [`trust`] decides which server certificates HTTPS clients accept (the system's roots,
+//!   plus a run's private CA), and explains a refusal.
 //!
 //! This module knows nothing of models.
 
@@ -23,6 +25,7 @@ pub mod store_config;
 pub mod store_error;
 pub mod traffic;
 pub mod transfer;
+pub mod trust;
 
 pub use crate::codec::{
     CodecError, WireDtype, WireTensor, decode, decode_expecting, encode, encoded_len, payload_hash,

@@ -85,6 +85,8 @@ pub fn is_transient_status(status: u16) -> bool {
 pub fn is_transient_error(err: &reqwest::Error) -> bool {
     !(err.is_builder() || err.is_redirect() || err.is_status())
         && (err.is_connect() || err.is_timeout() || err.is_request() || err.is_body())
+        // A refused certificate stays refused: fail at once with its advice.
+        && super::trust::certificate_problem(err).is_none()
 }
 
 #[cfg(test)]

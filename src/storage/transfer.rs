@@ -39,7 +39,7 @@ impl UrlClient {
     /// # Errors
     /// [`StorageError::Http`] when the TLS backend cannot be initialised.
     pub fn new(policy: RetryPolicy) -> StorageResult<Self> {
-        let http = reqwest::Client::builder()
+        let http = super::trust::client_builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .read_timeout(READ_TIMEOUT)
             .build()

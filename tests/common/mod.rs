@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: a real S3-compatible server (s3s-fs) started on a
 //! free loopback port with a temporary directory, killed when dropped; [`net`] (clock, ports,
-//! plain GETs, pollers); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
+//! plain GETs, pollers); [`browser`] (headless chromium); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
 //! `iota local` run left on disk).
 //!
 //! s3s-fs must be installed (tests fail, not skip, when it is missing):
@@ -8,6 +8,7 @@
 #![allow(dead_code)]
 
 pub mod api_harness;
+pub mod browser;
 pub mod local_run;
 pub mod net;
 pub mod procs;

@@ -8,6 +8,15 @@ use iota::wallet::WalletDir;
 
 use super::net::{free_port, status, wait_for};
 
+/// The `iota` binary the tests run: `IOTA_TEST_BIN` when set (a copy taken right after the
+/// build, where several checkouts share one target directory and so one `target/debug/iota`),
+/// else the one cargo built for this test.
+pub fn iota_bin() -> std::path::PathBuf {
+    std::env::var_os("IOTA_TEST_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_iota").into())
+}
+
 /// Children killed on drop, so a failing test leaves nothing running.
 pub struct Kids(pub Vec<Child>);
 
@@ -22,7 +31,7 @@ impl Drop for Kids {
 
 pub fn spawn(args: &[&str], log: &Path) -> Child {
     let out = std::fs::File::create(log).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_iota"))
+    Command::new(iota_bin())
         .args(args)
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
@@ -96,7 +105,7 @@ pub fn spawn_miner(dir: &Path, url: &str, name: &str, extra: &[&str]) -> Child {
         .append(true)
         .open(&log)
         .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_iota"))
+    Command::new(iota_bin())
         .args([
             "mine",
             "--wallet",

@@ -24,7 +24,7 @@ use serde_json::json;
 use super::profile::{NodeProfile, Role, default_path, normalize_url, write_private};
 use super::wallet::{WalletArgs, WalletRef, key_from_secret};
 use crate::model::backend::DeviceKind;
-use crate::orchestrator::RunConfig;
+use crate::orchestrator::{RunConfig, TlsFiles};
 use crate::storage::StorageConfig;
 
 /// Arguments of `iota setup`.
@@ -63,9 +63,19 @@ pub struct SetupArgs {
     /// Address the orchestrator listens on (default 127.0.0.1:8700).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Base URL miners use to reach the orchestrator (default http://LISTEN).
+    /// Base URL miners use to reach the orchestrator (default http://LISTEN, or https://LISTEN
+    /// with --tls-cert).
     #[arg(long, value_name = "URL")]
     pub public_url: Option<String>,
+    /// The orchestrator's TLS certificate chain, PEM (with --tls-key): serve HTTPS.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert, PEM.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback --listen (only behind a TLS reverse proxy).
+    #[arg(long, conflicts_with = "tls_cert")]
+    pub insecure_http: bool,
     /// Object storage (orchestrator): `s3://bucket/prefix`, or a directory (default:
     /// DATA_DIR/objects).
     #[arg(long, value_name = "URL")]
@@ -110,6 +120,8 @@ pub enum HotkeySource {
 }
 
 /// Everything setup decided, before anything is written.
+// One plan per setup run: the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum Plan {
     /// A miner or validator.
@@ -131,7 +143,7 @@ pub enum Plan {
 }
 
 /// The flags to pass when there is no terminal to ask on.
-const SCRIPT_FLAGS: &str = "--yes with --role miner|validator --wallet NAME --hotkey NAME [--wallets-dir DIR] [--mnemonic-file FILE] --orchestrator URL [--device D] [--out FILE], or --role orchestrator --run NAME --preset P --data-dir DIR [--listen ADDR] [--public-url URL] [--storage-url s3://BUCKET/PREFIX --s3-endpoint URL --s3-region R, keys in IOTA_S3_ACCESS_KEY_ID / IOTA_S3_SECRET_ACCESS_KEY]";
+const SCRIPT_FLAGS: &str = "--yes with --role miner|validator --wallet NAME --hotkey NAME [--wallets-dir DIR] [--mnemonic-file FILE] --orchestrator URL [--ca-file FILE] [--device D] [--out FILE], or --role orchestrator --run NAME --preset P --data-dir DIR [--listen ADDR] [--public-url URL] [--tls-cert FILE --tls-key FILE | --insecure-http] [--storage-url s3://BUCKET/PREFIX --s3-endpoint URL --s3-region R, keys in IOTA_S3_ACCESS_KEY_ID / IOTA_S3_SECRET_ACCESS_KEY]";
 
 /// Runs `iota setup`.
 ///
@@ -186,6 +198,9 @@ impl Plan {
                 device: Some(device),
                 threads: args.threads,
                 max_in_flight: args.max_in_flight,
+                // `--ca-file` (global) is in force already: keep it for `iota mine`.
+                ca_file: crate::storage::trust::ca_file()
+                    .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())),
             },
             wallet,
             source,
@@ -217,8 +232,7 @@ pub fn plan_from_flags(args: &SetupArgs) -> anyhow::Result<Plan> {
             args.run.as_deref().unwrap_or("my-run"),
             args.preset.as_deref().unwrap_or("tiny"),
             &data_dir,
-            args.listen,
-            args.public_url.as_deref(),
+            &Serving::from_flags(args),
             storage,
         );
     }
@@ -285,24 +299,70 @@ fn storage_from_flags(args: &SetupArgs, data_dir: &std::path::Path) -> StorageCo
     }
 }
 
+/// Where and how an orchestrator serves: setup's answers about the address and TLS.
+#[derive(Debug, Clone, Default)]
+pub struct Serving {
+    /// Address to listen on (default 127.0.0.1:8700).
+    pub listen: Option<SocketAddr>,
+    /// The public URL (default http(s)://LISTEN).
+    pub public_url: Option<String>,
+    /// Certificate and key for HTTPS.
+    pub tls: Option<TlsFiles>,
+    /// Plain HTTP on a non-loopback address (a TLS reverse proxy in front).
+    pub insecure_http: bool,
+}
+
+impl Serving {
+    /// The answers the flags give.
+    pub fn from_flags(args: &SetupArgs) -> Serving {
+        let tls = match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert: absolute(cert),
+                key: absolute(key),
+            }),
+            _ => None,
+        };
+        Serving {
+            listen: args.listen,
+            public_url: args.public_url.clone(),
+            tls,
+            insecure_http: args.insecure_http,
+        }
+    }
+}
+
+/// `path` made absolute against the current directory (the orchestrator may start elsewhere).
+pub fn absolute(path: &std::path::Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// An orchestrator plan: a run config built from the answers and validated.
 ///
 /// # Errors
-/// An invalid run name, preset or address (the run config's own message).
+/// An invalid run name, preset or address (the run config's own message), including plain
+/// HTTP on a public address without `insecure_http`.
 pub fn orchestrator_plan(
     run: &str,
     preset: &str,
     data_dir: &std::path::Path,
-    listen: Option<SocketAddr>,
-    public_url: Option<&str>,
+    serving: &Serving,
     storage: StorageConfig,
 ) -> anyhow::Result<Plan> {
-    let listen = listen.unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8700)));
-    let public_url = public_url
+    let listen = serving
+        .listen
+        .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8700)));
+    let scheme = if serving.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let public_url = serving
+        .public_url
+        .as_deref()
         .map(normalize_url)
-        .unwrap_or_else(|| format!("http://{listen}"));
+        .unwrap_or_else(|| format!("{scheme}://{listen}"));
     let storage_value = serde_json::to_value(&storage).context("encoding the storage")?;
-    let value = json!({
+    let mut value = json!({
         "run": run,
         "model": { "preset": preset },
         "data": { "source": "synthetic" },
@@ -311,6 +371,12 @@ pub fn orchestrator_plan(
         "public_url": public_url,
         "data_dir": data_dir,
     });
+    if let Some(tls) = &serving.tls {
+        value["tls"] = serde_json::to_value(tls).context("encoding the TLS files")?;
+    }
+    if serving.insecure_http {
+        value["insecure_http"] = json!(true);
+    }
     let yaml = format!(
         "# iota orchestrator run config, written by `iota setup` (mode 0600: it may hold storage keys).\n# Every key is described in docs/configuration.md.\n{}",
         serde_norway::to_string(&value).context("writing the run config")?
@@ -391,6 +457,12 @@ fn check_plan(plan: &Plan) -> anyhow::Result<()> {
             Ok(())
         }
         Plan::Orchestrator { config, .. } => {
+            if let Some(tls) = &config.tls {
+                let line = checks::check_tls(tls, &config.public_url).context(
+                    "the TLS check failed (fix --tls-cert / --tls-key and run setup again, or pass --skip-check)",
+                )?;
+                println!("tls: {line}");
+            }
             checks::check_storage(&config.storage).context(
                 "the storage check failed (fix the storage flags and run setup again, or pass --skip-check)",
             )?;
@@ -424,6 +496,11 @@ fn print_next_steps(plan: &Plan, out: &std::path::Path, default_out: bool) -> an
                 "miners join with: iota setup --role miner --orchestrator {}; dashboard at {}/",
                 config.public_url, config.public_url
             );
+            if config.tls.is_some() {
+                println!(
+                    "if a private CA signed the certificate, miners and validators add --ca-file CA.pem (docs/operators-tls.md)"
+                );
+            }
         }
     }
     Ok(())
@@ -462,8 +539,41 @@ mod tests {
         assert_eq!(config.public_url, "http://127.0.0.1:8700");
         let bad = SetupArgs {
             run: Some("bad/name".into()),
-            ..args
+            ..args.clone()
         };
         assert!(plan_from_flags(&bad).is_err());
+        // A public address needs a certificate, or an explicit insecure_http.
+        let public = SetupArgs {
+            listen: Some("0.0.0.0:8700".parse().unwrap()),
+            ..args.clone()
+        };
+        let err = format!("{:#}", plan_from_flags(&public).unwrap_err());
+        assert!(
+            err.contains("`listen`") && err.contains("insecure_http"),
+            "{err}"
+        );
+        let proxied = SetupArgs {
+            insecure_http: true,
+            ..public.clone()
+        };
+        let Plan::Orchestrator { config, yaml } = plan_from_flags(&proxied).unwrap() else {
+            panic!("an orchestrator plan");
+        };
+        assert!(
+            config.insecure_http && yaml.contains("insecure_http: true"),
+            "{yaml}"
+        );
+        let tls = SetupArgs {
+            tls_cert: Some("fullchain.pem".into()),
+            tls_key: Some("privkey.pem".into()),
+            public_url: Some("https://o.example:8700".into()),
+            ..public
+        };
+        let Plan::Orchestrator { config, .. } = plan_from_flags(&tls).unwrap() else {
+            panic!("an orchestrator plan");
+        };
+        let files = config.tls.as_ref().unwrap();
+        assert!(files.cert.is_absolute() && files.cert.ends_with("fullchain.pem"));
+        assert_eq!(config.public_url, "https://o.example:8700");
     }
 }

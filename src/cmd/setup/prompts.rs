@@ -10,11 +10,12 @@ use dialoguer::theme::ColorfulTheme;
 use dialoguer::{Confirm, Input, Password, Select};
 use zeroize::Zeroizing;
 
-use super::checks::{check_orchestrator, check_storage, device_choices};
-use super::{HotkeySource, Plan, SetupArgs, orchestrator_plan};
+use super::checks::{check_orchestrator, check_storage, check_tls, device_choices};
+use super::{HotkeySource, Plan, Serving, SetupArgs, absolute, orchestrator_plan};
 use crate::cmd::profile::{Role, config_dir, default_path, normalize_url};
 use crate::cmd::wallet::{DEFAULT_NAME, WalletRef, key_from_secret};
 use crate::model::config::PRESETS;
+use crate::orchestrator::TlsFiles;
 use crate::storage::StorageConfig;
 
 fn theme() -> ColorfulTheme {
@@ -245,29 +246,18 @@ fn ask_orchestrator(args: &SetupArgs) -> anyhow::Result<Plan> {
         )
         .interact_text()
         .context("asking for the listen address")?;
-    let public_url: String = Input::with_theme(&theme())
-        .with_prompt("Public URL miners use")
-        .default(
-            args.public_url
-                .clone()
-                .unwrap_or_else(|| format!("http://{listen}")),
-        )
-        .interact_text()
-        .context("asking for the public URL")?;
+    let (serving, public_url) = ask_serving(args, listen)?;
     let mut previous = None;
     loop {
         let storage = ask_storage(args, &data_dir, previous.as_ref())?;
         match check_storage(&storage) {
             Ok(()) => {
                 eprintln!("  storage {}: write, read and delete work", storage.url);
-                return orchestrator_plan(
-                    &run,
-                    preset,
-                    &data_dir,
-                    Some(listen),
-                    Some(&public_url),
-                    storage,
-                );
+                let serving = Serving {
+                    public_url: Some(public_url.clone()),
+                    ..serving.clone()
+                };
+                return orchestrator_plan(&run, preset, &data_dir, &serving, storage);
             }
             Err(e) => {
                 eprintln!("  storage check failed: {e:#}");
@@ -281,6 +271,95 @@ fn ask_orchestrator(args: &SetupArgs) -> anyhow::Result<Plan> {
                     anyhow::bail!("setup aborted: the storage did not work ({e:#})");
                 }
                 previous = Some(storage);
+            }
+        }
+    }
+}
+
+/// Asks how the orchestrator serves (HTTPS from certificate files, or plain HTTP) and its
+/// public URL; a certificate is checked live and asked for again until it works.
+fn ask_serving(args: &SetupArgs, listen: SocketAddr) -> anyhow::Result<(Serving, String)> {
+    let kind = Select::with_theme(&theme())
+        .with_prompt("Transport (miners' upload tokens cross it)")
+        .items([
+            "HTTPS with my certificate and key (PEM files, e.g. certbot's fullchain.pem and privkey.pem)",
+            "plain HTTP (loopback only, or behind a TLS reverse proxy such as Caddy or nginx)",
+        ])
+        .default(usize::from(args.tls_cert.is_none() && listen.ip().is_loopback()))
+        .interact()
+        .context("asking for the transport")?;
+    let scheme = if kind == 0 { "https" } else { "http" };
+    let public_url = normalize_url(
+        &Input::<String>::with_theme(&theme())
+            .with_prompt("Public URL miners use")
+            .default(
+                args.public_url
+                    .clone()
+                    .unwrap_or_else(|| format!("{scheme}://{listen}")),
+            )
+            .interact_text()
+            .context("asking for the public URL")?,
+    );
+    if kind == 1 {
+        let insecure_http = !listen.ip().is_loopback()
+            && Confirm::with_theme(&theme())
+                .with_prompt(format!(
+                    "{listen} is reachable from other machines: serve plain HTTP there anyway (`insecure_http: true`, only behind a TLS proxy)?"
+                ))
+                .default(false)
+                .interact()
+                .context("asking about plain HTTP")?;
+        if !listen.ip().is_loopback() && !insecure_http {
+            anyhow::bail!(
+                "plain HTTP on {listen} refused: run setup again with a certificate, or listen on 127.0.0.1 behind a TLS proxy"
+            );
+        }
+        let serving = Serving {
+            listen: Some(listen),
+            insecure_http,
+            ..Serving::default()
+        };
+        return Ok((serving, public_url));
+    }
+    let path = |prompt: &str, default: Option<&PathBuf>| -> anyhow::Result<PathBuf> {
+        let path_theme = theme();
+        let mut input = Input::<String>::with_theme(&path_theme).with_prompt(prompt);
+        if let Some(d) = default {
+            input = input.default(d.display().to_string());
+        }
+        let answer = input
+            .interact_text()
+            .with_context(|| format!("asking for {prompt}"))?;
+        Ok(absolute(std::path::Path::new(answer.trim())))
+    };
+    let (mut cert_default, mut key_default) = (args.tls_cert.clone(), args.tls_key.clone());
+    loop {
+        let files = TlsFiles {
+            cert: path("Certificate chain (PEM)", cert_default.as_ref())?,
+            key: path("Private key (PEM)", key_default.as_ref())?,
+        };
+        match check_tls(&files, &public_url) {
+            Ok(line) => {
+                eprintln!("  {line}");
+                let serving = Serving {
+                    listen: Some(listen),
+                    tls: Some(files),
+                    ..Serving::default()
+                };
+                return Ok((serving, public_url));
+            }
+            Err(e) => {
+                eprintln!("  TLS check failed: {e:#}");
+                if !Confirm::with_theme(&theme())
+                    .with_prompt("Enter the certificate and key again?")
+                    .default(true)
+                    .interact()
+                    .context("asking to try again")?
+                {
+                    anyhow::bail!("setup aborted: the certificate did not work ({e:#})");
+                }
+                cert_default = Some(files.cert);
+                key_default = Some(files.key);
             }
         }
     }

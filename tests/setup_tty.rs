@@ -165,6 +165,8 @@ fn interactive_orchestrator_checks_s3_and_hides_the_secret() {
     tty.answer("Model preset", &["Enter"]);
     tty.answer("Data directory", &["Enter"]);
     tty.answer("Listen address", &["Enter"]);
+    // Loopback: plain HTTP is the default transport.
+    tty.answer("Transport", &["Enter"]);
     tty.answer("Public URL", &["Enter"]);
     tty.answer("Object storage", &["Down", "Enter"]);
     tty.answer("S3 endpoint URL", &["C-u", &endpoint, "Enter"]);
@@ -200,6 +202,7 @@ fn interactive_orchestrator_checks_s3_and_hides_the_secret() {
     );
     let config = iota::orchestrator::RunConfig::load(&out).unwrap();
     assert_eq!(config.run, "ttyrun");
+    assert!(config.tls.is_none() && !config.insecure_http);
     assert_eq!(config.storage.endpoint.as_deref(), Some(endpoint.as_str()));
     assert_eq!(
         config.storage.secret_access_key.as_deref(),

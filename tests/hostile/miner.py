@@ -210,14 +210,18 @@ class Cheater:
 
     # --- the training loop ---
     def serve(self, until):
+        unreachable = False
         while time.time() < until:
             try:
                 status, work = self.api.post("/api/work", {"max": self.settings["max_in_flight"],
                                                            "wait_ms": 2000})
             except OSError as e:
-                emit("unreachable", reason=str(e))
+                if not unreachable:
+                    emit("unreachable", reason=str(e))
+                unreachable = True
                 time.sleep(1)
                 continue
+            unreachable = False
             if status != 200:
                 emit("work_refused", status=status, body=work)
                 time.sleep(1)

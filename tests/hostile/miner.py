@@ -181,9 +181,13 @@ class Cheater:
                 status, resp = api.post("/api/register", {"device": "cpu", "max_in_flight": 1}, key)
                 throwaways += 1
                 emit("throwaway", hotkey=key.ss58_address, status=status, section=resp.get("section"))
-        status, resp = api.post("/api/register", {"device": "cpu (hostile)", "max_in_flight": 4})
-        if status != 200:
-            emit("register_refused", status=status, body=resp)
+        for attempt in range(a.register_tries):
+            status, resp = api.post("/api/register", {"device": "cpu (hostile)", "max_in_flight": 4})
+            if status == 200:
+                break
+            emit("register_refused", status=status, body=resp, attempt=attempt)
+            time.sleep(2)
+        else:
             sys.exit(2)
         self.section, self.settings = resp["section"], resp["settings"]
         n = len(resp["model"]["sections"])
@@ -397,6 +401,7 @@ def main():
     p.add_argument("--cheat", default=DEFAULT_CHEAT)
     p.add_argument("--section", type=int, help="section to steer into (with steer)")
     p.add_argument("--max-throwaways", type=int, default=12)
+    p.add_argument("--register-tries", type=int, default=15, help="2 s apart")
     p.add_argument("--wait-miners", type=int, default=0, help="register once this many miners are")
     p.add_argument("--seconds", type=float, default=1e9)
     p.add_argument("--register-only", action="store_true")

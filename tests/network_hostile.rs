@@ -28,7 +28,7 @@ use serde_json::Value;
 
 use common::local_run::{weight_and_flags, windows};
 use common::net::{free_port, status, wait_for};
-use common::procs::write_config;
+use common::procs::{Kids, write_config};
 
 /// One network at a time: each is a dozen processes on a machine that may have two cores.
 static NETWORK: Mutex<()> = Mutex::new(());
@@ -185,7 +185,7 @@ fn network(
     cheaters: &[Spec],
     samples: u64,
     merge_every: u64,
-) -> (BTreeMap<u64, Value>, Vec<Events>) {
+) -> (BTreeMap<u64, Value>, Vec<Events>, Option<String>) {
     let python = python();
     assert!(python.exists());
     let _one = NETWORK.lock().unwrap_or_else(|e| e.into_inner());
@@ -248,7 +248,7 @@ fn network(
             Some(_) if left_training.is_none() => left_training = Some(Instant::now()),
             _ => {}
         }
-        if start.elapsed() > Duration::from_secs(900) {
+        if start.elapsed() > Duration::from_secs(600) {
             let _ = local.kill();
             let _ = local.wait();
             break None;
@@ -257,10 +257,10 @@ fn network(
     };
     let codes: Vec<Option<i32>> = kids.iter_mut().map(terminate).collect();
     let local_log = std::fs::read_to_string(dir.join("local.log")).unwrap_or_default();
-    assert!(
-        finished.is_some_and(|s| s.success()),
-        "iota local did not finish ({finished:?}):\n{local_log}"
-    );
+    // A network that stalls (every honest miner excluded, say) is judged on the windows it
+    // published, and the stall is a failure of its own.
+    let stalled = (!finished.is_some_and(|s| s.success()))
+        .then(|| format!("iota local did not finish in 600 s ({finished:?})"));
     eprintln!("{local_log}");
     let shown: Vec<String> = merges.iter().map(|s| format!("{s:.1}")).collect();
     eprintln!(
@@ -283,7 +283,11 @@ fn network(
             "cheater {i} did not exit 0 on SIGTERM:\n{err}"
         );
     }
-    (windows(&dir.join("net/validators/validator0")), events)
+    (
+        windows(&dir.join("net/validators/validator0")),
+        events,
+        stalled,
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -401,9 +405,12 @@ fn judge(w: &BTreeMap<u64, Value>, cheaters: &[Spec], events: &[Events]) -> Vec<
 
 fn assert_goals(cheaters: &[Spec], samples: u64, merge_every: u64) {
     let dir = tempfile::tempdir().unwrap();
-    let (w, events) = network(dir.path(), cheaters, samples, merge_every);
-    assert!(w.len() >= 3, "the validator kept {} windows", w.len());
-    let failures = judge(&w, cheaters, &events);
+    let (w, events, stalled) = network(dir.path(), cheaters, samples, merge_every);
+    let mut failures = judge(&w, cheaters, &events);
+    failures.extend(stalled);
+    if w.len() < 3 {
+        failures.push(format!("the validator kept {} windows", w.len()));
+    }
     if !failures.is_empty() {
         eprintln!("the network's files are kept in {}", dir.keep().display());
     }
@@ -478,7 +485,7 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
     let dir = tempfile::tempdir().unwrap();
     let (url, config) = write_config(dir.path(), "hostile-steer");
     let log = std::fs::File::create(dir.path().join("orchestrator.log")).unwrap();
-    let mut orchestrator = Command::new(iota())
+    let orchestrator = Command::new(iota())
         .arg("orchestrate")
         .arg("--config")
         .arg(&config)
@@ -487,6 +494,7 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
         .stderr(log)
         .spawn()
         .expect("starting iota orchestrate");
+    let _orchestrator = Kids(vec![orchestrator]);
     wait_for("the orchestrator", Duration::from_secs(30), || {
         status(&url).is_some()
     });
@@ -526,8 +534,6 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
         );
         landed.push(e.section);
     }
-    let _ = orchestrator.kill();
-    let _ = orchestrator.wait();
     let on_target = landed.iter().filter(|s| **s == 2).count();
     eprintln!("steer: {on_target} of 9 real keys landed in the target section (chance: 3)");
     assert!(

@@ -393,7 +393,7 @@ fn judge(w: &BTreeMap<u64, Value>, cheaters: &[Spec], events: &[Events]) -> Vec<
             e.items,
             e.refused
         );
-        if paid >= 0.10 * honest_total {
+        if paid > 0.0 && paid >= 0.10 * honest_total {
             failures.push(format!(
                 "{name}: paid {paid:.4} over the run, not under 10% of the median honest \
                  miner's {honest_total:.4}"

@@ -162,8 +162,13 @@ fn spawn_cheater(url: &str, key: &str, extra: &[String], out: &Path) -> Child {
 
 /// SIGTERM, then a few seconds to exit 0; killed otherwise.
 fn terminate(child: &mut Child) -> Option<i32> {
+    signal_then_kill(child, "-TERM")
+}
+
+/// Sends `signal` (`-TERM`, `-INT`), waits up to 10 s for `child` to exit, kills it otherwise.
+fn signal_then_kill(child: &mut Child, signal: &str) -> Option<i32> {
     let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args([signal, &child.id().to_string()])
         .status();
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(10) {
@@ -249,8 +254,8 @@ fn network(
             _ => {}
         }
         if start.elapsed() > Duration::from_secs(600) {
-            let _ = local.kill();
-            let _ = local.wait();
+            // Ctrl-C, so that iota local stops its own children too.
+            signal_then_kill(&mut local, "-INT");
             break None;
         }
         std::thread::sleep(Duration::from_millis(500));

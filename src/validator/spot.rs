@@ -105,7 +105,6 @@ mod tests {
         let s = SpotSettings {
             min_items: 3,
             fraction: 0.0,
-            ..SpotSettings::default()
         };
         let kinds = [F, B, E, F, B, F];
         assert_eq!(prefix_len(&kinds, false, &s), 4, "F B (E) F");

@@ -658,7 +658,7 @@ impl Task {
         let kinds: Vec<WorkKind> = items.iter().map(|i| i.kind).collect();
         let spot_settings = SpotSettings::default();
         let prefix = prefix_len(&kinds, spec.is_head, &spot_settings);
-        let decoded: Vec<(CachedInput, Option<Vec<u32>>, Option<Vec<f32>>)> = items
+        let decoded: Vec<Decoded> = items
             .iter()
             .map(|item| {
                 let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
@@ -779,6 +779,9 @@ fn role_of(head: bool, tail: bool) -> &'static str {
         (false, false) => "body",
     }
 }
+
+/// One recorded item decoded: its input, targets (tail) and the miner's result.
+type Decoded = (CachedInput, Option<Vec<u32>>, Option<Vec<f32>>);
 
 /// What the benchmark measured.
 enum Measured {

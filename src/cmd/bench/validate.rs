@@ -245,6 +245,23 @@ impl Task {
         )?)
     }
 
+    /// A recorded item as a replay takes it: its input, the tail's targets and the miner's
+    /// result (hashes checked), in section `head` or not.
+    fn decode_item(&self, item: &Recorded, head: bool) -> anyhow::Result<Decoded> {
+        let (b, l) = (self.args.batch_size, self.args.seq_len);
+        let head_tokens = head && item.kind == WorkKind::Forward;
+        let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
+        let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
+        let output = match &item.output {
+            Some(o) => {
+                verify_hash(&o.bytes, &o.hash)?;
+                Some(decode_tensor(&o.bytes, [b, l, self.cfg.boundary_width()])?)
+            }
+            None => None,
+        };
+        Ok((input, targets, output))
+    }
+
     fn hidden(&self, o: &Object) -> anyhow::Result<Activations> {
         match self.decode_input(o, false, None)? {
             CachedInput::Hidden { data, shape, .. } => Ok(Activations { data, shape }),
@@ -469,18 +486,8 @@ impl Task {
         let spec = engine.section().spec().clone();
         let mut replayer = Replayer::new(engine, ReplaySettings::default());
         let n = replay_count(items.len(), fraction);
-        let (b, l) = (self.args.batch_size, self.args.seq_len);
         for item in &items[..n] {
-            let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
-            let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
-            let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
-            let output = match &item.output {
-                Some(o) => {
-                    verify_hash(&o.bytes, &o.hash)?;
-                    Some(decode_tensor(&o.bytes, [b, l, self.cfg.boundary_width()])?)
-                }
-                None => None,
-            };
+            let (input, targets, output) = self.decode_item(item, spec.is_head)?;
             replayer.apply(ReplayItem {
                 sample: item.sample,
                 kind: item.kind,
@@ -653,26 +660,12 @@ impl Task {
     ) -> anyhow::Result<SpotRow> {
         let layout = section_layout(&self.cfg, index)?;
         let spec = self.cfg.section(index)?;
-        let (b, l) = (self.args.batch_size, self.args.seq_len);
-        let width = self.cfg.boundary_width();
         let kinds: Vec<WorkKind> = items.iter().map(|i| i.kind).collect();
         let spot_settings = SpotSettings::default();
         let prefix = prefix_len(&kinds, spec.is_head, &spot_settings);
         let decoded: Vec<Decoded> = items
             .iter()
-            .map(|item| {
-                let head_tokens = spec.is_head && item.kind == WorkKind::Forward;
-                let input = self.decode_input(&item.input, head_tokens, item.tokens.as_ref())?;
-                let targets = item.targets.as_ref().map(|t| self.ids(t)).transpose()?;
-                let output = match &item.output {
-                    Some(o) => {
-                        verify_hash(&o.bytes, &o.hash)?;
-                        Some(decode_tensor(&o.bytes, [b, l, width])?)
-                    }
-                    None => None,
-                };
-                Ok((input, targets, output))
-            })
+            .map(|item| self.decode_item(item, spec.is_head))
             .collect::<anyhow::Result<_>>()?;
         let mut variants = Vec::new();
         for name in std::iter::once("honest").chain(CHEATS) {

@@ -119,6 +119,11 @@ pub struct ReplaySettings {
     /// Largest relative difference between a reported tail loss and the replayed one.
     #[serde(default = "loss_tolerance")]
     pub loss_tolerance: f64,
+    /// Share of a replay's items that must fall short of `outputs` (inside the strict window,
+    /// while within `late_outputs`) for the replay to flag; an item past `late_outputs` flags
+    /// alone. An honest replay drifts on a few items, a systematic cheat shows on most.
+    #[serde(default = "marginal_share")]
+    pub marginal_share: f64,
 }
 
 fn one() -> usize {
@@ -151,6 +156,9 @@ fn state_thresholds() -> Thresholds {
 fn loss_tolerance() -> f64 {
     0.01
 }
+fn marginal_share() -> f64 {
+    0.5
+}
 
 impl Default for ReplaySettings {
     fn default() -> Self {
@@ -162,6 +170,7 @@ impl Default for ReplaySettings {
             late_outputs: late_output_thresholds(),
             state: state_thresholds(),
             loss_tolerance: loss_tolerance(),
+            marginal_share: marginal_share(),
         }
     }
 }

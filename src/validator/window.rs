@@ -8,7 +8,7 @@
 //! | merge verification flagged a copy `disagreed` / `invalid` | ledger | flag |
 //! | CLASP outlier ([`super::clasp`]) | ledger pathways, tail losses the replays recomputed | flag; CLASP factor |
 //! | replay of every miner: a prefix holding `spot` items ([`super::spot`]), the whole epoch and upload for `miners_per_epoch` secret ones ([`super::replay`]) | objects | flag; the tail's recomputed losses |
-//! | work without an accepted merge upload | ledger | training credit forfeit, penalty, flag |
+//! | work without an accepted merge upload | ledger | training credit forfeit, penalty |
 //! | a flag in one of the last `probation_windows` windows | this validator's history | score 0 |
 //! | upload identical to the epoch's start (did not train) | uploads | flag |
 //! | copy of another uploader's state ([`super::uploads`]) | uploads | flag (the later one) |
@@ -230,15 +230,13 @@ pub async fn validate_epoch<B: AutodiffBackend>(
             // Work that never reached the merge trained nothing the network keeps.
             e.input.throughput = 0.0;
             e.penalise(PenaltyKind::MissedUpload, 1);
-            if m.accepted >= v.spot.min_items.max(1) as u64 {
-                e.flag(format!(
-                    "no accepted merge upload after {} items of work: its training never \
-                     reached the merge",
-                    m.accepted
-                ));
-            } else {
-                e.note("no accepted merge upload: the epoch's training credit is forfeit".into());
-            }
+            // Not a flag: an honest miner slowed down under load can miss one merge (on the
+            // CI machine one did), and the forfeit alone makes skipping merges unpaid.
+            e.note(format!(
+                "no accepted merge upload after {} items of work: the epoch's training credit \
+                 is forfeit",
+                m.accepted
+            ));
         }
         if let Some(flagged) = probation.get(&m.hotkey) {
             e.input.probation = Some(*flagged);
@@ -550,19 +548,16 @@ pub async fn replay_miner<B: AutodiffBackend>(
     }
     let stats = replayer.stats().clone();
     let mut flags = Vec::new();
-    if stats.failed > 0 {
-        flags.push(format!(
-            "replay: {} of {} items differ from the miner's uploads ({})",
-            stats.failed,
-            stats.replayed,
-            stats.failures.join("; ")
-        ));
+    if let Some(why) = stats.verdict(r.marginal_share) {
+        flags.push(why);
     }
     let mut note = format!(
-        "replay: {} of {} items ({} skipped), {} steps, min cosine {}, min magnitude ratio {}",
+        "replay: {} of {} items ({} skipped, {} short of the strict thresholds), {} steps, \
+         min cosine {}, min magnitude ratio {}",
         stats.replayed,
         work.items.len(),
         stats.skipped,
+        stats.marginal,
         stats.steps,
         stats.min_cosine.map_or("-".into(), |c| format!("{c:.6}")),
         stats

@@ -97,6 +97,20 @@ fn tiny_model_learns_the_synthetic_corpus() {
     );
     assert_eq!(losses(&metrics).len(), 150);
     assert!(dir.path().join("ckpt/model.safetensors").is_file());
+    // The ablation at the end: one entry per boundary, each loss finite and its own.
+    let a = &v["ablation"];
+    assert!(
+        (a["baseline"].as_f64().unwrap() - after).abs() < 1e-4,
+        "{a}"
+    );
+    let boundaries = a["boundaries"].as_array().unwrap();
+    assert_eq!(boundaries.len(), 2, "tiny has 3 sections: {a}");
+    for b in boundaries {
+        for k in ["zeroed", "mean"] {
+            let v = b[k].as_f64().unwrap();
+            assert!(v.is_finite() && (v - after).abs() > 1e-4, "{k}: {b}");
+        }
+    }
 }
 
 #[test]

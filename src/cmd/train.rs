@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::model::ablation::Ablation;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::checkpoint::{self, CheckpointMeta, SectionMeta};
 use crate::model::pipeline::Pipeline;
@@ -231,6 +232,9 @@ pub struct TrainSummary {
     pub skipped_steps: u64,
     /// Where the checkpoint went.
     pub checkpoint: PathBuf,
+    /// The held-out loss with each boundary's output replaced by zeros and by its channel
+    /// means, at the end (none for a model of one section).
+    pub ablation: Option<Ablation>,
 }
 
 /// Runs `iota train`.
@@ -586,6 +590,15 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
     }
     // Replicas hold the same (averaged) model at the end.
     save(&replicas[0], &plan, step, next_sample, &dataset)?;
+    let ablation = if plan.model.n_sections() > 1 {
+        Some(
+            replicas[0]
+                .ablation(&eval_windows, s.batch_size)
+                .context("ablating the boundaries")?,
+        )
+    } else {
+        None
+    };
     let skipped_steps = replicas
         .iter()
         .flat_map(|p| p.sections())
@@ -602,6 +615,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         tokens_per_s: tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9),
         skipped_steps,
         checkpoint: plan.out.clone(),
+        ablation,
     })
 }
 
@@ -725,4 +739,25 @@ fn print_summary(s: &TrainSummary) {
         );
     }
     println!("checkpoint   {}", s.checkpoint.display());
+    if let Some(a) = &s.ablation {
+        println!(
+            "ablation     held-out loss {:.4} with every boundary; with one boundary's output replaced:",
+            a.baseline
+        );
+        let rise = |v: f32| {
+            let d = v - a.baseline;
+            format!(
+                "{v:.4} ({d:+.4} nats, {:+.1}%)",
+                100.0 * d / a.baseline.max(1e-9)
+            )
+        };
+        for b in &a.boundaries {
+            println!(
+                "  after section {}: zeros {}, channel means {}",
+                b.boundary,
+                rise(b.zeroed),
+                rise(b.mean)
+            );
+        }
+    }
 }

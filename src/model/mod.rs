@@ -16,6 +16,7 @@
 //! - [`checkpoint`]: safetensors checkpoints with a JSON sidecar.
 //! - [`backend`]: run-time choice among the compiled-in burn backends.
 
+pub mod ablation;
 pub mod attention;
 pub mod backend;
 pub mod block;

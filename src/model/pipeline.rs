@@ -133,12 +133,19 @@ impl<B: AutodiffBackend> Pipeline<B> {
     }
 
     /// The token ids section `i` reads beside its activations: `ids` when it re-embeds them.
-    fn ids_for<T: Backend>(&self, i: usize, ids: &Tensor<T, 2, Int>) -> Option<Tensor<T, 2, Int>> {
+    pub(super) fn ids_for<T: Backend>(
+        &self,
+        i: usize,
+        ids: &Tensor<T, 2, Int>,
+    ) -> Option<Tensor<T, 2, Int>> {
         self.sections[i].reembeds().then(|| ids.clone())
     }
 
     /// Sends a boundary tensor through the wire codec, as the network would.
-    fn cross(&self, t: Tensor<Inner<B>, 3>) -> Result<(Tensor<Inner<B>, 3>, usize), ModelError> {
+    pub(super) fn cross(
+        &self,
+        t: Tensor<Inner<B>, 3>,
+    ) -> Result<(Tensor<Inner<B>, 3>, usize), ModelError> {
         let shape = t.dims();
         let data = super::host_f32(t.into_data())?;
         let bytes = codec::encode(&shape, &data, self.wire)?;

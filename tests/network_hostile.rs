@@ -113,6 +113,8 @@ struct Events {
     section: usize,
     target: Option<usize>,
     throwaways: u64,
+    /// Fresh keys it registered until one landed in its target section.
+    ground: u64,
     items: BTreeMap<u64, u64>,
     refused: u64,
     lines: Vec<Value>,
@@ -131,6 +133,7 @@ fn read_events(path: &Path) -> Events {
                 e.section = v["section"].as_u64().unwrap_or(0) as usize;
                 e.target = v["target"].as_u64().map(|t| t as usize);
                 e.throwaways = v["throwaways"].as_u64().unwrap_or(0);
+                e.ground = v["ground"].as_u64().unwrap_or(0);
             }
             // Evaluation items are not training work: they do not count towards the 10.
             Some("submitted")
@@ -228,6 +231,9 @@ fn network(
                 format!("{},steer", c.cheat),
                 "--section".into(),
                 c.section.to_string(),
+                // Throwaways no longer steer a key: it grinds fresh keys until one lands.
+                "--grind".into(),
+                "24".into(),
                 // One after the other, each once the ones before it registered.
                 "--wait-miners".into(),
                 (honest + i).to_string(),
@@ -331,10 +337,16 @@ fn judge(w: &BTreeMap<u64, Value>, cheaters: &[Spec], events: &[Events]) -> Vec<
     }
     for (spec, e) in cheaters.iter().zip(events) {
         let name = format!("{} (section {}, {})", spec.label, e.section, spec.cheat);
+        if e.section != spec.section {
+            failures.push(format!("{name}: did not reach section {}", spec.section));
+        }
         let mut first_flag = None;
         let mut paid = 0.0;
         let mut honest_paid: BTreeMap<String, f64> = BTreeMap::new();
-        eprintln!("hostile {name}: hotkey {}", e.hotkey);
+        eprintln!(
+            "hostile {name}: hotkey {} ({} throwaways, {} keys ground to reach section {:?})",
+            e.hotkey, e.throwaways, e.ground, e.target
+        );
         eprintln!("  window  items  weight   honest-median  ratio    flags");
         for (epoch, window) in w {
             let miners = window["miners"].as_array().unwrap();
@@ -484,14 +496,20 @@ fn the_issues_cheater_and_silent_or_non_delivering_mergers_are_caught_and_unpaid
 }
 
 /// Throwaway hotkeys must not let a miner choose its section: nine cheaters each register
-/// throwaways until the orchestrator's next pick looks like section 2, then their real key.
-/// With the choice out of their hands a real key lands there a third of the time; seven or
-/// more of nine has probability under 1%.
+/// throwaways until the old rule's next pick (the emptiest section) would be section 2, then
+/// their real key, into a network whose sections each hold a resident miner (with the default
+/// placement; `claim_s` keeps the residents seated as proven miners would be). With the choice
+/// out of their hands a real key lands there a third of the time; seven or more of nine has
+/// probability under 1% (computed: 0.83%).
 #[test]
-#[ignore = "issue 42 goal 7 is not done: a new hotkey still goes to the emptiest section, so throwaway registrations steer (9 of 9 landed on target, 2026-11-28)"]
 fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
     let dir = tempfile::tempdir().unwrap();
     let (url, config) = write_config(dir.path(), "hostile-steer");
+    let yaml = std::fs::read_to_string(&config).unwrap().replace(
+        "placement: { ordered: true }",
+        "placement: { claim_s: 600 }",
+    );
+    std::fs::write(&config, yaml).unwrap();
     let log = std::fs::File::create(dir.path().join("orchestrator.log")).unwrap();
     let orchestrator = Command::new(iota())
         .arg("orchestrate")
@@ -506,6 +524,16 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
     wait_for("the orchestrator", Duration::from_secs(30), || {
         status(&url).is_some()
     });
+    for i in 0..SECTIONS {
+        let out = dir.path().join(format!("resident{i}.jsonl"));
+        let extra = vec!["--register-only".to_string()];
+        let status = spawn_cheater(&url, &format!("//Resident{i}"), &extra, &out)
+            .wait()
+            .unwrap();
+        let e = read_events(&out);
+        assert!(status.success(), "resident {i}: {:?}", e.lines);
+        assert_eq!(e.section, i, "residents fill the empty sections in order");
+    }
     let mut landed = Vec::new();
     for i in 0..9 {
         let out = dir.path().join(format!("steer{i}.jsonl"));

@@ -292,6 +292,46 @@ fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Res
     Ok(path)
 }
 
+/// `--config` as given, or, when it places keys by the default rules (no `placement.pins`,
+/// not `placement.ordered`), a copy in `dir` that pins this network's miners round the
+/// sections as the generated config does; returns the path to run.
+fn pinned_copy(path: &Path, args: &LocalArgs, dir: &Path) -> anyhow::Result<PathBuf> {
+    let config = RunConfig::load(path)?;
+    if !config.placement.pins.is_empty() || config.placement.ordered {
+        return Ok(path.to_path_buf());
+    }
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut value: serde_json::Value = serde_norway::from_str(&text)
+        .with_context(|| format!("reading {} as YAML", path.display()))?;
+    let pins = miner_pins(dir, config.model.n_sections(), args.miners_per_section)?;
+    match value.get_mut("placement") {
+        Some(placement) if placement.is_object() => placement["pins"] = json!(pins),
+        _ => value["placement"] = json!({ "pins": pins }),
+    }
+    let copy = dir.join("run.pinned.yaml");
+    let text = serde_norway::to_string(&value).context("writing the run config")?;
+    fs::write(&copy, text).with_context(|| format!("writing {}", copy.display()))?;
+    Ok(copy)
+}
+
+/// This network's miners pinned round the sections (miner `i` to section `i mod n`); any
+/// other key that joins is placed by the orchestrator's rules.
+fn miner_pins(
+    dir: &Path,
+    n_sections: usize,
+    miners_per_section: usize,
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let wallets = WalletDir::new(dir.join("wallets"));
+    let mut pins = serde_json::Map::new();
+    for i in 0..n_sections * miners_per_section.max(1) {
+        let name = format!("miner{i}");
+        ensure_hotkey(&wallets, &name)?;
+        let hotkey = wallets.load_hotkey(WALLET, &name)?;
+        pins.insert(hotkey.address().to_string(), json!(i % n_sections));
+    }
+    Ok(pins)
+}
+
 /// The run config `iota local` generates from its flags (state under `dir/state`), as the
 /// JSON value written to `run.yaml`; `iota bench learning` starts from it and changes keys.
 ///
@@ -323,8 +363,10 @@ pub fn generated_config(
         model["sections"] = json!(even_sections(base.n_layers, n));
     }
     // Refused here, with the file named, rather than by the orchestrator.
-    ModelConfig::from_value(&model, &args.preset)
-        .with_context(|| format!("the model of this run: {model}"))?;
+    let n_sections = ModelConfig::from_value(&model, &args.preset)
+        .with_context(|| format!("the model of this run: {model}"))?
+        .n_sections();
+    let pins = miner_pins(dir, n_sections, args.miners_per_section)?;
     let config = json!({
         "run": local_run_name(&path),
         "model": model,
@@ -350,6 +392,7 @@ pub fn generated_config(
             "lease_grace_s": 10,
             "merge_s": 60,
         },
+        "placement": { "pins": pins },
         "validators": validators,
     });
     let mut config = config;
@@ -503,7 +546,7 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         None => free_addr()?,
     };
     let config = match &args.config {
-        Some(path) => path.clone(),
+        Some(path) => pinned_copy(path, &args, &dir)?,
         None => write_config(&args, &dir, listen)?,
     };
     let mut children = Children::default();

@@ -2,7 +2,8 @@
 //! storage): `sig = hex(BLAKE3-keyed(secret, "GET\nkey\nexp"))` for a download and
 //! `hex(BLAKE3-keyed(secret, "PUT\nkey\nexp\nmax"))` for an upload of at most `max` bytes, so a
 //! token names one method, one object, one expiry (and one size limit), and cannot be forged
-//! without the secret kept in `data_dir`.
+//! without the secret kept in `data_dir`. The same secret keys the draws that place new
+//! hotkeys in sections ([`BlobSecret::placement_draw`]).
 
 use std::path::Path;
 
@@ -65,6 +66,16 @@ impl BlobSecret {
             None => format!("{method}\n{key}\n{exp_ms}"),
         };
         blake3::keyed_hash(&self.0, message.as_bytes())
+    }
+
+    /// The draw that places `hotkey` among the sections tied for it
+    /// (`repo::Placement::Draw`): `BLAKE3-keyed(secret, "PLACE\nhotkey")`, so nobody without
+    /// the secret can tell where a key will go, and a key draws the same on every try.
+    pub fn placement_draw(&self, hotkey: &str) -> u64 {
+        let h = blake3::keyed_hash(&self.0, format!("PLACE\n{hotkey}").as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&h.as_bytes()[..8]);
+        u64::from_le_bytes(first)
     }
 
     /// The token for `method` (`GET`/`PUT`) on `key` until `exp_ms`; `max_bytes` is the largest

@@ -48,6 +48,10 @@
 //! max_samples: null          # optional sample budget (sample units)
 //! heartbeat_s: 10
 //! miner_ttl_s: 60            # a miner silent this long no longer holds a section seat
+//! placement:                 # where a new hotkey goes (orchestrator::repo::registry)
+//!   claim_s: 30              # a hotkey that has done no work holds its seat this long
+//!   pins: {}                 # {hotkey: section}: the operator's own miners (iota local)
+//!   ordered: false           # true: fewest seated first, lowest index (private networks only)
 //! penalties:                 # how penalties act on routing (orchestrator::repo::standing)
 //!   backoff_s: 10            # no new work after a failure; doubles with each one in a row
 //!   exclude_after: 3         # failures in a row that exclude a miner ...
@@ -325,6 +329,8 @@ struct RawRunConfig {
     #[serde(default = "default_miner_ttl_s")]
     miner_ttl_s: u64,
     #[serde(default)]
+    placement: PlacementConfig,
+    #[serde(default)]
     penalties: PenaltyConfig,
     #[serde(default)]
     retention: RetentionConfig,
@@ -375,6 +381,32 @@ fn default_heartbeat_s() -> u64 {
 }
 fn default_miner_ttl_s() -> u64 {
     60
+}
+
+/// Where new hotkeys go (see [`super::repo::Repository::register`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    /// Seconds a hotkey that has not had a result accepted holds its seat after registering:
+    /// a flood of keys that never take work cannot lock a section for longer.
+    pub claim_s: u64,
+    /// Hotkeys the operator places in a section (its own miners: `iota local` pins each of
+    /// its miners), by SS58 address.
+    pub pins: std::collections::BTreeMap<String, usize>,
+    /// New keys go to the section with the fewest seated miners, lowest first, whoever they
+    /// are: deterministic, for a private network whose miners are all the operator's.
+    /// Throwaway keys can steer a key into the section they want under it.
+    pub ordered: bool,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        Self {
+            claim_s: Standing::default().claim_ms / 1000,
+            pins: Default::default(),
+            ordered: false,
+        }
+    }
 }
 
 /// How penalties act on routing (see [`super::repo::Standing`]).
@@ -513,6 +545,8 @@ pub struct RunConfig {
     pub heartbeat_s: u64,
     /// Seconds after which a silent miner no longer holds a seat in its section.
     pub miner_ttl_s: u64,
+    /// Where new hotkeys go.
+    pub placement: PlacementConfig,
     /// How penalties act on routing.
     pub penalties: PenaltyConfig,
     /// History kept: checkpoints and routing detail.
@@ -724,6 +758,23 @@ impl RunConfig {
                 ),
             ));
         }
+        for (hotkey, section) in &raw.placement.pins {
+            if hotkey.parse::<Ss58Address>().is_err() {
+                return Err(invalid(
+                    "placement.pins",
+                    format!("{hotkey:?} is not an SS58 address"),
+                ));
+            }
+            if *section >= model.n_sections() {
+                return Err(invalid(
+                    "placement.pins",
+                    format!(
+                        "{hotkey} is pinned to section {section}, but the model has {} sections",
+                        model.n_sections()
+                    ),
+                ));
+            }
+        }
         for (i, v) in raw.validators.iter().enumerate() {
             if v.hotkey.parse::<Ss58Address>().is_err() {
                 return Err(invalid(
@@ -803,6 +854,7 @@ impl RunConfig {
             max_samples: raw.max_samples,
             heartbeat_s: raw.heartbeat_s,
             miner_ttl_s: raw.miner_ttl_s,
+            placement: raw.placement,
             penalties: raw.penalties,
             retention: raw.retention,
             validators: raw.validators,
@@ -826,6 +878,7 @@ impl RunConfig {
             exclude_after: self.penalties.exclude_after,
             exclusion_ms: self.penalties.exclusion_s.saturating_mul(1000),
             miner_ttl_ms: self.miner_ttl_s.saturating_mul(1000),
+            claim_ms: self.placement.claim_s.saturating_mul(1000),
         }
     }
 

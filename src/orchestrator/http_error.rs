@@ -104,6 +104,7 @@ impl From<RepoError> for HttpError {
             RepoError::NotHolder { .. } => Self::forbidden(e.to_string()),
             RepoError::UnknownAssignment { .. } => Self::not_found(e.to_string()),
             RepoError::SectionsFull { .. }
+            | RepoError::SectionFull { .. }
             | RepoError::NotAssigned { .. }
             | RepoError::SampleOrder { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())

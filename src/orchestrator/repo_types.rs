@@ -25,6 +25,17 @@ pub enum RepoError {
         /// The per-section maximum.
         max: usize,
     },
+    /// The section a new hotkey is placed in is full (seats of keys that take no work lapse
+    /// after `placement.claim_s`).
+    #[error(
+        "section {section}, where this hotkey is placed, is full ({max} miners); try again later"
+    )]
+    SectionFull {
+        /// The section.
+        section: usize,
+        /// The per-section maximum.
+        max: usize,
+    },
     /// No assignment has this id.
     #[error("assignment {id} does not exist")]
     UnknownAssignment {

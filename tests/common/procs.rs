@@ -50,7 +50,8 @@ pub fn write_config(dir: &Path, run: &str) -> (String, std::path::PathBuf) {
 }
 
 /// A run config of the `tiny` preset (samples of 2 x 32 tokens, state in `dir/state`) on a
-/// free port, with `extra` YAML lines; returns the URL and the path.
+/// free port, with `extra` YAML lines; returns the URL and the path. Placement is `ordered`
+/// (the tests' own miners fill the sections evenly, in the order they register).
 pub fn write_config_with(dir: &Path, run: &str, extra: &str) -> (String, std::path::PathBuf) {
     let port = free_port();
     let config = dir.join("run.yaml");
@@ -59,7 +60,7 @@ pub fn write_config_with(dir: &Path, run: &str, extra: &str) -> (String, std::pa
         format!(
             "run: {run}\nmodel: {{ preset: tiny }}\ndata: {{ source: synthetic }}\n\
              listen: 127.0.0.1:{port}\ndata_dir: {}\nbatch_size: 2\nseq_len: 32\n\
-             max_in_flight: 4\nlocal_steps: 1\n{extra}",
+             max_in_flight: 4\nlocal_steps: 1\nplacement: {{ ordered: true }}\n{extra}",
             dir.join("state").display()
         ),
     )

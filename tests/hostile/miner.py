@@ -13,6 +13,7 @@ Cheats (`--cheat` takes a comma-separated list):
   silent-merge          never ask for merge tasks (no upload, no partitions)
   no-deliver            take the upload lease and the partitions, deliver nothing
   steer                 register throwaway hotkeys first so that the real key lands in --section
+                        (and with --grind N, up to N fresh keys until one does)
   honest-heartbeat-lie  report the public merged-state hash in the heartbeat
 The default is the issue's cheater: noise,silent-merge,fake-loss,honest-heartbeat-lie.
 
@@ -181,14 +182,14 @@ class Cheater:
                 status, resp = api.post("/api/register", {"device": "cpu", "max_in_flight": 1}, key)
                 throwaways += 1
                 emit("throwaway", hotkey=key.ss58_address, status=status, section=resp.get("section"))
-        for attempt in range(a.register_tries):
-            status, resp = api.post("/api/register", {"device": "cpu (hostile)", "max_in_flight": 4})
-            if status == 200:
-                break
-            emit("register_refused", status=status, body=resp, attempt=attempt)
-            time.sleep(2)
-        else:
-            sys.exit(2)
+        status, resp = self.register_key(api.key)
+        # Grinding: a fresh key until one lands in the section wanted (each a registration).
+        ground = 0
+        while ("steer" in self.cheats and a.section is not None and ground < a.grind
+               and resp.get("section") != a.section):
+            ground += 1
+            api.key = Keypair.create_from_uri(f"{a.key}/grind/{ground}")
+            status, resp = self.register_key(api.key)
         self.section, self.settings = resp["section"], resp["settings"]
         n = len(resp["model"]["sections"])
         self.head, self.tail = self.section == 0, self.section == n - 1
@@ -197,7 +198,7 @@ class Cheater:
         if cp:
             self.adopt(cp)
         emit("registered", hotkey=self.api.key.ss58_address, section=self.section, sections=n,
-             target=a.section, throwaways=throwaways, cheats=sorted(self.cheats), output=self.output,
+             target=a.section, throwaways=throwaways, ground=ground, cheats=sorted(self.cheats), output=self.output,
              wire=self.settings["wire"])
 
     def miner_count(self, section=None):
@@ -206,6 +207,16 @@ class Cheater:
         except OSError:
             return 0
         return sum(len(s["miners"]) for s in sections if section is None or s["index"] == section)
+
+    def register_key(self, key):
+        """Registers `key`, retrying a refusal `--register-tries` times 2 s apart; exits 2."""
+        for attempt in range(self.args.register_tries):
+            status, resp = self.api.post("/api/register", {"device": "cpu (hostile)", "max_in_flight": 4}, key)
+            if status == 200:
+                return status, resp
+            emit("register_refused", status=status, body=resp, attempt=attempt)
+            time.sleep(2)
+        sys.exit(2)
 
     def next_section(self):
         """The section a new key would get if the orchestrator fills the emptiest, lowest first."""
@@ -401,6 +412,8 @@ def main():
     p.add_argument("--cheat", default=DEFAULT_CHEAT)
     p.add_argument("--section", type=int, help="section to steer into (with steer)")
     p.add_argument("--max-throwaways", type=int, default=12)
+    p.add_argument("--grind", type=int, default=0,
+                   help="with steer: register up to N fresh keys until one lands in --section")
     p.add_argument("--register-tries", type=int, default=15, help="2 s apart")
     p.add_argument("--wait-miners", type=int, default=0, help="register once this many miners are")
     p.add_argument("--seconds", type=float, default=1e9)

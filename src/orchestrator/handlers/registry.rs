@@ -7,6 +7,7 @@ use crate::api::*;
 use crate::orchestrator::auth::{Signed, SignedAny};
 use crate::orchestrator::http_error::HttpError;
 use crate::orchestrator::merge_handlers::section_checkpoint;
+use crate::orchestrator::repo::Placement;
 use crate::orchestrator::state::AppState;
 
 /// `POST /api/register`.
@@ -15,12 +16,20 @@ pub async fn register(
     req: SignedAny<RegisterRequest>,
 ) -> Result<Json<RegisterResponse>, HttpError> {
     let c = &state.config;
+    // Keyed by the orchestrator's secret: a registrant cannot predict it or re-roll it by
+    // asking again (see `repo::registry`).
+    let placement = match c.placement.pins.get(&req.hotkey) {
+        Some(&section) => Placement::Pinned(section),
+        None if c.placement.ordered => Placement::Ordered,
+        None => Placement::Draw(state.secret.placement_draw(&req.hotkey)),
+    };
     let section = state.repo.register(
         &req.hotkey,
         &req.body.device,
         req.body.max_in_flight,
         c.model.n_sections(),
         c.max_miners_per_section,
+        placement,
         state.now_ms(),
     )?;
     let (_, epoch, _) = state.repo.run_state()?;

@@ -43,6 +43,7 @@ mod merge_status;
 mod phase;
 mod policy;
 mod registry;
+pub use registry::Placement;
 mod replay;
 mod routing;
 mod rows;

@@ -12,6 +12,8 @@ pub struct Standing {
     pub exclusion_ms: u64,
     /// A miner not seen for this long no longer holds a seat in its section.
     pub miner_ttl_ms: u64,
+    /// A miner that has had no result accepted holds its seat this long after registering.
+    pub claim_ms: u64,
 }
 
 impl Default for Standing {
@@ -21,6 +23,7 @@ impl Default for Standing {
             exclude_after: 3,
             exclusion_ms: 600_000,
             miner_ttl_ms: 60_000,
+            claim_ms: 30_000,
         }
     }
 }

@@ -1,23 +1,60 @@
-//! Miners: registration (sections balanced, a returning hotkey keeps its section), liveness and
-//! the weights they report.
+//! Miners: registration (where a new hotkey goes, a returning hotkey keeps its section),
+//! liveness and the weights they report.
+//!
+//! **Placement.** A hotkey the operator pinned (`placement.pins`) goes to its section. Any other
+//! new hotkey goes to a section that has no seated miner at all, the lowest such first (so a
+//! network starting up fills every section); once every section has one, to a section with the
+//! fewest *proven* seats (miners with an accepted result), ties broken by a draw keyed by the
+//! orchestrator's secret; if that section is full the key is refused until it has room. Keys
+//! that never take work count only towards the first rule and towards `max_per_section`, so
+//! registering throwaway keys cannot steer a key into a section of a running network (a key
+//! their seats keep out of its drawn section is refused, not sent elsewhere); they hold their
+//! seats for `placement.claim_s` only ([`super::standing`]). While a section has no seated
+//! miner at all (a network starting up), throwaways filling the others could steer a key into
+//! it.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::db::{Cached, Repository, to_i64, usize_of};
 use super::rows::{MINER_COLUMNS, read_miner};
-use super::standing::HOLDS_SEAT;
+use super::standing::{HOLDS_SEAT, PROVEN};
 use crate::orchestrator::repo_types::{MinerRow, RepoError};
 
+/// How a registering hotkey is placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The operator pinned it to this section.
+    Pinned(usize),
+    /// Placed by the rules of the module documentation; `draw`, which the caller draws at
+    /// random, breaks ties.
+    Draw(u64),
+    /// The section with the fewest seated miners, lowest first (`placement.ordered`: for a
+    /// private network whose miners are all the operator's; throwaway keys can steer it).
+    Ordered,
+}
+
+/// Seats of one section, leaving out the registering hotkey.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seats {
+    /// Seated miners (proven, or unproven within their claim).
+    seated: usize,
+    /// Seated miners with an accepted result.
+    proven: usize,
+}
+
 impl Repository {
-    /// Registers `hotkey` in the section with the fewest seats taken (lowest index on ties), or
-    /// returns its existing section. A seat is held by a miner seen within the TTL and not
-    /// excluded ([`super::standing`]), so silent or excluded hotkeys do not fill a section for
-    /// good. A returning miner keeps its section unless it had lost its seat and the section
-    /// has filled up meanwhile; then it is placed like a new one. Updates the device and
-    /// `max_in_flight` it reports.
+    /// Registers `hotkey` as [`Placement`] says (see the module documentation), or returns its
+    /// existing section. A seat is held by a miner seen within the TTL, not excluded
+    /// ([`super::standing`]) and proven or within its claim, so silent, excluded or idle
+    /// hotkeys do not fill a section for good. A returning miner keeps its section unless it
+    /// had lost its seat and the section has filled up meanwhile; then it is placed like a new
+    /// one. Updates the device and `max_in_flight` it reports.
     ///
     /// # Errors
-    /// [`RepoError::SectionsFull`] when every section holds `max_per_section` seated miners.
+    /// [`RepoError::SectionsFull`] when every section (or the pinned one) holds
+    /// `max_per_section` seated miners; [`RepoError::SectionFull`] when the section a new key
+    /// draws does.
+    #[allow(clippy::too_many_arguments)]
     pub fn register(
         &self,
         hotkey: &str,
@@ -25,50 +62,62 @@ impl Repository {
         max_in_flight: usize,
         n_sections: usize,
         max_per_section: usize,
+        placement: Placement,
         now_ms: u64,
     ) -> Result<usize, RepoError> {
         let policy = self.standing;
         self.write(|tx| {
+            let seat_params = params![
+                to_i64(now_ms),
+                to_i64(policy.miner_ttl_ms),
+                i64::from(policy.exclude_after),
+                hotkey,
+                to_i64(policy.claim_ms)
+            ];
             let existing: Option<(i64, bool)> = tx
                 .query_row_cached(
                     &format!("SELECT section, {HOLDS_SEAT} FROM miners WHERE hotkey = ?4"),
-                    params![
-                        to_i64(now_ms),
-                        to_i64(policy.miner_ttl_ms),
-                        i64::from(policy.exclude_after),
-                        hotkey
-                    ],
+                    seat_params,
                     |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()?;
-            let mut seats = vec![0usize; n_sections];
+            let mut seats = vec![Seats::default(); n_sections];
             let mut stmt = tx.prepare_cached(&format!(
-                "SELECT section, COUNT(*) FROM miners WHERE {HOLDS_SEAT} AND hotkey != ?4 \
-                 GROUP BY section"
+                "SELECT section, COUNT(*), SUM({PROVEN}) FROM miners \
+                 WHERE {HOLDS_SEAT} AND hotkey != ?4 GROUP BY section"
             ))?;
-            let rows = stmt.query_map(
-                params![
-                    to_i64(now_ms),
-                    to_i64(policy.miner_ttl_ms),
-                    i64::from(policy.exclude_after),
-                    hotkey
-                ],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-            )?;
+            let rows = stmt.query_map(seat_params, |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, i64>(1)?,
+                    r.get::<_, i64>(2)?,
+                ))
+            })?;
             for row in rows {
-                let (section, count) = row?;
+                let (section, seated, proven) = row?;
                 if let Some(c) = seats.get_mut(usize_of(section)) {
-                    *c = usize_of(count);
+                    *c = Seats {
+                        seated: usize_of(seated),
+                        proven: usize_of(proven),
+                    };
                 }
             }
             drop(stmt);
-            let has_room = |s: usize| seats.get(s).is_some_and(|c| *c < max_per_section);
+            let has_room = |s: usize| seats.get(s).is_some_and(|c| c.seated < max_per_section);
+            let place = || match placement {
+                Placement::Pinned(s) if has_room(s) => Ok(s),
+                Placement::Pinned(_) => Err(RepoError::SectionsFull {
+                    max: max_per_section,
+                }),
+                Placement::Draw(draw) => choose(&seats, max_per_section, draw),
+                Placement::Ordered => least_seated(&seats, max_per_section),
+            };
             if let Some((section, seated)) = existing {
                 let section = usize_of(section);
-                let section = if seated || has_room(section) {
-                    section
-                } else {
-                    least_taken(&seats, max_per_section)?
+                let section = match placement {
+                    Placement::Pinned(s) if s != section => place()?,
+                    _ if seated || has_room(section) => section,
+                    _ => place()?,
                 };
                 tx.execute_cached(
                     "UPDATE miners SET device = ?2, max_in_flight = ?3, last_seen = ?4, \
@@ -83,7 +132,7 @@ impl Repository {
                 )?;
                 return Ok(section);
             }
-            let section = least_taken(&seats, max_per_section)?;
+            let section = place()?;
             tx.execute_cached(
                 "INSERT INTO miners (hotkey, section, registered_at, last_seen, device, \
                  max_in_flight) VALUES (?1, ?2, ?3, ?3, ?4, ?5)",
@@ -171,14 +220,39 @@ pub(super) fn miners_in(conn: &Connection) -> Result<Vec<MinerRow>, RepoError> {
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
 
-/// The section with the fewest seats taken that still has room (lowest index on ties).
-fn least_taken(seats: &[usize], max_per_section: usize) -> Result<usize, RepoError> {
-    seats
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| **c < max_per_section)
-        .min_by_key(|(i, c)| (**c, *i))
-        .map(|(i, _)| i)
+/// Where a new hotkey goes (see the module documentation): the lowest section with no seated
+/// miner; else, among the sections with the fewest proven seats, the one `draw` picks, if it has
+/// room. A full pick is refused, not moved on to a section with room: otherwise keys that fill
+/// the other sections to `max_per_section` would steer.
+fn choose(seats: &[Seats], max_per_section: usize, draw: u64) -> Result<usize, RepoError> {
+    let full = RepoError::SectionsFull {
+        max: max_per_section,
+    };
+    if seats.iter().all(|c| c.seated >= max_per_section) {
+        return Err(full);
+    }
+    if let Some(empty) = seats.iter().position(|c| c.seated == 0) {
+        return Ok(empty);
+    }
+    let fewest = seats.iter().map(|c| c.proven).min().ok_or(full)?;
+    let ties: Vec<usize> = (0..seats.len())
+        .filter(|&s| seats[s].proven == fewest)
+        .collect();
+    let section = ties[(draw % ties.len() as u64) as usize];
+    if seats[section].seated >= max_per_section {
+        return Err(RepoError::SectionFull {
+            section,
+            max: max_per_section,
+        });
+    }
+    Ok(section)
+}
+
+/// The section with the fewest seated miners that still has room, lowest first.
+fn least_seated(seats: &[Seats], max_per_section: usize) -> Result<usize, RepoError> {
+    (0..seats.len())
+        .filter(|&s| seats[s].seated < max_per_section)
+        .min_by_key(|&s| (seats[s].seated, s))
         .ok_or(RepoError::SectionsFull {
             max: max_per_section,
         })

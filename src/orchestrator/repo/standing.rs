@@ -18,6 +18,8 @@
 //!   exclusion is kept apart from the strikes (an accepted result does not lift it).
 //! - A miner not seen for `miner_ttl_s` is **expired**: it keeps its registration (and its
 //!   section, if there is room when it returns) but no longer holds a seat.
+//! - A miner none of whose results was accepted holds its seat only for `placement.claim_s`
+//!   after registering: keys that never take work cannot fill a section for longer.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -44,10 +46,16 @@ pub struct StandingDecision {
 }
 
 /// SQL condition (on table `miners`, parameter `?now`) of a miner holding a seat: seen within
-/// the TTL and not excluded. Parameters: `?1` now, `?2` TTL, `?3` strikes that exclude.
+/// the TTL, not excluded, and either *proven* (a result of it was accepted) or registered within
+/// the claim window. Parameters: `?1` now, `?2` TTL, `?3` strikes that exclude, `?5` claim
+/// window.
 pub(super) const HOLDS_SEAT: &str = "last_seen >= ?1 - ?2 \
      AND NOT (strikes >= ?3 AND COALESCE(benched_until, 0) > ?1) \
-     AND COALESCE(flag_excluded_until, 0) <= ?1";
+     AND COALESCE(flag_excluded_until, 0) <= ?1 \
+     AND (forwards + backwards > 0 OR registered_at >= ?1 - ?5)";
+
+/// SQL expression (on table `miners`) of a proven miner: one with an accepted result.
+pub(super) const PROVEN: &str = "forwards + backwards > 0";
 
 /// SQL condition (on table `miners`) of a miner that takes new forwards now: seen within the
 /// TTL, neither backed off nor excluded (what [`benched_until`] says of one miner). Parameters:

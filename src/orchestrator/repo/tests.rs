@@ -22,7 +22,10 @@ const T0: u64 = 1_000_000;
 fn network() -> Repository {
     let repo = Repository::open_in_memory().unwrap();
     for (i, hk) in ["a0", "b0", "c0", "a1", "b1"].iter().enumerate() {
-        let section = repo.register(hk, "cpu", 8, 3, 50, T0 + i as u64).unwrap();
+        let pin = Placement::Pinned([0, 1, 2, 0, 1][i]);
+        let section = repo
+            .register(hk, "cpu", 8, 3, 50, pin, T0 + i as u64)
+            .unwrap();
         assert_eq!(section, [0, 1, 2, 0, 1][i], "{hk}");
     }
     repo
@@ -60,23 +63,121 @@ fn start_at(repo: &Repository, u: u64, hk: &str, limits: RoutingLimits, now: u64
         .id
 }
 
+/// Standing with claims that never lapse (tests of other rules).
+const LONG_CLAIMS: Standing = Standing {
+    backoff_ms: 10_000,
+    exclude_after: 3,
+    exclusion_ms: 600_000,
+    miner_ttl_ms: 60_000,
+    claim_ms: 1 << 50,
+};
+
+/// Marks `hk` as having had a result accepted.
+fn prove(repo: &Repository, hk: &str) {
+    repo.write(|tx| {
+        tx.execute("UPDATE miners SET forwards = 1 WHERE hotkey = ?1", [hk])?;
+        Ok(())
+    })
+    .unwrap();
+}
+
 #[test]
-fn registration_balances_and_remembers() {
+fn registration_fills_empty_sections_then_draws_and_remembers() {
     let repo = Repository::open_in_memory().unwrap();
-    let sections: Vec<usize> = (0..7)
-        .map(|i| repo.register(&format!("m{i}"), "cpu", 1, 3, 3, 0).unwrap())
+    let reg = |hk: &str, draw: u64, now: u64| {
+        repo.register(hk, "cpu", 1, 3, 3, Placement::Draw(draw), now)
+    };
+    // Empty sections first, lowest first, whatever the draw.
+    let sections: Vec<usize> = (0..3)
+        .map(|i| reg(&format!("m{i}"), 7, 0).unwrap())
         .collect();
-    assert_eq!(sections, vec![0, 1, 2, 0, 1, 2, 0]);
-    // Re-registering keeps the section, even when another section is emptier.
-    assert_eq!(repo.register("m6", "gpu", 2, 3, 3, 5).unwrap(), 0);
-    assert_eq!(repo.miner("m6").unwrap().unwrap().device, "gpu");
-    assert_eq!(repo.miners().unwrap().len(), 7);
-    repo.register("m7", "cpu", 1, 3, 3, 0).unwrap();
-    repo.register("m8", "cpu", 1, 3, 3, 0).unwrap();
+    assert_eq!(sections, vec![0, 1, 2]);
+    // Then the fewest proven seats (none proven: a tie of three), the draw picking.
+    assert_eq!(reg("m3", 4, 0).unwrap(), 1);
+    prove(&repo, "m0");
+    prove(&repo, "m2");
+    assert_eq!(
+        reg("m4", 0, 0).unwrap(),
+        1,
+        "the only section without a proven miner"
+    );
+    // Re-registering keeps the section, even when another section has fewer proven seats.
+    assert_eq!(reg("m4", 0, 5).unwrap(), 1);
+    assert_eq!(repo.miners().unwrap().len(), 5);
+    // Section 1 is full (m1 m3 m4, none proven): a new key draws it and is refused, not sent
+    // to a section with room.
     assert!(matches!(
-        repo.register("m9", "cpu", 1, 3, 3, 0),
+        reg("n0", 0, 5),
+        Err(RepoError::SectionFull { section: 1, max: 3 })
+    ));
+    // A pin places a key where the operator said, while there is room.
+    let pin = |hk: &str, s: usize| repo.register(hk, "gpu", 1, 3, 3, Placement::Pinned(s), 5);
+    assert_eq!(pin("p0", 2).unwrap(), 2);
+    assert_eq!(repo.miner("p0").unwrap().unwrap().device, "gpu");
+    assert!(matches!(
+        pin("p1", 1),
         Err(RepoError::SectionsFull { max: 3 })
     ));
+    // One proven seat each: the draw picks among all three, where there is room.
+    prove(&repo, "m1");
+    assert_eq!(reg("n0", 0, 5).unwrap(), 0);
+    assert_eq!(reg("n1", 2, 5).unwrap(), 2);
+    assert_eq!(reg("n2", 3, 5).unwrap(), 0);
+    assert!(matches!(
+        reg("n3", 0, 5),
+        Err(RepoError::SectionsFull { max: 3 })
+    ));
+}
+
+/// Issue 42, goal 7: keys that never take work cannot steer a new key into the section its
+/// owner wants, and a flood of them frees its seats after `claim_ms`.
+#[test]
+fn throwaway_keys_neither_steer_nor_lock_a_section() {
+    let repo = Repository::open_in_memory().unwrap();
+    let claim = Standing::default().claim_ms;
+    let reg = |hk: &str, placement: Placement, now: u64| {
+        repo.register(hk, "cpu", 1, 3, 4, placement, now)
+    };
+    for s in 0..3 {
+        reg(&format!("h{s}"), Placement::Pinned(s), T0).unwrap();
+        prove(&repo, &format!("h{s}"));
+    }
+    // Throwaways piled into sections 0 and 1 (three each, filling them) leave every section at
+    // one proven seat, so a new key's section is the draw's alone, each once in three draws: a
+    // key drawn to a full section is refused, not sent to the one the throwaways left open.
+    for i in 0..3 {
+        reg(&format!("t0-{i}"), Placement::Pinned(0), T0 + 1).unwrap();
+        reg(&format!("t1-{i}"), Placement::Pinned(1), T0 + 1).unwrap();
+    }
+    let landed: Vec<Result<usize, RepoError>> = (0..3)
+        .map(|d| reg(&format!("real{d}"), Placement::Draw(d), T0 + 2))
+        .collect();
+    assert!(
+        matches!(
+            landed.as_slice(),
+            [
+                Err(RepoError::SectionFull { section: 0, .. }),
+                Err(RepoError::SectionFull { section: 1, .. }),
+                Ok(2)
+            ]
+        ),
+        "{landed:?}"
+    );
+    // Section 0 is full (h0 and three throwaways): closed to a pinned key, until the
+    // throwaways' claims lapse while the proven miner keeps its seat.
+    assert!(matches!(
+        reg("late", Placement::Pinned(0), T0 + 2),
+        Err(RepoError::SectionsFull { max: 4 })
+    ));
+    repo.touch("h0", T0 + claim).unwrap();
+    assert!(matches!(
+        reg("late", Placement::Pinned(0), T0 + claim),
+        Err(RepoError::SectionsFull { max: 4 })
+    ));
+    assert_eq!(
+        reg("late", Placement::Pinned(0), T0 + 1 + claim + 1).unwrap(),
+        0
+    );
 }
 
 #[test]
@@ -760,6 +861,7 @@ fn the_log_is_checkpointed_in_the_background() {
             4,
             3,
             500,
+            Placement::Draw(0),
             T0,
         )
         .unwrap();
@@ -817,7 +919,8 @@ fn state_survives_reopening_the_file() {
     let path = dir.path().join("state.sqlite");
     {
         let repo = Repository::open(&path).unwrap();
-        repo.register("a0", "cpu", 4, 1, 50, T0).unwrap();
+        repo.register("a0", "cpu", 4, 1, 50, Placement::Draw(0), T0)
+            .unwrap();
         let one = RoutingLimits { tail: 0, ..LIMITS };
         let f = repo
             .start_sample(&sample(0), "a0", SampleRoom::default(), one, T0)
@@ -855,23 +958,42 @@ fn head_done(repo: &Repository, u: u64, now: u64) {
 /// was taken meanwhile.
 #[test]
 fn r9_silent_miners_free_their_seats() {
-    let repo = Repository::open_in_memory().unwrap();
+    // Claims that outlast the test: the TTL is what is tested here.
+    let repo = Repository::open_in_memory()
+        .unwrap()
+        .with_standing(LONG_CLAIMS);
     let ttl = Standing::default().miner_ttl_ms;
-    assert_eq!(repo.register("x", "cpu", 1, 1, 2, T0).unwrap(), 0);
-    assert_eq!(repo.register("y", "cpu", 1, 1, 2, T0).unwrap(), 0);
+    assert_eq!(
+        repo.register("x", "cpu", 1, 1, 2, Placement::Draw(0), T0)
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        repo.register("y", "cpu", 1, 1, 2, Placement::Draw(0), T0)
+            .unwrap(),
+        0
+    );
     assert!(matches!(
-        repo.register("z", "cpu", 1, 1, 2, T0 + 1),
+        repo.register("z", "cpu", 1, 1, 2, Placement::Draw(0), T0 + 1),
         Err(RepoError::SectionsFull { max: 2 })
     ));
     // x keeps heartbeating, y goes silent.
     repo.touch("x", T0 + ttl).unwrap();
-    assert_eq!(repo.register("z", "cpu", 1, 1, 2, T0 + ttl + 1).unwrap(), 0);
+    assert_eq!(
+        repo.register("z", "cpu", 1, 1, 2, Placement::Draw(0), T0 + ttl + 1)
+            .unwrap(),
+        0
+    );
     assert!(matches!(
-        repo.register("y", "cpu", 1, 1, 2, T0 + ttl + 2),
+        repo.register("y", "cpu", 1, 1, 2, Placement::Draw(0), T0 + ttl + 2),
         Err(RepoError::SectionsFull { max: 2 })
     ));
     // A live miner re-registering keeps its seat however full the section is.
-    assert_eq!(repo.register("x", "cpu", 1, 1, 2, T0 + ttl + 3).unwrap(), 0);
+    assert_eq!(
+        repo.register("x", "cpu", 1, 1, 2, Placement::Draw(0), T0 + ttl + 3)
+            .unwrap(),
+        0
+    );
     assert_eq!(repo.miners().unwrap().len(), 3, "nobody's record is lost");
 }
 
@@ -881,8 +1003,8 @@ fn r9_silent_miners_free_their_seats() {
 /// ledger.
 #[test]
 fn r9_failures_back_off_then_exclude_and_a_result_clears() {
-    let repo = network();
-    let policy = Standing::default();
+    let policy = LONG_CLAIMS;
+    let repo = network().with_standing(policy);
     head_done(&repo, 0, T0);
     head_done(&repo, 1, T0);
     let t1 = T0 + 100;
@@ -947,11 +1069,18 @@ fn r9_failures_back_off_then_exclude_and_a_result_clears() {
     for hk in ["a0", "a1", "b1", "c0"] {
         repo.touch(hk, during).unwrap();
     }
-    // b0's seat is free: section 1 (lowest index among the emptiest) takes n1.
-    assert_eq!(repo.register("n1", "cpu", 1, 3, 2, during).unwrap(), 1);
-    assert_eq!(repo.register("n2", "cpu", 1, 3, 2, during).unwrap(), 2);
+    // b0's seat is free: section 1 takes n1, section 2 n2, and then both are full.
+    let pin = |s: usize| Placement::Pinned(s);
+    assert_eq!(
+        repo.register("n1", "cpu", 1, 3, 2, pin(1), during).unwrap(),
+        1
+    );
+    assert_eq!(
+        repo.register("n2", "cpu", 1, 3, 2, pin(2), during).unwrap(),
+        2
+    );
     assert!(matches!(
-        repo.register("n3", "cpu", 1, 3, 2, during),
+        repo.register("n3", "cpu", 1, 3, 2, pin(1), during),
         Err(RepoError::SectionsFull { max: 2 })
     ));
     // After the exclusion it gets work again; an accepted result clears its strikes.
@@ -1162,7 +1291,8 @@ fn r9_counters_follow_the_ledger_and_are_filled_for_an_old_state_file() {
     {
         let repo = Repository::open(&path).unwrap();
         for (i, hk) in ["a0", "b0", "c0"].iter().enumerate() {
-            repo.register(hk, "cpu", 8, 3, 50, T0 + i as u64).unwrap();
+            repo.register(hk, "cpu", 8, 3, 50, Placement::Draw(0), T0 + i as u64)
+                .unwrap();
         }
         let heads: Vec<u64> = (0..5).map(|u| start(&repo, u)).collect();
         check(&repo, "started");

@@ -119,6 +119,11 @@ fn generation_is_seeded_greedy_is_greedy_and_max_tokens_bounds_it() {
         generate(&m.trained, &a)
     };
     let (g1, n1) = greedy("1");
+    // Without the key/value cache: the same text (prompt and 40 tokens fit the 32-token
+    // context only in part, so the cached and the sliding steps are both compared).
+    let mut a = prompt.to_vec();
+    a.extend(["--temperature", "0", "--max-tokens", "40", "--no-kv-cache"]);
+    assert_eq!(generate(&m.trained, &a), (g1.clone(), n1));
     assert_eq!(
         (g1.clone(), n1),
         greedy("2"),

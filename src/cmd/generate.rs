@@ -34,6 +34,10 @@ pub struct GenerateArgs {
     /// Seed of the sampling; the same seed, model and flags give the same text.
     #[arg(long, value_name = "S", default_value_t = 0)]
     pub seed: u64,
+    /// Rerun the whole context for every token instead of keeping each position's keys and
+    /// values (same text, slower; for comparison).
+    #[arg(long)]
+    pub no_kv_cache: bool,
 }
 
 /// Runs `iota generate`.
@@ -84,6 +88,7 @@ impl BackendTask for Task {
         let limits = Limits {
             max_tokens: args.max_tokens,
             stop: tokenizer.end_of_text(),
+            kv_cache: !args.no_kv_cache,
         };
         let mut stream = TextStream::new(tokenizer);
         let mut out = std::io::stdout().lock();

@@ -11,7 +11,7 @@ use crate::model::config::SectionSpec;
 use crate::model::init::Init;
 use crate::model::params::import_params;
 use crate::model::pipeline::{through_wire, windows_to_tensors};
-use crate::model::section_model::cross_entropy;
+use crate::model::section_model::{SectionCache, cross_entropy};
 use crate::model::{ModelConfig, SectionInput, SectionModel, host_values};
 
 /// Every section of a trained model, head first, on one device.
@@ -114,6 +114,58 @@ impl<B: Backend> Chain<B> {
         ))
     }
 
+    /// Whether [`Self::extend`] computes what [`Self::next_logits`] does: the boundary
+    /// encoding must work value by value (`f32`, `bf16`). `int8` shares one scale among the
+    /// positions of a block of rows, so a position sent alone is rounded differently.
+    pub fn caches_exactly(&self) -> bool {
+        self.wire != WireDtype::Int8
+    }
+
+    /// An empty key/value cache for [`Self::extend`].
+    pub fn new_cache(&self) -> Cache<B> {
+        Cache {
+            sections: self.sections.iter().map(|(_, m)| m.new_cache()).collect(),
+        }
+    }
+
+    /// Logits of the token that follows `ids`, running only the ids `cache` has not seen
+    /// (all of them on an empty cache, then one at a time) and adding them to it.
+    ///
+    /// # Errors
+    /// `ids` not one or more ids past the cache's (all of them on an empty cache, exactly one
+    /// more on a filled one), longer than `max_seq_len`, an id outside the vocabulary, or
+    /// non-finite activations.
+    pub fn extend(&self, cache: &mut Cache<B>, ids: &[u32]) -> Result<Vec<f32>, InferError> {
+        let seen = cache.len();
+        if ids.len() <= seen || (seen > 0 && ids.len() != seen + 1) {
+            return Err(InferError::BadInput(format!(
+                "a cache of {seen} positions extended to {} ids (one new id at a time)",
+                ids.len()
+            )));
+        }
+        if ids.len() > self.model.max_seq_len {
+            return Err(InferError::BadInput(format!(
+                "a sequence of {} tokens is longer than {}",
+                ids.len(),
+                self.model.max_seq_len
+            )));
+        }
+        let new = self.sequence(&ids[seen..])?;
+        let mut x = SectionInput::Tokens(new.clone());
+        let n = self.sections.len();
+        for (i, cache) in cache.sections[..n - 1].iter_mut().enumerate() {
+            let out = self.sections[i].1.forward_cached(x, cache);
+            let (out, _) = through_wire(out, self.wire, &self.device)?;
+            let tokens = self.sections[i + 1].0.reembed.then(|| new.clone());
+            x = SectionInput::boundary(out, tokens);
+        }
+        let logits = self.sections[n - 1]
+            .1
+            .logits_cached(x, &mut cache.sections[n - 1]);
+        let [_, seq, vocab] = logits.dims();
+        Ok(host_values(logits.slice([0..1, seq - 1..seq, 0..vocab]))?)
+    }
+
     /// Logits of the token that follows `ids` (`vocab` values).
     ///
     /// # Errors
@@ -159,6 +211,24 @@ impl<B: Backend> Chain<B> {
             .zip(&window[1..])
             .map(|(row, &target)| log_softmax_at(row, target as usize))
             .collect())
+    }
+}
+
+/// Keys and values of every section for the positions run so far ([`Chain::extend`]).
+#[derive(Debug, Clone)]
+pub struct Cache<B: Backend> {
+    sections: Vec<SectionCache<B>>,
+}
+
+impl<B: Backend> Cache<B> {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.sections.first().map_or(0, SectionCache::len)
+    }
+
+    /// Whether no position is held yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -223,6 +293,30 @@ pub(crate) mod tests {
         let next = chain.next_logits(&window[..4]).unwrap();
         let direct = log_softmax_at(&next, window[4] as usize);
         assert!((direct - lp[3]).abs() < 1e-4, "{direct} vs {}", lp[3]);
+    }
+
+    #[test]
+    fn the_cache_gives_the_logits_of_the_whole_sequence() {
+        let chain = tiny_chain();
+        assert!(chain.caches_exactly());
+        let ids: Vec<u32> = (0..12).map(|i| (i * 53 % 256) as u32).collect();
+        let mut cache = chain.new_cache();
+        for end in 3..=ids.len() {
+            let cached = chain.extend(&mut cache, &ids[..end]).unwrap();
+            let full = chain.next_logits(&ids[..end]).unwrap();
+            let worst = cached
+                .iter()
+                .zip(&full)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(worst < 1e-4, "{end} ids: logits differ by {worst}");
+            assert_eq!(cache.len(), end);
+        }
+        // Two new ids at once, or none, on a filled cache are refused.
+        assert!(chain.extend(&mut cache, &ids).is_err());
+        let mut other = chain.new_cache();
+        chain.extend(&mut other, &ids[..3]).unwrap();
+        assert!(chain.extend(&mut other, &ids[..5]).is_err());
     }
 
     #[test]

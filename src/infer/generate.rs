@@ -1,6 +1,7 @@
 //! The autoregressive loop: the context through every section, one token sampled, appended,
-//! and again. Without a KV cache each step recomputes the whole context (at most the
-//! model's trained context length; older tokens slide out of it).
+//! and again. While the text fits the model's trained context a key/value cache runs only
+//! the new token; past it the window slides (older tokens drop out) and each step reruns the
+//! whole window.
 
 use burn::tensor::backend::Backend;
 
@@ -13,6 +14,9 @@ pub struct Limits {
     pub max_tokens: usize,
     /// Stop (without emitting it) when this id is sampled: the tokenizer's end of text.
     pub stop: Option<u32>,
+    /// Keep each position's keys and values while the text fits the context (when the chain
+    /// [caches exactly](Chain::caches_exactly)); `false` reruns the whole context every step.
+    pub kv_cache: bool,
 }
 
 /// Generates up to `limits.max_tokens` ids after `prompt`, calling `on_token` with each as
@@ -35,9 +39,14 @@ pub fn generate<B: Backend>(
     }
     let context = chain.context();
     let mut ids = prompt.to_vec();
+    let mut cache = (limits.kv_cache && chain.caches_exactly()).then(|| chain.new_cache());
     for _ in 0..limits.max_tokens {
-        let start = ids.len().saturating_sub(context);
-        let logits = chain.next_logits(&ids[start..])?;
+        // Once the text outgrows the context the window slides: every step then starts at
+        // another position and the cache no longer applies.
+        let logits = match cache.as_mut() {
+            Some(cache) if ids.len() <= context => chain.extend(cache, &ids)?,
+            _ => chain.next_logits(&ids[ids.len().saturating_sub(context)..])?,
+        };
         let id = sampler.pick(&logits);
         if Some(id) == limits.stop {
             break;
@@ -53,11 +62,17 @@ mod tests {
     use super::*;
     use crate::infer::chain::tests::tiny_chain;
 
-    fn run(chain: &Chain<crate::model::TestBackend>, temperature: f64, seed: u64) -> Vec<u32> {
+    fn run(
+        chain: &Chain<crate::model::TestBackend>,
+        temperature: f64,
+        seed: u64,
+        kv_cache: bool,
+    ) -> Vec<u32> {
         let mut sampler = Sampler::new(temperature, 0.9, seed).unwrap();
         let limits = Limits {
             max_tokens: 20,
             stop: None,
+            kv_cache,
         };
         let mut streamed = Vec::new();
         let out = generate(chain, &[1, 2, 3], limits, &mut sampler, |id| {
@@ -73,10 +88,17 @@ mod tests {
     fn generation_is_bounded_reproducible_and_slides_past_the_context() {
         let chain = tiny_chain();
         // 3 + 20 tokens exceed the 16-token context: the window slides.
-        let greedy = run(&chain, 0.0, 1);
+        let greedy = run(&chain, 0.0, 1, false);
         assert_eq!(greedy.len(), 20);
-        assert_eq!(greedy, run(&chain, 0.0, 2), "greedy depends on the seed");
-        assert_eq!(run(&chain, 1.0, 9), run(&chain, 1.0, 9));
+        assert_eq!(
+            greedy,
+            run(&chain, 0.0, 2, false),
+            "greedy depends on the seed"
+        );
+        assert_eq!(run(&chain, 1.0, 9, false), run(&chain, 1.0, 9, false));
+        // The cache, used while the text fits the context, changes nothing.
+        assert_eq!(greedy, run(&chain, 0.0, 1, true));
+        assert_eq!(run(&chain, 1.0, 9, false), run(&chain, 1.0, 9, true));
         // The first greedy token is the argmax of the prompt's next-token logits.
         let logits = chain.next_logits(&[1, 2, 3]).unwrap();
         let mut s = Sampler::new(0.0, 1.0, 0).unwrap();
@@ -90,12 +112,13 @@ mod tests {
         let limits = Limits {
             max_tokens: 5,
             stop: None,
+            kv_cache: true,
         };
         assert!(generate(&chain, &[], limits, &mut s, |_| Ok(())).is_err());
         let first = generate(&chain, &[4, 5], limits, &mut s, |_| Ok(())).unwrap()[0];
         let stop = Limits {
-            max_tokens: 5,
             stop: Some(first),
+            ..limits
         };
         assert!(
             generate(&chain, &[4, 5], stop, &mut s, |_| Ok(()))

@@ -13,9 +13,9 @@
 //! - [`eval`]: held-out loss and perplexity over a dataset's evaluation windows.
 //! - [`task`]: multiple-choice questions scored by log-likelihood.
 //!
-//! There is no KV cache: each new token runs the whole context (up to the model's context
-//! length) through every section again. The sections' attention takes whole sequences, and
-//! a cache would have to reach through the bottleneck and re-embedding of every section.
+//! Generation keeps a key/value cache per block ([`Chain::extend`]) while the text fits the
+//! model's trained context and the boundary encoding works value by value (`f32`, `bf16`);
+//! past the context, or with `int8` boundaries, each token reruns the whole context.
 
 pub mod chain;
 pub mod eval;

@@ -367,3 +367,49 @@ fn bad_input_gets_a_one_line_error() {
         "line 1",
     );
 }
+
+#[test]
+fn a_local_networks_model_is_evaluated_as_the_network_evaluated_it() {
+    // A real `iota local` run (3 sections x 1 miner, 40 samples, a merge every 20): its
+    // `--dir` is the checkpoint, and `iota eval` on the same held-out windows gives the
+    // network's own evaluation of the last merged model.
+    let dir = tempfile::tempdir().unwrap();
+    let (local, summary) = (dir.path().join("net"), dir.path().join("summary.json"));
+    ok(&[
+        "local",
+        "--preset",
+        "tiny",
+        "--sections",
+        "3",
+        "--miners-per-section",
+        "1",
+        "--samples",
+        "40",
+        "--seq-len",
+        SEQ,
+        "--batch-size",
+        "2",
+        "--merge-every",
+        "20",
+        "--validators",
+        "0",
+        "--poll-ms",
+        "250",
+        "--dir",
+        s(&local),
+        "--summary-out",
+        s(&summary),
+    ]);
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
+    let network = summary["eval_loss"].as_f64().unwrap();
+    let ours = eval(&local, &["--data", "synthetic"])["eval"]["loss"]
+        .as_f64()
+        .unwrap();
+    assert!(
+        (ours - network).abs() < 1e-4,
+        "iota eval {ours} vs the network's {network}"
+    );
+    let (_, tokens) = generate(&local, &["--prompt", "the ", "--max-tokens", "10"]);
+    assert!(tokens <= 10);
+}

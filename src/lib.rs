@@ -16,6 +16,8 @@
 //! - [`orchestrator`]: the server of the network: run config, SQLite state, routing, HTTP API.
 //! - [`compute`]: shared ground below the roles: the section compute engine, the forward-input
 //!   cache and payload download checks, which miners run and validators replay.
+//! - [`infer`]: using a trained model: its sections loaded from a checkpoint and run in
+//!   sequence to sample text (`iota generate`) and measure loss or task accuracy (`iota eval`).
 //! - [`merge`]: merge operators and the butterfly partition plan over flat `f32` buffers.
 //! - [`miner`]: the miner loop serving one section for an orchestrator (`iota mine`).
 //! - [`validator`]: replay checks, CLASP, copy detection, scores and weights (`iota validate`).
@@ -31,6 +33,7 @@ pub mod cmd;
 pub mod codec;
 pub mod compute;
 pub mod data;
+pub mod infer;
 pub mod merge;
 pub mod miner;
 pub mod model;

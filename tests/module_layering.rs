@@ -193,7 +193,7 @@ fn dependencies_point_down_from_commands_to_the_core() {
     let layer = |m: &str| match m {
         "cmd" => 6,
         "orchestrator" | "miner" | "validator" => 5,
-        "compute" => 4,
+        "compute" | "infer" => 4,
         "api" => 3,
         "merge" | "model" | "storage" | "chain" | "data" => 2,
         "wallet" => 1,

@@ -2,38 +2,10 @@
 //! bad input with a one-line error and a non-zero exit.
 
 use std::path::Path;
-use std::process::{Command, Output};
 
-fn iota(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args(args)
-        .output()
-        .expect("run iota")
-}
+mod common;
 
-fn ok(args: &[&str]) -> Output {
-    let out = iota(args);
-    assert!(
-        out.status.success(),
-        "iota {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn fails_with(args: &[&str], needle: &str) {
-    let out = iota(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "iota {args:?} should fail");
-    assert!(
-        stderr.contains(needle),
-        "iota {args:?}: expected `{needle}` in:\n{stderr}"
-    );
-    assert!(
-        stderr.starts_with("iota: "),
-        "one-line error expected:\n{stderr}"
-    );
-}
+use common::cli::{fails_with, ok, s};
 
 fn losses(path: &Path) -> Vec<(u64, f32)> {
     std::fs::read_to_string(path)
@@ -50,10 +22,6 @@ fn losses(path: &Path) -> Vec<(u64, f32)> {
             )
         })
         .collect()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]

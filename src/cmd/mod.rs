@@ -6,6 +6,8 @@ use clap::{Parser, Subcommand};
 pub mod allocator;
 pub mod bench;
 pub mod dotenv;
+pub mod eval;
+pub mod generate;
 pub mod hint;
 pub mod local;
 pub mod merge;
@@ -21,6 +23,7 @@ pub mod status;
 pub mod subnormals;
 pub mod tokenizer;
 pub mod train;
+pub mod trained;
 pub mod validate;
 pub mod wallet;
 
@@ -57,6 +60,10 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Describe model presets: parameters per section, bytes crossing each boundary.
     Model(model::ModelArgs),
+    /// Sample text from a trained model, streaming tokens as they are chosen.
+    Generate(generate::GenerateArgs),
+    /// Held-out loss and perplexity of a trained model (and multiple-choice accuracy).
+    Eval(eval::EvalArgs),
     /// Benchmarks that print tables (model, merge, network).
     Bench(bench::BenchArgs),
     /// Merge checkpoints offline with the network's merge operators.
@@ -94,6 +101,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Train(args) => train::run(args),
         Command::Model(args) => model::run(args),
+        Command::Generate(args) => generate::run(args),
+        Command::Eval(args) => eval::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Merge(args) => merge::run(args),
         Command::Tokenizer(args) => tokenizer::run(args),

@@ -5,7 +5,7 @@ use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use super::fused::causal_attention;
+use super::fused::{attention_to_all, causal_attention};
 use super::init::Init;
 use super::layers::Linear;
 use super::rope::Rope;
@@ -65,6 +65,17 @@ impl<B: Backend> Attention<B> {
     /// # Shapes
     /// - x: `[batch, seq, d_model]` -> `[batch, seq, d_model]`
     pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> Tensor<B, 3> {
+        let dims = x.dims();
+        let (q, k, v) = self.project(x, rope);
+        self.merge_heads(self.core(q, k, v), dims)
+    }
+
+    /// Rotated queries and keys, and values, by head: `[batch, heads, seq, head_dim]`.
+    fn project(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &Rope<B>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>) {
         let [batch, seq, d_model] = x.dims();
         let head_dim = d_model / self.n_heads;
         let heads =
@@ -72,9 +83,47 @@ impl<B: Backend> Attention<B> {
         let q = rope.apply(heads(self.q_proj.forward(x.clone()), self.n_heads));
         let k = rope.apply(heads(self.k_proj.forward(x.clone()), self.n_kv_heads));
         let v = heads(self.v_proj.forward(x), self.n_kv_heads);
-        let out = self.core(q, k, v);
-        self.o_proj
-            .forward(out.swap_dims(1, 2).reshape([batch, seq, d_model]))
+        (q, k, v)
+    }
+
+    /// The heads' outputs back to `[batch, seq, d_model]` (`dims`), through the output
+    /// projection.
+    fn merge_heads(&self, out: Tensor<B, 4>, dims: [usize; 3]) -> Tensor<B, 3> {
+        self.o_proj.forward(out.swap_dims(1, 2).reshape(dims))
+    }
+
+    /// [`Self::forward`] for the positions after those in `cache`, whose keys and values are
+    /// added to it: the whole sequence on an empty cache, or one new position (a decoding
+    /// step) on a filled one. `rope` holds the tables of the new positions
+    /// ([`Rope::at`] the cache's length).
+    ///
+    /// # Shapes
+    /// - x: `[batch, new, d_model]` -> `[batch, new, d_model]`
+    ///
+    /// # Panics
+    /// Several new positions on a non-empty cache.
+    pub fn forward_cached(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &Rope<B>,
+        cache: &mut KvCache<B>,
+    ) -> Tensor<B, 3> {
+        let dims = x.dims();
+        let seq = dims[1];
+        let (q, k, v) = self.project(x, rope);
+        let (k, v) = match (cache.k.take(), cache.v.take()) {
+            (Some(pk), Some(pv)) => (Tensor::cat(vec![pk, k], 2), Tensor::cat(vec![pv, v], 2)),
+            _ => (k, v),
+        };
+        cache.k = Some(k.clone());
+        cache.v = Some(v.clone());
+        let out = if k.dims()[2] == seq {
+            self.core(q, k, v)
+        } else {
+            assert_eq!(seq, 1, "a filled cache takes one new position at a time");
+            attention_to_all(q, k, v)
+        };
+        self.merge_heads(out, dims)
     }
 
     /// Causal scaled dot-product attention of rotated queries and keys over values, each
@@ -86,5 +135,33 @@ impl<B: Backend> Attention<B> {
     /// - output: `[batch, n_heads, seq, head_dim]`
     pub fn core(&self, q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
         causal_attention(q, k, v)
+    }
+}
+
+/// Keys and values (rotated keys) of the positions one attention layer has seen, so a
+/// decoding step computes only its new position's.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    /// `[batch, n_kv_heads, len, head_dim]`, `None` before the first position.
+    k: Option<Tensor<B, 4>>,
+    /// Same shape as `k`.
+    v: Option<Tensor<B, 4>>,
+}
+
+impl<B: Backend> Default for KvCache<B> {
+    fn default() -> Self {
+        Self { k: None, v: None }
+    }
+}
+
+impl<B: Backend> KvCache<B> {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.k.as_ref().map_or(0, |k| k.dims()[2])
+    }
+
+    /// Whether no position is held yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

@@ -7,7 +7,7 @@ use burn::module::Module;
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-use super::attention::Attention;
+use super::attention::{Attention, KvCache};
 use super::config::ModelConfig;
 use super::init::Init;
 use super::layers::{Mlp, RmsNorm};
@@ -65,6 +65,23 @@ impl<B: Backend> Block<B> {
         let a = self
             .self_attn
             .forward(self.input_layernorm.forward(x.clone()), rope);
+        x + a
+    }
+
+    /// [`Self::attend`] for the positions after those in `cache` (see
+    /// [`Attention::forward_cached`]).
+    ///
+    /// # Shapes
+    /// - x: `[batch, new, d_model]` -> `[batch, new, d_model]`
+    pub fn attend_cached(
+        &self,
+        x: Tensor<B, 3>,
+        rope: &Rope<B>,
+        cache: &mut KvCache<B>,
+    ) -> Tensor<B, 3> {
+        let a = self
+            .self_attn
+            .forward_cached(self.input_layernorm.forward(x.clone()), rope, cache);
         x + a
     }
 

@@ -203,6 +203,20 @@ pub fn exists(dir: &Path) -> bool {
 /// Missing files, corrupt JSON or safetensors, an unknown format version, or an invalid
 /// model config.
 pub fn load(dir: &Path) -> Result<Checkpoint, ModelError> {
+    let (meta, params) = load_weights(dir)?;
+    Ok(Checkpoint {
+        params,
+        optimizer: read_safetensors(&dir.join(OPTIMIZER_FILE))?,
+        meta,
+    })
+}
+
+/// Loads the sidecar and the weights of a checkpoint saved by [`save`], without the
+/// optimizer moments (all that using the model needs).
+///
+/// # Errors
+/// As [`load`].
+pub fn load_weights(dir: &Path) -> Result<(CheckpointMeta, Vec<NamedTensor>), ModelError> {
     let meta_path = dir.join(META_FILE);
     let json = fs::read(&meta_path).map_err(|e| err(&meta_path, e.to_string()))?;
     let meta: CheckpointMeta = serde_json::from_slice(&json)
@@ -217,11 +231,8 @@ pub fn load(dir: &Path) -> Result<Checkpoint, ModelError> {
         ));
     }
     meta.model.validate()?;
-    Ok(Checkpoint {
-        params: read_safetensors(&dir.join(MODEL_FILE))?,
-        optimizer: read_safetensors(&dir.join(OPTIMIZER_FILE))?,
-        meta,
-    })
+    let params = read_safetensors(&dir.join(MODEL_FILE))?;
+    Ok((meta, params))
 }
 
 #[cfg(test)]

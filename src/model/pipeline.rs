@@ -86,6 +86,24 @@ pub fn windows_to_tensors<B: burn::tensor::backend::Backend>(
     ))
 }
 
+/// Sends a boundary tensor through the wire codec as `wire` and decodes it on `device`, as the
+/// network does between two sections. Returns the decoded tensor and the encoded size in bytes.
+///
+/// # Errors
+/// A tensor the codec refuses (NaN or infinite values).
+pub fn through_wire<B: Backend>(
+    t: Tensor<B, 3>,
+    wire: WireDtype,
+    device: &B::Device,
+) -> Result<(Tensor<B, 3>, usize), ModelError> {
+    let shape = t.dims();
+    let data = super::host_f32(t.into_data())?;
+    let bytes = codec::encode(&shape, &data, wire)?;
+    let decoded = codec::decode_expecting(&bytes, &shape)?;
+    let tensor = Tensor::from_data(TensorData::new(decoded.data, shape), device);
+    Ok((tensor, bytes.len()))
+}
+
 impl<B: AutodiffBackend> Pipeline<B> {
     /// All sections of `config`, initialised from `seed`; boundary tensors are sent as `wire`.
     ///
@@ -146,12 +164,7 @@ impl<B: AutodiffBackend> Pipeline<B> {
         &self,
         t: Tensor<Inner<B>, 3>,
     ) -> Result<(Tensor<Inner<B>, 3>, usize), ModelError> {
-        let shape = t.dims();
-        let data = super::host_f32(t.into_data())?;
-        let bytes = codec::encode(&shape, &data, self.wire)?;
-        let decoded = codec::decode_expecting(&bytes, &shape)?;
-        let tensor = Tensor::from_data(TensorData::new(decoded.data, shape), &self.device);
-        Ok((tensor, bytes.len()))
+        through_wire(t, self.wire, &self.device)
     }
 
     /// Forward and backward of one micro-batch of token windows (`seq + 1` tokens each)

@@ -19,10 +19,15 @@ pub struct Rope<B: Backend> {
 impl<B: Backend> Rope<B> {
     /// Tables for positions `0..seq` and heads of width `head_dim` (even).
     pub fn new(seq: usize, head_dim: usize, theta: f64, device: &B::Device) -> Self {
+        Self::at(0, seq, head_dim, theta, device)
+    }
+
+    /// Tables for positions `start..start + seq` (new positions after `start` cached ones).
+    pub fn at(start: usize, seq: usize, head_dim: usize, theta: f64, device: &B::Device) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(seq * head_dim);
         let mut sin = Vec::with_capacity(seq * head_dim);
-        for pos in 0..seq {
+        for pos in start..start + seq {
             // The two halves of a row repeat the same frequencies; rotate_half negates the
             // second half of x as it moves it to the front, so the sine's first half is negated.
             for sign in [-1.0, 1.0] {
@@ -79,6 +84,12 @@ mod tests {
             let n1: f32 = y[row * 4..row * 4 + 4].iter().map(|v| v * v).sum();
             assert!((n0 - n1).abs() < 1e-4, "row {row}: {n0} vs {n1}");
         }
+        // Tables from a start position are the rows of the longer table.
+        let later = Rope::<TestBackend>::at(1, 2, 4, 10_000.0, &device);
+        let full = Rope::<TestBackend>::new(3, 4, 10_000.0, &device);
+        let rows = |t: Tensor<TestBackend, 2>| t.into_data().to_vec::<f32>().unwrap();
+        assert_eq!(rows(later.cos), rows(full.cos.clone()).split_off(4));
+        assert_eq!(rows(later.sin), rows(full.sin.clone()).split_off(4));
         // Position 1, first frequency (1.0 rad): pairs (x0, x2) rotate by 1 radian.
         let (a, b) = (values[4], values[6]);
         assert!((y[4] - (a * 1f32.cos() - b * 1f32.sin())).abs() < 1e-5);

@@ -7,6 +7,7 @@ use burn::module::Module;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
+use super::attention::KvCache;
 use super::block::Block;
 use super::bottleneck::{BottleneckDecoder, BottleneckEncoder};
 use super::config::{ModelConfig, SectionSpec};
@@ -115,11 +116,52 @@ impl<B: Backend> SectionModel<B> {
     /// (`[batch, seq, width]`), or the final normalised hidden state for the tail
     /// (`[batch, seq, d_model]`).
     pub fn forward(&self, input: SectionInput<B>) -> Tensor<B, 3> {
+        let x = self.embed(input);
+        let [_, seq, _] = x.dims();
+        let rope = Rope::new(seq, self.head_dim, self.rope_theta, &x.device());
+        self.blocks(x, |_, block, x| block.attend(x, &rope))
+    }
+
+    /// An empty cache for [`Self::forward_cached`]: one [`KvCache`] per block.
+    pub fn new_cache(&self) -> SectionCache<B> {
+        SectionCache {
+            layers: vec![KvCache::default(); self.layers.len()],
+        }
+    }
+
+    /// [`Self::forward`] for the positions after those in `cache`, whose keys and values it
+    /// adds: the same values as the whole sequence through [`Self::forward`], at the new
+    /// positions. Everything besides attention works position by position.
+    ///
+    /// # Panics
+    /// As [`Self::forward`], and several new positions on a non-empty cache.
+    pub fn forward_cached(
+        &self,
+        input: SectionInput<B>,
+        cache: &mut SectionCache<B>,
+    ) -> Tensor<B, 3> {
+        let x = self.embed(input);
+        let [_, seq, _] = x.dims();
+        let rope = Rope::at(
+            cache.len(),
+            seq,
+            self.head_dim,
+            self.rope_theta,
+            &x.device(),
+        );
+        self.blocks(x, |i, block, x| {
+            block.attend_cached(x, &rope, &mut cache.layers[i])
+        })
+    }
+
+    /// The section's input as the first block reads it: embedded token ids, or decoded
+    /// boundary activations plus the re-embedded ids.
+    fn embed(&self, input: SectionInput<B>) -> Tensor<B, 3> {
         let decode = |z| match &self.bottleneck_in {
             Some(decoder) => decoder.forward(z),
             None => z,
         };
-        let mut x = match input {
+        match input {
             SectionInput::Tokens(tokens) => match &self.embed_tokens {
                 Some(embed) => embed.forward(tokens),
                 None => panic!("token ids given to a section without an embedding"),
@@ -129,17 +171,23 @@ impl<B: Backend> SectionModel<B> {
                 Some(table) => decode(z) + table.forward(tokens) * self.reembed_scale,
                 None => decode(z),
             },
-        };
-        let [_, seq, _] = x.dims();
-        let rope = Rope::new(seq, self.head_dim, self.rope_theta, &x.device());
+        }
+    }
+
+    /// The blocks from the embedded input to the output, each block's attention half done
+    /// by `attend(index, block, x)`; the last block sends through the bottleneck, the tail
+    /// normalises.
+    fn blocks(
+        &self,
+        mut x: Tensor<B, 3>,
+        mut attend: impl FnMut(usize, &Block<B>, Tensor<B, 3>) -> Tensor<B, 3>,
+    ) -> Tensor<B, 3> {
         let n = self.layers.len();
         for (i, block) in self.layers.iter().enumerate() {
+            let h = attend(i, block, x);
             x = match (&self.bottleneck_out, i + 1 == n) {
-                (Some(encoder), true) => {
-                    let h = block.attend(x, &rope);
-                    encoder.forward(block.mlp_branch(h.clone()), h)
-                }
-                _ => block.forward(x, &rope),
+                (Some(encoder), true) => encoder.forward(block.mlp_branch(h.clone()), h),
+                _ => h.clone() + block.mlp_branch(h),
             };
         }
         match &self.norm {
@@ -153,7 +201,22 @@ impl<B: Backend> SectionModel<B> {
     /// # Shapes
     /// - returns `[batch, seq, vocab]`
     pub fn logits(&self, input: SectionInput<B>) -> Tensor<B, 3> {
-        let hidden = self.forward(input);
+        self.lm_head_of(self.forward(input))
+    }
+
+    /// [`Self::logits`] of the positions after those in `cache` ([`Self::forward_cached`]).
+    ///
+    /// # Shapes
+    /// - returns `[batch, new, vocab]`
+    pub fn logits_cached(
+        &self,
+        input: SectionInput<B>,
+        cache: &mut SectionCache<B>,
+    ) -> Tensor<B, 3> {
+        self.lm_head_of(self.forward_cached(input, cache))
+    }
+
+    fn lm_head_of(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         match &self.lm_head {
             Some(head) => head.forward(hidden),
             None => panic!("logits asked of a section without an LM head"),
@@ -164,6 +227,25 @@ impl<B: Backend> SectionModel<B> {
     /// (`[batch, seq]`), as a one-element tensor.
     pub fn loss(&self, input: SectionInput<B>, targets: Tensor<B, 2, Int>) -> Tensor<B, 1> {
         cross_entropy(self.logits(input), targets)
+    }
+}
+
+/// Keys and values of every block of one section for the positions it has run
+/// ([`SectionModel::forward_cached`]).
+#[derive(Debug, Clone)]
+pub struct SectionCache<B: Backend> {
+    layers: Vec<KvCache<B>>,
+}
+
+impl<B: Backend> SectionCache<B> {
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.layers.first().map_or(0, KvCache::len)
+    }
+
+    /// Whether no position is held yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 

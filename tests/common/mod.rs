@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: a real S3-compatible server (s3s-fs) started on a
 //! free loopback port with a temporary directory, killed when dropped; [`net`] (clock, ports,
-//! plain GETs, pollers); [`browser`] (headless chromium); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
+//! plain GETs, pollers); [`browser`] (headless chromium); [`cli`] (the binary run with arguments); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
 //! `iota local` run left on disk).
 //!
 //! s3s-fs must be installed (tests fail, not skip, when it is missing):
@@ -9,6 +9,7 @@
 
 pub mod api_harness;
 pub mod browser;
+pub mod cli;
 pub mod local_run;
 pub mod net;
 pub mod procs;

@@ -44,13 +44,41 @@ pub fn causal_attention<B: Backend>(
     composed(q, k, v)
 }
 
+/// Scaled dot-product attention of queries over every key, unmasked (scale
+/// `1 / sqrt(head_dim)`), each key/value head serving `n_heads / n_kv_heads` query heads: the
+/// newest position of a causal sequence attending to it and every earlier one (a decoding
+/// step over cached keys and values).
+///
+/// # Shapes
+/// - q: `[batch, n_heads, new, head_dim]`
+/// - k, v: `[batch, n_kv_heads, seq, head_dim]`
+/// - output: `[batch, n_heads, new, head_dim]`
+pub fn attention_to_all<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+) -> Tensor<B, 4> {
+    burns_attention(q, k, v, false)
+}
+
 /// burn's own attention over repeated heads: the path of backends other than the CPU.
 fn composed<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>) -> Tensor<B, 4> {
+    burns_attention(q, k, v, true)
+}
+
+/// burn's attention, causal or not, each key/value head repeated for the query heads it
+/// serves.
+fn burns_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    is_causal: bool,
+) -> Tensor<B, 4> {
     let heads = q.dims()[1];
     let options = AttentionModuleOptions {
         scale: None,
         softcap: None,
-        is_causal: true,
+        is_causal,
     };
     let (k, v) = (repeat_kv(k, heads), repeat_kv(v, heads));
     attention(q, k, v, None, None, options)

@@ -22,7 +22,7 @@ pub mod attention;
 pub mod linear;
 pub mod swiglu;
 
-pub use attention::causal_attention;
+pub use attention::{attention_to_all, causal_attention};
 pub use linear::linear;
 pub use swiglu::swiglu;
 

@@ -1,0 +1,180 @@
+//! The flags that name a trained model (`--checkpoint`, `--config`, `--tokenizer`, `--wire`,
+//! `--device`), shared by `iota generate` and `iota eval`, and their resolution into weights
+//! and the tokenizer they were trained with.
+//!
+//! `--checkpoint PATH` is one of:
+//! - an `iota train --out` directory (`checkpoint.json` + `model.safetensors`);
+//! - an `iota local --dir` directory (`run.yaml`): the newest merged checkpoint of the run in
+//!   its local object store;
+//! - a folder of section checkpoints (`0/flat`, `1/flat`, ...; or folders of epochs holding
+//!   them), read as the model of the run config `--config`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use clap::Args;
+
+use crate::codec::WireDtype;
+use crate::data::Tokenizer;
+use crate::infer::Weights;
+use crate::infer::load::{from_section_dir, from_train_dir, holds_sections};
+use crate::model::backend::DeviceKind;
+use crate::model::checkpoint;
+use crate::orchestrator::RunConfig;
+
+/// The run config `iota local` writes into its `--dir`.
+const LOCAL_CONFIG: &str = "run.yaml";
+
+/// Flags naming a trained model.
+#[derive(Debug, Args)]
+pub struct ModelSource {
+    /// The trained model: an `iota train --out` directory, an `iota local --dir` directory,
+    /// or a folder of section checkpoints (with --config).
+    #[arg(long, value_name = "PATH")]
+    pub checkpoint: PathBuf,
+    /// Run config (YAML) whose model a folder of section checkpoints holds; for an
+    /// `iota local --dir` its `run.yaml` is read without it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// HF tokenizer.json the model was trained with (default: the run config's, else the
+    /// built-in byte-level tokenizer).
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
+    /// Encoding of tensors crossing section boundaries (f32, bf16, int8); default: the run
+    /// config's `wire`, else bf16 (`iota train`'s default).
+    #[arg(long, value_name = "DTYPE")]
+    pub wire: Option<WireDtype>,
+    /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
+}
+
+/// A trained model ready to be built on a device.
+#[derive(Debug)]
+pub struct Trained {
+    /// Every section's parameters.
+    pub weights: Weights,
+    /// The tokenizer it was trained with.
+    pub tokenizer: Tokenizer,
+    /// Boundary encoding.
+    pub wire: WireDtype,
+}
+
+/// Where the weights and their model config are.
+enum Layout {
+    Train,
+    Sections {
+        dir: PathBuf,
+        config: Box<RunConfig>,
+    },
+}
+
+fn run_config(path: &Path) -> anyhow::Result<RunConfig> {
+    RunConfig::load(path).with_context(|| format!("run config {}", path.display()))
+}
+
+/// Where a run config's local object store keeps the run's checkpoints.
+fn checkpoints_dir(config: &RunConfig) -> anyhow::Result<PathBuf> {
+    let url = &config.storage.url;
+    if url.contains("://") && !url.starts_with("file://") {
+        bail!(
+            "run {:?} stores its checkpoints in {url}, not on this disk: copy \
+             runs/{}/checkpoints/EPOCH from it and pass that folder with --config",
+            config.run,
+            config.run
+        );
+    }
+    Ok(PathBuf::from(url.trim_start_matches("file://"))
+        .join("runs")
+        .join(&config.run)
+        .join("checkpoints"))
+}
+
+fn layout(source: &ModelSource) -> anyhow::Result<Layout> {
+    let path = &source.checkpoint;
+    if !path.is_dir() {
+        bail!("--checkpoint {}: no such directory", path.display());
+    }
+    if checkpoint::exists(path) {
+        return Ok(Layout::Train);
+    }
+    if let Some(file) = &source.config {
+        return Ok(Layout::Sections {
+            dir: path.clone(),
+            config: Box::new(run_config(file)?),
+        });
+    }
+    let local = path.join(LOCAL_CONFIG);
+    if local.is_file() {
+        let config = run_config(&local)?;
+        let dir = checkpoints_dir(&config)?;
+        if !holds_sections(&dir) {
+            bail!(
+                "--checkpoint {}: the run {:?} has no merged checkpoint yet (nothing in {})",
+                path.display(),
+                config.run,
+                dir.display()
+            );
+        }
+        return Ok(Layout::Sections {
+            dir,
+            config: Box::new(config),
+        });
+    }
+    if holds_sections(path) {
+        bail!(
+            "--checkpoint {}: section checkpoints without a model config; pass the run's \
+             config with --config run.yaml",
+            path.display()
+        );
+    }
+    bail!(
+        "--checkpoint {}: no checkpoint found (expected {} from `iota train --out`, {LOCAL_CONFIG} \
+         from `iota local --dir`, or section folders 0/flat, 1/flat, ...)",
+        path.display(),
+        checkpoint::META_FILE
+    )
+}
+
+/// Finds and reads the model `source` names and the tokenizer it was trained with.
+///
+/// # Errors
+/// One line naming what is missing or wrong: no such directory, no checkpoint, a missing
+/// section, weights that do not fit the config, or a tokenizer that is not the model's.
+pub fn open(source: &ModelSource) -> anyhow::Result<Trained> {
+    let (weights, tokenizer_path, wire) = match layout(source)? {
+        Layout::Train => (
+            from_train_dir(&source.checkpoint)?,
+            source.tokenizer.clone(),
+            source.wire.unwrap_or(WireDtype::Bf16),
+        ),
+        Layout::Sections { dir, config } => (
+            from_section_dir(&dir, &config.model, config.seq_len)?,
+            source.tokenizer.clone().or(config.data.tokenizer.clone()),
+            source.wire.unwrap_or(config.wire),
+        ),
+    };
+    let tokenizer = Tokenizer::load(tokenizer_path.as_deref()).context("loading the tokenizer")?;
+    if let Some(trained) = &weights.tokenizer
+        && *trained != tokenizer.fingerprint()
+    {
+        bail!(
+            "the tokenizer ({}) is not the one the model was trained with ({trained}); pass that \
+             one with --tokenizer",
+            tokenizer.fingerprint()
+        );
+    }
+    if tokenizer.vocab_size() > weights.model.vocab_size {
+        bail!(
+            "the tokenizer has {} tokens but the model's vocabulary holds {}; pass the model's \
+             tokenizer with --tokenizer",
+            tokenizer.vocab_size(),
+            weights.model.vocab_size
+        );
+    }
+    Ok(Trained {
+        weights,
+        tokenizer,
+        wire,
+    })
+}

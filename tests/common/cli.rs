@@ -1,0 +1,45 @@
+//! Running the real `iota` binary with arguments: its output, success expected, or a one-line
+//! error expected.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+/// Runs `iota args..` and returns what it printed.
+pub fn iota(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(args)
+        .output()
+        .expect("run iota")
+}
+
+/// Runs `iota args..`, which must succeed.
+pub fn ok(args: &[&str]) -> Output {
+    let out = iota(args);
+    assert!(
+        out.status.success(),
+        "iota {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Runs `iota args..`, which must fail with one line on stderr, `iota: ...` containing
+/// `needle` (so no panic and no usage text).
+pub fn fails_with(args: &[&str], needle: &str) {
+    let out = iota(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "iota {args:?} should fail");
+    assert!(
+        stderr.starts_with("iota: ") && stderr.trim_end().lines().count() == 1,
+        "iota {args:?}: one-line error expected:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(needle),
+        "iota {args:?}: expected `{needle}` in:\n{stderr}"
+    );
+}
+
+/// A path as an argument (the tests' temporary paths are UTF-8).
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("a UTF-8 path")
+}

@@ -231,9 +231,10 @@ fn network(
                 format!("{},steer", c.cheat),
                 "--section".into(),
                 c.section.to_string(),
-                // Throwaways no longer steer a key: it grinds fresh keys until one lands.
+                // Throwaways no longer steer a key: it grinds fresh keys until one lands (a
+                // section with more proven miners than another takes none: up to 60 s).
                 "--grind".into(),
-                "24".into(),
+                "60".into(),
                 // One after the other, each once the ones before it registered.
                 "--wait-miners".into(),
                 (honest + i).to_string(),

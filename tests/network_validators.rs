@@ -162,7 +162,7 @@ fn a_reembedding_model_trains_and_every_miners_replay_agrees() {
                 .unwrap_or_else(|| panic!("epoch {epoch}: no replay note: {m}"));
             // Every item replayed, none skipped for want of an input.
             assert!(
-                replayed.contains("(0 skipped)"),
+                replayed.contains("(0 skipped,"),
                 "epoch {epoch}: {replayed}"
             );
         }

@@ -31,7 +31,8 @@ pub struct Harness {
 
 /// The test run's config plus `extra` YAML lines (which may replace the model). Evaluation
 /// through the network is off unless `extra` sets `eval_samples` (routing tests follow
-/// training samples).
+/// training samples); placement is `ordered` unless `extra` sets `placement` (the tests'
+/// miners fill the sections in the order they register).
 pub fn config(extra: &str) -> RunConfig {
     let model = if extra.contains("model:") {
         ""
@@ -43,8 +44,13 @@ pub fn config(extra: &str) -> RunConfig {
     } else {
         "eval_samples: 0\n"
     };
+    let placement = if extra.contains("placement:") {
+        ""
+    } else {
+        "placement: {ordered: true}\n"
+    };
     RunConfig::from_yaml(&format!(
-        "run: test-run\n{model}{eval}batch_size: 2\nseq_len: 8\nwire: f32\n\
+        "run: test-run\n{model}{eval}{placement}batch_size: 2\nseq_len: 8\nwire: f32\n\
          max_in_flight: 2\ndeadlines: {{forward_s: 10, backward_s: 20}}\n\
          public_url: http://orch.test\n{extra}"
     ))

@@ -183,11 +183,14 @@ class Cheater:
                 throwaways += 1
                 emit("throwaway", hotkey=key.ss58_address, status=status, section=resp.get("section"))
         status, resp = self.register_key(api.key)
-        # Grinding: a fresh key until one lands in the section wanted (each a registration).
+        # Grinding: a fresh key until one lands in the section wanted (each a registration). A
+        # key goes to a section with the fewest proven miners, so while the wanted one has more
+        # than another, every key misses it: wait a second between keys for that to change.
         ground = 0
         while ("steer" in self.cheats and a.section is not None and ground < a.grind
                and resp.get("section") != a.section):
             ground += 1
+            time.sleep(1)
             api.key = Keypair.create_from_uri(f"{a.key}/grind/{ground}")
             status, resp = self.register_key(api.key)
         self.section, self.settings = resp["section"], resp["settings"]
@@ -413,7 +416,7 @@ def main():
     p.add_argument("--section", type=int, help="section to steer into (with steer)")
     p.add_argument("--max-throwaways", type=int, default=12)
     p.add_argument("--grind", type=int, default=0,
-                   help="with steer: register up to N fresh keys until one lands in --section")
+                   help="with steer: register up to N fresh keys, 1 s apart, until one lands in --section")
     p.add_argument("--register-tries", type=int, default=15, help="2 s apart")
     p.add_argument("--wait-miners", type=int, default=0, help="register once this many miners are")
     p.add_argument("--seconds", type=float, default=1e9)

@@ -296,11 +296,11 @@ fn write_config(args: &LocalArgs, dir: &Path, listen: SocketAddr) -> anyhow::Res
 /// not `placement.ordered`), a copy in `dir` that pins this network's miners round the
 /// sections as the generated config does; returns the path to run.
 fn pinned_copy(path: &Path, args: &LocalArgs, dir: &Path) -> anyhow::Result<PathBuf> {
-    let config = RunConfig::load(path)?;
+    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = RunConfig::from_yaml(&text).with_context(|| path.display().to_string())?;
     if !config.placement.pins.is_empty() || config.placement.ordered {
         return Ok(path.to_path_buf());
     }
-    let text = fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut value: serde_json::Value = serde_norway::from_str(&text)
         .with_context(|| format!("reading {} as YAML", path.display()))?;
     let pins = miner_pins(dir, config.model.n_sections(), args.miners_per_section)?;

@@ -86,13 +86,9 @@ impl<B: AutodiffBackend> Pipeline<B> {
         boundary: usize,
         with: &Replacement,
     ) -> Result<f32, ModelError> {
-        let (mut total, mut n) = (0.0f64, 0usize);
-        for chunk in windows.chunks(batch.max(1)) {
-            total +=
-                f64::from(self.eval_loss_replacing(chunk, boundary, with)?) * chunk.len() as f64;
-            n += chunk.len();
-        }
-        Ok((total / n.max(1) as f64) as f32)
+        self.mean_by_chunks(windows, batch, |p, chunk| {
+            p.eval_loss_replacing(chunk, boundary, with)
+        })
     }
 
     /// Mean loss of a micro-batch with the output of boundary `boundary` replaced (after it
@@ -112,17 +108,14 @@ impl<B: AutodiffBackend> Pipeline<B> {
                 "boundary {boundary} does not exist in a model of {n} sections"
             )));
         }
-        let (inputs, targets) = windows_to_tensors::<Inner<B>>(windows, self.device())?;
-        let mut x = SectionInput::Tokens(inputs.clone());
-        for i in 0..n - 1 {
-            let out = self.sections_mut()[i].forward(x)?;
-            let mut out = self.cross(out)?.0;
+        let device = self.device().clone();
+        self.eval_loss_mapping(windows, |i, out| {
             if i == boundary {
-                out = replacement(out.dims(), with, self.device())?;
+                replacement(out.dims(), with, &device)
+            } else {
+                Ok(out)
             }
-            x = SectionInput::boundary(out, self.ids_for(i + 1, &inputs));
-        }
-        self.sections_mut()[n - 1].eval_loss(x, targets)
+        })
     }
 
     /// Each channel's mean of boundary `boundary`'s output over `windows` (every position of

@@ -251,12 +251,26 @@ impl<B: AutodiffBackend> Pipeline<B> {
     /// # Errors
     /// Bad windows, or a boundary tensor the codec refuses.
     pub fn eval_loss(&mut self, windows: &[&[u32]]) -> Result<f32, ModelError> {
+        self.eval_loss_mapping(windows, |_, out| Ok(out))
+    }
+
+    /// [`Self::eval_loss`] with each boundary's output (after the codec) passed through
+    /// `map(boundary, output)` before the next section reads it (ablations).
+    ///
+    /// # Errors
+    /// As [`Self::eval_loss`], or what `map` returns.
+    pub(super) fn eval_loss_mapping(
+        &mut self,
+        windows: &[&[u32]],
+        mut map: impl FnMut(usize, Tensor<Inner<B>, 3>) -> Result<Tensor<Inner<B>, 3>, ModelError>,
+    ) -> Result<f32, ModelError> {
         let (inputs, targets) = windows_to_tensors::<Inner<B>>(windows, &self.device)?;
         let n = self.sections.len();
         let mut x = SectionInput::Tokens(inputs.clone());
         for i in 0..n - 1 {
             let out = self.sections[i].forward(x)?;
-            x = SectionInput::boundary(self.cross(out)?.0, self.ids_for(i + 1, &inputs));
+            let out = map(i, self.cross(out)?.0)?;
+            x = SectionInput::boundary(out, self.ids_for(i + 1, &inputs));
         }
         self.sections[n - 1].eval_loss(x, targets)
     }
@@ -266,9 +280,23 @@ impl<B: AutodiffBackend> Pipeline<B> {
     /// # Errors
     /// As [`Self::eval_loss`].
     pub fn eval_mean(&mut self, windows: &[&[u32]], batch: usize) -> Result<f32, ModelError> {
+        self.mean_by_chunks(windows, batch, Self::eval_loss)
+    }
+
+    /// The mean of `loss(self, chunk)` over `windows` taken `batch` at a time, each chunk
+    /// weighed by its windows.
+    ///
+    /// # Errors
+    /// What `loss` returns.
+    pub(super) fn mean_by_chunks(
+        &mut self,
+        windows: &[&[u32]],
+        batch: usize,
+        mut loss: impl FnMut(&mut Self, &[&[u32]]) -> Result<f32, ModelError>,
+    ) -> Result<f32, ModelError> {
         let (mut total, mut n) = (0.0f64, 0usize);
         for chunk in windows.chunks(batch.max(1)) {
-            total += f64::from(self.eval_loss(chunk)?) * chunk.len() as f64;
+            total += f64::from(loss(self, chunk)?) * chunk.len() as f64;
             n += chunk.len();
         }
         Ok((total / n.max(1) as f64) as f32)

@@ -21,10 +21,14 @@ pub struct EvalArgs {
     /// The trained model.
     #[command(flatten)]
     pub source: ModelSource,
-    /// Text to evaluate on: `synthetic[:SEED[:CHARS]]` or a .txt/.jsonl file or directory; its
-    /// held-out windows (the ones `iota train` evaluates on) are scored.
+    /// Text to evaluate on: `synthetic[:SEED[:CHARS]]` or a .txt, .jsonl, .jsonl.gz,
+    /// .jsonl.zst or .parquet file or directory; its held-out windows (the ones `iota train`
+    /// evaluates on) are scored.
     #[arg(long, value_name = "SRC")]
     pub data: Option<String>,
+    /// The .jsonl field / .parquet column of --data holding the text (default: `text`).
+    #[arg(long, value_name = "NAME", requires = "data")]
+    pub text_column: Option<String>,
     /// Held-out windows to evaluate (all of them when the data has fewer).
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub windows: usize,
@@ -67,6 +71,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     let data = match &args.data {
         Some(text) => Some(
             text.parse::<DataSpec>()
+                .and_then(|spec| spec.with_text_column(args.text_column.as_deref()))
                 .with_context(|| format!("--data {text}"))?,
         ),
         None => None,

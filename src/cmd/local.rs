@@ -54,9 +54,14 @@ pub struct LocalArgs {
     /// `{preset: small, d_b: 3, reembed: true}` (ignored with --config).
     #[arg(long, value_name = "FILE.yaml")]
     pub model: Option<PathBuf>,
-    /// Training text: `synthetic[:SEED[:CHARS]]` or a path (ignored with --config).
+    /// Training text: `synthetic[:SEED[:CHARS]]` or a path to a .txt, .jsonl, .jsonl.gz,
+    /// .jsonl.zst or .parquet file or a directory of them (ignored with --config).
     #[arg(long, default_value = "synthetic")]
     pub data: String,
+    /// The .jsonl field / .parquet column holding the text (default: `text`; ignored with
+    /// --config).
+    #[arg(long, value_name = "NAME")]
+    pub text_column: Option<String>,
     /// Working directory (config, state, wallets, logs).
     #[arg(long, default_value = "iota-local")]
     pub dir: PathBuf,
@@ -370,7 +375,7 @@ pub fn generated_config(
     let config = json!({
         "run": local_run_name(&path),
         "model": model,
-        "data": { "source": args.data },
+        "data": { "source": args.data, "text_column": args.text_column },
         "listen": listen.to_string(),
         "data_dir": dir.join("state"),
         "batch_size": args.batch_size,

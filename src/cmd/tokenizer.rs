@@ -25,9 +25,13 @@ pub enum TokenizerCommand {
 /// Arguments of `iota tokenizer train`.
 #[derive(Debug, Args)]
 pub struct TrainArgs {
-    /// Text to train on: a .txt or .jsonl file, a directory of them, or `synthetic[:SEED[:CHARS]]`.
+    /// Text to train on: a .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet file, a directory
+    /// of them, or `synthetic[:SEED[:CHARS]]`.
     #[arg(long, value_name = "PATH")]
     pub data: DataSpec,
+    /// The .jsonl field / .parquet column of --data holding the text (default: `text`).
+    #[arg(long, value_name = "NAME")]
+    pub text_column: Option<String>,
     /// Vocabulary size, including the 256 byte symbols and <|endoftext|> (at least 257).
     #[arg(long, value_name = "N")]
     pub vocab: usize,
@@ -50,7 +54,9 @@ pub fn run(args: TokenizerArgs) -> anyhow::Result<()> {
 fn train(args: TrainArgs) -> anyhow::Result<()> {
     let source = args
         .data
-        .open()
+        .clone()
+        .with_text_column(args.text_column.as_deref())
+        .and_then(|spec| spec.open())
         .with_context(|| format!("opening training data {}", args.data))?;
     tracing::info!(source = %source.describe(), vocab = args.vocab, "training BPE tokenizer");
     let tokenizer = train_bpe(source.as_ref(), args.vocab, &args.out)
@@ -109,7 +115,8 @@ mod tests {
         let out = dir.path().join("tok.json");
         run(TokenizerArgs {
             command: TokenizerCommand::Train(TrainArgs {
-                data: DataSpec::Path(dir.path().to_path_buf()),
+                data: DataSpec::path(dir.path()),
+                text_column: None,
                 vocab: 280,
                 out: out.clone(),
             }),

@@ -32,9 +32,14 @@ pub struct TrainArgs {
     /// Run config (YAML) with `model`, `train` and `data` sections; see examples/train.yaml.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Training text: `synthetic` (built in, default), or a .txt/.jsonl file or directory.
+    /// Training text: `synthetic` (built in, default), or a .txt, .jsonl, .jsonl.gz,
+    /// .jsonl.zst or .parquet file, or a directory of them.
     #[arg(long, value_name = "PATH")]
     pub data: Option<String>,
+    /// The .jsonl field / .parquet column holding the text (default: `text`, or the config's
+    /// `data.text_column`).
+    #[arg(long, value_name = "NAME")]
+    pub text_column: Option<String>,
     /// HF tokenizer.json (default: the built-in byte-level tokenizer).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
@@ -166,6 +171,8 @@ impl Default for TrainSettings {
 pub struct DataSettings {
     /// `synthetic` or a path.
     pub source: Option<String>,
+    /// The `.jsonl` field / `.parquet` column holding the text (`null`: `text`).
+    pub text_column: Option<String>,
     /// HF tokenizer.json.
     pub tokenizer: Option<PathBuf>,
 }
@@ -344,6 +351,10 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
         .unwrap_or_else(|| "synthetic".to_string());
     let data: DataSpec = data_text
         .parse()
+        .with_context(|| format!("--data {data_text}"))?;
+    let text_column = args.text_column.as_deref();
+    let data = data
+        .with_text_column(text_column.or(file.data.text_column.as_deref()))
         .with_context(|| format!("--data {data_text}"))?;
 
     let resume_from = if args.resume && checkpoint::exists(&args.out) {

@@ -79,7 +79,7 @@ impl Dataset {
                     .then(|| source.corpus().window_floor(seq_len));
                 (tokens, super::TextSource::describe(&source), floor)
             }
-            DataSpec::Path(_) => {
+            DataSpec::Path { .. } => {
                 let source = spec.open()?;
                 let tokens = pack_documents(source.as_ref(), tokenizer)?;
                 (tokens, source.describe(), None)
@@ -383,7 +383,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.txt"), "hello").unwrap();
         std::fs::write(dir.path().join("b.jsonl"), "{\"text\":\"world\"}\n").unwrap();
-        let spec = DataSpec::Path(dir.path().to_path_buf());
+        let spec = DataSpec::path(dir.path());
         let data = Dataset::load(&spec, &Tokenizer::byte(), 2, 0).unwrap();
         // "hello" NUL "world" = 11 tokens: (11 - 2) / 2 = 4 windows, 1 held out; the final
         // "d" is left over.
@@ -408,13 +408,8 @@ mod tests {
 
         let empty = tempfile::tempdir().unwrap();
         std::fs::write(empty.path().join("blank.txt"), "").unwrap();
-        let err = Dataset::load(
-            &DataSpec::Path(empty.path().to_path_buf()),
-            &Tokenizer::byte(),
-            2,
-            0,
-        )
-        .unwrap_err();
+        let err =
+            Dataset::load(&DataSpec::path(empty.path()), &Tokenizer::byte(), 2, 0).unwrap_err();
         assert!(matches!(err, DataError::NoDocuments { .. }), "{err}");
     }
 }

@@ -1,6 +1,6 @@
 //! The one error type of the data module.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Everything that can go wrong while reading text, tokenizing it or packing it into windows.
 ///
@@ -32,12 +32,16 @@ pub enum DataError {
         offset: usize,
     },
     /// A file given explicitly has an extension the reader does not know.
-    #[error("{path}: unsupported file type (expected a .txt or .jsonl file, or a directory)")]
+    #[error(
+        "{path}: unsupported file type (expected a .txt, .jsonl, .jsonl.gz, .jsonl.zst or \
+         .parquet file, or a directory)"
+    )]
     UnsupportedFile {
         /// The file.
         path: PathBuf,
     },
-    /// A line of a `.jsonl` file is not a JSON object with a string field `text`.
+    /// A line of a `.jsonl` file is not a JSON object with a string field named by the text
+    /// column (`text` unless configured).
     #[error("{path}:{line}: {reason}")]
     BadJsonLine {
         /// The file.
@@ -47,9 +51,30 @@ pub enum DataError {
         /// What is wrong with the line.
         reason: String,
     },
+    /// A Parquet shard cannot be read as documents: it is corrupt or truncated, has no such
+    /// column, or the column does not hold one string per row.
+    #[error("{path}: Parquet column {column:?}: {reason}")]
+    BadParquet {
+        /// The shard.
+        path: PathBuf,
+        /// The text column that was asked for.
+        column: String,
+        /// What is wrong (one line).
+        reason: String,
+    },
+    /// A text column was configured for a source that has no columns (the synthetic corpus),
+    /// or the name is empty.
+    #[error("text column {column:?}: {reason}")]
+    BadTextColumn {
+        /// The column as given.
+        column: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
     /// The source yielded no documents at all.
     #[error(
-        "no documents found in {source_name} (a directory is searched for .txt and .jsonl files)"
+        "no documents found in {source_name} (a directory is searched for .txt, .jsonl, \
+         .jsonl.gz, .jsonl.zst and .parquet files)"
     )]
     NoDocuments {
         /// The source, as described by [`crate::data::TextSource::describe`].
@@ -119,4 +144,21 @@ pub enum DataError {
         /// The smallest size accepted.
         min: usize,
     },
+}
+
+impl DataError {
+    /// An I/O error on `path`: [`DataError::NotFound`] when it does not exist, else
+    /// [`DataError::Unreadable`].
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
+        if error.kind() == std::io::ErrorKind::NotFound {
+            Self::NotFound {
+                path: path.to_path_buf(),
+            }
+        } else {
+            Self::Unreadable {
+                path: path.to_path_buf(),
+                error,
+            }
+        }
+    }
 }

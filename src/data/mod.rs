@@ -7,8 +7,11 @@
 //! - [`train_bpe`] (`bpe.rs`): trains a GPT-2 style byte-level BPE offline
 //!   (`iota tokenizer train --data PATH --vocab N --out tokenizer.json`).
 //! - [`TextSource`] (`source.rs`): where documents come from; [`LocalFiles`] reads `.txt` files
-//!   (one document each), `.jsonl` files (field `text`, one document per line) and directories of
-//!   them (recursively, sorted by path). Object-store sources will implement the same trait.
+//!   (one document each), `.jsonl` files (field `text`, one document per line), the same
+//!   compressed (`.jsonl.gz`, `.jsonl.zst`; `jsonl.rs`), Parquet shards (`.parquet`, column
+//!   `text`, one document per row; `parquet.rs`) and directories of them (recursively, sorted
+//!   by path). The field/column can be renamed ([`DataSpec::with_text_column`]). Object-store
+//!   sources will implement the same trait.
 //! - [`MarkovCorpus`] / [`SyntheticSource`] (`synthetic.rs`): the zero-download default, a
 //!   seeded order-2 Markov text with an exactly computed entropy floor (about 1.2 nats per
 //!   token, against ln 256 = 5.55 for a uniform guess).
@@ -33,7 +36,9 @@
 mod bpe;
 mod dataset;
 mod error;
+mod jsonl;
 mod pack;
+mod parquet;
 mod permutation;
 mod seed;
 mod source;
@@ -46,7 +51,7 @@ pub use dataset::Dataset;
 pub use error::DataError;
 pub use pack::pack_documents;
 pub use permutation::EpochPermutation;
-pub use source::{Documents, LocalFiles, TextSource};
+pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource};
 pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
 pub use synthetic::{ALPHABET, MarkovCorpus, SyntheticSource};
 pub use tokenizer::{BYTE_END_OF_TEXT, BYTE_VOCAB_SIZE, Tokenizer};

@@ -1,10 +1,17 @@
-//! Text sources: where documents come from. Local `.txt`/`.jsonl` files and directories live
-//! here; the synthetic corpus is in `synthetic.rs`. Object-store readers will implement the
-//! same trait.
+//! Text sources: where documents come from. Local files and directories live here (this file
+//! lists them and dispatches each to its reader: `jsonl.rs` for `.jsonl`, `.jsonl.gz` and
+//! `.jsonl.zst`, `parquet.rs` for `.parquet`); the synthetic corpus is in `synthetic.rs`.
+//! Object-store readers will implement the same trait.
 
 use std::path::{Path, PathBuf};
 
 use super::DataError;
+use super::jsonl::{Compression, JsonLines};
+use super::parquet::ParquetRows;
+
+/// The field of a `.jsonl` record, and the column of a `.parquet` row, that holds a
+/// document's text unless another is configured.
+pub const DEFAULT_TEXT_COLUMN: &str = "text";
 
 /// A boxed stream of documents, each a `Result` so a bad file stops the stream with a clear error.
 pub type Documents<'a> = Box<dyn Iterator<Item = Result<String, DataError>> + Send + 'a>;
@@ -21,50 +28,74 @@ pub trait TextSource: Send + Sync {
     fn documents(&self) -> Documents<'_>;
 }
 
-/// Local files: one `.txt` or `.jsonl` file, or a directory searched recursively for them.
+/// Local files: one supported file, or a directory searched recursively for them.
 ///
 /// # Format
 /// - `.txt`: the whole file is one document (UTF-8).
-/// - `.jsonl`: one JSON object per line, its string field `text` is one document; blank lines
-///   are skipped; any other line is an error naming the file and line.
-/// - A directory: every `.txt`/`.jsonl` file below it, sorted by path (byte order) so the
-///   order does not depend on the file system; other files are ignored, and symbolic links to
-///   directories are not followed (they could loop).
+/// - `.jsonl`, `.jsonl.gz`, `.jsonl.zst`: one JSON object per line, its string field named by
+///   the text column (`text` unless [`LocalFiles::with_text_column`] says otherwise) is one
+///   document; blank lines are skipped; any other line is an error naming the file and line.
+///   Compressed files are decompressed as they are read (gzip members or zstd frames that
+///   follow each other are read as one stream).
+/// - `.parquet`: one document per row, from the text column, which must hold strings (Parquet
+///   `BYTE_ARRAY` annotated `STRING`/`UTF8`, not repeated); null values are skipped. Shards
+///   are read row group by row group, a batch of rows at a time.
+/// - A directory: every such file below it, sorted by path (byte order) so the order does not
+///   depend on the file system; documents come in that order, then in line or row order;
+///   other files are ignored, and symbolic links to directories are not followed (they could
+///   loop).
 #[derive(Clone, Debug)]
 pub struct LocalFiles {
     /// The path as given (for messages).
     root: PathBuf,
     /// The files to read, in order.
     files: Vec<PathBuf>,
+    /// The JSON field / Parquet column holding the text.
+    text_column: String,
 }
 
 /// How one file is read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum FileKind {
+    /// `.txt`: one document.
     Text,
-    JsonLines,
+    /// `.jsonl`, maybe compressed.
+    JsonLines(Compression),
+    /// `.parquet`.
+    Parquet,
 }
 
 impl FileKind {
-    /// The kind for a path's extension, if it is one we read.
+    /// The name endings read, and how.
+    const ENDINGS: [(&'static str, Self); 5] = [
+        (".txt", Self::Text),
+        (".jsonl", Self::JsonLines(Compression::None)),
+        (".jsonl.gz", Self::JsonLines(Compression::Gzip)),
+        (".jsonl.zst", Self::JsonLines(Compression::Zstd)),
+        (".parquet", Self::Parquet),
+    ];
+
+    /// The kind for a path's name, if it is one we read (a name that is only the ending, such
+    /// as `.txt`, is a hidden file without an extension and is not read).
     fn of(path: &Path) -> Option<Self> {
-        match path.extension().and_then(|e| e.to_str()) {
-            Some("txt") => Some(Self::Text),
-            Some("jsonl") => Some(Self::JsonLines),
-            _ => None,
-        }
+        let name = path.file_name()?.as_encoded_bytes();
+        Self::ENDINGS
+            .iter()
+            .find(|(ending, _)| name.len() > ending.len() && name.ends_with(ending.as_bytes()))
+            .map(|(_, kind)| *kind)
     }
 }
 
 impl LocalFiles {
-    /// Lists the files under `path` (or the file itself).
+    /// Lists the files under `path` (or the file itself); the text column is
+    /// [`DEFAULT_TEXT_COLUMN`].
     ///
     /// # Errors
     /// [`DataError::NotFound`] for a missing path, [`DataError::Unreadable`] for a directory
-    /// that cannot be listed, [`DataError::UnsupportedFile`] for an explicit file that is not
-    /// `.txt`/`.jsonl`, [`DataError::NoDocuments`] for a directory without such files.
+    /// that cannot be listed, [`DataError::UnsupportedFile`] for an explicit file of a type
+    /// not read, [`DataError::NoDocuments`] for a directory without such files.
     pub fn open(path: &Path) -> Result<Self, DataError> {
-        let metadata = std::fs::metadata(path).map_err(|error| io_error(path, error))?;
+        let metadata = std::fs::metadata(path).map_err(|error| DataError::io(path, error))?;
         let files = if metadata.is_dir() {
             let mut files = Vec::new();
             collect_files(path, &mut files)?;
@@ -85,7 +116,16 @@ impl LocalFiles {
         Ok(Self {
             root: path.to_path_buf(),
             files,
+            text_column: DEFAULT_TEXT_COLUMN.to_owned(),
         })
+    }
+
+    /// Reads the text from `column` (a `.jsonl` field, a `.parquet` column) instead of
+    /// [`DEFAULT_TEXT_COLUMN`].
+    #[must_use]
+    pub fn with_text_column(mut self, column: &str) -> Self {
+        column.clone_into(&mut self.text_column);
+        self
     }
 
     /// The files that will be read, in reading order.
@@ -96,28 +136,32 @@ impl LocalFiles {
 
 impl TextSource for LocalFiles {
     fn describe(&self) -> String {
-        format!("{} ({} files)", self.root.display(), self.files.len())
+        let (root, files) = (self.root.display(), self.files.len());
+        if self.text_column == DEFAULT_TEXT_COLUMN {
+            format!("{root} ({files} files)")
+        } else {
+            format!("{root} ({files} files, text column {:?})", self.text_column)
+        }
     }
 
     fn documents(&self) -> Documents<'_> {
         Box::new(
             self.files
                 .iter()
-                .flat_map(|path| match read_file_documents(path) {
-                    Ok(docs) => docs,
-                    Err(e) => vec![Err(e)],
-                }),
+                .flat_map(|path| file_documents(path, &self.text_column)),
         )
     }
 }
 
-/// Appends every `.txt`/`.jsonl` file below `dir` to `out`, recursing into subdirectories.
+/// Appends every file of a kind we read below `dir` to `out`, recursing into subdirectories.
 fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
-    let entries = std::fs::read_dir(dir).map_err(|error| io_error(dir, error))?;
+    let entries = std::fs::read_dir(dir).map_err(|error| DataError::io(dir, error))?;
     for entry in entries {
-        let entry = entry.map_err(|error| io_error(dir, error))?;
+        let entry = entry.map_err(|error| DataError::io(dir, error))?;
         let path = entry.path();
-        let file_type = entry.file_type().map_err(|error| io_error(&path, error))?;
+        let file_type = entry
+            .file_type()
+            .map_err(|error| DataError::io(&path, error))?;
         if file_type.is_dir() {
             collect_files(&path, out)?;
         } else if FileKind::of(&path).is_some() && !path_is_dir_link(&path, file_type) {
@@ -132,64 +176,27 @@ fn path_is_dir_link(path: &Path, file_type: std::fs::FileType) -> bool {
     file_type.is_symlink() && path.is_dir()
 }
 
-/// Reads one file into its documents. A `.jsonl` file yields one entry per non-blank line,
-/// and stops at the first bad line (which is the last entry, an error).
-fn read_file_documents(path: &Path) -> Result<Vec<Result<String, DataError>>, DataError> {
-    let bytes = std::fs::read(path).map_err(|error| io_error(path, error))?;
-    let text = String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
+/// The documents of one file, by its kind; `column` names the text field or column.
+fn file_documents(path: &Path, column: &str) -> Documents<'static> {
+    match FileKind::of(path) {
+        Some(FileKind::JsonLines(compression)) => {
+            match JsonLines::open(path, compression, column) {
+                Ok(lines) => Box::new(lines),
+                Err(e) => Box::new(std::iter::once(Err(e))),
+            }
+        }
+        Some(FileKind::Parquet) => Box::new(ParquetRows::new(path, column)),
+        Some(FileKind::Text) | None => Box::new(std::iter::once(read_text(path))),
+    }
+}
+
+/// A whole `.txt` file as one document.
+fn read_text(path: &Path) -> Result<String, DataError> {
+    let bytes = std::fs::read(path).map_err(|error| DataError::io(path, error))?;
+    String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
         path: path.to_path_buf(),
         offset: e.utf8_error().valid_up_to(),
-    })?;
-    match FileKind::of(path) {
-        Some(FileKind::Text) | None => Ok(vec![Ok(text)]),
-        Some(FileKind::JsonLines) => {
-            let mut docs = Vec::new();
-            for (index, line) in text.lines().enumerate() {
-                if line.trim().is_empty() {
-                    continue;
-                }
-                let doc = parse_jsonl_line(line).map_err(|reason| DataError::BadJsonLine {
-                    path: path.to_path_buf(),
-                    line: index + 1,
-                    reason,
-                });
-                let failed = doc.is_err();
-                docs.push(doc);
-                if failed {
-                    break;
-                }
-            }
-            Ok(docs)
-        }
-    }
-}
-
-/// The `text` field of one JSON-lines record, or why there is none.
-fn parse_jsonl_line(line: &str) -> Result<String, String> {
-    let value: serde_json::Value =
-        serde_json::from_str(line).map_err(|e| format!("invalid JSON: {e}"))?;
-    let serde_json::Value::Object(mut object) = value else {
-        return Err("expected a JSON object with a string field \"text\"".to_owned());
-    };
-    match object.remove("text") {
-        Some(serde_json::Value::String(text)) => Ok(text),
-        Some(_) => Err("field \"text\" is not a string".to_owned()),
-        None => Err("no field \"text\"".to_owned()),
-    }
-}
-
-/// Maps an I/O error on `path` to [`DataError::NotFound`] or [`DataError::Unreadable`].
-pub(crate) fn io_error(path: &Path, error: std::io::Error) -> DataError {
-    if error.kind() == std::io::ErrorKind::NotFound {
-        DataError::NotFound {
-            path: path.to_path_buf(),
-        }
-    } else {
-        DataError::Unreadable {
-            path: path.to_path_buf(),
-            error,
-        }
-    }
+    })
 }
 
 #[cfg(test)]
@@ -256,6 +263,52 @@ mod tests {
             assert!(message.contains(needle), "{message}");
             assert!(!message.contains('\n'));
         }
+    }
+
+    #[test]
+    fn file_kinds_come_from_the_name_ending() {
+        let kind = |name: &str| FileKind::of(Path::new(name));
+        assert_eq!(kind("a/b.txt"), Some(FileKind::Text));
+        assert_eq!(
+            kind("x.jsonl"),
+            Some(FileKind::JsonLines(Compression::None))
+        );
+        assert_eq!(
+            kind("x.y.jsonl.gz"),
+            Some(FileKind::JsonLines(Compression::Gzip))
+        );
+        assert_eq!(
+            kind("x.jsonl.zst"),
+            Some(FileKind::JsonLines(Compression::Zstd))
+        );
+        assert_eq!(
+            kind("train-00001-of-00099.parquet"),
+            Some(FileKind::Parquet)
+        );
+        for other in [
+            ".txt", ".parquet", "x.txt.gz", "x.gz", "x.zst", "x.json", "parquet",
+        ] {
+            assert_eq!(kind(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn jsonl_text_column_renames_the_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.jsonl");
+        std::fs::write(
+            &path,
+            "{\"body\": \"one\", \"text\": 1}\r\n{\"body\": \"two\"}",
+        )
+        .unwrap();
+        let source = LocalFiles::open(&path).unwrap().with_text_column("body");
+        assert_eq!(all_docs(&source).unwrap(), vec!["one", "two"]);
+        assert!(source.describe().contains("text column \"body\""));
+        let err = all_docs(&LocalFiles::open(&path).unwrap()).unwrap_err();
+        assert!(
+            err.to_string().contains("field \"text\" is not a string"),
+            "{err}"
+        );
     }
 
     #[test]

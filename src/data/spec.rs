@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use super::DataError;
-use super::source::{LocalFiles, TextSource};
+use super::source::{DEFAULT_TEXT_COLUMN, LocalFiles, TextSource};
 use super::synthetic::SyntheticSource;
 
 /// Symbols the synthetic corpus generates when the spec does not say: 3 MB of text, generated
@@ -17,9 +17,12 @@ pub const DEFAULT_SYNTHETIC_CHARS: usize = 3_000_000;
 /// # Format
 /// - `synthetic`, `synthetic:SEED` or `synthetic:SEED:CHARS`: the built-in Markov corpus
 ///   (seed 0 and [`DEFAULT_SYNTHETIC_CHARS`] unless given);
-/// - anything else: a path to a `.txt` or `.jsonl` file or a directory of them.
+/// - anything else: a path to a `.txt`, `.jsonl`, `.jsonl.gz`, `.jsonl.zst` or `.parquet` file
+///   or a directory of them ([`LocalFiles`]).
 ///
-/// [`Display`](fmt::Display) writes the same form back, and serde uses it too.
+/// [`Display`](fmt::Display) writes the same form back, and serde uses it too. The text
+/// column of a path (the `.jsonl` field or `.parquet` column holding the text) is not part of
+/// that form: a config key or flag sets it ([`DataSpec::with_text_column`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DataSpec {
     /// The built-in synthetic corpus.
@@ -30,7 +33,13 @@ pub enum DataSpec {
         chars: usize,
     },
     /// Local files.
-    Path(PathBuf),
+    Path {
+        /// A file or a directory.
+        path: PathBuf,
+        /// The `.jsonl` field and `.parquet` column that holds a document's text
+        /// ([`DEFAULT_TEXT_COLUMN`] unless set).
+        text_column: String,
+    },
 }
 
 impl Default for DataSpec {
@@ -43,6 +52,43 @@ impl Default for DataSpec {
 }
 
 impl DataSpec {
+    /// Local files at `path`, text in [`DEFAULT_TEXT_COLUMN`].
+    pub fn path(path: impl Into<PathBuf>) -> Self {
+        Self::Path {
+            path: path.into(),
+            text_column: DEFAULT_TEXT_COLUMN.to_owned(),
+        }
+    }
+
+    /// Reads the text of `.jsonl` and `.parquet` files from `column` when one is given (a
+    /// config's `text_column`, a `--text-column` flag); `None` keeps the spec as it is.
+    ///
+    /// # Errors
+    /// [`DataError::BadTextColumn`] for an empty name, or any column with the synthetic
+    /// corpus (it has none; a column there is a mistake in the config, not a no-op).
+    pub fn with_text_column(self, column: Option<&str>) -> Result<Self, DataError> {
+        let Some(column) = column else {
+            return Ok(self);
+        };
+        let bad = |reason: &str| DataError::BadTextColumn {
+            column: column.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if column.is_empty() {
+            return Err(bad("empty"));
+        }
+        match self {
+            Self::Synthetic { .. } => Err(bad(
+                "the synthetic corpus has no columns (a text column applies to .jsonl and \
+                 .parquet files)",
+            )),
+            Self::Path { path, .. } => Ok(Self::Path {
+                path,
+                text_column: column.to_owned(),
+            }),
+        }
+    }
+
     /// Opens the source the spec names.
     ///
     /// # Errors
@@ -50,7 +96,9 @@ impl DataSpec {
     pub fn open(&self) -> Result<Box<dyn TextSource>, DataError> {
         match self {
             Self::Synthetic { seed, chars } => Ok(Box::new(SyntheticSource::new(*seed, *chars))),
-            Self::Path(path) => Ok(Box::new(LocalFiles::open(path)?)),
+            Self::Path { path, text_column } => Ok(Box::new(
+                LocalFiles::open(path)?.with_text_column(text_column),
+            )),
         }
     }
 }
@@ -67,7 +115,7 @@ impl FromStr for DataSpec {
             return Err(bad("empty"));
         }
         let Some(rest) = s.strip_prefix("synthetic") else {
-            return Ok(Self::Path(PathBuf::from(s)));
+            return Ok(Self::path(s));
         };
         let mut spec = Self::default();
         if rest.is_empty() {
@@ -75,7 +123,7 @@ impl FromStr for DataSpec {
         }
         let Some(args) = rest.strip_prefix(':') else {
             // e.g. a file called "synthetic.txt".
-            return Ok(Self::Path(PathBuf::from(s)));
+            return Ok(Self::path(s));
         };
         let mut parts = args.split(':');
         if let (Self::Synthetic { seed, chars }, Some(first)) = (&mut spec, parts.next()) {
@@ -101,7 +149,7 @@ impl fmt::Display for DataSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Synthetic { seed, chars } => write!(f, "synthetic:{seed}:{chars}"),
-            Self::Path(path) => write!(f, "{}", path.display()),
+            Self::Path { path, .. } => write!(f, "{}", path.display()),
         }
     }
 }
@@ -148,11 +196,11 @@ mod tests {
         );
         assert_eq!(
             "data/shakespeare".parse::<DataSpec>().unwrap(),
-            DataSpec::Path(PathBuf::from("data/shakespeare"))
+            DataSpec::path("data/shakespeare")
         );
         assert_eq!(
             "synthetic.txt".parse::<DataSpec>().unwrap(),
-            DataSpec::Path(PathBuf::from("synthetic.txt"))
+            DataSpec::path("synthetic.txt")
         );
     }
 
@@ -174,12 +222,35 @@ mod tests {
     fn display_and_serde_round_trip() {
         for spec in [
             DataSpec::Synthetic { seed: 9, chars: 77 },
-            DataSpec::Path(PathBuf::from("/tmp/corpus")),
+            DataSpec::path("/tmp/corpus"),
         ] {
             assert_eq!(spec.to_string().parse::<DataSpec>().unwrap(), spec);
             let json = serde_json::to_string(&spec).unwrap();
             assert_eq!(serde_json::from_str::<DataSpec>(&json).unwrap(), spec);
         }
         assert_eq!(DataSpec::default().to_string(), "synthetic:0:3000000");
+    }
+
+    #[test]
+    fn text_column_is_set_apart_from_the_string_form() {
+        let spec = DataSpec::path("shards")
+            .with_text_column(Some("content"))
+            .unwrap();
+        assert_eq!(
+            spec,
+            DataSpec::Path {
+                path: PathBuf::from("shards"),
+                text_column: "content".to_owned()
+            }
+        );
+        assert_eq!(spec.to_string(), "shards");
+        assert_eq!(
+            DataSpec::path("x").with_text_column(None).unwrap(),
+            DataSpec::path("x")
+        );
+        for (spec, column) in [(DataSpec::default(), "content"), (DataSpec::path("x"), "")] {
+            let err = spec.with_text_column(Some(column)).unwrap_err();
+            assert!(matches!(err, DataError::BadTextColumn { .. }), "{err}");
+        }
     }
 }

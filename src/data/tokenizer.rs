@@ -3,7 +3,6 @@
 use std::path::Path;
 
 use super::DataError;
-use super::source::io_error;
 
 /// Tokens tried, in order, as the end-of-text marker of a Hugging Face tokenizer.
 const END_OF_TEXT_CANDIDATES: [&str; 4] = ["<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"];
@@ -69,7 +68,7 @@ impl Tokenizer {
     /// [`DataError::NotFound`] when the file is missing, [`DataError::Unreadable`] when it cannot
     /// be read, [`DataError::BadTokenizerFile`] when it does not parse.
     pub fn from_file(path: &Path) -> Result<Self, DataError> {
-        let bytes = std::fs::read(path).map_err(|error| io_error(path, error))?;
+        let bytes = std::fs::read(path).map_err(|error| DataError::io(path, error))?;
         let hf =
             tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| DataError::BadTokenizerFile {
                 path: path.to_path_buf(),

@@ -6,7 +6,7 @@
 //! ```yaml
 //! run: local-tiny            # run name: clients sign requests for it; [A-Za-z0-9._-]
 //! model: { preset: tiny }    # a preset plus any ModelConfig overrides
-//! data: { source: synthetic, tokenizer: null }
+//! data: { source: synthetic, tokenizer: null }  # text_column: NAME for .jsonl/.parquet
 //! storage: null              # StorageConfig; default: a local directory data_dir/objects
 //! listen: 127.0.0.1:8700
 //! public_url: null           # base URL clients reach; default http(s)://{listen}
@@ -105,9 +105,14 @@ pub enum ConfigError {
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataConfig {
-    /// `synthetic[:SEED[:CHARS]]` or a path to text files ([`DataSpec`]).
+    /// `synthetic[:SEED[:CHARS]]` or a path to text files ([`DataSpec`]); after validation
+    /// it carries `text_column`.
     #[serde(default)]
     pub source: DataSpec,
+    /// The `.jsonl` field / `.parquet` column holding the text (`None`: `text`). Refused with
+    /// the synthetic corpus.
+    #[serde(default)]
+    pub text_column: Option<String>,
     /// A `tokenizer.json`; `None` means the byte tokenizer.
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
@@ -819,10 +824,15 @@ impl RunConfig {
             ));
         }
         check_transport(raw.listen, raw.tls.as_ref(), raw.insecure_http)?;
+        let mut data = raw.data;
+        data.source = data
+            .source
+            .with_text_column(data.text_column.as_deref())
+            .map_err(|e| invalid("data.text_column", e.to_string()))?;
         Ok(Self {
             run: raw.run,
             model,
-            data: raw.data,
+            data,
             storage,
             listen: raw.listen,
             public_url,
@@ -1013,6 +1023,23 @@ mod tests {
         assert_eq!(cfg.deadlines.backward_s, 60);
         assert_eq!(cfg.max_samples, Some(10));
         assert_eq!(cfg.boundary_shape()[..2], [2, 16]);
+    }
+
+    #[test]
+    fn text_column_is_carried_into_the_data_source() {
+        let cfg =
+            RunConfig::from_yaml("run: r\ndata: {source: shards, text_column: content}\n").unwrap();
+        assert_eq!(
+            cfg.data.source,
+            DataSpec::path("shards")
+                .with_text_column(Some("content"))
+                .unwrap()
+        );
+        let err = RunConfig::from_yaml("run: r\ndata: {text_column: content}\n").unwrap_err();
+        assert!(
+            err.to_string().contains("`data.text_column`") && err.to_string().contains("synthetic"),
+            "{err}"
+        );
     }
 
     #[test]

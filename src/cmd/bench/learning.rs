@@ -591,6 +591,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         config: None,
         model: args.model.clone(),
         data: "synthetic".into(),
+        text_column: None,
         dir: dir.to_path_buf(),
         listen: Some(listen),
         // The generated schedule counts optimizer steps (G samples each): `iota train`'s

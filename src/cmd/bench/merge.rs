@@ -285,6 +285,7 @@ fn run_one(
         config: None,
         model: None,
         data: "synthetic".into(),
+        text_column: None,
         dir: dir.to_path_buf(),
         listen: Some(listen),
         samples: Some(samples),

@@ -180,6 +180,10 @@ fn network(
         .args(["--validators", "1", "--seq-len", "32", "--batch-size", "2"])
         .args(["--samples", &samples.to_string()])
         .args(["--merge-every", &merge_every.to_string()])
+        // The cheaters grind keys into their sections from this machine's one address, which
+        // the new-key limit (8 at once, then 30 an hour) would stop: lifted here, since these
+        // networks measure what happens once a cheater is in (the limit has its own test).
+        .args(["--placement", r#"{"new_keys": {"burst": 1000}}"#])
         .args(["--validator-wait-s", "120", "--poll-ms", "500"])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--dir")
@@ -467,6 +471,32 @@ fn the_issues_cheater_and_silent_or_non_delivering_mergers_are_caught_and_unpaid
     );
 }
 
+/// A real `iota orchestrate` on the tests' run config with its `placement` line replaced by
+/// `placement`, up and answering; its URL and the process (killed on drop).
+fn orchestrator(dir: &Path, name: &str, placement: &str) -> (String, Kids) {
+    let (url, config) = write_config(dir, name);
+    let yaml = std::fs::read_to_string(&config).unwrap().replace(
+        "placement: { ordered: true, new_keys: { burst: 1000 } }",
+        placement,
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let log = std::fs::File::create(dir.join("orchestrator.log")).unwrap();
+    let child = Command::new(iota())
+        .arg("orchestrate")
+        .arg("--config")
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting iota orchestrate");
+    let kids = Kids(vec![child]);
+    wait_for("the orchestrator", Duration::from_secs(30), || {
+        status(&url).is_some()
+    });
+    (url, kids)
+}
+
 /// Throwaway hotkeys must not let a miner choose its section: nine cheaters each register
 /// throwaways until the old rule's next pick (the emptiest section) would be section 2, then
 /// their real key, into a network whose sections each hold a resident miner (with the default
@@ -476,26 +506,12 @@ fn the_issues_cheater_and_silent_or_non_delivering_mergers_are_caught_and_unpaid
 #[test]
 fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
     let dir = tempfile::tempdir().unwrap();
-    let (url, config) = write_config(dir.path(), "hostile-steer");
-    let yaml = std::fs::read_to_string(&config).unwrap().replace(
-        "placement: { ordered: true }",
-        "placement: { claim_s: 600 }",
+    // The new-key limit is lifted: this test is about where keys land, not how many.
+    let (url, _orchestrator) = orchestrator(
+        dir.path(),
+        "hostile-steer",
+        "placement: { claim_s: 600, new_keys: { burst: 1000 } }",
     );
-    std::fs::write(&config, yaml).unwrap();
-    let log = std::fs::File::create(dir.path().join("orchestrator.log")).unwrap();
-    let orchestrator = Command::new(iota())
-        .arg("orchestrate")
-        .arg("--config")
-        .arg(&config)
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("starting iota orchestrate");
-    let _orchestrator = Kids(vec![orchestrator]);
-    wait_for("the orchestrator", Duration::from_secs(30), || {
-        status(&url).is_some()
-    });
     for i in 0..SECTIONS {
         let out = dir.path().join(format!("resident{i}.jsonl"));
         let extra = vec!["--register-only".to_string()];
@@ -548,4 +564,53 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
         on_target <= 6,
         "throwaway registrations steered {on_target} of 9 real keys into the target section: {landed:?}"
     );
+}
+
+/// Issue 42, goal 7: a stranger's program registering fresh keys back to back from one address
+/// (grinding for a section, or flooding seats) gets the default 8 and then 429s with a
+/// `Retry-After`, from the real orchestrator with the default placement.
+#[test]
+fn grinding_fresh_keys_meets_the_new_key_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _orchestrator) = orchestrator(dir.path(), "hostile-grind", "placement: {}");
+    let out = dir.path().join("flood.jsonl");
+    let extra = vec!["--flood".to_string(), "20".to_string()];
+    let exit = spawn_cheater(&url, "//Grinder", &extra, &out)
+        .wait()
+        .unwrap();
+    let e = read_events(&out);
+    assert!(exit.success(), "{:?}", e.lines);
+    let answers: Vec<&Value> = e.lines.iter().filter(|l| l["event"] == "flood").collect();
+    assert_eq!(answers.len(), 20, "{:?}", e.lines);
+    let codes: Vec<u64> = answers
+        .iter()
+        .map(|l| l["status"].as_u64().unwrap_or(0))
+        .collect();
+    eprintln!("grind: answers {codes:?}");
+    assert_eq!(codes[..8], [200; 8], "{answers:?}");
+    assert_eq!(codes[8..], [429; 12], "{answers:?}");
+    for refused in &answers[8..] {
+        assert_eq!(refused["code"], "rate_limited");
+        let wait: u64 = refused["retry_after"]
+            .as_str()
+            .unwrap_or("")
+            .parse()
+            .unwrap_or(0);
+        assert!((1..=120).contains(&wait), "{refused}");
+        let message = refused["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("too many new hotkeys from 127.0.0.1"),
+            "{message}"
+        );
+    }
+    let s = status(&url).expect("status");
+    let seated: usize = s["sections"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .map(|x| x["miners"].as_array().map_or(0, Vec::len))
+                .sum()
+        })
+        .unwrap_or(0);
+    assert_eq!(seated, 8, "only the 8 admitted keys hold seats: {s}");
 }

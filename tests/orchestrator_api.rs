@@ -13,6 +13,7 @@ use common::api_harness::*;
 use common::net::now_ms;
 use http_body_util::BodyExt;
 use iota::api::*;
+use iota::orchestrator::admission::PeerAddr;
 use iota::orchestrator::{AppState, Repository, RunConfig, enforce_deadlines, router};
 use iota::storage::{WireDtype, encode, payload_hash};
 use iota::wallet::Hotkey;
@@ -260,6 +261,74 @@ async fn max_miners_per_section_is_enforced() {
         (code, error_code(&body).as_str()),
         (StatusCode::CONFLICT, "conflict")
     );
+}
+
+/// A registration from `addr` (as the server records a connection's peer).
+fn register_from(h: &Harness, hotkey: &Hotkey, addr: &str) -> Request<Body> {
+    let body = RegisterRequest {
+        device: "cpu".into(),
+        max_in_flight: 1,
+    };
+    let mut req = h.signed("/api/register", &body, hotkey);
+    let peer: std::net::SocketAddr = addr.parse().unwrap();
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(PeerAddr(peer)));
+    req
+}
+
+/// Issue 42, goal 7: one address registers `burst` new keys, then `per_hour`; the next is
+/// refused with 429 and a `Retry-After`, and takes nothing. Keys already known (a restart) and
+/// pinned keys are not counted, and another address has its own allowance.
+#[tokio::test]
+async fn new_keys_from_one_address_are_rate_limited() {
+    let pinned = key("//Pinned");
+    let h = harness_with(
+        config(&format!(
+            "placement: {{new_keys: {{burst: 3, per_hour: 60}}, pins: {{{}: 1}}}}\n",
+            pinned.address()
+        )),
+        Repository::open_in_memory().unwrap(),
+    );
+    let one = "203.0.113.7:40001";
+    for i in 0..3 {
+        let (code, body) = h
+            .send(register_from(&h, &key(&format!("//Grind{i}")), one))
+            .await;
+        assert_eq!(code, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
+    }
+    let resp = h
+        .app
+        .clone()
+        .oneshot(register_from(&h, &key("//Grind3"), "203.0.113.7:40002"))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(resp.headers()["retry-after"], "60");
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(error_code(&body), "rate_limited");
+    let message = String::from_utf8_lossy(&body);
+    assert!(
+        message.contains("too many new hotkeys from 203.0.113.7") && message.contains("60 s"),
+        "{message}"
+    );
+    let miners = h.state.repo.miners().unwrap();
+    assert_eq!(miners.len(), 3, "a refused key takes no seat: {miners:?}");
+    // A known key comes back, a pinned key joins, and another address has its own burst.
+    h.advance(1);
+    let (code, _) = h.send(register_from(&h, &key("//Grind0"), one)).await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, _) = h.send(register_from(&h, &pinned, one)).await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, _) = h
+        .send(register_from(&h, &key("//Elsewhere"), "198.51.100.1:1"))
+        .await;
+    assert_eq!(code, StatusCode::OK);
+    // A minute later the address may add one more key, and only one.
+    h.advance(60_000);
+    let (code, _) = h.send(register_from(&h, &key("//Grind3"), one)).await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, _) = h.send(register_from(&h, &key("//Grind4"), one)).await;
+    assert_eq!(code, StatusCode::TOO_MANY_REQUESTS);
 }
 
 /// Registers head, middle and tail miners.

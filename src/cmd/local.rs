@@ -150,6 +150,10 @@ pub struct LocalArgs {
     /// Test harness only: the generated config's `validation` section, as JSON.
     #[arg(long, hide = true)]
     pub validation: Option<String>,
+    /// Test harness only: keys merged into the generated config's `placement` section, as
+    /// JSON (its pins stay).
+    #[arg(long = "placement", hide = true)]
+    pub placement_overrides: Option<String>,
     /// Test harness only: forward deadline in seconds (the backward gets twice as long).
     #[arg(long, hide = true, default_value_t = 20)]
     pub deadline_s: u64,
@@ -403,6 +407,13 @@ pub fn generated_config(
     let mut config = config;
     if let Some(text) = &args.validation {
         config["validation"] = serde_json::from_str(text).context("parsing --validation")?;
+    }
+    if let Some(text) = &args.placement_overrides {
+        let overrides: serde_json::Map<String, serde_json::Value> =
+            serde_json::from_str(text).context("parsing --placement")?;
+        for (key, value) in overrides {
+            config["placement"][key] = value;
+        }
     }
     Ok(config)
 }

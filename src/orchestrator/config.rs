@@ -52,6 +52,10 @@
 //!   claim_s: 30              # a hotkey that has done no work holds its seat this long
 //!   pins: {}                 # {hotkey: section}: the operator's own miners (iota local)
 //!   ordered: false           # true: fewest seated first, lowest index (private networks only)
+//!   new_keys:                # new hotkeys per source address (orchestrator::admission)
+//!     burst: 8               # at once ...
+//!     per_hour: 30           # ... then this many an hour
+//!     forwarded_for: false   # behind a reverse proxy on loopback: trust its X-Forwarded-For
 //! penalties:                 # how penalties act on routing (orchestrator::repo::standing)
 //!   backoff_s: 10            # no new work after a failure; doubles with each one in a row
 //!   exclude_after: 3         # failures in a row that exclude a miner ...
@@ -402,6 +406,32 @@ pub struct PlacementConfig {
     /// are: deterministic, for a private network whose miners are all the operator's.
     /// Throwaway keys can steer a key into the section they want under it.
     pub ordered: bool,
+    /// How fast new hotkeys may join from one address ([`super::admission`]).
+    pub new_keys: NewKeyLimit,
+}
+
+/// New hotkeys one source address may register (`placement.new_keys`): `burst` at once, then
+/// `per_hour`. Keys already known and pinned keys are not counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NewKeyLimit {
+    /// New keys an address may register at once.
+    pub burst: u32,
+    /// New keys an address may register per hour after its burst (0: no more).
+    pub per_hour: u32,
+    /// Behind a reverse proxy on loopback: the rightmost `X-Forwarded-For` entry is the
+    /// source address of a request from the proxy.
+    pub forwarded_for: bool,
+}
+
+impl Default for NewKeyLimit {
+    fn default() -> Self {
+        Self {
+            burst: 8,
+            per_hour: 30,
+            forwarded_for: false,
+        }
+    }
 }
 
 impl Default for PlacementConfig {
@@ -410,6 +440,7 @@ impl Default for PlacementConfig {
             claim_s: Standing::default().claim_ms / 1000,
             pins: Default::default(),
             ordered: false,
+            new_keys: NewKeyLimit::default(),
         }
     }
 }
@@ -761,6 +792,12 @@ impl RunConfig {
                      q4v2m4, q4v2m2)",
                     raw.merge.wire
                 ),
+            ));
+        }
+        if raw.placement.new_keys.burst == 0 {
+            return Err(invalid(
+                "placement.new_keys.burst",
+                "must be at least 1 (no new miner could ever join)".into(),
             ));
         }
         for (hotkey, section) in &raw.placement.pins {
@@ -1156,6 +1193,23 @@ mod tests {
                 .contains("multiple of batches_before_merging"),
             "{err}"
         );
+        let err = RunConfig::from_yaml("run: r\nplacement: {new_keys: {burst: 0}}\n").unwrap_err();
+        assert!(
+            err.to_string().contains("`placement.new_keys.burst`"),
+            "{err}"
+        );
+        let cfg = RunConfig::from_yaml(
+            "run: r\nplacement: {new_keys: {per_hour: 4, forwarded_for: true}}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                cfg.placement.new_keys.burst,
+                cfg.placement.new_keys.per_hour
+            ),
+            (8, 4)
+        );
+        assert!(cfg.placement.new_keys.forwarded_for);
         let err = RunConfig::from_yaml("run: r\nmerge: {replication: 0}\n").unwrap_err();
         assert!(err.to_string().contains("`merge.replication`"), "{err}");
         let err =

@@ -11,6 +11,7 @@
 //! | 404 | `not_found` | unknown assignment or object |
 //! | 409 | `conflict` | assignment no longer waiting, sections full |
 //! | 413 | `bad_request` | body over the route's limit |
+//! | 429 | `rate_limited` | too many new hotkeys from one address, with `Retry-After` |
 //! | 5xx | `internal` | anything else; the message says only "internal error" |
 
 use axum::Json;
@@ -31,6 +32,8 @@ pub struct HttpError {
     pub code: &'static str,
     /// Explanation for the client.
     pub message: String,
+    /// Seconds the client should wait before asking again (a `Retry-After` header).
+    pub retry_after_s: Option<u64>,
 }
 
 impl HttpError {
@@ -40,6 +43,15 @@ impl HttpError {
             status,
             code,
             message: message.into(),
+            retry_after_s: None,
+        }
+    }
+
+    /// 429 `rate_limited`, to be asked again in `retry_after_s` seconds.
+    pub fn too_many(message: impl Into<String>, retry_after_s: u64) -> Self {
+        Self {
+            retry_after_s: Some(retry_after_s),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limited", message)
         }
     }
 
@@ -80,7 +92,13 @@ impl IntoResponse for HttpError {
             code: self.code.to_string(),
             message: self.message,
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(s) = self.retry_after_s {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, s.into());
+        }
+        response
     }
 }
 

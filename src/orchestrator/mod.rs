@@ -15,6 +15,7 @@
 //!   [`server`]: the router, the deadline task, graceful shutdown; [`tls`]: HTTPS (the
 //!   certificate and key of the run config, reloaded when they change).
 
+pub mod admission;
 pub mod auth;
 pub mod blob;
 pub mod blob_token;

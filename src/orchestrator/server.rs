@@ -4,11 +4,12 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use axum::Router;
+use axum::extract::connect_info::Connected;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum::serve::Listener;
+use axum::serve::{IncomingStream, Listener};
 
 use super::blob::{get_blob, put_blob};
 use super::handlers;
@@ -124,8 +125,8 @@ pub async fn serve<L>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
-    L: Listener,
-    L::Addr: std::fmt::Debug,
+    L: Listener<Addr = std::net::SocketAddr>,
+    super::admission::PeerAddr: for<'a> Connected<IncomingStream<'a, L>>,
 {
     let ticker_state = state.clone();
     let ticker = tokio::spawn(async move {
@@ -139,7 +140,8 @@ where
             super::retention::release_done(&ticker_state).await;
         }
     });
-    let result = axum::serve(listener, router(state))
+    let app = router(state).into_make_service_with_connect_info::<super::admission::PeerAddr>();
+    let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
     ticker.abort();

@@ -124,6 +124,8 @@ pub struct Inner {
     /// Counts changes of the merge cycle (a phase began, a plan was built, a section was
     /// merged): `/api/merge/task` requests that have nothing to do wait for the next one.
     pub merge_events: tokio::sync::watch::Sender<u64>,
+    /// New hotkeys' registrations per source address ([`super::admission`]).
+    pub new_keys: super::admission::NewKeys,
 }
 
 impl std::ops::Deref for AppState {
@@ -199,6 +201,7 @@ impl AppState {
                 started_ms,
                 wakeups: super::wakeups::Wakeups::new(n_sections),
                 merge_events: tokio::sync::watch::Sender::new(0),
+                new_keys: super::admission::NewKeys::default(),
             }),
         })
     }

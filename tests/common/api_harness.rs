@@ -31,8 +31,8 @@ pub struct Harness {
 
 /// The test run's config plus `extra` YAML lines (which may replace the model). Evaluation
 /// through the network is off unless `extra` sets `eval_samples` (routing tests follow
-/// training samples); placement is `ordered` unless `extra` sets `placement` (the tests'
-/// miners fill the sections in the order they register).
+/// training samples); placement is `ordered`, 1000 new keys at once, unless `extra` sets `placement`
+/// (the tests' miners fill the sections in the order they register, all from one address).
 pub fn config(extra: &str) -> RunConfig {
     let model = if extra.contains("model:") {
         ""
@@ -47,7 +47,7 @@ pub fn config(extra: &str) -> RunConfig {
     let placement = if extra.contains("placement:") {
         ""
     } else {
-        "placement: {ordered: true}\n"
+        "placement: {ordered: true, new_keys: {burst: 1000}}\n"
     };
     RunConfig::from_yaml(&format!(
         "run: test-run\n{model}{eval}{placement}batch_size: 2\nseq_len: 8\nwire: f32\n\

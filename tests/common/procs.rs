@@ -60,7 +60,7 @@ pub fn write_config_with(dir: &Path, run: &str, extra: &str) -> (String, std::pa
         format!(
             "run: {run}\nmodel: {{ preset: tiny }}\ndata: {{ source: synthetic }}\n\
              listen: 127.0.0.1:{port}\ndata_dir: {}\nbatch_size: 2\nseq_len: 32\n\
-             max_in_flight: 4\nlocal_steps: 1\nplacement: {{ ordered: true }}\n{extra}",
+             max_in_flight: 4\nlocal_steps: 1\nplacement: {{ ordered: true, new_keys: {{ burst: 1000 }} }}\n{extra}",
             dir.join("state").display()
         ),
     )

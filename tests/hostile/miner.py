@@ -16,6 +16,7 @@ Cheats (`--cheat` takes a comma-separated list):
                         (and with --grind N, up to N fresh keys until one does)
   honest-heartbeat-lie  report the public merged-state hash in the heartbeat
 The default is the issue's cheater: noise,silent-merge,fake-loss,honest-heartbeat-lie.
+With --flood N it only registers N fresh keys back to back and prints each answer.
 
 Prints one JSON line per event on stdout; exits 0 on SIGTERM or after --seconds.
 """
@@ -57,6 +58,7 @@ class Api:
 
     def __init__(self, base, key):
         self.base, self.key, self.run = base.rstrip("/"), key, ""
+        self.retry_after = None
 
     def get(self, path):
         with urllib.request.urlopen(self.base + path, timeout=30) as r:
@@ -75,10 +77,12 @@ class Api:
             "X-Iota-Signed-For": self.run,
         }
         req = urllib.request.Request(self.base + path, data=data, headers=headers, method="POST")
+        self.retry_after = None
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read())
         except urllib.error.HTTPError as e:
+            self.retry_after = e.headers.get("Retry-After")
             text = e.read().decode(errors="replace")
             try:
                 return e.code, json.loads(text)
@@ -421,6 +425,8 @@ def main():
     p.add_argument("--wait-miners", type=int, default=0, help="register once this many miners are")
     p.add_argument("--seconds", type=float, default=1e9)
     p.add_argument("--register-only", action="store_true")
+    p.add_argument("--flood", type=int, default=0,
+                   help="register N fresh keys back to back (a flood or a grind), print each answer, exit")
     args = p.parse_args()
     key = (Keypair.create_from_mnemonic(args.key) if " " in args.key
            else Keypair.create_from_uri(args.key))
@@ -441,6 +447,14 @@ def main():
             if time.time() > deadline:
                 sys.exit("the orchestrator does not answer at " + args.url)
             time.sleep(0.5)
+    if args.flood:
+        api.run = api.get("/api/run")["run"]
+        for i in range(args.flood):
+            fresh = Keypair.create_from_uri(f"{args.key}/flood/{i}")
+            status, resp = api.post("/api/register", {"device": "cpu (hostile)", "max_in_flight": 1}, fresh)
+            emit("flood", i=i, hotkey=fresh.ss58_address, status=status, section=resp.get("section"),
+                 code=resp.get("code"), message=resp.get("message"), retry_after=api.retry_after)
+        return
     cheater = Cheater(args, api)
     cheater.register()
     if args.register_only:

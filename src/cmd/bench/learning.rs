@@ -618,6 +618,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         #[cfg(feature = "adversary")]
         adversaries: Vec::new(),
         validation: None,
+        placement_overrides: None,
         deadline_s: 20,
     };
     let mut config = generated_config(&local, dir, listen)?;

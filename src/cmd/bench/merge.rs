@@ -310,6 +310,7 @@ fn run_one(
         #[cfg(feature = "adversary")]
         adversaries: Vec::new(),
         validation: None,
+        placement_overrides: None,
         deadline_s: 60,
     };
     let mut config = generated_config(&local, dir, listen)?;

@@ -93,6 +93,7 @@ struct RunResult {
     peak_rss: u64,
     cpu_s: f64,
     refused: u64,
+    busy_puts: u64,
     ledger: (u64, u64, u64),
 }
 
@@ -126,12 +127,15 @@ fn write_config(args: &BenchOrchestratorArgs, dir: &Path, listen: &str) -> anyho
         std::process::id(),
         dir.display().to_string().len()
     );
+    // Every simulated miner registers from this machine's address at once: the new-key limit
+    // per address (`placement.new_keys`) would otherwise hold back all but 8 of them.
     let yaml = format!(
         "run: {run}\nmodel: {{preset: {preset}}}\ndata: {{source: synthetic}}\n\
          listen: {listen}\ndata_dir: {data}\nmax_miners_per_section: 1000\n\
          batch_size: {b}\nseq_len: {s}\nwire: bf16\nmax_in_flight: {m}\neval_samples: 0\n\
          deadlines: {{forward_s: 60, backward_s: 120}}\n\
-         batches_before_merging: 1000000000\nheartbeat_s: {hb}\nminer_ttl_s: {ttl}\n",
+         batches_before_merging: 1000000000\nheartbeat_s: {hb}\nminer_ttl_s: {ttl}\n\
+         placement: {{new_keys: {{burst: 1000000}}}}\n",
         preset = args.preset,
         data = dir.join("state").display(),
         b = args.batch_size,
@@ -213,6 +217,7 @@ async fn run_one(
         compute: Duration::from_millis(args.compute_ms),
         completed: AtomicU64::new(0),
         refused: AtomicU64::new(0),
+        busy_puts: AtomicU64::new(0),
         window: args.window.max(1),
         stop: AtomicBool::new(false),
         recorder: Recorder::default(),
@@ -285,6 +290,7 @@ async fn run_one(
         peak_rss,
         cpu_s: (cpu1.saturating_sub(cpu0)) as f64 / USER_HZ,
         refused: shared.refused.load(Ordering::Relaxed),
+        busy_puts: shared.busy_puts.load(Ordering::Relaxed),
         ledger: (
             status.samples.completed,
             status.samples.dropped,
@@ -300,7 +306,7 @@ fn mib(bytes: u64) -> f64 {
 fn print_endpoints(r: &RunResult) {
     let secs = r.wall.as_secs_f64().max(1e-9);
     println!(
-        "\n{} miners: {:.1} s, {} requests ({:.0}/s), orchestrator CPU {:.1} s ({:.2} cores), peak RSS {:.1} MiB, {} refused submissions",
+        "\n{} miners: {:.1} s, {} requests ({:.0}/s), orchestrator CPU {:.1} s ({:.2} cores), peak RSS {:.1} MiB, {} assignments given up (a failed request or a refused submission)",
         r.miners,
         secs,
         r.records.len(),
@@ -309,6 +315,11 @@ fn print_endpoints(r: &RunResult) {
         r.cpu_s / secs,
         mib(r.peak_rss),
         r.refused
+    );
+    println!(
+        "blob PUTs answered busy (503: {} uploads already streaming) and retried 1 s later: {}",
+        crate::orchestrator::blob::MAX_CONCURRENT_PUTS,
+        r.busy_puts
     );
     println!(
         "ledger: {} completed, {} dropped, {} in flight",

@@ -15,7 +15,7 @@ use super::latency::Recorder;
 use crate::api::client::ApiClient;
 use crate::api::*;
 use crate::codec::{WireDtype, encode, payload_hash};
-use crate::storage::{RetryPolicy, UrlClient};
+use crate::storage::{RetryPolicy, StorageError, UrlClient};
 use crate::wallet::Hotkey;
 
 /// The idle poll interval after work arrived, doubled while idle up to [`Shared::idle_max`].
@@ -46,8 +46,12 @@ pub struct Shared {
     pub compute: Duration,
     /// Samples whose head backward was accepted (completed), as the miners saw them.
     pub completed: AtomicU64,
-    /// Submissions refused by the orchestrator.
+    /// Assignments given up: a request failed, or the submission was refused.
     pub refused: AtomicU64,
+    /// Blob uploads answered 503 because [`crate::orchestrator::blob::MAX_CONCURRENT_PUTS`]
+    /// uploads were streaming; each is retried after the server's `Retry-After`, as `iota
+    /// mine` retries it (every attempt's latency is recorded).
+    pub busy_puts: AtomicU64,
     /// Requests are tagged with `completed / window`.
     pub window: u64,
     /// Set to stop every miner.
@@ -195,11 +199,7 @@ async fn serve(shared: &Shared, api: &ApiClient, blobs: &UrlClient, a: &Assignme
             let Ok(url) = url::Url::parse(&out.url) else {
                 return false;
             };
-            if shared
-                .timed("blob PUT", blobs.upload(&url, Bytes::from(bytes)))
-                .await
-                .is_err()
-            {
+            if !put(shared, blobs, &url, Bytes::from(bytes)).await {
                 return false;
             }
             (Some(hash), Some(len))
@@ -218,6 +218,31 @@ async fn serve(shared: &Shared, api: &ApiClient, blobs: &UrlClient, a: &Assignme
         shared.timed("submit", api.submit(&req)).await,
         Ok(SubmitResponse { accepted: true, .. })
     )
+}
+
+/// Attempts at one blob upload that the server turns away as busy (503).
+const BUSY_ATTEMPTS: u32 = 10;
+
+/// The wait the orchestrator's busy answer asks for (`Retry-After: 1`).
+const BUSY_WAIT: Duration = Duration::from_secs(1);
+
+/// Uploads `bytes` to `url`, retrying a busy answer (503) [`BUSY_ATTEMPTS`] times
+/// [`BUSY_WAIT`] apart; whether it was stored.
+async fn put(shared: &Shared, blobs: &UrlClient, url: &url::Url, bytes: Bytes) -> bool {
+    for _ in 0..BUSY_ATTEMPTS {
+        match shared
+            .timed("blob PUT", blobs.upload(url, bytes.clone()))
+            .await
+        {
+            Ok(()) => return true,
+            Err(StorageError::HttpStatus { status: 503, .. }) => {
+                shared.busy_puts.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(BUSY_WAIT).await;
+            }
+            Err(_) => return false,
+        }
+    }
+    false
 }
 
 /// Interval of a watcher's polls (the dashboard refreshes every 2 s).

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::State;
 
 use crate::api::*;
+use crate::orchestrator::admission::Source;
 use crate::orchestrator::auth::{Signed, SignedAny};
 use crate::orchestrator::http_error::HttpError;
 use crate::orchestrator::merge_handlers::section_checkpoint;
@@ -13,6 +14,7 @@ use crate::orchestrator::state::AppState;
 /// `POST /api/register`.
 pub async fn register(
     State(state): State<AppState>,
+    source: Source,
     req: SignedAny<RegisterRequest>,
 ) -> Result<Json<RegisterResponse>, HttpError> {
     let c = &state.config;
@@ -23,6 +25,20 @@ pub async fn register(
         None if c.placement.ordered => Placement::Ordered,
         None => Placement::Draw(state.secret.placement_draw(&req.hotkey)),
     };
+    if !matches!(placement, Placement::Pinned(_)) && state.repo.miner(&req.hotkey)?.is_none() {
+        let now = state.now_ms();
+        if let Err(wait_s) = state.new_keys.take(&c.placement.new_keys, source, now) {
+            tracing::warn!(hotkey = %req.hotkey, %source, wait_s, "new hotkey refused: rate limit");
+            return Err(HttpError::too_many(
+                format!(
+                    "too many new hotkeys from {source} (placement.new_keys: {} at once, then {} \
+                     an hour); retry in {wait_s} s",
+                    c.placement.new_keys.burst, c.placement.new_keys.per_hour
+                ),
+                wait_s,
+            ));
+        }
+    }
     let section = state.repo.register(
         &req.hotkey,
         &req.body.device,

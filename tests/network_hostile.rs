@@ -12,9 +12,9 @@
 //! Every check of every cheater is evaluated and printed (a table on stderr: items, flags,
 //! weights) before the test fails, so one run says which cheats are caught and which are paid.
 //!
-//! The Python environment is made by the test: `python3 -m venv` plus `pip install -r
-//! tests/hostile/requirements.txt`, cached under the target directory and keyed by the
-//! requirements. Without python3 or pip (or PyPI) the test fails and says so.
+//! The Python environment is made by the test ([`common::python`]): `python3 -m venv` plus
+//! `pip install -r tests/hostile/requirements.txt`, cached under the target directory and keyed
+//! by the requirements. Without python3 or pip (or PyPI) the test fails and says so.
 
 mod common;
 
@@ -29,6 +29,7 @@ use serde_json::Value;
 use common::local_run::{weight_and_flags, windows};
 use common::net::{free_port, status, wait_for};
 use common::procs::{Kids, write_config};
+use common::python::python;
 
 /// One network at a time: each is a dozen processes on a machine that may have two cores.
 static NETWORK: Mutex<()> = Mutex::new(());
@@ -54,46 +55,6 @@ fn iota() -> PathBuf {
 /// The cheater program.
 fn program() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile/miner.py")
-}
-
-/// The venv's python, made once per requirements file (under the target directory).
-fn python() -> PathBuf {
-    static VENV: OnceLock<PathBuf> = OnceLock::new();
-    VENV.get_or_init(|| {
-        let reqs = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile/requirements.txt");
-        let text = std::fs::read(&reqs).expect("tests/hostile/requirements.txt");
-        let key = &blake3::hash(&text).to_hex()[..16];
-        let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-venv-{key}"));
-        let python = venv.join("bin/python");
-        if python.exists() {
-            return python;
-        }
-        let staging = venv.with_extension("partial");
-        let _ = std::fs::remove_dir_all(&staging);
-        let made = Command::new("python3")
-            .args(["-m", "venv"])
-            .arg(&staging)
-            .status();
-        assert!(
-            made.as_ref().is_ok_and(|s| s.success()),
-            "the hostile-miner test needs python3 with the venv module (Debian: apt-get install \
-             python3-venv): `python3 -m venv` gave {made:?}"
-        );
-        let pip = Command::new(staging.join("bin/pip"))
-            .args(["install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(&reqs)
-            .output()
-            .expect("running pip");
-        assert!(
-            pip.status.success(),
-            "pip could not install {} (PyPI must be reachable):\n{}",
-            reqs.display(),
-            String::from_utf8_lossy(&pip.stderr)
-        );
-        std::fs::rename(&staging, &venv).expect("moving the venv into place");
-        python
-    })
-    .clone()
 }
 
 /// One cheater process of a network: what it does and where it wants to be.

@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: a real S3-compatible server (s3s-fs) started on a
 //! free loopback port with a temporary directory, killed when dropped; [`net`] (clock, ports,
 //! plain GETs, pollers); [`browser`] (headless chromium); [`cli`] (the binary run with arguments); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
-//! `iota local` run left on disk).
+//! `iota local` run left on disk); [`python`] (a venv with bittensor-wallet).
 //!
 //! s3s-fs must be installed (tests fail, not skip, when it is missing):
 //! `cargo install s3s-fs@0.14.1 --features binary --locked`.
@@ -13,6 +13,7 @@ pub mod cli;
 pub mod local_run;
 pub mod net;
 pub mod procs;
+pub mod python;
 pub mod signed;
 
 use std::net::{SocketAddr, TcpStream};

@@ -78,7 +78,7 @@ pub enum Command {
     Local(local::LocalArgs),
     /// Offline tokenizer tools (train a byte-level BPE).
     Tokenizer(tokenizer::TokenizerArgs),
-    /// Hotkeys in the Bittensor wallet layout: new, import, list, show.
+    /// Hotkeys in the Bittensor wallet layout: new, import, list, show; check a coldkey.
     Wallet(wallet::WalletCmdArgs),
     /// Register a hotkey with an orchestrator (prints the assigned section).
     Register(register::RegisterArgs),

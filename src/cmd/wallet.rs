@@ -1,18 +1,22 @@
 //! `iota wallet new|import|list|show`: hotkeys in the Bittensor wallet layout
 //! (`<wallets>/<wallet>/hotkeys/<hotkey>`, see [`crate::wallet::files`]), so wallets made by
-//! `btcli` work here and the other way round.
+//! `btcli` work here and the other way round. `iota wallet check` decrypts a wallet's coldkey
+//! (btcli's `$NACL` format, see [`crate::wallet::encrypted`]) and confirms it matches
+//! `coldkeypub.txt`; it writes nothing.
 //!
 //! [`WalletArgs`] is the `--wallet/--hotkey/--wallets-dir` triple every command that takes a
 //! wallet flattens in.
 
+use std::env::VarError;
 use std::io::{IsTerminal, Read};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use zeroize::Zeroizing;
 
-use crate::wallet::{Hotkey, WalletDir};
+use crate::wallet::files::{parse_coldkey, read_public_file, read_secret_file};
+use crate::wallet::{Hotkey, KeyfileFormat, WalletDir};
 
 /// Wallet and hotkey name when none is given anywhere (btcli's convention).
 pub const DEFAULT_NAME: &str = "default";
@@ -146,6 +150,21 @@ pub enum WalletAction {
         #[command(flatten)]
         wallet: WalletArgs,
     },
+    /// Decrypt the wallet's coldkey and confirm it matches coldkeypub.txt; print its SS58
+    /// address (alone on stdout). The password comes from --password-env, else a hidden prompt
+    /// on a terminal; it is never an argument. Writes nothing.
+    Check {
+        /// Wallet name (a directory under the wallets directory; default `default`).
+        #[arg(long, env = "IOTA_WALLET", value_name = "NAME")]
+        wallet: Option<String>,
+        /// Wallets directory (default ~/.bittensor/wallets, where btcli keeps them).
+        #[arg(long, env = "IOTA_WALLETS_DIR", value_name = "DIR")]
+        wallets_dir: Option<PathBuf>,
+        /// Read the coldkey's password from the environment variable of this name (the name,
+        /// not the password).
+        #[arg(long, value_name = "VAR")]
+        password_env: Option<String>,
+    },
 }
 
 /// Runs `iota wallet ...`.
@@ -236,7 +255,96 @@ pub fn run(args: WalletCmdArgs) -> anyhow::Result<()> {
             println!("{address}");
             Ok(())
         }
+        WalletAction::Check {
+            wallet,
+            wallets_dir,
+            password_env,
+        } => {
+            let w = WalletArgs {
+                wallet,
+                wallets_dir,
+                hotkey: None,
+            }
+            .resolve()?;
+            check_coldkey(&w, password_env.as_deref())
+        }
     }
+}
+
+/// `iota wallet check`: decrypts the coldkey of `w.wallet` (asking for the password only when
+/// it is encrypted), checks it against `coldkeypub.txt`, prints the address. Reads only.
+fn check_coldkey(w: &WalletRef, password_env: Option<&str>) -> anyhow::Result<()> {
+    let path = w.dir.coldkey_path(&w.wallet)?;
+    if !path.exists() {
+        bail!(
+            "coldkey of wallet {} not found at {}: create it with `btcli wallet new-coldkey` (or restore it with `btcli wallet regen-coldkey`)",
+            w.wallet,
+            path.display()
+        );
+    }
+    let data = read_secret_file(&path)?;
+    let password = match KeyfileFormat::of(&data) {
+        KeyfileFormat::Nacl => Some(coldkey_password(password_env, &w.wallet, &path)?),
+        _ => None,
+    };
+    let key = parse_coldkey(&data, &path, password.as_ref().map(|p| p.as_bytes()))?;
+    let pub_path = w.dir.coldkeypub_path(&w.wallet)?;
+    if !pub_path.exists() {
+        bail!(
+            "{} is missing, so the coldkey (address {}) cannot be confirmed: btcli writes it beside the coldkey",
+            pub_path.display(),
+            key.address()
+        );
+    }
+    let public = read_public_file(&pub_path)?;
+    if public != *key.address() {
+        bail!(
+            "coldkey {} does not match {}: the coldkey's address is {}, the public file says {}",
+            path.display(),
+            pub_path.display(),
+            key.address(),
+            public
+        );
+    }
+    eprintln!(
+        "coldkey {} opens and matches {}",
+        path.display(),
+        pub_path.display()
+    );
+    println!("{}", key.address());
+    Ok(())
+}
+
+/// The coldkey's password: from the environment variable named `env_var`, else a hidden
+/// prompt on a terminal, else an error saying to pass --password-env.
+fn coldkey_password(
+    env_var: Option<&str>,
+    wallet: &str,
+    path: &Path,
+) -> anyhow::Result<Zeroizing<String>> {
+    if let Some(var) = env_var {
+        return match std::env::var(var) {
+            Ok(password) => Ok(Zeroizing::new(password)),
+            Err(VarError::NotPresent) => {
+                bail!("--password-env {var}: the environment variable {var} is not set")
+            }
+            Err(VarError::NotUnicode(_)) => {
+                bail!("--password-env {var}: the value of {var} is not UTF-8")
+            }
+        };
+    }
+    if std::io::stdin().is_terminal() {
+        let password = dialoguer::Password::new()
+            .with_prompt(format!("Password for coldkey {wallet} (input hidden)"))
+            .allow_empty_password(true)
+            .interact()
+            .context("reading the coldkey password")?;
+        return Ok(Zeroizing::new(password));
+    }
+    bail!(
+        "coldkey {} is encrypted and there is no terminal to ask for its password: pass --password-env VAR, with the password in the environment variable VAR",
+        path.display()
+    )
 }
 
 /// The hotkey's path; an error if it exists and `overwrite` is false.

@@ -6,6 +6,8 @@
 //! ```text
 //! <wallets>/<wallet>/hotkeys/<hotkey>         secret keyfile, unencrypted JSON, mode 0600
 //! <wallets>/<wallet>/hotkeys/<hotkey>pub.txt  public keyfile, JSON, mode 0644
+//! <wallets>/<wallet>/coldkey                  secret keyfile, normally encrypted ($NACL)
+//! <wallets>/<wallet>/coldkeypub.txt           public keyfile of the coldkey
 //!
 //! secret keyfile:
 //! { "accountId":    "0x<32-byte public key hex>",
@@ -20,8 +22,9 @@
 //!
 //! `<wallets>` defaults to `$HOME/.bittensor/wallets`. On reading, fields may be absent or
 //! null; every field present must agree with the key, which is taken from `privateKey`, or
-//! else `secretSeed`, or else `secretPhrase`. Encrypted keyfiles (btcli's `$NACL` and older
-//! formats, normally used for coldkeys only) are refused with a clear error.
+//! else `secretSeed`, or else `secretPhrase`. Encrypted hotkey files are refused with a clear
+//! error; a coldkey in btcli's `$NACL` format is decrypted with its password (see
+//! [`super::encrypted`] and [`parse_coldkey`]), and its older encrypted formats are refused.
 
 use std::fs;
 use std::io::{self, Write};
@@ -31,11 +34,9 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use zeroize::{Zeroize, Zeroizing};
 
+use super::encrypted::{self, DecryptError, KeyfileFormat};
 use super::keys::{Hotkey, KeyError, strip_0x};
 use super::ss58::Ss58Address;
-
-/// Prefixes of btcli's encrypted keyfile formats (NaCl, Ansible vault, legacy Fernet).
-const ENCRYPTED_PREFIXES: [&[u8]; 3] = [b"$NACL", b"$ANSIBLE_VAULT", b"gAAAAA"];
 
 /// Why a wallet file could not be read or written. Every variant names the file.
 #[derive(Debug, Error)]
@@ -61,6 +62,40 @@ pub enum WalletFileError {
     Encrypted {
         /// The file.
         path: PathBuf,
+    },
+    /// The password does not open the `$NACL` coldkey (or the file is damaged, which looks
+    /// the same).
+    #[error("wrong password for coldkey {}", path.display())]
+    WrongPassword {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The coldkey is `$NACL`-encrypted and no password was given.
+    #[error("{}: coldkey is encrypted and needs its password", path.display())]
+    PasswordNeeded {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The coldkey is in one of btcli's older encrypted formats, which iota does not read.
+    #[error(
+        "{}: coldkey is encrypted as {format}, which iota does not read: let btcli re-encrypt it \
+         to $NACL (bittensor-wallet's Keyfile.check_and_update_encryption), or regenerate it \
+         from its mnemonic with `btcli wallet regen-coldkey`",
+        path.display()
+    )]
+    UnsupportedEncryption {
+        /// The file.
+        path: PathBuf,
+        /// The format's name, e.g. "Ansible vault ($ANSIBLE_VAULT)".
+        format: &'static str,
+    },
+    /// The `$NACL` data is malformed (e.g. truncated).
+    #[error("{}: damaged coldkey: {reason}", path.display())]
+    BadEncryption {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
     },
     /// The keyfile holds no private key, seed or phrase.
     #[error("{}: keyfile has no privateKey, secretSeed or secretPhrase", path.display())]
@@ -188,8 +223,7 @@ fn bad(path: &Path, field: &'static str, problem: impl Into<String>) -> WalletFi
 }
 
 fn parse_json(text: &[u8], path: &Path) -> Result<KeyfileFields, WalletFileError> {
-    let trimmed = text.trim_ascii_start();
-    if ENCRYPTED_PREFIXES.iter().any(|p| trimmed.starts_with(p)) {
+    if KeyfileFormat::of(text).is_encrypted() {
         return Err(WalletFileError::Encrypted {
             path: path.to_path_buf(),
         });
@@ -305,16 +339,64 @@ pub fn parse_hotkey_json(text: &[u8], path: &Path) -> Result<Hotkey, WalletFileE
     Ok(phrase_key.or(seed_key).unwrap_or(key))
 }
 
+/// Parses a coldkey file's bytes: a `$NACL` file is decrypted with `password` and then read
+/// as [`parse_hotkey_json`] reads a plain one; a plain (unencrypted) coldkey needs no password.
+///
+/// The key derivation of a `$NACL` file costs 512 MiB and a few seconds, even for a wrong
+/// password. Nothing is written.
+///
+/// # Errors
+/// [`WalletFileError::PasswordNeeded`] (encrypted, `password` is `None`),
+/// [`WalletFileError::WrongPassword`], [`WalletFileError::UnsupportedEncryption`] (btcli's
+/// older formats), [`WalletFileError::BadEncryption`] (truncated), or as [`parse_hotkey_json`].
+pub fn parse_coldkey(
+    data: &[u8],
+    path: &Path,
+    password: Option<&[u8]>,
+) -> Result<Hotkey, WalletFileError> {
+    match KeyfileFormat::of(data) {
+        KeyfileFormat::Plain => parse_hotkey_json(data, path),
+        KeyfileFormat::Nacl => {
+            let password = password.ok_or_else(|| WalletFileError::PasswordNeeded {
+                path: path.to_path_buf(),
+            })?;
+            let plain = encrypted::decrypt_nacl(data, password).map_err(|e| match e {
+                DecryptError::WrongPassword => WalletFileError::WrongPassword {
+                    path: path.to_path_buf(),
+                },
+                other => WalletFileError::BadEncryption {
+                    path: path.to_path_buf(),
+                    reason: other.to_string(),
+                },
+            })?;
+            parse_hotkey_json(&plain, path)
+        }
+        format => Err(WalletFileError::UnsupportedEncryption {
+            path: path.to_path_buf(),
+            format: format.name(),
+        }),
+    }
+}
+
+/// Reads a secret keyfile's bytes into memory that is wiped when dropped.
+///
+/// # Errors
+/// [`WalletFileError::Io`], naming the file.
+pub fn read_secret_file(path: &Path) -> Result<Zeroizing<Vec<u8>>, WalletFileError> {
+    fs::read(path)
+        .map(Zeroizing::new)
+        .map_err(|source| WalletFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+}
+
 /// Reads a secret hotkey file (see [`parse_hotkey_json`]).
 ///
 /// # Errors
 /// [`WalletFileError::Io`] if it cannot be read, otherwise as [`parse_hotkey_json`].
 pub fn read_hotkey_file(path: &Path) -> Result<Hotkey, WalletFileError> {
-    let text = Zeroizing::new(fs::read(path).map_err(|source| WalletFileError::Io {
-        path: path.to_path_buf(),
-        source,
-    })?);
-    parse_hotkey_json(&text, path)
+    parse_hotkey_json(&read_secret_file(path)?, path)
 }
 
 /// Reads a public keyfile (`<hotkey>pub.txt`, or a secret keyfile) for its address.
@@ -395,6 +477,24 @@ impl WalletDir {
     /// The wallets directory.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// `<root>/<wallet>/coldkey`, the secret coldkey file.
+    ///
+    /// # Errors
+    /// [`WalletFileError::InvalidName`] unless `wallet` is a plain file name.
+    pub fn coldkey_path(&self, wallet: &str) -> Result<PathBuf, WalletFileError> {
+        check_name("wallet", wallet)?;
+        Ok(self.root.join(wallet).join("coldkey"))
+    }
+
+    /// `<root>/<wallet>/coldkeypub.txt`, the coldkey's public file.
+    ///
+    /// # Errors
+    /// [`WalletFileError::InvalidName`] unless `wallet` is a plain file name.
+    pub fn coldkeypub_path(&self, wallet: &str) -> Result<PathBuf, WalletFileError> {
+        check_name("wallet", wallet)?;
+        Ok(self.root.join(wallet).join("coldkeypub.txt"))
     }
 
     /// `<root>/<wallet>/hotkeys/<hotkey>`.
@@ -820,6 +920,50 @@ mod tests {
         assert!(matches!(err, WalletFileError::NoSecret { .. }), "{err}");
         let err = parse_hotkey_json(b"$NACL\x01\x02", path).unwrap_err();
         assert!(matches!(err, WalletFileError::Encrypted { .. }), "{err}");
+    }
+
+    #[test]
+    fn coldkeys_plain_or_refused_before_any_key_derivation() {
+        let (private_key, seed) = dev_secret_hex();
+        let path = Path::new("/wallets/w/coldkey");
+        // An unencrypted coldkey (btcli --no-use-password) reads like a hotkey, password or not.
+        let plain = btcli_json(&private_key, &seed);
+        for password in [None, Some(&b"ignored"[..])] {
+            let key = parse_coldkey(plain.as_bytes(), path, password).unwrap();
+            assert_eq!(key.address().as_str(), DEV_ADDRESS);
+        }
+        let nacl = [&b"$NACL"[..], &[0u8; 24 + 16 + 10]].concat();
+        let err = parse_coldkey(&nacl, path, None).unwrap_err();
+        assert!(
+            matches!(err, WalletFileError::PasswordNeeded { .. }),
+            "{err}"
+        );
+        let err = parse_coldkey(&nacl[..30], path, Some(b"pw")).unwrap_err();
+        assert!(
+            matches!(err, WalletFileError::BadEncryption { .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("truncated"), "{err}");
+        for (data, format) in [
+            (&b"$ANSIBLE_VAULT;1.1;AES256\n3633"[..], "Ansible vault"),
+            (&b"gAAAAABkxyz"[..], "Fernet"),
+        ] {
+            let err = parse_coldkey(data, path, Some(b"pw")).unwrap_err();
+            let text = err.to_string();
+            assert!(
+                matches!(err, WalletFileError::UnsupportedEncryption { .. }),
+                "{text}"
+            );
+            assert!(text.contains(format) && text.contains("btcli"), "{text}");
+            assert!(text.contains("/wallets/w/coldkey") && !text.contains('\n'));
+        }
+        let wallets = WalletDir::new("/wallets");
+        assert_eq!(wallets.coldkey_path("w").unwrap(), path);
+        assert_eq!(
+            wallets.coldkeypub_path("w").unwrap(),
+            Path::new("/wallets/w/coldkeypub.txt")
+        );
+        assert!(wallets.coldkey_path("../x").is_err());
     }
 
     #[test]

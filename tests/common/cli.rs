@@ -26,17 +26,23 @@ pub fn ok(args: &[&str]) -> Output {
 /// Runs `iota args..`, which must fail with one line on stderr, `iota: ...` containing
 /// `needle` (so no panic and no usage text).
 pub fn fails_with(args: &[&str], needle: &str) {
-    let out = iota(args);
+    one_line_failure(&iota(args), &format!("iota {args:?}"), needle);
+}
+
+/// `out` is a failure with one line on stderr, `iota: ...` containing `needle`; `what` names
+/// the run in the messages. Returns that line.
+pub fn one_line_failure(out: &Output, what: &str, needle: &str) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "iota {args:?} should fail");
+    assert!(!out.status.success(), "{what} should fail");
     assert!(
         stderr.starts_with("iota: ") && stderr.trim_end().lines().count() == 1,
-        "iota {args:?}: one-line error expected:\n{stderr}"
+        "{what}: one-line error expected:\n{stderr}"
     );
     assert!(
         stderr.contains(needle),
-        "iota {args:?}: expected `{needle}` in:\n{stderr}"
+        "{what}: expected `{needle}` in:\n{stderr}"
     );
+    stderr.trim_end().to_string()
 }
 
 /// A path as an argument (the tests' temporary paths are UTF-8).

@@ -5,9 +5,12 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    iota::cmd::allocator::tune();
     iota::cmd::subnormals::flush();
     let cli = iota::cmd::Cli::parse();
+    // Before any thread starts (parsing starts none).
+    if cli.command.tunes_allocator() {
+        iota::cmd::allocator::tune();
+    }
     iota::cmd::init_tracing(cli.verbose, cli.log_format);
     iota::cmd::hint::install_panic_hook();
     match iota::cmd::run(cli) {

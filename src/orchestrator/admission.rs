@@ -22,18 +22,15 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 
 use axum::extract::connect_info::Connected;
-use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::request::Parts;
 use axum::serve::IncomingStream;
 
 use super::config::NewKeyLimit;
-use super::state::AppState;
 
 /// The most source addresses whose buckets are held at once.
 pub const MAX_SOURCES: usize = 65_536;
 
 /// The header a reverse proxy appends the client's address to.
-const FORWARDED_FOR: &str = "x-forwarded-for";
+pub const FORWARDED_FOR: &str = "x-forwarded-for";
 
 /// The TCP peer of a connection, recorded by the server for every request
 /// (`into_make_service_with_connect_info::<PeerAddr>`).
@@ -99,31 +96,6 @@ impl std::fmt::Display for Source {
             Some(ip) => write!(f, "{ip}"),
             None => f.write_str("an unknown address"),
         }
-    }
-}
-
-impl FromRequestParts<AppState> for Source {
-    type Rejection = std::convert::Infallible;
-
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<PeerAddr>>()
-            .map(|c| c.0.0);
-        let forwarded: Vec<&str> = parts
-            .headers
-            .get_all(FORWARDED_FOR)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .collect();
-        Ok(Self::of(
-            peer,
-            &forwarded,
-            state.config.placement.new_keys.forwarded_for,
-        ))
     }
 }
 

@@ -680,16 +680,22 @@ impl Task {
                 ratio: None,
             };
             let mut previous: HashMap<WorkKind, Vec<f32>> = HashMap::new();
+            // Items the cheat changed (the input is echoed only where it is as wide as the
+            // output: never at the head, whose input is token ids).
+            let mut applied = 0usize;
             for (i, (item, (input, targets, honest))) in items.iter().zip(&decoded).enumerate() {
                 let sent = match honest {
-                    Some(h) if name != "honest" => cheat(
-                        name,
-                        h,
-                        previous.get(&item.kind).map(Vec::as_slice),
-                        input,
-                        item.sample,
-                    )
-                    .or_else(|| Some(h.clone())),
+                    Some(h) if name != "honest" => {
+                        let changed = cheat(
+                            name,
+                            h,
+                            previous.get(&item.kind).map(Vec::as_slice),
+                            input,
+                            item.sample,
+                        );
+                        applied += usize::from(changed.is_some());
+                        changed.or_else(|| Some(h.clone()))
+                    }
                     other => other.clone(),
                 };
                 let checked = replayer.apply(ReplayItem {
@@ -725,7 +731,9 @@ impl Task {
                 v.cosine = pick(v.cosine, s.cosine);
                 v.ratio = pick(v.ratio, s.magnitude_ratio);
             }
-            variants.push(v);
+            if name == "honest" || applied > 0 {
+                variants.push(v);
+            }
         }
         // One window's prefix replay from a fresh engine, against the miner's whole epoch.
         let mut costs = Vec::new();

@@ -1,10 +1,11 @@
 //! Joining and staying: `/api/register` and `/api/heartbeat`.
 
-use axum::Json;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, State};
+use axum::http::HeaderMap;
+use axum::{Extension, Json};
 
 use crate::api::*;
-use crate::orchestrator::admission::Source;
+use crate::orchestrator::admission::{FORWARDED_FOR, PeerAddr, Source};
 use crate::orchestrator::auth::{Signed, SignedAny};
 use crate::orchestrator::http_error::HttpError;
 use crate::orchestrator::merge_handlers::section_checkpoint;
@@ -14,10 +15,21 @@ use crate::orchestrator::state::AppState;
 /// `POST /api/register`.
 pub async fn register(
     State(state): State<AppState>,
-    source: Source,
+    peer: Option<Extension<ConnectInfo<PeerAddr>>>,
+    headers: HeaderMap,
     req: SignedAny<RegisterRequest>,
 ) -> Result<Json<RegisterResponse>, HttpError> {
     let c = &state.config;
+    let forwarded: Vec<&str> = headers
+        .get_all(FORWARDED_FOR)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let source = Source::of(
+        peer.map(|Extension(ConnectInfo(PeerAddr(addr)))| addr),
+        &forwarded,
+        c.placement.new_keys.forwarded_for,
+    );
     // Keyed by the orchestrator's secret: a registrant cannot predict it or re-roll it by
     // asking again (see `repo::registry`).
     let placement = match c.placement.pins.get(&req.hotkey) {

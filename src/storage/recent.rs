@@ -68,12 +68,13 @@ impl RecentWrites {
     pub fn stored(&self, path: &str, bytes: Bytes) {
         let mut inner = self.lock();
         inner.remove(path);
-        if entry_cost(path, bytes.len()) > self.budget / 4 {
+        let cost = entry_cost(path, bytes.len());
+        if cost > self.budget / 4 {
             return;
         }
         let version = inner.next;
         inner.next += 1;
-        inner.held += entry_cost(path, bytes.len());
+        inner.held += cost;
         inner.objects.insert(path.to_string(), bytes);
         inner.versions.insert(path.to_string(), version);
         inner.order.push_back((path.to_string(), version));

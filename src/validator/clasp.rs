@@ -21,9 +21,10 @@
 //! `min_effect` nats, and its z-score `e / se` is at least `z_threshold`, with
 //! `se = sigma * sqrt(c' (X'X)^-1 c)` (the standard error of the least-squares contrast of the
 //! miner against its section's weighted mean; `sigma * sqrt(1/n_m - 1/N_s)` for a balanced
-//! design, more where pathways are confounded) and `sigma` the residual standard deviation. Only harmful effects (a higher loss)
-//! are flagged. The quality factor `exp(-max(0, e - 2 se) / temperature)` lowers credit by the
-//! part of the effect that is statistically solid.
+//! design, more where pathways are confounded) and `sigma` the residual standard deviation.
+//! Only harmful effects (a higher loss) are flagged. The quality factor
+//! `exp(-max(0, e - 2 se) / temperature)` lowers credit by the part of the effect that is
+//! statistically solid.
 
 use std::collections::BTreeMap;
 
@@ -267,12 +268,11 @@ pub fn estimate(entries: &[LedgerEntry], config: &ClaspConfig) -> ClaspReport {
 /// miner against its section's sample-weighted mean, with `X` the design (window indicators,
 /// then each section's levels after its first, treatment-coded).
 ///
-/// For a balanced design this is `1/n_m - 1/N_s`; it grows
-/// where pathways are confounded. Routing keeps samples to lanes, so the miners of two sections
-/// often share almost all their samples: then their effects cannot be told apart, and the
-/// inverse's growth (infinite for an exact confound, held finite here by a ridge of
-/// [`RIDGE`] times the mean diagonal) keeps such effects from being flagged. Measured: with
-/// the balanced formula, two honest head miners of `network_hostile` whose 19 samples were
+/// For a balanced design this is `1/n_m - 1/N_s`; it grows where pathways are confounded.
+/// Routing keeps samples to lanes, so the miners of two sections often share almost all their
+/// samples: then their effects cannot be told apart, and the inverse's growth (infinite for an
+/// exact confound, held finite here by a ridge of [`RIDGE`] times the mean diagonal) keeps
+/// such effects from being flagged. Measured: with the balanced formula, two honest head miners of `network_hostile` whose 19 samples were
 /// nearly confounded with the body's came out at +0.90 and -1.54 nats (z +-4.2) and one was
 /// flagged (2026-11-28).
 fn effect_variances(factors: &[Factor], win_of: &[usize], n_windows: usize) -> Vec<Vec<f64>> {

@@ -37,19 +37,20 @@ pub async fn register(
         None if c.placement.ordered => Placement::Ordered,
         None => Placement::Draw(state.secret.placement_draw(&req.hotkey)),
     };
-    if !matches!(placement, Placement::Pinned(_)) && state.repo.miner(&req.hotkey)?.is_none() {
-        let now = state.now_ms();
-        if let Err(wait_s) = state.new_keys.take(&c.placement.new_keys, source, now) {
-            tracing::warn!(hotkey = %req.hotkey, %source, wait_s, "new hotkey refused: rate limit");
-            return Err(HttpError::too_many(
-                format!(
-                    "too many new hotkeys from {source} (placement.new_keys: {} at once, then {} \
-                     an hour); retry in {wait_s} s",
-                    c.placement.new_keys.burst, c.placement.new_keys.per_hour
-                ),
-                wait_s,
-            ));
-        }
+    let now = state.now_ms();
+    if !matches!(placement, Placement::Pinned(_))
+        && state.repo.miner(&req.hotkey)?.is_none()
+        && let Err(wait_s) = state.new_keys.take(&c.placement.new_keys, source, now)
+    {
+        tracing::warn!(hotkey = %req.hotkey, %source, wait_s, "new hotkey refused: rate limit");
+        return Err(HttpError::too_many(
+            format!(
+                "too many new hotkeys from {source} (placement.new_keys: {} at once, then {} \
+                 an hour); retry in {wait_s} s",
+                c.placement.new_keys.burst, c.placement.new_keys.per_hour
+            ),
+            wait_s,
+        ));
     }
     let section = state.repo.register(
         &req.hotkey,
@@ -58,7 +59,7 @@ pub async fn register(
         c.model.n_sections(),
         c.max_miners_per_section,
         placement,
-        state.now_ms(),
+        now,
     )?;
     let (_, epoch, _) = state.repo.run_state()?;
     let checkpoint = section_checkpoint(&state, section).await?;

@@ -17,7 +17,7 @@
 //! size in map entries and path copies, uncounted, and the orchestrator's live heap grew by
 //! about 3.3 MiB per 1,000 samples under `iota bench orchestrator` (heaptrack, 2026-11-28).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use bytes::Bytes;
@@ -31,7 +31,8 @@ pub struct RecentWrites {
 
 #[derive(Debug, Default)]
 struct Inner {
-    objects: HashMap<String, Bytes>,
+    /// Ordered by path, so everything under a prefix is one range ([`RecentWrites::forget_under`]).
+    objects: BTreeMap<String, Bytes>,
     /// Paths in the order they were stored (a path stored again appears again; the stale
     /// entry is skipped when it comes up for eviction).
     order: VecDeque<(String, u64)>,
@@ -99,6 +100,25 @@ impl RecentWrites {
     /// Forgets `path` (deleted, or replaced by a write this cache cannot hold).
     pub fn forget(&self, path: &str) {
         self.lock().remove(path);
+    }
+
+    /// Forgets every object whose path starts with `prefix` (which should end with `/`, so
+    /// that `a/1/` does not take `a/10/` along): objects that stay in the store but that
+    /// nobody will read back soon, as a finished sample's activations.
+    pub fn forget_under(&self, prefix: &str) {
+        let mut inner = self.lock();
+        let paths: Vec<String> = inner
+            .objects
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(path, _)| path.starts_with(prefix))
+            .map(|(path, _)| path.clone())
+            .collect();
+        for path in paths {
+            inner.remove(&path);
+        }
     }
 
     /// The object under `path`, if it is held.
@@ -192,6 +212,25 @@ mod tests {
         // The new, larger content is not held, and neither is the old one it replaced.
         assert_eq!(cache.get("big"), None);
         assert_eq!(cache.held(), 0);
+    }
+
+    #[test]
+    fn forgetting_a_prefix_takes_only_what_is_under_it() {
+        let cache = RecentWrites::new(1 << 20);
+        for path in ["a/1/x", "a/1/y", "a/10/x", "a/2/x", "a/1"] {
+            cache.stored(path, b(4, 0));
+        }
+        cache.forget_under("a/1/");
+        assert_eq!(cache.get("a/1/x"), None);
+        assert_eq!(cache.get("a/1/y"), None);
+        for kept in ["a/10/x", "a/2/x", "a/1"] {
+            assert!(cache.get(kept).is_some(), "{kept}");
+        }
+        let kept: usize = ["a/10/x", "a/2/x", "a/1"]
+            .iter()
+            .map(|p| entry_cost(p, 4))
+            .sum();
+        assert_eq!(cache.held(), kept);
     }
 
     #[test]

@@ -139,6 +139,22 @@ impl Storage {
         self
     }
 
+    /// Drops the in-memory copy of the object under `key`, if this handle keeps one; the
+    /// object stays in the store. For an object nobody is expected to read back soon.
+    pub fn forget_recent(&self, key: &ObjectKey) {
+        self.forget(&self.path(key));
+    }
+
+    /// Drops the in-memory copies of every object under `prefix` (whole key components: `a/1`
+    /// does not cover `a/10`); the objects stay in the store.
+    pub fn forget_recent_under(&self, prefix: &ObjectKey) {
+        if let Some(recent) = &self.recent {
+            let mut path = self.path(prefix).as_ref().to_string();
+            path.push('/');
+            recent.forget_under(&path);
+        }
+    }
+
     /// The object under `path` if this handle stored it recently.
     fn recent(&self, path: &Path) -> Option<Bytes> {
         self.recent.as_ref()?.get(path.as_ref())

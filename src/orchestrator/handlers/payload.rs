@@ -64,7 +64,9 @@ pub(super) async fn check_result(
         )));
     }
     match state.storage.copy(&upload, &accepted).await {
-        Ok(()) => {}
+        // Everyone reads the accepted copy from now on; the upload stays in the store but
+        // not in memory.
+        Ok(()) => state.storage.forget_recent(&upload),
         Err(StorageError::NotFound { .. }) => {
             return Ok(Checked::Refuse(format!(
                 "no object was uploaded to {upload}"

@@ -352,6 +352,14 @@ pub async fn submit(
         state.wakeups.room_freed(&req.hotkey);
     }
     if routed == Routed::Finished {
+        // Nobody reads a finished sample's tokens and activations back soon (a validator's
+        // replay reads them from the store), so the orchestrator's memory holds only the
+        // samples in flight.
+        let sample = state
+            .keys
+            .activations_epoch(row.epoch)
+            .join(&row.sample.into());
+        state.storage.forget_recent_under(&sample);
         end_epoch_if_done(&state)?;
     }
     Metrics::bump(&state.metrics.accepted);

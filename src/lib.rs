@@ -10,6 +10,7 @@
 //! - [`codec`]: byte formats shared by everyone: the tensor wire codec, payload hashes, the flat
 //!   state layout. Depends on nothing else in the crate.
 //! - [`storage`]: object storage (local directory or S3), keys, presigned-URL transfers.
+//! - [`mirror`]: copies data shards from a bucket or an HTTP(S) URL into a local folder.
 //! - [`wallet`]: sr25519 hotkeys, Bittensor wallet files and request signing.
 //! - [`chain`]: the chain hotkeys register on, behind a trait (local registry; Bittensor
 //!   networks refused with what to run instead).
@@ -36,6 +37,7 @@ pub mod data;
 pub mod infer;
 pub mod merge;
 pub mod miner;
+pub mod mirror;
 pub mod model;
 pub mod orchestrator;
 pub mod storage;

@@ -6,7 +6,9 @@
 //! shard of the wrong schema, a truncated or damaged shard and a truncated or damaged
 //! compressed file must each give a one-line error naming the file (and, for Parquet, the
 //! column), never a panic. End to end, `iota train` learns from a folder of shards and stops
-//! with a one-line error at a bad one, as does `iota orchestrate` before it serves.
+//! with a one-line error at a bad one, as does `iota orchestrate` before it serves. The same
+//! shards in a bucket (s3s-fs) and at an HTTPS URL (Python's `http.server` behind TLS) read
+//! exactly as the files on disk.
 //!
 //! The writers run in a Python venv made by the test (`tests/data_formats/requirements.txt`,
 //! cached under the target directory); `tests/data_formats/write_files.py` writes the files
@@ -372,6 +374,232 @@ fn orchestrator_refuses_a_bad_shard_before_it_serves() {
         stderr.contains("000_00000.parquet: Parquet column \"body\": no such column"),
         "{stderr}"
     );
+    assert!(
+        !stderr.contains("iota orchestrator: run"),
+        "it served: {stderr}"
+    );
+}
+
+/// Every file under `dir` with its modification time.
+fn files_with_times(dir: &Path) -> BTreeMap<PathBuf, std::time::SystemTime> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(files_with_times(&path));
+        } else {
+            out.insert(path.clone(), path.metadata().unwrap().modified().unwrap());
+        }
+    }
+    out
+}
+
+/// Python's `http.server` behind TLS, serving `root` on a free loopback port; killed on drop.
+struct HttpsServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl HttpsServer {
+    fn start(root: &Path, cert: &Path, key: &Path) -> Self {
+        let script = "import functools, http.server, ssl, sys\n\
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
+            ctx.load_cert_chain(sys.argv[2], sys.argv[3])\n\
+            handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])\n\
+            server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)\n\
+            server.socket = ctx.wrap_socket(server.socket, server_side=True)\n\
+            print(server.server_address[1], flush=True)\n\
+            server.serve_forever()\n";
+        let mut child = Command::new("python3")
+            .args(["-c", script])
+            .arg(root)
+            .arg(cert)
+            .arg(key)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 for the HTTPS server");
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let port: u16 = line.trim().parse().expect("the server's port");
+        Self {
+            child,
+            url: format!("https://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for HttpsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `iota eval --json` of `checkpoint` on `data` with `envs`: its held-out loss.
+fn eval_loss(checkpoint: &Path, data: &str, extra: &[&str], envs: &[(&str, &str)]) -> f64 {
+    let out = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(extra)
+        .args([
+            "eval",
+            "--checkpoint",
+            s(checkpoint),
+            "--data",
+            data,
+            "--json",
+        ])
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "eval on {data}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["eval"]["loss"].as_f64().expect("a loss")
+}
+
+/// Shards in a bucket (the tests' s3s-fs, through iota's object store) and at an HTTPS URL
+/// (Python's `http.server` behind TLS, with a CA the test makes) are copied to a local folder
+/// and read exactly like the same files on disk: `iota eval` gives the same held-out loss to
+/// the last digit. A second read downloads nothing, and a shard removed from the bucket leaves
+/// the copy. A prefix without shards, a missing URL and an untrusted certificate are one-line
+/// errors, and the orchestrator stops on them before it serves.
+#[test]
+fn shards_in_a_bucket_or_at_a_url_read_like_the_same_files_on_disk() {
+    let w = written();
+    let run = tempfile::tempdir().unwrap();
+    let ckpt = run.path().join("ckpt");
+    ok(&[
+        "train",
+        "--preset",
+        "tiny",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--eval-every",
+        "0",
+        "--quiet",
+        "--data",
+        s(&w.path("shards")),
+        "--out",
+        s(&ckpt),
+    ]);
+    let local = eval_loss(&ckpt, s(&w.path("shards")), &[], &[]);
+
+    // A bucket prefix holding the shards, in subfolders, beside a file that is not a shard.
+    let s3 = common::S3Server::start();
+    let bucket = s3.dir.path().join("data").join(common::BUCKET);
+    common::copy_tree(&w.path("shards"), &bucket.join("corpus"));
+    std::fs::write(bucket.join("corpus/README.md"), "not a shard").unwrap();
+    let cache = run.path().join("cache");
+    let envs = [
+        ("AWS_ENDPOINT_URL", s3.endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", common::ACCESS_KEY),
+        ("AWS_SECRET_ACCESS_KEY", common::SECRET_KEY),
+        ("AWS_REGION", "us-east-1"),
+        ("IOTA_DATA_CACHE", s(&cache)),
+    ];
+    let url = format!("s3://{}/corpus", common::BUCKET);
+    assert_eq!(eval_loss(&ckpt, &url, &[], &envs), local);
+    let copied = files_with_times(&cache);
+    let names: Vec<String> = copied
+        .keys()
+        .map(|p| {
+            p.strip_prefix(cache.join("shards"))
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned()
+        })
+        .map(|p| p.split_once('/').unwrap().1.to_owned())
+        .collect();
+    assert_eq!(
+        names,
+        ["000_00000.parquet", "001_00000.parquet", "more/002.parquet"]
+    );
+    // Read again: nothing is downloaded again.
+    assert_eq!(eval_loss(&ckpt, &url, &[], &envs), local);
+    assert_eq!(files_with_times(&cache), copied);
+    // One shard named whole, and a prefix that lost a shard.
+    let one = format!("{url}/001_00000.parquet");
+    let one_local = eval_loss(&ckpt, s(&w.path("shards/001_00000.parquet")), &[], &[]);
+    assert_eq!(eval_loss(&ckpt, &one, &[], &envs), one_local);
+    std::fs::remove_file(bucket.join("corpus/000_00000.parquet")).unwrap();
+    let fewer = eval_loss(&ckpt, &url, &[], &envs);
+    assert_ne!(fewer, local);
+    let prefix_copy = copied.keys().next().unwrap().parent().unwrap();
+    let left: Vec<_> = files_with_times(prefix_copy).into_keys().collect();
+    assert_eq!(
+        left,
+        [
+            prefix_copy.join("001_00000.parquet"),
+            prefix_copy.join("more/002.parquet")
+        ]
+    );
+
+    // Bad input: one line each, naming the URL.
+    let eval_fails = |data: &str, extra: &[&str], needle: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_iota"))
+            .args(extra)
+            .args(["eval", "--checkpoint", s(&ckpt), "--data", data])
+            .envs(envs)
+            .output()
+            .unwrap();
+        common::cli::one_line_failure(&out, data, needle);
+    };
+    let empty = format!("s3://{}/nothing", common::BUCKET);
+    eval_fails(
+        &empty,
+        &[],
+        "no .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet shard",
+    );
+
+    // The same shard over HTTPS, from a server whose certificate a CA of the test signed.
+    let (ca_cert, issuer) = common::tls::ca("iota data test CA");
+    let (leaf, leaf_key) = common::tls::leaf(&issuer, false);
+    let pki = run.path().join("pki");
+    std::fs::create_dir(&pki).unwrap();
+    let (ca_pem, cert_pem, key_pem) = (
+        pki.join("ca.pem"),
+        pki.join("cert.pem"),
+        pki.join("key.pem"),
+    );
+    std::fs::write(&ca_pem, ca_cert.pem()).unwrap();
+    std::fs::write(&cert_pem, leaf.pem()).unwrap();
+    std::fs::write(&key_pem, leaf_key.serialize_pem()).unwrap();
+    let server = HttpsServer::start(&w.path("shards"), &cert_pem, &key_pem);
+    let https = format!("{}/001_00000.parquet", server.url);
+    let trusted = ["--ca-file", s(&ca_pem)];
+    assert_eq!(eval_loss(&ckpt, &https, &trusted, &envs), one_local);
+    eval_fails(&https, &[], "certificate");
+    let missing = format!("{}/404.parquet", server.url);
+    eval_fails(&missing, &trusted, "404");
+
+    // The orchestrator copies its data before it serves, and stops on a prefix without shards.
+    let config = run.path().join("run.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "run: shards\nlisten: 127.0.0.1:0\ndata_dir: {}\ndata: {{source: \"{empty}\"}}\n",
+            s(&run.path().join("state")),
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["orchestrate", "--config", s(&config)])
+        .envs(envs)
+        .output()
+        .unwrap();
+    let stderr = common::cli::one_line_failure(&out, "orchestrate", "shard under this prefix");
     assert!(
         !stderr.contains("iota orchestrator: run"),
         "it served: {stderr}"

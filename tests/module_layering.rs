@@ -194,7 +194,7 @@ fn dependencies_point_down_from_commands_to_the_core() {
         "cmd" => 6,
         "orchestrator" | "miner" | "validator" => 5,
         "compute" | "infer" => 4,
-        "api" => 3,
+        "api" | "mirror" => 3,
         "merge" | "model" | "storage" | "chain" | "data" => 2,
         "wallet" => 1,
         "codec" => 0,

@@ -1,7 +1,8 @@
 //! End to end on real S3-compatible storage: `iota local` with a run config whose storage is
 //! an s3s-fs bucket started by the test. Miners hold no credentials: every activation and
 //! gradient moves through presigned URLs, and the orchestrator checks uploads in the bucket.
-//! Two merges run through the bucket too (state uploads, ranged reads, checkpoints).
+//! Two merges run through the bucket too (state uploads, ranged reads, checkpoints), and
+//! `iota eval` reads the newest checkpoint back out of it.
 
 mod common;
 
@@ -106,6 +107,36 @@ fn local_network_trains_through_an_s3_bucket() {
     assert_eq!(
         files_under(&bucket.join("runs/runs/s3-e2e/activations/0")),
         0
+    );
+
+    // `iota eval` reads the newest checkpoint out of the bucket (the run config's endpoint and
+    // keys) and scores it exactly as a local copy of the same objects.
+    let cache = dir.path().join("cache");
+    let eval = |checkpoint: &str| -> f64 {
+        let out = Command::new(env!("CARGO_BIN_EXE_iota"))
+            .args(["eval", "--checkpoint", checkpoint, "--config"])
+            .arg(&config)
+            .args(["--data", "synthetic", "--windows", "4", "--json"])
+            .env("IOTA_DATA_CACHE", &cache)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "eval {checkpoint}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        report["eval"]["loss"].as_f64().unwrap()
+    };
+    let remote = eval(&format!("s3://{BUCKET}/runs/runs/s3-e2e/checkpoints"));
+    let local = dir.path().join("checkpoints");
+    common::copy_tree(&bucket.join("runs/runs/s3-e2e/checkpoints"), &local);
+    assert_eq!(remote, eval(local.to_str().unwrap()));
+    assert!(remote.is_finite());
+    assert_eq!(
+        files_under(&cache.join("checkpoints")),
+        3,
+        "epoch 2's three sections"
     );
 }
 

@@ -17,10 +17,8 @@ use base64::Engine;
 use common::browser::{browse, chromium_or_skip};
 use common::net::free_port;
 use common::procs::{Kids, create_hotkey, iota_bin, spawn, spawn_miner};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    PublicKeyData,
-};
+use common::tls::{ca, leaf};
+use rcgen::PublicKeyData;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -36,30 +34,6 @@ struct Pki {
     expired: (PathBuf, PathBuf),
     /// base64(sha256(SPKI)) of the server key, for chromium.
     spki: String,
-}
-
-fn ca(name: &str) -> (rcgen::Certificate, Issuer<'static, KeyPair>) {
-    let key = KeyPair::generate().unwrap();
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let cert = params.self_signed(&key).unwrap();
-    (cert, Issuer::new(params, key))
-}
-
-fn leaf(issuer: &Issuer<'static, KeyPair>, expired: bool) -> (rcgen::Certificate, KeyPair) {
-    let key = KeyPair::generate().unwrap();
-    let mut params =
-        CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()]).unwrap();
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "iota test orchestrator");
-    if expired {
-        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
-    }
-    (params.signed_by(&key, issuer).unwrap(), key)
 }
 
 fn make_pki(dir: &Path) -> Pki {

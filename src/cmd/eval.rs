@@ -13,6 +13,7 @@ use crate::data::{DataSpec, Dataset};
 use crate::infer::Chain;
 use crate::infer::eval::{EvalReport, held_out};
 use crate::infer::task::{TaskReport, read_questions, score};
+use crate::mirror;
 use crate::model::backend::{BackendTask, dispatch};
 
 /// Arguments of `iota eval`.
@@ -122,7 +123,11 @@ impl BackendTask for Task {
         }
         let eval = match &data {
             Some(spec) => {
-                let dataset = Dataset::load(spec, &trained.tokenizer, seq_len, 0)
+                let local =
+                    mirror::fetch_blocking(spec, &mirror::default_cache_dir().join("shards"), None)
+                        .with_context(|| format!("copying data `{spec}`"))?
+                        .spec;
+                let dataset = Dataset::load(&local, &trained.tokenizer, seq_len, 0)
                     .with_context(|| format!("loading data `{spec}`"))?;
                 Some(held_out(&chain, &dataset, args.windows, args.batch_size)?)
             }

@@ -146,6 +146,9 @@ pub fn init_tracing(verbose: u8, format: LogFormat) {
         1 => "info",
         _ => "debug",
     };
+    // The platform verifier logs every refused certificate as an ERROR of its own; iota's
+    // error for it already says which server and what to do, in one line.
+    let default = format!("{default},rustls_platform_verifier=off");
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()

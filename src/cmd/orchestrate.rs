@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
+use crate::mirror;
 use crate::orchestrator::{
     AppState, BLOCKING_THREADS, RunConfig, ServerTls, TlsListener, serve, shutdown_signal,
 };
@@ -54,6 +55,14 @@ pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
         let run = config.run.clone();
         let data_dir = config.data_dir.clone();
         let public_url = config.public_url.clone();
+        let mut config = config;
+        // Shards in a bucket or at a URL are copied under the run's folder first; the bucket's
+        // endpoint and keys are the run's own storage settings where those are S3.
+        let s3 = config.storage.url.starts_with("s3://").then_some(&config.storage);
+        let fetched = mirror::fetch(&config.data.source, &data_dir.join("shards"), s3)
+            .await
+            .context("copying the run's data")?;
+        config.data.source = fetched.spec;
         let state = AppState::open(config).context("opening the run")?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await

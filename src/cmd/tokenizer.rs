@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 
 use crate::data::{DataSpec, train_bpe};
+use crate::mirror;
 
 /// Arguments of `iota tokenizer`.
 #[derive(Debug, Args)]
@@ -56,7 +57,11 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
         .data
         .clone()
         .with_text_column(args.text_column.as_deref())
-        .and_then(|spec| spec.open())
+        .with_context(|| format!("opening training data {}", args.data))?;
+    let source = mirror::fetch_blocking(&source, &mirror::default_cache_dir().join("shards"), None)
+        .with_context(|| format!("copying training data {}", args.data))?
+        .spec
+        .open()
         .with_context(|| format!("opening training data {}", args.data))?;
     tracing::info!(source = %source.describe(), vocab = args.vocab, "training BPE tokenizer");
     let tokenizer = train_bpe(source.as_ref(), args.vocab, &args.out)

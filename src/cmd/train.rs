@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::mirror;
 use crate::model::ablation::Ablation;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::checkpoint::{self, CheckpointMeta, SectionMeta};
@@ -473,7 +474,14 @@ struct MetricsLine {
 fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<TrainSummary> {
     let s = &plan.settings;
     let seq_len = s.seq_len.unwrap_or(plan.model.max_seq_len);
-    let dataset = Dataset::load(&plan.data, &plan.tokenizer, seq_len, s.seed)
+    let data = mirror::fetch_blocking(
+        &plan.data,
+        &mirror::default_cache_dir().join("shards"),
+        None,
+    )
+    .with_context(|| format!("copying data `{}`", plan.data))?
+    .spec;
+    let dataset = Dataset::load(&data, &plan.tokenizer, seq_len, s.seed)
         .with_context(|| format!("loading data `{}`", plan.data))?;
     for t in dataset.train_sample(0) {
         if *t as usize >= plan.model.vocab_size {

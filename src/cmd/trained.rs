@@ -7,7 +7,10 @@
 //! - an `iota local --dir` directory (`run.yaml`): the newest merged checkpoint of the run in
 //!   its local object store;
 //! - a folder of section checkpoints (`0/flat`, `1/flat`, ...; or folders of epochs holding
-//!   them), read as the model of the run config `--config`.
+//!   them), read as the model of the run config `--config`;
+//! - a run's checkpoints in a bucket, `s3://bucket/.../runs/RUN/checkpoints` with `--config`:
+//!   the newest complete epoch is copied to the cache first (`crate::mirror`). An
+//!   `iota local --dir` whose run stores in a bucket is read the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -18,9 +21,11 @@ use crate::codec::WireDtype;
 use crate::data::Tokenizer;
 use crate::infer::Weights;
 use crate::infer::load::{from_section_dir, from_train_dir, holds_sections};
+use crate::mirror;
 use crate::model::backend::DeviceKind;
 use crate::model::checkpoint;
 use crate::orchestrator::RunConfig;
+use crate::storage::StorageConfig;
 
 /// The run config `iota local` writes into its `--dir`.
 const LOCAL_CONFIG: &str = "run.yaml";
@@ -29,7 +34,8 @@ const LOCAL_CONFIG: &str = "run.yaml";
 #[derive(Debug, Args)]
 pub struct ModelSource {
     /// The trained model: an `iota train --out` directory, an `iota local --dir` directory,
-    /// or a folder of section checkpoints (with --config).
+    /// a folder of section checkpoints (with --config), or a run's checkpoints in a bucket,
+    /// `s3://bucket/.../runs/RUN/checkpoints` (with --config).
     #[arg(long, value_name = "PATH")]
     pub checkpoint: PathBuf,
     /// Run config (YAML) whose model a folder of section checkpoints holds; for an
@@ -73,14 +79,24 @@ fn run_config(path: &Path) -> anyhow::Result<RunConfig> {
     RunConfig::load(path).with_context(|| format!("run config {}", path.display()))
 }
 
-/// Where a run config's local object store keeps the run's checkpoints.
+/// Where a run config's object store keeps the run's checkpoints: its local directory, or a
+/// copy of the newest complete epoch out of its bucket.
 fn checkpoints_dir(config: &RunConfig) -> anyhow::Result<PathBuf> {
     let url = &config.storage.url;
+    if url.starts_with("s3://") {
+        let bucket = StorageConfig {
+            url: format!(
+                "{}/runs/{}/checkpoints",
+                url.trim_end_matches('/'),
+                config.run
+            ),
+            ..config.storage.clone()
+        };
+        return from_bucket(&bucket, config);
+    }
     if url.contains("://") && !url.starts_with("file://") {
         bail!(
-            "run {:?} stores its checkpoints in {url}, not on this disk: copy \
-             runs/{}/checkpoints/EPOCH from it and pass that folder with --config",
-            config.run,
+            "run {:?} stores its checkpoints in {url}, which iota cannot read back",
             config.run
         );
     }
@@ -90,8 +106,38 @@ fn checkpoints_dir(config: &RunConfig) -> anyhow::Result<PathBuf> {
         .join("checkpoints"))
 }
 
+/// Copies the newest complete checkpoint under `bucket` (its URL: a run's `checkpoints`
+/// prefix) for the model of `config`, into the cache.
+fn from_bucket(bucket: &StorageConfig, config: &RunConfig) -> anyhow::Result<PathBuf> {
+    let cache = mirror::default_cache_dir().join("checkpoints");
+    Ok(mirror::fetch_checkpoint_blocking(
+        bucket,
+        config.model.n_sections(),
+        &cache,
+    )?)
+}
+
 fn layout(source: &ModelSource) -> anyhow::Result<Layout> {
     let path = &source.checkpoint;
+    if let Some(url) = path.to_str().filter(|p| p.starts_with("s3://")) {
+        let Some(file) = &source.config else {
+            bail!(
+                "--checkpoint {url}: section checkpoints in a bucket need the run's config (--config run.yaml)"
+            );
+        };
+        let config = run_config(file)?;
+        // The run's own endpoint and keys where its storage is S3, else the AWS variables.
+        let mut bucket = if config.storage.url.starts_with("s3://") {
+            config.storage.clone()
+        } else {
+            StorageConfig::default()
+        };
+        bucket.url = url.to_owned();
+        return Ok(Layout::Sections {
+            dir: from_bucket(&bucket, &config)?,
+            config: Box::new(config),
+        });
+    }
     if !path.is_dir() {
         bail!("--checkpoint {}: no such directory", path.display());
     }

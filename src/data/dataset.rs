@@ -79,7 +79,7 @@ impl Dataset {
                     .then(|| source.corpus().window_floor(seq_len));
                 (tokens, super::TextSource::describe(&source), floor)
             }
-            DataSpec::Path { .. } => {
+            DataSpec::Path { .. } | DataSpec::Remote { .. } => {
                 let source = spec.open()?;
                 let tokens = pack_documents(source.as_ref(), tokenizer)?;
                 (tokens, source.describe(), None)

@@ -106,6 +106,15 @@ pub enum DataError {
         /// What is wrong with it.
         reason: String,
     },
+    /// Remote shards were handed to a reader that only reads local files.
+    #[error(
+        "{url}: remote data must be copied to a local folder before it is read, and this \
+         command does not fetch it (pass a local folder)"
+    )]
+    NotFetched {
+        /// The URL.
+        url: String,
+    },
     /// A `tokenizer.json` file could not be parsed.
     #[error("{path}: not a valid tokenizer.json: {reason}")]
     BadTokenizerFile {

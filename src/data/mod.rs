@@ -10,12 +10,13 @@
 //!   (one document each), `.jsonl` files (field `text`, one document per line), the same
 //!   compressed (`.jsonl.gz`, `.jsonl.zst`; `jsonl.rs`), Parquet shards (`.parquet`, column
 //!   `text`, one document per row; `parquet.rs`) and directories of them (recursively, sorted
-//!   by path). The field/column can be renamed ([`DataSpec::with_text_column`]). Object-store
-//!   sources will implement the same trait.
+//!   by path). The field/column can be renamed ([`DataSpec::with_text_column`]). Shards in a
+//!   bucket or at a URL are copied to a local folder first (`crate::mirror`) and read from there.
 //! - [`MarkovCorpus`] / [`SyntheticSource`] (`synthetic.rs`): the zero-download default, a
 //!   seeded order-2 Markov text with an exactly computed entropy floor (about 1.2 nats per
 //!   token, against ln 256 = 5.55 for a uniform guess).
-//! - [`DataSpec`] (`spec.rs`): `synthetic[:SEED[:CHARS]]` or a path.
+//! - [`DataSpec`] (`spec.rs`): `synthetic[:SEED[:CHARS]]`, a path, or an `s3://` / `http(s)://`
+//!   URL.
 //! - [`pack_documents`] (`pack.rs`): tokenize and join documents, end-of-text between them.
 //! - [`Dataset`] (`dataset.rs`): windows of `seq_len + 1` tokens at stride `seq_len`, the last
 //!   2% held out for evaluation, and sample id -> window through a seeded per-epoch
@@ -51,7 +52,7 @@ pub use dataset::Dataset;
 pub use error::DataError;
 pub use pack::pack_documents;
 pub use permutation::EpochPermutation;
-pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource};
-pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
+pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource, is_data_file};
+pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec, REMOTE_SCHEMES};
 pub use synthetic::{ALPHABET, MarkovCorpus, SyntheticSource};
 pub use tokenizer::{BYTE_END_OF_TEXT, BYTE_VOCAB_SIZE, Tokenizer};

@@ -1,7 +1,7 @@
 //! Text sources: where documents come from. Local files and directories live here (this file
 //! lists them and dispatches each to its reader: `jsonl.rs` for `.jsonl`, `.jsonl.gz` and
 //! `.jsonl.zst`, `parquet.rs` for `.parquet`); the synthetic corpus is in `synthetic.rs`.
-//! Object-store readers will implement the same trait.
+//! Remote shards are copied to a local folder (`crate::mirror`) and read from there.
 
 use std::path::{Path, PathBuf};
 
@@ -169,6 +169,12 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DataError> {
         }
     }
     Ok(())
+}
+
+/// Whether a file called `name` is one that [`LocalFiles`] reads (`.txt`, `.jsonl`,
+/// `.jsonl.gz`, `.jsonl.zst`, `.parquet`).
+pub fn is_data_file(name: &str) -> bool {
+    FileKind::of(Path::new(name)).is_some()
 }
 
 /// Whether a symbolic link points at a directory (those are skipped).

@@ -17,6 +17,9 @@ pub const DEFAULT_SYNTHETIC_CHARS: usize = 3_000_000;
 /// # Format
 /// - `synthetic`, `synthetic:SEED` or `synthetic:SEED:CHARS`: the built-in Markov corpus
 ///   (seed 0 and [`DEFAULT_SYNTHETIC_CHARS`] unless given);
+/// - `s3://bucket/prefix`, `https://host/path` or `http://host/path`: remote shards
+///   ([`DataSpec::Remote`]), which a command copies to a local folder before reading them
+///   (`crate::mirror`);
 /// - anything else: a path to a `.txt`, `.jsonl`, `.jsonl.gz`, `.jsonl.zst` or `.parquet` file
 ///   or a directory of them ([`LocalFiles`]).
 ///
@@ -40,7 +43,19 @@ pub enum DataSpec {
         /// ([`DEFAULT_TEXT_COLUMN`] unless set).
         text_column: String,
     },
+    /// Shards somewhere else: every supported file under an S3 prefix, or one file at an
+    /// HTTP(S) URL. They are read from a local copy ([`DataSpec::Path`] of the folder the
+    /// copy is in), never directly: [`DataSpec::open`] refuses this variant.
+    Remote {
+        /// The URL as given.
+        url: String,
+        /// As for [`DataSpec::Path`].
+        text_column: String,
+    },
 }
+
+/// URL schemes read as [`DataSpec::Remote`].
+pub const REMOTE_SCHEMES: [&str; 3] = ["s3://", "https://", "http://"];
 
 impl Default for DataSpec {
     fn default() -> Self {
@@ -86,19 +101,33 @@ impl DataSpec {
                 path,
                 text_column: column.to_owned(),
             }),
+            Self::Remote { url, .. } => Ok(Self::Remote {
+                url,
+                text_column: column.to_owned(),
+            }),
+        }
+    }
+
+    /// The text column of a path or remote spec (`None` for the synthetic corpus).
+    pub fn text_column(&self) -> Option<&str> {
+        match self {
+            Self::Synthetic { .. } => None,
+            Self::Path { text_column, .. } | Self::Remote { text_column, .. } => Some(text_column),
         }
     }
 
     /// Opens the source the spec names.
     ///
     /// # Errors
-    /// As [`LocalFiles::open`] for a path; the synthetic source never fails.
+    /// As [`LocalFiles::open`] for a path; [`DataError::NotFetched`] for remote shards (copy
+    /// them to a local folder first); the synthetic source never fails.
     pub fn open(&self) -> Result<Box<dyn TextSource>, DataError> {
         match self {
             Self::Synthetic { seed, chars } => Ok(Box::new(SyntheticSource::new(*seed, *chars))),
             Self::Path { path, text_column } => Ok(Box::new(
                 LocalFiles::open(path)?.with_text_column(text_column),
             )),
+            Self::Remote { url, .. } => Err(DataError::NotFetched { url: url.clone() }),
         }
     }
 }
@@ -113,6 +142,15 @@ impl FromStr for DataSpec {
         };
         if s.is_empty() {
             return Err(bad("empty"));
+        }
+        if let Some(scheme) = REMOTE_SCHEMES.iter().find(|scheme| s.starts_with(*scheme)) {
+            if s.len() == scheme.len() {
+                return Err(bad("no bucket or host after the scheme"));
+            }
+            return Ok(Self::Remote {
+                url: s.to_owned(),
+                text_column: DEFAULT_TEXT_COLUMN.to_owned(),
+            });
         }
         let Some(rest) = s.strip_prefix("synthetic") else {
             return Ok(Self::path(s));
@@ -150,6 +188,7 @@ impl fmt::Display for DataSpec {
         match self {
             Self::Synthetic { seed, chars } => write!(f, "synthetic:{seed}:{chars}"),
             Self::Path { path, .. } => write!(f, "{}", path.display()),
+            Self::Remote { url, .. } => f.write_str(url),
         }
     }
 }
@@ -212,6 +251,8 @@ mod tests {
             "synthetic:1:y",
             "synthetic:1:2:3",
             "synthetic:-1",
+            "s3://",
+            "https://",
         ] {
             let err = bad.parse::<DataSpec>().unwrap_err();
             assert!(matches!(err, DataError::BadSpec { .. }), "{bad}");
@@ -223,6 +264,10 @@ mod tests {
         for spec in [
             DataSpec::Synthetic { seed: 9, chars: 77 },
             DataSpec::path("/tmp/corpus"),
+            DataSpec::Remote {
+                url: "s3://bucket/fineweb/sample".into(),
+                text_column: DEFAULT_TEXT_COLUMN.into(),
+            },
         ] {
             assert_eq!(spec.to_string().parse::<DataSpec>().unwrap(), spec);
             let json = serde_json::to_string(&spec).unwrap();

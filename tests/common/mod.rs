@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: a real S3-compatible server (s3s-fs) started on a
 //! free loopback port with a temporary directory, killed when dropped; [`net`] (clock, ports,
 //! plain GETs, pollers); [`browser`] (headless chromium); [`cli`] (the binary run with arguments); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
-//! `iota local` run left on disk); [`venv`] (a Python venv from a requirements file).
+//! `iota local` run left on disk); [`venv`] (a Python venv from a requirements file); [`tls`] (a CA and server certificates).
 //!
 //! s3s-fs must be installed (tests fail, not skip, when it is missing):
 //! `cargo install s3s-fs@0.14.1 --features binary --locked`.
@@ -14,6 +14,7 @@ pub mod local_run;
 pub mod net;
 pub mod procs;
 pub mod signed;
+pub mod tls;
 pub mod venv;
 
 use std::net::{SocketAddr, TcpStream};
@@ -201,4 +202,18 @@ fn spawn_s3s_fs(bin: &std::path::Path, port: u16, dir: &std::path::Path) -> Chil
         .stderr(log)
         .spawn()
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()))
+}
+
+/// Copies the files under `from` to `to`, keeping the folders.
+pub fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        let target = to.join(path.file_name().unwrap());
+        if path.is_dir() {
+            copy_tree(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).unwrap();
+        }
+    }
 }

@@ -1,0 +1,532 @@
+//! Copies remote data shards into a local folder, so that every reader reads local files; and
+//! a run's newest checkpoint out of its bucket ([`fetch_checkpoint`]), for `iota generate`,
+//! `iota eval` and `iota export`.
+//!
+//! A [`DataSpec::Remote`] names either
+//! - `s3://bucket/prefix`: every `.txt`, `.jsonl`, `.jsonl.gz`, `.jsonl.zst` and `.parquet`
+//!   object under the prefix, read through the project's object store ([`Storage`]; the
+//!   endpoint and credentials as for a run's `storage`), or one such object named whole; or
+//! - `https://host/path/name.parquet` (or `http://`, for servers on a private network): one
+//!   shard, through the same HTTPS client as every other request of this process (with the
+//!   CA file of `--ca-file`, if any).
+//!
+//! [`fetch`] copies them to `CACHE/{hash of the URL}/`, under their key relative to the
+//! prefix, and returns a [`DataSpec::Path`] of that folder with the same text column. A shard
+//! already there with the size the server reports is not downloaded again; a file of that
+//! folder the listing no longer holds is removed, so the folder always mirrors the listing.
+//! Every party that lists the same prefix gets the same files and so, through
+//! [`crate::data::LocalFiles`]' path order, the same documents in the same order and the same
+//! sample ids. Shards are streamed to disk in pieces ([`PIECE`] bytes), never held whole.
+
+use std::path::{Path, PathBuf};
+
+use thiserror::Error;
+
+use crate::data::{DataSpec, is_data_file};
+use crate::storage::trust::client_builder;
+use crate::storage::{ObjectKey, Storage, StorageConfig, StorageError};
+
+/// The name of a section's parameters in a checkpoint (`{epoch}/{section}/flat`).
+const FLAT: &str = "flat";
+
+/// Bytes asked for at a time while copying an object from a bucket.
+pub const PIECE: u64 = 16 << 20;
+
+/// Why remote shards could not be copied. Each message is one line naming the URL or file.
+#[derive(Debug, Error)]
+pub enum MirrorError {
+    /// The URL cannot be used as it is.
+    #[error("{url}: {reason}")]
+    BadUrl {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The bucket could not be opened or listed.
+    #[error("listing {url}: {source}")]
+    List {
+        /// The URL as given.
+        url: String,
+        /// What the store said.
+        source: Box<StorageError>,
+    },
+    /// Nothing under the prefix is a shard iota reads.
+    #[error("{url}: no .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet shard under this prefix")]
+    NoShards {
+        /// The URL as given.
+        url: String,
+    },
+    /// No epoch under the prefix has every section's checkpoint.
+    #[error(
+        "{url}: no complete checkpoint here (every one of the model's {sections} sections' \
+         EPOCH/SECTION/flat); pass the run's `runs/RUN/checkpoints` prefix"
+    )]
+    NoCheckpoint {
+        /// The prefix as given.
+        url: String,
+        /// Sections the model has.
+        sections: usize,
+    },
+    /// A shard could not be downloaded.
+    #[error("downloading {url}: {reason}")]
+    Download {
+        /// The shard's URL.
+        url: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The HTTP(S) request failed: no connection, a refused certificate, an error status.
+    #[error("downloading {url}")]
+    Http {
+        /// The shard's URL.
+        url: String,
+        /// What the client said (its chain names the cause).
+        source: reqwest::Error,
+    },
+    /// The local copy could not be written.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The local file or folder.
+        path: PathBuf,
+        /// What the operating system said.
+        source: std::io::Error,
+    },
+}
+
+/// What [`fetch`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    /// The local copy, to read instead of the URL (the spec itself when it was not remote).
+    pub spec: DataSpec,
+    /// Shards in the copy.
+    pub shards: usize,
+    /// Shards downloaded now (the others were already there).
+    pub downloaded: usize,
+    /// Bytes downloaded now.
+    pub bytes: u64,
+}
+
+/// Where commands other than the orchestrator keep their copies: `$IOTA_DATA_CACHE`, else
+/// `$XDG_CACHE_HOME/iota`, else `~/.cache/iota`, else `.iota-cache`. Shards go under its
+/// `shards/`, checkpoints under its `checkpoints/`.
+pub fn default_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("IOTA_DATA_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let home = |var| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    match (home("XDG_CACHE_HOME"), home("HOME")) {
+        (Some(cache), _) => cache.join("iota"),
+        (None, Some(home)) => home.join(".cache").join("iota"),
+        (None, None) => PathBuf::from(".iota-cache"),
+    }
+}
+
+/// Copies the shards of a remote `spec` under `cache` (see the module documentation) and
+/// returns the local copy; any other spec comes back as it is. `s3` supplies the endpoint,
+/// region and keys for an `s3://` URL (a run's own `storage` settings); fields it leaves
+/// unset come from the AWS environment variables.
+///
+/// # Errors
+/// [`MirrorError`] naming the URL or file; nothing is left half-written (a download goes to a
+/// `.partial` file first).
+pub async fn fetch(
+    spec: &DataSpec,
+    cache: &Path,
+    s3: Option<&StorageConfig>,
+) -> Result<Fetched, MirrorError> {
+    let DataSpec::Remote { url, text_column } = spec else {
+        return Ok(unchanged(spec));
+    };
+    let hash = blake3::hash(url.as_bytes()).to_hex();
+    let dir = cache.join(&hash[..16]);
+    let (shards, downloaded, bytes) = if url.starts_with("s3://") {
+        from_bucket(url, &dir, s3).await?
+    } else {
+        from_http(url, &dir).await?
+    };
+    tracing::info!(%url, dir = %dir.display(), shards, downloaded, bytes, "remote data copied");
+    Ok(Fetched {
+        spec: DataSpec::Path {
+            path: dir,
+            text_column: text_column.clone(),
+        },
+        shards,
+        downloaded,
+        bytes,
+    })
+}
+
+/// [`fetch`] for a command without an async runtime of its own.
+///
+/// # Errors
+/// As [`fetch`]; [`MirrorError::Io`] when the runtime cannot start.
+pub fn fetch_blocking(
+    spec: &DataSpec,
+    cache: &Path,
+    s3: Option<&StorageConfig>,
+) -> Result<Fetched, MirrorError> {
+    if !matches!(spec, DataSpec::Remote { .. }) {
+        return Ok(unchanged(spec));
+    }
+    current_thread(cache)?.block_on(fetch(spec, cache, s3))
+}
+
+/// What [`fetch`] returns for a spec that is not remote.
+fn unchanged(spec: &DataSpec) -> Fetched {
+    Fetched {
+        spec: spec.clone(),
+        shards: 0,
+        downloaded: 0,
+        bytes: 0,
+    }
+}
+
+/// Copies every shard under an `s3://` URL: (shards, downloaded, bytes).
+async fn from_bucket(
+    url: &str,
+    dir: &Path,
+    s3: Option<&StorageConfig>,
+) -> Result<(usize, usize, u64), MirrorError> {
+    let open = |url: &str| {
+        let mut config = s3.cloned().unwrap_or_default();
+        config.url = url.to_owned();
+        Storage::open(&config).map_err(|source| MirrorError::List {
+            url: url.to_owned(),
+            source: Box::new(source),
+        })
+    };
+    let listed = |source| MirrorError::List {
+        url: url.to_owned(),
+        source: Box::new(source),
+    };
+    let store = open(url)?;
+    let mut objects: Vec<(ObjectKey, u64)> = store
+        .list(None)
+        .await
+        .map_err(listed)?
+        .into_iter()
+        .filter(|o| is_data_file(o.key.as_str().rsplit('/').next().unwrap_or_default()))
+        .map(|o| (o.key, o.size))
+        .collect();
+    let mut store = store;
+    if objects.is_empty() {
+        // The URL may name one object rather than a prefix.
+        let trimmed = url.trim_end_matches('/');
+        if let Some((parent, name)) = trimmed.rsplit_once('/')
+            && is_data_file(name)
+            && parent.len() > "s3://".len()
+            && let Ok(key) = ObjectKey::parse(name)
+        {
+            let parent_store = open(parent)?;
+            match parent_store.head(&key).await {
+                Ok(size) => {
+                    objects.push((key, size));
+                    store = parent_store;
+                }
+                Err(StorageError::NotFound { .. }) => {}
+                Err(e) => return Err(listed(e)),
+            }
+        }
+    }
+    if objects.is_empty() {
+        return Err(MirrorError::NoShards {
+            url: url.to_owned(),
+        });
+    }
+    let (downloaded, bytes) = copy_objects(&store, url, &objects, dir).await?;
+    Ok((objects.len(), downloaded, bytes))
+}
+
+/// Copies `objects` (key and size) of `store`, whose URL is `url`, to `dir` under their keys,
+/// skipping those already there with the same size and removing every other file of `dir`:
+/// (downloaded, bytes).
+async fn copy_objects(
+    store: &Storage,
+    url: &str,
+    objects: &[(ObjectKey, u64)],
+    dir: &Path,
+) -> Result<(usize, u64), MirrorError> {
+    let wanted: Vec<PathBuf> = objects
+        .iter()
+        .map(|(key, _)| dir.join(key.as_str()))
+        .collect();
+    remove_unlisted(dir, &wanted)?;
+    let (mut downloaded, mut bytes) = (0, 0);
+    for ((key, size), path) in objects.iter().zip(&wanted) {
+        if local_size(path) == Some(*size) {
+            continue;
+        }
+        let object_url = format!("{}/{}", url.trim_end_matches('/'), key.as_str());
+        let partial = partial_of(path)?;
+        let mut file = create(&partial)?;
+        let mut at = 0;
+        while at < *size {
+            let end = (at + PIECE).min(*size);
+            let piece = store
+                .get_range(key, at..end)
+                .await
+                .map_err(|e| MirrorError::Download {
+                    url: object_url.clone(),
+                    reason: e.to_string(),
+                })?;
+            write(&mut file, &partial, &piece)?;
+            at = end;
+        }
+        finish(file, &partial, path)?;
+        downloaded += 1;
+        bytes += size;
+        tracing::info!(object = %object_url, size, "downloaded");
+    }
+    Ok((downloaded, bytes))
+}
+
+/// Copies the newest complete epoch of a run's section checkpoints from the bucket `storage`
+/// names (its URL: the run's `checkpoints` prefix, `s3://bucket/.../runs/RUN/checkpoints`)
+/// into `cache`, as `{epoch}/{section}/flat` for each of the model's `sections`, and returns
+/// the folder they are in. Complete: every section's `flat` of that epoch is there (a merge
+/// writes them one by one). Older epochs are not copied, and removed from an earlier copy.
+///
+/// # Errors
+/// [`MirrorError::List`] when the bucket cannot be opened or listed,
+/// [`MirrorError::NoCheckpoint`] when no epoch is complete, otherwise as [`fetch`].
+pub async fn fetch_checkpoint(
+    storage: &StorageConfig,
+    sections: usize,
+    cache: &Path,
+) -> Result<PathBuf, MirrorError> {
+    let url = storage.url.trim_end_matches('/').to_owned();
+    let listed = |source| MirrorError::List {
+        url: url.clone(),
+        source: Box::new(source),
+    };
+    let store = Storage::open(storage).map_err(listed)?;
+    let mut by_epoch: std::collections::BTreeMap<u64, Vec<Option<(ObjectKey, u64)>>> =
+        std::collections::BTreeMap::new();
+    for object in store.list(None).await.map_err(listed)? {
+        let parts: Vec<&str> = object.key.as_str().split('/').collect();
+        let [epoch, section, FLAT] = parts[..] else {
+            continue;
+        };
+        let (Ok(epoch), Ok(section)) = (epoch.parse::<u64>(), section.parse::<usize>()) else {
+            continue;
+        };
+        if section < sections {
+            by_epoch
+                .entry(epoch)
+                .or_insert_with(|| vec![None; sections])[section] = Some((object.key, object.size));
+        }
+    }
+    let Some((epoch, objects)) = by_epoch
+        .into_iter()
+        .rev()
+        .find_map(|(epoch, found)| Some((epoch, found.into_iter().collect::<Option<Vec<_>>>()?)))
+    else {
+        return Err(MirrorError::NoCheckpoint { url, sections });
+    };
+    let dir = cache.join(&blake3::hash(url.as_bytes()).to_hex()[..16]);
+    let (downloaded, bytes) = copy_objects(&store, &url, &objects, &dir).await?;
+    tracing::info!(%url, epoch, dir = %dir.display(), downloaded, bytes, "checkpoint copied");
+    Ok(dir)
+}
+
+/// [`fetch_checkpoint`] for a command without an async runtime of its own.
+///
+/// # Errors
+/// As [`fetch_checkpoint`]; [`MirrorError::Io`] when the runtime cannot start.
+pub fn fetch_checkpoint_blocking(
+    storage: &StorageConfig,
+    sections: usize,
+    cache: &Path,
+) -> Result<PathBuf, MirrorError> {
+    current_thread(cache)?.block_on(fetch_checkpoint(storage, sections, cache))
+}
+
+/// A runtime for the blocking entry points.
+fn current_thread(cache: &Path) -> Result<tokio::runtime::Runtime, MirrorError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|source| MirrorError::Io {
+            path: cache.to_path_buf(),
+            source,
+        })
+}
+
+/// Copies the one shard at an `http(s)://` URL: (shards, downloaded, bytes).
+async fn from_http(url: &str, dir: &Path) -> Result<(usize, usize, u64), MirrorError> {
+    let bad = |reason: &str| MirrorError::BadUrl {
+        url: url.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
+    let name = parsed
+        .path_segments()
+        .and_then(|mut s| s.next_back())
+        .filter(|name| is_data_file(name))
+        .ok_or_else(|| {
+            bad("the URL must name one .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet file")
+        })?
+        .to_owned();
+    let http = |source| MirrorError::Http {
+        url: url.to_owned(),
+        source,
+    };
+    let client = client_builder().build().map_err(http)?;
+    let path = dir.join(&name);
+    remove_unlisted(dir, std::slice::from_ref(&path))?;
+    let mut response = client
+        .get(parsed)
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(http)?;
+    let size = response.content_length();
+    if size.is_some() && local_size(&path) == size {
+        return Ok((1, 0, 0));
+    }
+    let partial = partial_of(&path)?;
+    let mut file = create(&partial)?;
+    let mut bytes = 0u64;
+    while let Some(chunk) = response.chunk().await.map_err(http)? {
+        write(&mut file, &partial, &chunk)?;
+        bytes += chunk.len() as u64;
+    }
+    if let Some(size) = size
+        && size != bytes
+    {
+        return Err(MirrorError::Download {
+            url: url.to_owned(),
+            reason: format!("the server announced {size} bytes and sent {bytes}"),
+        });
+    }
+    finish(file, &partial, &path)?;
+    tracing::info!(shard = %url, size = bytes, "shard downloaded");
+    Ok((1, 1, bytes))
+}
+
+/// The size of the file at `path`, if it is one.
+fn local_size(path: &Path) -> Option<u64> {
+    std::fs::metadata(path)
+        .ok()
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+}
+
+/// `path` with `.partial` appended, its folder created.
+fn partial_of(path: &Path) -> Result<PathBuf, MirrorError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|source| MirrorError::Io {
+            path: parent.to_path_buf(),
+            source,
+        })?;
+    }
+    let mut name = path.as_os_str().to_owned();
+    name.push(".partial");
+    Ok(PathBuf::from(name))
+}
+
+fn create(path: &Path) -> Result<std::fs::File, MirrorError> {
+    std::fs::File::create(path).map_err(|source| MirrorError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn write(file: &mut std::fs::File, path: &Path, bytes: &[u8]) -> Result<(), MirrorError> {
+    use std::io::Write;
+    file.write_all(bytes).map_err(|source| MirrorError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Flushes the `.partial` file to disk and renames it into place.
+fn finish(file: std::fs::File, partial: &Path, path: &Path) -> Result<(), MirrorError> {
+    let io = |source| MirrorError::Io {
+        path: partial.to_path_buf(),
+        source,
+    };
+    file.sync_all().map_err(io)?;
+    drop(file);
+    std::fs::rename(partial, path).map_err(io)
+}
+
+/// Removes every file under `dir` that is not in `wanted` (shards no longer listed, and
+/// `.partial` files of interrupted downloads), so the folder holds exactly the listing.
+fn remove_unlisted(dir: &Path, wanted: &[PathBuf]) -> Result<(), MirrorError> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(folder) = stack.pop() {
+        let entries = match std::fs::read_dir(&folder) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(source) => {
+                return Err(MirrorError::Io {
+                    path: folder,
+                    source,
+                });
+            }
+        };
+        for entry in entries {
+            let entry = entry.map_err(|source| MirrorError::Io {
+                path: folder.clone(),
+                source,
+            })?;
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if !wanted.contains(&path) {
+                std::fs::remove_file(&path).map_err(|source| MirrorError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn other_specs_come_back_as_they_are() {
+        let cache = tempfile::tempdir().unwrap();
+        for spec in [DataSpec::default(), DataSpec::path("some/folder")] {
+            let fetched = fetch_blocking(&spec, cache.path(), None).unwrap();
+            assert_eq!(fetched.spec, spec);
+            assert_eq!((fetched.shards, fetched.downloaded), (0, 0));
+        }
+    }
+
+    #[test]
+    fn an_http_url_must_name_one_shard() {
+        let cache = tempfile::tempdir().unwrap();
+        let spec: DataSpec = "https://example.invalid/shards/".parse().unwrap();
+        let err = fetch_blocking(&spec, cache.path(), None).unwrap_err();
+        assert!(matches!(err, MirrorError::BadUrl { .. }), "{err}");
+        assert!(err.to_string().contains(".parquet file"), "{err}");
+    }
+
+    #[test]
+    fn files_the_listing_no_longer_holds_are_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let keep = dir.path().join("a/keep.jsonl");
+        let stale = dir.path().join("a/old.parquet");
+        let partial = dir.path().join("b.txt.partial");
+        for path in [&keep, &stale, &partial] {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, b"x").unwrap();
+        }
+        remove_unlisted(dir.path(), std::slice::from_ref(&keep)).unwrap();
+        assert!(keep.exists());
+        assert!(!stale.exists() && !partial.exists());
+        // A folder that does not exist yet holds nothing to remove.
+        remove_unlisted(&dir.path().join("none"), &[]).unwrap();
+    }
+}

@@ -13,7 +13,7 @@ use crate::data::{DataSpec, Dataset};
 use crate::infer::Chain;
 use crate::infer::eval::{EvalReport, held_out};
 use crate::infer::task::{TaskReport, read_questions, score};
-use crate::model::backend::{BackendTask, dispatch};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 
 /// Arguments of `iota eval`.
 #[derive(Debug, Args)]
@@ -21,6 +21,9 @@ pub struct EvalArgs {
     /// The trained model.
     #[command(flatten)]
     pub source: ModelSource,
+    /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
     /// Text to evaluate on: `synthetic[:SEED[:CHARS]]` or a .txt, .jsonl, .jsonl.gz,
     /// .jsonl.zst or .parquet file or directory; its held-out windows (the ones `iota train`
     /// evaluates on) are scored.
@@ -77,7 +80,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         None => None,
     };
     let trained = trained::open(&args.source)?;
-    let device = args.source.device;
+    let device = args.device;
     let json = args.json;
     let report = dispatch(
         device,

@@ -34,11 +34,15 @@ pub fn run(args: ExportArgs) -> anyhow::Result<()> {
         Architecture::Llama => "AutoModelForCausalLM.from_pretrained(OUT)",
         Architecture::Iota => "AutoModelForCausalLM.from_pretrained(OUT, trust_remote_code=True)",
     };
+    let sections = trained.weights.model.n_sections();
+    let boundaries = match sections {
+        1 => "one section".to_string(),
+        n => format!("{n} sections, {} boundaries", trained.wire),
+    };
     println!(
-        "iota export: {} ({} parameters, {} boundaries) -> {}: {}",
+        "iota export: {} ({} parameters, {boundaries}) -> {}: {}",
         trained.weights.origin,
         done.params,
-        trained.wire,
         done.dir.display(),
         done.files.join(", ")
     );

@@ -28,29 +28,10 @@ struct Models {
     summary: serde_json::Value,
 }
 
-/// Removes the models of earlier runs of this test binary whose process is gone (the shared
-/// models live in a static, which is never dropped).
-fn remove_stale_roots(tmp: &Path) {
-    let Ok(entries) = std::fs::read_dir(tmp) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name.strip_prefix("generate_cli-");
-        if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
-            let _ = std::fs::remove_dir_all(entry.path());
-        }
-    }
-}
-
 fn models() -> &'static Models {
     static MODELS: OnceLock<Models> = OnceLock::new();
     MODELS.get_or_init(|| {
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        remove_stale_roots(tmp);
-        let root = tmp.join(format!("generate_cli-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).unwrap();
+        let root = common::procs::process_dir("generate_cli");
         let (trained, initial) = (root.join("trained"), root.join("initial"));
         let summary = root.join("summary.json");
         let train = |steps: &str, out: &Path| {

@@ -14,7 +14,7 @@ use crate::infer::Chain;
 use crate::infer::eval::{EvalReport, held_out};
 use crate::infer::task::{TaskReport, read_questions, score};
 use crate::mirror;
-use crate::model::backend::{BackendTask, dispatch};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 
 /// Arguments of `iota eval`.
 #[derive(Debug, Args)]
@@ -22,6 +22,9 @@ pub struct EvalArgs {
     /// The trained model.
     #[command(flatten)]
     pub source: ModelSource,
+    /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
     /// Text to evaluate on: `synthetic[:SEED[:CHARS]]` or a .txt, .jsonl, .jsonl.gz,
     /// .jsonl.zst or .parquet file or directory; its held-out windows (the ones `iota train`
     /// evaluates on) are scored.
@@ -78,7 +81,7 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
         None => None,
     };
     let trained = trained::open(&args.source)?;
-    let device = args.source.device;
+    let device = args.device;
     let json = args.json;
     let report = dispatch(
         device,

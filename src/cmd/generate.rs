@@ -10,7 +10,7 @@ use clap::Args;
 use super::trained::{self, ModelSource, Trained};
 use crate::infer::generate::{Limits, generate};
 use crate::infer::{Chain, InferError, Sampler, TextStream};
-use crate::model::backend::{BackendTask, dispatch};
+use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 
 /// Arguments of `iota generate`.
 #[derive(Debug, Args)]
@@ -18,6 +18,9 @@ pub struct GenerateArgs {
     /// The trained model.
     #[command(flatten)]
     pub source: ModelSource,
+    /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
+    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
+    pub device: DeviceKind,
     /// Text to continue.
     #[arg(long, value_name = "TEXT")]
     pub prompt: String,
@@ -48,7 +51,7 @@ pub struct GenerateArgs {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let trained = trained::open(&args.source)?;
     let sampler = Sampler::new(args.temperature, args.top_p, args.seed)?;
-    let device = args.source.device;
+    let device = args.device;
     dispatch(
         device,
         Task {

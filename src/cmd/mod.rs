@@ -7,6 +7,7 @@ pub mod allocator;
 pub mod bench;
 pub mod dotenv;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod hint;
 pub mod local;
@@ -64,6 +65,9 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Held-out loss and perplexity of a trained model (and multiple-choice accuracy).
     Eval(eval::EvalArgs),
+    /// Write a trained model as Hugging Face `transformers` loads it (config, safetensors,
+    /// tokenizer).
+    Export(export::ExportArgs),
     /// Benchmarks that print tables (model, merge, network).
     Bench(bench::BenchArgs),
     /// Merge checkpoints offline with the network's merge operators.
@@ -114,6 +118,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Model(args) => model::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Eval(args) => eval::run(args),
+        Command::Export(args) => export::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Merge(args) => merge::run(args),
         Command::Tokenizer(args) => tokenizer::run(args),

@@ -1,5 +1,5 @@
-//! The flags that name a trained model (`--checkpoint`, `--config`, `--tokenizer`, `--wire`,
-//! `--device`), shared by `iota generate` and `iota eval`, and their resolution into weights
+//! The flags that name a trained model (`--checkpoint`, `--config`, `--tokenizer`, `--wire`),
+//! shared by `iota generate`, `iota eval` and `iota export`, and their resolution into weights
 //! and the tokenizer they were trained with.
 //!
 //! `--checkpoint PATH` is one of:
@@ -22,7 +22,6 @@ use crate::data::Tokenizer;
 use crate::infer::Weights;
 use crate::infer::load::{from_section_dir, from_train_dir, holds_sections};
 use crate::mirror;
-use crate::model::backend::DeviceKind;
 use crate::model::checkpoint;
 use crate::orchestrator::RunConfig;
 use crate::storage::StorageConfig;
@@ -50,9 +49,6 @@ pub struct ModelSource {
     /// config's `wire`, else bf16 (`iota train`'s default).
     #[arg(long, value_name = "DTYPE")]
     pub wire: Option<WireDtype>,
-    /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
-    #[arg(long, value_name = "DEVICE", default_value = "cpu")]
-    pub device: DeviceKind,
 }
 
 /// A trained model ready to be built on a device.

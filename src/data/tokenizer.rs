@@ -202,6 +202,85 @@ impl Tokenizer {
     pub fn end_of_text(&self) -> Option<u32> {
         self.end_of_text
     }
+
+    /// This tokenizer as a Hugging Face `tokenizer.json` that gives the same ids for every
+    /// text: an HF tokenizer as loaded (truncation and padding off) without its
+    /// post-processor, since iota adds no special tokens around a text; the byte tokenizer
+    /// as a byte-level BPE without merges whose 256 tokens have the ids of their bytes.
+    ///
+    /// # Errors
+    /// [`DataError::Tokenizer`] when the tokenizer cannot be serialized.
+    pub fn hf_json(&self) -> Result<String, DataError> {
+        let failed = |e: tokenizers::Error| DataError::Tokenizer {
+            reason: one_line(&e.to_string()),
+        };
+        let mut hf = match &self.kind {
+            Kind::Hf(hf) => hf.as_ref().clone(),
+            Kind::Byte => {
+                tokenizers::Tokenizer::from_bytes(byte_level_json().to_string()).map_err(failed)?
+            }
+        };
+        hf.with_post_processor(None::<tokenizers::PostProcessorWrapper>);
+        hf.to_string(true).map_err(failed)
+    }
+
+    /// Whether the Hugging Face form of this tokenizer ([`Self::hf_json`]) drops a
+    /// post-processor the loaded `tokenizer.json` had (tokens it would add around a text).
+    pub fn drops_post_processor(&self) -> bool {
+        match &self.kind {
+            Kind::Hf(hf) => hf.get_post_processor().is_some(),
+            Kind::Byte => false,
+        }
+    }
+}
+
+/// The character the byte-level pre-tokenizer (GPT-2's) stands for `byte`: printable
+/// Latin-1 characters stand for themselves, every other byte for a character from U+0100 on,
+/// in byte order.
+fn byte_char(byte: u8) -> char {
+    let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    if printable(byte) {
+        return char::from(byte);
+    }
+    let shifted = (0..byte).filter(|&b| !printable(b)).count() as u32;
+    char::from_u32(256 + shifted).unwrap_or(char::REPLACEMENT_CHARACTER)
+}
+
+/// The byte tokenizer as a Hugging Face `tokenizer.json`: a byte-level BPE without merges
+/// whose token for byte `b` has id `b`, the text kept whole (no regex split: with no merges it
+/// would change nothing) and decoded back byte for byte.
+fn byte_level_json() -> serde_json::Value {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0..=255u8)
+        .map(|b| (byte_char(b).to_string(), serde_json::Value::from(b)))
+        .collect();
+    let byte_level = serde_json::json!({
+        "type": "ByteLevel",
+        "add_prefix_space": false,
+        "trim_offsets": false,
+        "use_regex": false
+    });
+    serde_json::json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": byte_level,
+        "post_processor": null,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": null,
+            "unk_token": null,
+            "continuing_subword_prefix": null,
+            "end_of_word_suffix": null,
+            "fuse_unk": false,
+            "byte_fallback": false,
+            "ignore_merges": false,
+            "vocab": vocab,
+            "merges": []
+        }
+    })
 }
 
 /// Collapses a multi-line library message into one line.
@@ -248,6 +327,31 @@ mod tests {
             }
         ));
         assert_eq!(tokenizer.decode(&[65, 0xFF]).unwrap(), "A\u{FFFD}");
+    }
+
+    #[test]
+    fn the_hf_form_of_the_byte_tokenizer_gives_the_same_ids_and_text() {
+        let byte = Tokenizer::byte();
+        let json = byte.hf_json().unwrap();
+        let hf = Tokenizer::from_hf(tokenizers::Tokenizer::from_bytes(json).unwrap()).unwrap();
+        assert_eq!(hf.vocab_size(), 256);
+        let every_char: String = (0..=0x2FFu32).filter_map(char::from_u32).collect();
+        for text in [
+            "the quick brown fox\n\n  jumps ",
+            "héllo, wörld: 日本語 🦀\0end\r\n\t",
+            "Ā ĉ Ġ Ċ",
+            every_char.as_str(),
+        ] {
+            let ids = byte.encode(text).unwrap();
+            assert_eq!(hf.encode(text).unwrap(), ids, "{text:?}");
+            assert_eq!(hf.decode(&ids).unwrap(), text);
+        }
+        // A split character decodes to U+FFFD in both.
+        assert_eq!(
+            hf.decode(&[65, 0xC3]).unwrap(),
+            byte.decode(&[65, 0xC3]).unwrap()
+        );
+        assert!(!byte.drops_post_processor());
     }
 
     #[test]

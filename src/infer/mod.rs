@@ -12,6 +12,7 @@
 //! - [`generate`]: the autoregressive loop.
 //! - [`eval`]: held-out loss and perplexity over a dataset's evaluation windows.
 //! - [`task`]: multiple-choice questions scored by log-likelihood.
+//! - [`export`]: the model in the layout Hugging Face `transformers` loads.
 //!
 //! Generation keeps a key/value cache per block ([`Chain::extend`]) while the text fits the
 //! model's trained context and the boundary encoding works value by value (`f32`, `bf16`);
@@ -19,6 +20,7 @@
 
 pub mod chain;
 pub mod eval;
+pub mod export;
 pub mod generate;
 pub mod load;
 pub mod sample;
@@ -61,6 +63,14 @@ pub enum InferError {
     #[error("reading {path}: {message}")]
     Read {
         /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
+    /// A file or folder could not be written.
+    #[error("writing {path}: {message}")]
+    Write {
+        /// The file or folder.
         path: PathBuf,
         /// What went wrong.
         message: String,

@@ -128,3 +128,24 @@ pub fn spawn_miner(dir: &Path, url: &str, name: &str, extra: &[&str]) -> Child {
         .spawn()
         .unwrap()
 }
+
+/// A fresh folder `{name}-{pid}` under `CARGO_TARGET_TMPDIR` for this test process, after
+/// removing the `{name}-{pid}` folders of earlier runs whose process is gone (a folder held
+/// in a static is never dropped, so it is cleaned up by the next run).
+pub fn process_dir(name: &str) -> std::path::PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let prefix = format!("{name}-");
+    if let Ok(entries) = std::fs::read_dir(tmp) {
+        for entry in entries.flatten() {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            let pid = file_name.strip_prefix(&prefix);
+            if pid.is_some_and(|pid| !Path::new("/proc").join(pid).exists()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let root = tmp.join(format!("{prefix}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).expect("creating the test's folder");
+    root
+}

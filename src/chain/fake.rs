@@ -203,8 +203,17 @@ impl Chain for FakeSubtensor {
             })?;
         let config = subnet.config;
         let epoch = |b: u64| epoch_index(netuid, config.tempo, b);
-        let rate_limited = |last_update: u64| {
-            last_update != 0 && block.saturating_sub(last_update) < config.weights_rate_limit
+        // Never set (0), or at least `weights_rate_limit` blocks ago.
+        let rate_limit = |last_update: u64| {
+            let since = block.saturating_sub(last_update);
+            if last_update != 0 && since < config.weights_rate_limit {
+                Err(ChainError::RateLimited {
+                    netuid,
+                    blocks_left: config.weights_rate_limit - since,
+                })
+            } else {
+                Ok(())
+            }
         };
         match submission {
             WeightSubmission::Set {
@@ -218,13 +227,7 @@ impl Chain for FakeSubtensor {
                         reason: "commit-reveal is on: commit the weights, then reveal them".into(),
                     });
                 }
-                let last = subnet.neurons[uid].last_update;
-                if rate_limited(last) {
-                    return Err(ChainError::RateLimited {
-                        netuid,
-                        blocks_left: config.weights_rate_limit - (block - last),
-                    });
-                }
+                rate_limit(subnet.neurons[uid].last_update)?;
                 set_weights(subnet, netuid, uid, uids, values, *version_key)?;
                 subnet.neurons[uid].last_update = block;
             }
@@ -235,13 +238,7 @@ impl Chain for FakeSubtensor {
                         reason: "commit-reveal is off: set the weights directly".into(),
                     });
                 }
-                let last = subnet.neurons[uid].last_update;
-                if rate_limited(last) {
-                    return Err(ChainError::RateLimited {
-                        netuid,
-                        blocks_left: config.weights_rate_limit - (block - last),
-                    });
-                }
+                rate_limit(subnet.neurons[uid].last_update)?;
                 let commits = subnet.commits.entry(hotkey).or_default();
                 commits.retain(|c| epoch(block) <= epoch(c.block) + config.reveal_period_epochs);
                 if commits.len() >= MAX_UNREVEALED_COMMITS {

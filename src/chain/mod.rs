@@ -10,14 +10,20 @@
 //!   [`ChainError::Unreachable`], whose message names the `btcli` command to run instead and
 //!   the `iota register` to run after it. Never a silent success.
 //!
-//! A real subtensor backend would be one more implementation of [`Chain`].
+//! A real subtensor backend would be one more implementation of [`Chain`]. What it would send is
+//! built in [`subtensor`] (call data, commit hashes, signed extrinsics from the runtime's
+//! metadata), without a connection to any node.
+
+pub mod fake;
+pub mod pending;
+pub mod subtensor;
 
 use std::fmt;
 use std::str::FromStr;
 
 use thiserror::Error;
 
-use crate::wallet::Ss58Address;
+use crate::wallet::{Hotkey, Ss58Address};
 
 /// The subnet the reference network runs on (Bittensor subnet 9).
 pub const DEFAULT_NETUID: u16 = 9;
@@ -92,6 +98,131 @@ pub enum ChainError {
         /// The commands to run instead.
         instead: String,
     },
+    /// This chain does not do that (the local registry has no weights on chain).
+    #[error("{network} has no on-chain {what}: {instead}")]
+    Unsupported {
+        /// The network asked.
+        network: Network,
+        /// What was asked for.
+        what: &'static str,
+        /// What to do instead.
+        instead: &'static str,
+    },
+    /// The subnet does not exist.
+    #[error("subnet {netuid} does not exist on this chain: check the netuid")]
+    NoSubnet {
+        /// The subnet asked for.
+        netuid: u16,
+    },
+    /// The hotkey is not registered on the subnet.
+    #[error(
+        "hotkey {hotkey} is not registered on subnet {netuid}: register it first (`iota register`)"
+    )]
+    NotRegistered {
+        /// The hotkey's SS58 address.
+        hotkey: String,
+        /// The subnet.
+        netuid: u16,
+    },
+    /// Weights on other uids need a validator permit the hotkey does not hold.
+    #[error(
+        "this hotkey has no validator permit on subnet {netuid}: only permitted validators set weights on other uids (stake more, then wait for the next epoch)"
+    )]
+    NoValidatorPermit {
+        /// The subnet.
+        netuid: u16,
+    },
+    /// Too soon after the last weights of this uid.
+    #[error(
+        "weights on subnet {netuid} are rate-limited: the next submission is allowed in {blocks_left} blocks; wait"
+    )]
+    RateLimited {
+        /// The subnet.
+        netuid: u16,
+        /// Blocks until the limit allows one more.
+        blocks_left: u64,
+    },
+    /// A commit or reveal that the subnet's commit-reveal rules refuse.
+    #[error("commit-reveal on subnet {netuid}: {reason}")]
+    CommitReveal {
+        /// The subnet.
+        netuid: u16,
+        /// What is wrong and what to do.
+        reason: String,
+    },
+    /// Weights the chain refuses (uids, lengths, version key).
+    #[error("weights refused on subnet {netuid}: {reason}")]
+    InvalidWeights {
+        /// The subnet.
+        netuid: u16,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// How a subnet takes weights, at a block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WeightsPolicy {
+    /// The block this was read at.
+    pub block: u64,
+    /// Blocks per epoch, less one (subtensor's `Tempo`).
+    pub tempo: u16,
+    /// Whether weights go through commit-reveal (v2: commit, then reveal).
+    pub commit_reveal: bool,
+    /// How many epochs after its commit a reveal is due.
+    pub reveal_period_epochs: u64,
+    /// Blocks between two submissions of one uid.
+    pub weights_rate_limit: u64,
+    /// The lowest version key the subnet accepts (0: any).
+    pub version_key: u64,
+}
+
+impl WeightsPolicy {
+    /// The epoch a commit made at `commit_block` on `netuid` is to be revealed in.
+    pub fn reveal_epoch(&self, netuid: u16, commit_block: u64) -> u64 {
+        epoch_index(netuid, self.tempo, commit_block) + self.reveal_period_epochs
+    }
+
+    /// The epoch of the block this policy was read at.
+    pub fn current_epoch(&self, netuid: u16) -> u64 {
+        epoch_index(netuid, self.tempo, self.block)
+    }
+}
+
+/// Subtensor's epoch of `block` on subnet `netuid`: `(block + netuid + 1) / (tempo + 1)`.
+pub fn epoch_index(netuid: u16, tempo: u16, block: u64) -> u64 {
+    (block + u64::from(netuid) + 1) / (u64::from(tempo) + 1)
+}
+
+/// Weights a validator submits, as u16 values by uid (see
+/// [`subtensor::commit::weights_for_emit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WeightSubmission {
+    /// `set_weights`: directly, where commit-reveal is off.
+    Set {
+        /// The uids.
+        uids: Vec<u16>,
+        /// Their weights.
+        values: Vec<u16>,
+        /// The validator's version key.
+        version_key: u64,
+    },
+    /// `commit_weights`: the v2 hash ([`subtensor::commit::commit_hash_v2`]).
+    Commit {
+        /// The commit hash.
+        hash: [u8; 32],
+    },
+    /// `reveal_weights`: what the hash was made of.
+    Reveal {
+        /// The uids.
+        uids: Vec<u16>,
+        /// Their weights.
+        values: Vec<u16>,
+        /// The salt the hash was made with.
+        salt: Vec<u16>,
+        /// The version key the hash was made with.
+        version_key: u64,
+    },
 }
 
 /// A chain on which hotkeys register.
@@ -104,6 +235,39 @@ pub trait Chain {
     /// # Errors
     /// [`ChainError`] when the registration cannot be made from here.
     fn register(&self, who: &Registrant, netuid: u16) -> Result<ChainRegistration, ChainError>;
+
+    /// How subnet `netuid` takes weights now.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without weights (the default).
+    fn weights_policy(&self, netuid: u16) -> Result<WeightsPolicy, ChainError> {
+        let _ = netuid;
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "weights",
+            instead: "validators publish to the orchestrator's metagraph",
+        })
+    }
+
+    /// Submits `submission` signed by `signer` (a validator's hotkey) on `netuid`; returns the
+    /// block it was included in.
+    ///
+    /// # Errors
+    /// [`ChainError`] saying why the chain refused it; the default refuses every submission
+    /// with [`ChainError::Unsupported`].
+    fn submit_weights(
+        &self,
+        signer: &Hotkey,
+        netuid: u16,
+        submission: &WeightSubmission,
+    ) -> Result<u64, ChainError> {
+        let _ = (signer, netuid, submission);
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "weights",
+            instead: "validators publish to the orchestrator's metagraph",
+        })
+    }
 }
 
 /// No chain: the orchestrator's registry is the whole truth.

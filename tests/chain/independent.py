@@ -1,0 +1,141 @@
+"""The independent side of tests/chain_encoding.rs: the Bittensor SDK and its SCALE codec
+(the `scalecodec` module, installed by `cyscale`) compute what iota computes, from the same
+recorded runtime metadata, and print their answers as JSON for the Rust test to compare.
+
+Input (stdin, JSON): the metadata file's path and lists of cases; output (stdout, JSON): one
+answer per case, in order. Nothing here looks at iota's bytes except `extrinsics`, which decodes
+iota's extrinsics and rebuilds the signed payload from the metadata on its own.
+"""
+
+import json
+import sys
+
+import numpy as np
+from bittensor.utils.weight_utils import (
+    convert_weights_and_uids_for_emit,
+    generate_weight_hash,
+)
+from bittensor_wallet import Keypair
+from scalecodec.base import RuntimeConfigurationObject, ScaleBytes
+from scalecodec.type_registry import load_type_registry_preset
+
+request = json.load(sys.stdin)
+
+runtime = RuntimeConfigurationObject()
+runtime.update_type_registry(load_type_registry_preset("core"))
+with open(request["metadata"], "rb") as f:
+    metadata = runtime.create_scale_object("MetadataVersioned", data=ScaleBytes(f.read()))
+metadata.decode()
+runtime.add_portable_registry(metadata)
+extensions = metadata.value[1]["V15"]["extrinsic"]["signed_extensions"]
+
+
+def encode_type(type_id, value):
+    """`value` SCALE-encoded as the metadata's type `type_id`."""
+    return bytes(runtime.create_scale_object(f"scale_info::{type_id}").encode(value).data)
+
+
+def encode_call(case):
+    call = runtime.create_scale_object("Call", metadata=metadata)
+    data = call.encode(
+        {
+            "call_module": case["module"],
+            "call_function": case["function"],
+            "call_args": case["args"],
+        }
+    )
+    return str(data)
+
+
+def commit_hash(case):
+    return generate_weight_hash(
+        address=case["ss58"],
+        netuid=case["netuid"],
+        uids=case["uids"],
+        values=case["values"],
+        version_key=case["version_key"],
+        salt=case["salt"],
+    )
+
+
+def emit(case):
+    uids, values = convert_weights_and_uids_for_emit(
+        np.array(case["uids"], dtype=np.int64),
+        np.array(case["weights"], dtype=np.float32),
+    )
+    return [list(map(int, uids)), list(map(int, values))]
+
+
+def era(case):
+    return "0x" + encode_type(era_type, case).hex()
+
+
+def extrinsic(case):
+    """Decodes iota's extrinsic, rebuilds what should have been signed from the decoded fields
+    and the metadata's extensions, and checks the signature with bittensor-wallet."""
+    decoded = runtime.create_scale_object(
+        "Extrinsic", data=ScaleBytes(case["hex"]), metadata=metadata
+    )
+    value = decoded.decode()
+    call = runtime.create_scale_object("Call", metadata=metadata)
+    call_bytes = bytes(
+        call.encode(
+            {
+                "call_module": value["call"]["call_module"],
+                "call_function": value["call"]["call_function"],
+                "call_args": {a["name"]: a["value"] for a in value["call"]["call_args"]},
+            }
+        ).data
+    )
+    era_value = value.get("era", "00")
+    if isinstance(era_value, tuple):
+        era_value = {"period": era_value[0], "phase": era_value[1]}
+    extra_values = {
+        "CheckMortality": era_value,
+        "CheckNonce": value["nonce"],
+        "ChargeTransactionPayment": value["tip"],
+        "CheckMetadataHash": value.get("mode", {"mode": "Disabled"}),
+    }
+    additional_values = {
+        "CheckSpecVersion": case["spec_version"],
+        "CheckTxVersion": case["transaction_version"],
+        "CheckGenesis": case["genesis_hash"],
+        "CheckMortality": case["birth_hash"],
+        "CheckMetadataHash": None,
+    }
+    extra = b""
+    additional = b""
+    for ext in extensions:
+        name = ext["identifier"]
+        extra += encode_type(ext["ty"], extra_values.get(name, ()))
+        additional += encode_type(ext["additional_signed"], additional_values.get(name, ()))
+    payload = call_bytes + extra + additional
+    if len(payload) > 256:
+        import hashlib
+
+        payload = hashlib.blake2b(payload, digest_size=32).digest()
+    signature = value["signature"]["Sr25519"]
+    keypair = Keypair(public_key=value["address"], ss58_format=42)
+    return {
+        "address": value["address"],
+        "nonce": value["nonce"],
+        "tip": value["tip"],
+        "era": list(value["era"]) if isinstance(value.get("era"), tuple) else value.get("era"),
+        "call": "0x" + call_bytes.hex(),
+        "signed_message": "0x" + payload.hex(),
+        "signature_valid": bool(keypair.verify(payload, bytes.fromhex(signature[2:]))),
+    }
+
+
+era_type = next(e["ty"] for e in extensions if e["identifier"] == "CheckMortality")
+
+json.dump(
+    {
+        "calls": [encode_call(c) for c in request["calls"]],
+        "commit_hashes": [commit_hash(c) for c in request["commit_hashes"]],
+        "emit": [emit(c) for c in request["emit"]],
+        "eras": [era(c) for c in request["eras"]],
+        "extrinsics": [extrinsic(c) for c in request["extrinsics"]],
+    },
+    sys.stdout,
+)

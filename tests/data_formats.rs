@@ -8,7 +8,8 @@
 //! column), never a panic. End to end, `iota train` learns from a folder of shards and stops
 //! with a one-line error at a bad one, as does `iota orchestrate` before it serves. The same
 //! shards in a bucket (s3s-fs) and at an HTTPS URL (Python's `http.server` behind TLS) read
-//! exactly as the files on disk.
+//! exactly as the files on disk. A local network trained on the shards ends with `iota
+//! generate` sampling text from its checkpoint.
 //!
 //! The writers run in a Python venv made by the test (`tests/data_formats/requirements.txt`,
 //! cached under the target directory); `tests/data_formats/write_files.py` writes the files
@@ -23,7 +24,7 @@ use std::sync::OnceLock;
 
 use iota::data::{DataError, DataSpec, LocalFiles, TextSource};
 
-use common::cli::{fails_with, iota, ok, s};
+use common::cli::{fails_with, generate, iota, ok, s, tiny_local};
 use common::venv;
 
 /// The files the writers made, and the documents each holds (by path under `dir`).
@@ -603,5 +604,35 @@ fn shards_in_a_bucket_or_at_a_url_read_like_the_same_files_on_disk() {
     assert!(
         !stderr.contains("iota orchestrator: run"),
         "it served: {stderr}"
+    );
+}
+
+/// The whole path on the real binaries: a local network (3 sections x 1 miner, two merges)
+/// trains on a folder of pyarrow's Parquet shards, then `iota generate` samples text from the
+/// merged checkpoint it left, and `iota eval` reads the same shards.
+#[test]
+fn a_local_network_on_parquet_shards_ends_with_generated_text() {
+    let w = written();
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join("net");
+    tiny_local(&local, "16", &["--data", s(&w.path("shards"))]);
+    let (text, tokens) = generate(
+        &local,
+        &["--prompt", "alpha ", "--max-tokens", "12", "--seed", "1"],
+    );
+    assert!((1..=12).contains(&tokens), "{tokens} tokens");
+    assert!(!text.is_empty());
+    let out = ok(&[
+        "eval",
+        "--checkpoint",
+        s(&local),
+        "--data",
+        s(&w.path("shards")),
+        "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        report["eval"]["loss"].as_f64().is_some_and(f64::is_finite),
+        "{report}"
     );
 }

@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 
 mod common;
 
-use common::cli::{fails_with, ok, s};
+use common::cli::{fails_with, generate, ok, s, tiny_local};
 use iota::data::{Dataset, Tokenizer};
 use iota::model::checkpoint::load_weights;
 use iota::model::layout::section_layout;
@@ -66,21 +66,6 @@ fn models() -> &'static Models {
             summary,
         }
     })
-}
-
-/// `iota generate` on `checkpoint` with `extra` flags: (stdout, tokens reported on stderr).
-fn generate(checkpoint: &Path, extra: &[&str]) -> (String, usize) {
-    let mut args = vec!["generate", "--checkpoint", s(checkpoint)];
-    args.extend_from_slice(extra);
-    let out = ok(&args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let tokens = stderr
-        .split("iota generate: ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no token count in:\n{stderr}"));
-    (String::from_utf8(out.stdout).unwrap(), tokens)
 }
 
 /// `iota eval --json` on `checkpoint` with `extra` flags.
@@ -356,31 +341,7 @@ fn a_local_networks_model_is_evaluated_as_the_network_evaluated_it() {
     // network's own evaluation of the last merged model.
     let dir = tempfile::tempdir().unwrap();
     let (local, summary) = (dir.path().join("net"), dir.path().join("summary.json"));
-    ok(&[
-        "local",
-        "--preset",
-        "tiny",
-        "--sections",
-        "3",
-        "--miners-per-section",
-        "1",
-        "--samples",
-        "40",
-        "--seq-len",
-        SEQ,
-        "--batch-size",
-        "2",
-        "--merge-every",
-        "20",
-        "--validators",
-        "0",
-        "--poll-ms",
-        "250",
-        "--dir",
-        s(&local),
-        "--summary-out",
-        s(&summary),
-    ]);
+    tiny_local(&local, SEQ, &["--summary-out", s(&summary)]);
     let summary: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap();
     let network = summary["eval_loss"].as_f64().unwrap();

@@ -94,19 +94,6 @@ pub enum MirrorError {
     },
 }
 
-/// What [`fetch`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fetched {
-    /// The local copy, to read instead of the URL (the spec itself when it was not remote).
-    pub spec: DataSpec,
-    /// Shards in the copy.
-    pub shards: usize,
-    /// Shards downloaded now (the others were already there).
-    pub downloaded: usize,
-    /// Bytes downloaded now.
-    pub bytes: u64,
-}
-
 /// Where commands other than the orchestrator keep their copies: `$IOTA_DATA_CACHE`, else
 /// `$XDG_CACHE_HOME/iota`, else `~/.cache/iota`, else `.iota-cache`. Shards go under its
 /// `shards/`, checkpoints under its `checkpoints/`.
@@ -127,9 +114,10 @@ pub fn default_cache_dir() -> PathBuf {
 }
 
 /// Copies the shards of a remote `spec` under `cache` (see the module documentation) and
-/// returns the local copy; any other spec comes back as it is. `s3` supplies the endpoint,
-/// region and keys for an `s3://` URL (a run's own `storage` settings); fields it leaves
-/// unset come from the AWS environment variables.
+/// returns the local copy, a [`DataSpec::Path`]; any other spec comes back as it is.
+/// `run_storage`, a run's own `storage` settings, supplies the endpoint, region and keys of an
+/// `s3://` URL when it is S3 itself; what it leaves unset comes from the AWS environment
+/// variables.
 ///
 /// # Errors
 /// [`MirrorError`] naming the URL or file; nothing is left half-written (a download goes to a
@@ -137,74 +125,67 @@ pub fn default_cache_dir() -> PathBuf {
 pub async fn fetch(
     spec: &DataSpec,
     cache: &Path,
-    s3: Option<&StorageConfig>,
-) -> Result<Fetched, MirrorError> {
+    run_storage: Option<&StorageConfig>,
+) -> Result<DataSpec, MirrorError> {
     let DataSpec::Remote { url, text_column } = spec else {
-        return Ok(unchanged(spec));
+        return Ok(spec.clone());
     };
-    let hash = blake3::hash(url.as_bytes()).to_hex();
-    let dir = cache.join(&hash[..16]);
+    let dir = copy_dir(cache, url);
     let (shards, downloaded, bytes) = if url.starts_with("s3://") {
-        from_bucket(url, &dir, s3).await?
+        from_bucket(url, &dir, run_storage).await?
     } else {
         from_http(url, &dir).await?
     };
     tracing::info!(%url, dir = %dir.display(), shards, downloaded, bytes, "remote data copied");
-    Ok(Fetched {
-        spec: DataSpec::Path {
-            path: dir,
-            text_column: text_column.clone(),
-        },
-        shards,
-        downloaded,
-        bytes,
+    Ok(DataSpec::Path {
+        path: dir,
+        text_column: text_column.clone(),
     })
 }
 
-/// [`fetch`] for a command without an async runtime of its own.
+/// [`fetch`] for a command without an async runtime of its own, into
+/// [`default_cache_dir`]`/shards`, with the AWS environment variables for a bucket.
 ///
 /// # Errors
 /// As [`fetch`]; [`MirrorError::Io`] when the runtime cannot start.
-pub fn fetch_blocking(
-    spec: &DataSpec,
-    cache: &Path,
-    s3: Option<&StorageConfig>,
-) -> Result<Fetched, MirrorError> {
+pub fn fetch_to_cache(spec: &DataSpec) -> Result<DataSpec, MirrorError> {
     if !matches!(spec, DataSpec::Remote { .. }) {
-        return Ok(unchanged(spec));
+        return Ok(spec.clone());
     }
-    current_thread(cache)?.block_on(fetch(spec, cache, s3))
+    let cache = default_cache_dir().join("shards");
+    current_thread(&cache)?.block_on(fetch(spec, &cache, None))
 }
 
-/// What [`fetch`] returns for a spec that is not remote.
-fn unchanged(spec: &DataSpec) -> Fetched {
-    Fetched {
-        spec: spec.clone(),
-        shards: 0,
-        downloaded: 0,
-        bytes: 0,
-    }
+/// The folder under `cache` that holds the copy of what `url` names.
+fn copy_dir(cache: &Path, url: &str) -> PathBuf {
+    cache.join(&blake3::hash(url.as_bytes()).to_hex()[..16])
+}
+
+/// Opens the bucket `url` names, with the endpoint and keys of `run_storage` where that is
+/// S3 (see [`fetch`]).
+fn open_bucket(url: &str, run_storage: Option<&StorageConfig>) -> Result<Storage, MirrorError> {
+    let mut config = run_storage
+        .filter(|storage| storage.url.starts_with("s3://"))
+        .cloned()
+        .unwrap_or_default();
+    config.url = url.to_owned();
+    Storage::open(&config).map_err(|source| MirrorError::List {
+        url: url.to_owned(),
+        source: Box::new(source),
+    })
 }
 
 /// Copies every shard under an `s3://` URL: (shards, downloaded, bytes).
 async fn from_bucket(
     url: &str,
     dir: &Path,
-    s3: Option<&StorageConfig>,
+    run_storage: Option<&StorageConfig>,
 ) -> Result<(usize, usize, u64), MirrorError> {
-    let open = |url: &str| {
-        let mut config = s3.cloned().unwrap_or_default();
-        config.url = url.to_owned();
-        Storage::open(&config).map_err(|source| MirrorError::List {
-            url: url.to_owned(),
-            source: Box::new(source),
-        })
-    };
     let listed = |source| MirrorError::List {
         url: url.to_owned(),
         source: Box::new(source),
     };
-    let store = open(url)?;
+    let mut store = open_bucket(url, run_storage)?;
     let mut objects: Vec<(ObjectKey, u64)> = store
         .list(None)
         .await
@@ -213,7 +194,6 @@ async fn from_bucket(
         .filter(|o| is_data_file(o.key.as_str().rsplit('/').next().unwrap_or_default()))
         .map(|o| (o.key, o.size))
         .collect();
-    let mut store = store;
     if objects.is_empty() {
         // The URL may name one object rather than a prefix.
         let trimmed = url.trim_end_matches('/');
@@ -222,7 +202,7 @@ async fn from_bucket(
             && parent.len() > "s3://".len()
             && let Ok(key) = ObjectKey::parse(name)
         {
-            let parent_store = open(parent)?;
+            let parent_store = open_bucket(parent, run_storage)?;
             match parent_store.head(&key).await {
                 Ok(size) => {
                     objects.push((key, size));
@@ -285,26 +265,27 @@ async fn copy_objects(
     Ok((downloaded, bytes))
 }
 
-/// Copies the newest complete epoch of a run's section checkpoints from the bucket `storage`
-/// names (its URL: the run's `checkpoints` prefix, `s3://bucket/.../runs/RUN/checkpoints`)
-/// into `cache`, as `{epoch}/{section}/flat` for each of the model's `sections`, and returns
-/// the folder they are in. Complete: every section's `flat` of that epoch is there (a merge
+/// Copies the newest complete epoch of a run's section checkpoints from `url` (the run's
+/// `checkpoints` prefix, `s3://bucket/.../runs/RUN/checkpoints`; endpoint and keys as for
+/// [`fetch`]) into `cache`, as `{epoch}/{section}/flat` for each of the model's `sections`,
+/// and returns the folder they are in. Complete: every section's `flat` of that epoch is there (a merge
 /// writes them one by one). Older epochs are not copied, and removed from an earlier copy.
 ///
 /// # Errors
 /// [`MirrorError::List`] when the bucket cannot be opened or listed,
 /// [`MirrorError::NoCheckpoint`] when no epoch is complete, otherwise as [`fetch`].
 pub async fn fetch_checkpoint(
-    storage: &StorageConfig,
+    url: &str,
+    run_storage: Option<&StorageConfig>,
     sections: usize,
     cache: &Path,
 ) -> Result<PathBuf, MirrorError> {
-    let url = storage.url.trim_end_matches('/').to_owned();
+    let url = url.trim_end_matches('/').to_owned();
     let listed = |source| MirrorError::List {
         url: url.clone(),
         source: Box::new(source),
     };
-    let store = Storage::open(storage).map_err(listed)?;
+    let store = open_bucket(&url, run_storage)?;
     let mut by_epoch: std::collections::BTreeMap<u64, Vec<Option<(ObjectKey, u64)>>> =
         std::collections::BTreeMap::new();
     for object in store.list(None).await.map_err(listed)? {
@@ -328,22 +309,24 @@ pub async fn fetch_checkpoint(
     else {
         return Err(MirrorError::NoCheckpoint { url, sections });
     };
-    let dir = cache.join(&blake3::hash(url.as_bytes()).to_hex()[..16]);
+    let dir = copy_dir(cache, &url);
     let (downloaded, bytes) = copy_objects(&store, &url, &objects, &dir).await?;
     tracing::info!(%url, epoch, dir = %dir.display(), downloaded, bytes, "checkpoint copied");
     Ok(dir)
 }
 
-/// [`fetch_checkpoint`] for a command without an async runtime of its own.
+/// [`fetch_checkpoint`] for a command without an async runtime of its own, into
+/// [`default_cache_dir`]`/checkpoints`.
 ///
 /// # Errors
 /// As [`fetch_checkpoint`]; [`MirrorError::Io`] when the runtime cannot start.
-pub fn fetch_checkpoint_blocking(
-    storage: &StorageConfig,
+pub fn fetch_checkpoint_to_cache(
+    url: &str,
+    run_storage: Option<&StorageConfig>,
     sections: usize,
-    cache: &Path,
 ) -> Result<PathBuf, MirrorError> {
-    current_thread(cache)?.block_on(fetch_checkpoint(storage, sections, cache))
+    let cache = default_cache_dir().join("checkpoints");
+    current_thread(&cache)?.block_on(fetch_checkpoint(url, run_storage, sections, &cache))
 }
 
 /// A runtime for the blocking entry points.
@@ -497,10 +480,12 @@ mod tests {
     #[test]
     fn other_specs_come_back_as_they_are() {
         let cache = tempfile::tempdir().unwrap();
+        let runtime = current_thread(cache.path()).unwrap();
         for spec in [DataSpec::default(), DataSpec::path("some/folder")] {
-            let fetched = fetch_blocking(&spec, cache.path(), None).unwrap();
-            assert_eq!(fetched.spec, spec);
-            assert_eq!((fetched.shards, fetched.downloaded), (0, 0));
+            let fetched = runtime.block_on(fetch(&spec, cache.path(), None)).unwrap();
+            assert_eq!(fetched, spec);
+            // Nothing was downloaded.
+            assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0);
         }
     }
 
@@ -508,7 +493,10 @@ mod tests {
     fn an_http_url_must_name_one_shard() {
         let cache = tempfile::tempdir().unwrap();
         let spec: DataSpec = "https://example.invalid/shards/".parse().unwrap();
-        let err = fetch_blocking(&spec, cache.path(), None).unwrap_err();
+        let err = current_thread(cache.path())
+            .unwrap()
+            .block_on(fetch(&spec, cache.path(), None))
+            .unwrap_err();
         assert!(matches!(err, MirrorError::BadUrl { .. }), "{err}");
         assert!(err.to_string().contains(".parquet file"), "{err}");
     }

@@ -126,10 +126,8 @@ impl BackendTask for Task {
         }
         let eval = match &data {
             Some(spec) => {
-                let local =
-                    mirror::fetch_blocking(spec, &mirror::default_cache_dir().join("shards"), None)
-                        .with_context(|| format!("copying data `{spec}`"))?
-                        .spec;
+                let local = mirror::fetch_to_cache(spec)
+                    .with_context(|| format!("copying data `{spec}`"))?;
                 let dataset = Dataset::load(&local, &trained.tokenizer, seq_len, 0)
                     .with_context(|| format!("loading data `{spec}`"))?;
                 Some(held_out(&chain, &dataset, args.windows, args.batch_size)?)

@@ -58,11 +58,13 @@ pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
         let mut config = config;
         // Shards in a bucket or at a URL are copied under the run's folder first; the bucket's
         // endpoint and keys are the run's own storage settings where those are S3.
-        let s3 = config.storage.url.starts_with("s3://").then_some(&config.storage);
-        let fetched = mirror::fetch(&config.data.source, &data_dir.join("shards"), s3)
-            .await
-            .context("copying the run's data")?;
-        config.data.source = fetched.spec;
+        config.data.source = mirror::fetch(
+            &config.data.source,
+            &data_dir.join("shards"),
+            Some(&config.storage),
+        )
+        .await
+        .context("copying the run's data")?;
         let state = AppState::open(config).context("opening the run")?;
         let listener = tokio::net::TcpListener::bind(listen)
             .await

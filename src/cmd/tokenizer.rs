@@ -58,9 +58,8 @@ fn train(args: TrainArgs) -> anyhow::Result<()> {
         .clone()
         .with_text_column(args.text_column.as_deref())
         .with_context(|| format!("opening training data {}", args.data))?;
-    let source = mirror::fetch_blocking(&source, &mirror::default_cache_dir().join("shards"), None)
+    let source = mirror::fetch_to_cache(&source)
         .with_context(|| format!("copying training data {}", args.data))?
-        .spec
         .open()
         .with_context(|| format!("opening training data {}", args.data))?;
     tracing::info!(source = %source.describe(), vocab = args.vocab, "training BPE tokenizer");

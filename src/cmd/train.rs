@@ -474,13 +474,8 @@ struct MetricsLine {
 fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<TrainSummary> {
     let s = &plan.settings;
     let seq_len = s.seq_len.unwrap_or(plan.model.max_seq_len);
-    let data = mirror::fetch_blocking(
-        &plan.data,
-        &mirror::default_cache_dir().join("shards"),
-        None,
-    )
-    .with_context(|| format!("copying data `{}`", plan.data))?
-    .spec;
+    let data = mirror::fetch_to_cache(&plan.data)
+        .with_context(|| format!("copying data `{}`", plan.data))?;
     let dataset = Dataset::load(&data, &plan.tokenizer, seq_len, s.seed)
         .with_context(|| format!("loading data `{}`", plan.data))?;
     for t in dataset.train_sample(0) {

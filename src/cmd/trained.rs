@@ -24,7 +24,6 @@ use crate::infer::load::{from_section_dir, from_train_dir, holds_sections};
 use crate::mirror;
 use crate::model::checkpoint;
 use crate::orchestrator::RunConfig;
-use crate::storage::StorageConfig;
 
 /// The run config `iota local` writes into its `--dir`.
 const LOCAL_CONFIG: &str = "run.yaml";
@@ -80,15 +79,12 @@ fn run_config(path: &Path) -> anyhow::Result<RunConfig> {
 fn checkpoints_dir(config: &RunConfig) -> anyhow::Result<PathBuf> {
     let url = &config.storage.url;
     if url.starts_with("s3://") {
-        let bucket = StorageConfig {
-            url: format!(
-                "{}/runs/{}/checkpoints",
-                url.trim_end_matches('/'),
-                config.run
-            ),
-            ..config.storage.clone()
-        };
-        return from_bucket(&bucket, config);
+        let checkpoints = format!(
+            "{}/runs/{}/checkpoints",
+            url.trim_end_matches('/'),
+            config.run
+        );
+        return from_bucket(&checkpoints, config);
     }
     if url.contains("://") && !url.starts_with("file://") {
         bail!(
@@ -102,14 +98,14 @@ fn checkpoints_dir(config: &RunConfig) -> anyhow::Result<PathBuf> {
         .join("checkpoints"))
 }
 
-/// Copies the newest complete checkpoint under `bucket` (its URL: a run's `checkpoints`
-/// prefix) for the model of `config`, into the cache.
-fn from_bucket(bucket: &StorageConfig, config: &RunConfig) -> anyhow::Result<PathBuf> {
-    let cache = mirror::default_cache_dir().join("checkpoints");
-    Ok(mirror::fetch_checkpoint_blocking(
-        bucket,
+/// Copies the newest complete checkpoint under `url` (a run's `checkpoints` prefix) for the
+/// model of `config` into the cache, with the run's own endpoint and keys where its storage
+/// is S3, else the AWS variables.
+fn from_bucket(url: &str, config: &RunConfig) -> anyhow::Result<PathBuf> {
+    Ok(mirror::fetch_checkpoint_to_cache(
+        url,
+        Some(&config.storage),
         config.model.n_sections(),
-        &cache,
     )?)
 }
 
@@ -122,15 +118,8 @@ fn layout(source: &ModelSource) -> anyhow::Result<Layout> {
             );
         };
         let config = run_config(file)?;
-        // The run's own endpoint and keys where its storage is S3, else the AWS variables.
-        let mut bucket = if config.storage.url.starts_with("s3://") {
-            config.storage.clone()
-        } else {
-            StorageConfig::default()
-        };
-        bucket.url = url.to_owned();
         return Ok(Layout::Sections {
-            dir: from_bucket(&bucket, &config)?,
+            dir: from_bucket(url, &config)?,
             config: Box::new(config),
         });
     }

@@ -53,6 +53,6 @@ pub use error::DataError;
 pub use pack::pack_documents;
 pub use permutation::EpochPermutation;
 pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource, is_data_file};
-pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec, REMOTE_SCHEMES};
+pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
 pub use synthetic::{ALPHABET, MarkovCorpus, SyntheticSource};
 pub use tokenizer::{BYTE_END_OF_TEXT, BYTE_VOCAB_SIZE, Tokenizer};

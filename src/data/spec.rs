@@ -55,7 +55,7 @@ pub enum DataSpec {
 }
 
 /// URL schemes read as [`DataSpec::Remote`].
-pub const REMOTE_SCHEMES: [&str; 3] = ["s3://", "https://", "http://"];
+const REMOTE_SCHEMES: [&str; 3] = ["s3://", "https://", "http://"];
 
 impl Default for DataSpec {
     fn default() -> Self {
@@ -105,14 +105,6 @@ impl DataSpec {
                 url,
                 text_column: column.to_owned(),
             }),
-        }
-    }
-
-    /// The text column of a path or remote spec (`None` for the synthetic corpus).
-    pub fn text_column(&self) -> Option<&str> {
-        match self {
-            Self::Synthetic { .. } => None,
-            Self::Path { text_column, .. } | Self::Remote { text_column, .. } => Some(text_column),
         }
     }
 

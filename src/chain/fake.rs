@@ -20,8 +20,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::subtensor::commit::commit_hash_v2;
 use super::{
-    Chain, ChainError, ChainRegistration, Network, Registrant, WeightSubmission, WeightsPolicy,
-    epoch_index,
+    Chain, ChainError, ChainRegistration, Metagraph, Network, Neuron, Registrant, WeightSubmission,
+    WeightsPolicy, epoch_index,
 };
 use crate::wallet::{Hotkey, Ss58Address};
 
@@ -46,7 +46,10 @@ pub struct FakeSubnetConfig {
 #[derive(Debug, Clone)]
 struct FakeNeuron {
     hotkey: [u8; 32],
+    coldkey: [u8; 32],
     permit: bool,
+    stake: u64,
+    incentive: f64,
     last_update: u64,
 }
 
@@ -62,12 +65,14 @@ struct FakeSubnet {
     neurons: Vec<FakeNeuron>,
     commits: BTreeMap<[u8; 32], VecDeque<FakeCommit>>,
     weights: BTreeMap<u16, Vec<(u16, u16)>>,
+    burn: u64,
 }
 
 #[derive(Debug, Default)]
 struct FakeState {
     block: u64,
     subnets: BTreeMap<u16, FakeSubnet>,
+    balances: BTreeMap<[u8; 32], u64>,
 }
 
 /// The fake chain. Interior state behind a mutex, so it is shared by reference like a client.
@@ -98,8 +103,57 @@ impl FakeSubtensor {
                 neurons: Vec::new(),
                 commits: BTreeMap::new(),
                 weights: BTreeMap::new(),
+                burn: 0,
             },
         );
+    }
+
+    /// Sets what a registration on `netuid` burns, in rao (no-op for a missing subnet).
+    pub fn set_burn(&self, netuid: u16, rao: u64) {
+        if let Some(subnet) = self.lock().subnets.get_mut(&netuid) {
+            subnet.burn = rao;
+        }
+    }
+
+    /// Sets `coldkey`'s free balance, in rao.
+    pub fn set_balance(&self, coldkey: &[u8; 32], rao: u64) {
+        self.lock().balances.insert(*coldkey, rao);
+    }
+
+    /// `coldkey`'s free balance, in rao.
+    pub fn balance(&self, coldkey: &[u8; 32]) -> u64 {
+        self.lock().balances.get(coldkey).copied().unwrap_or(0)
+    }
+
+    /// Sets the stake and incentive of `hotkey` on `netuid` (no-op if it is not registered).
+    pub fn set_neuron(&self, netuid: u16, hotkey: &[u8; 32], stake_rao: u64, incentive: f64) {
+        if let Some(neuron) = self
+            .lock()
+            .subnets
+            .get_mut(&netuid)
+            .and_then(|s| s.neurons.iter_mut().find(|n| n.hotkey == *hotkey))
+        {
+            neuron.stake = stake_rao;
+            neuron.incentive = incentive;
+        }
+    }
+
+    /// Gives uid `uid` of `netuid` to `hotkey`, as subtensor does when a registration prunes
+    /// the uid's old holder (who leaves the subnet). No-op for a missing uid.
+    pub fn replace_uid(&self, netuid: u16, uid: u16, hotkey: &[u8; 32]) {
+        if let Some(subnet) = self.lock().subnets.get_mut(&netuid)
+            && let Some(neuron) = subnet.neurons.get_mut(usize::from(uid))
+        {
+            *neuron = FakeNeuron {
+                hotkey: *hotkey,
+                coldkey: [0; 32],
+                permit: false,
+                stake: 0,
+                incentive: 0.0,
+                last_update: 0,
+            };
+            subnet.weights.remove(&uid);
+        }
     }
 
     /// Registers `hotkey` on `netuid` (as `burned_register` would) and returns its uid; the
@@ -124,7 +178,10 @@ impl FakeSubtensor {
         }
         subnet.neurons.push(FakeNeuron {
             hotkey: *hotkey,
+            coldkey: [0; 32],
             permit,
+            stake: 0,
+            incentive: 0.0,
             last_update: 0,
         });
         Ok((subnet.neurons.len() - 1) as u16)
@@ -162,6 +219,79 @@ impl Chain for FakeSubtensor {
     fn register(&self, who: &Registrant, netuid: u16) -> Result<ChainRegistration, ChainError> {
         self.register_hotkey(netuid, who.address.public_key(), false)?;
         Ok(ChainRegistration::NotRequired)
+    }
+
+    fn metagraph(&self, netuid: u16) -> Result<Metagraph, ChainError> {
+        let state = self.lock();
+        let subnet = state
+            .subnets
+            .get(&netuid)
+            .ok_or(ChainError::NoSubnet { netuid })?;
+        Ok(Metagraph {
+            netuid,
+            block: state.block,
+            neurons: subnet
+                .neurons
+                .iter()
+                .enumerate()
+                .map(|(uid, n)| Neuron {
+                    uid: uid as u16,
+                    hotkey: n.hotkey,
+                    coldkey: n.coldkey,
+                    stake_rao: n.stake,
+                    validator_permit: n.permit,
+                    incentive: n.incentive,
+                    last_update: n.last_update,
+                })
+                .collect(),
+        })
+    }
+
+    fn burn_cost(&self, netuid: u16) -> Result<u64, ChainError> {
+        let state = self.lock();
+        let subnet = state
+            .subnets
+            .get(&netuid)
+            .ok_or(ChainError::NoSubnet { netuid })?;
+        Ok(subnet.burn)
+    }
+
+    fn burned_register(
+        &self,
+        coldkey: &Hotkey,
+        hotkey: &Ss58Address,
+        netuid: u16,
+    ) -> Result<u16, ChainError> {
+        let mut state = self.lock();
+        let payer = coldkey.public_key();
+        let balance = state.balances.get(&payer).copied().unwrap_or(0);
+        let subnet = state
+            .subnets
+            .get_mut(&netuid)
+            .ok_or(ChainError::NoSubnet { netuid })?;
+        let key = *hotkey.public_key();
+        if let Some(uid) = subnet.neurons.iter().position(|n| n.hotkey == key) {
+            return Ok(uid as u16);
+        }
+        let burn = subnet.burn;
+        if balance < burn {
+            return Err(ChainError::InsufficientBalance {
+                coldkey: coldkey.address().to_string(),
+                balance_rao: balance,
+                needed_rao: burn,
+            });
+        }
+        subnet.neurons.push(FakeNeuron {
+            hotkey: key,
+            coldkey: payer,
+            permit: false,
+            stake: 0,
+            incentive: 0.0,
+            last_update: 0,
+        });
+        let uid = (subnet.neurons.len() - 1) as u16;
+        state.balances.insert(payer, balance - burn);
+        Ok(uid)
     }
 
     fn weights_policy(&self, netuid: u16) -> Result<WeightsPolicy, ChainError> {
@@ -349,6 +479,62 @@ mod tests {
     use super::*;
 
     const NETUID: u16 = 9;
+
+    #[test]
+    fn a_burned_registration_pays_once_and_shows_in_the_metagraph() {
+        let chain = FakeSubtensor::new();
+        chain.add_subnet(NETUID, subnet(false));
+        chain.set_burn(NETUID, 1_000);
+        let coldkey = Hotkey::from_uri("//Alice").unwrap();
+        let hotkey = Hotkey::from_uri("//Bob").unwrap();
+        let err = chain
+            .burned_register(&coldkey, hotkey.address(), NETUID)
+            .unwrap_err();
+        assert!(
+            matches!(err, ChainError::InsufficientBalance { .. }),
+            "{err}"
+        );
+        assert!(chain.metagraph(NETUID).unwrap().neurons.is_empty());
+
+        chain.set_balance(&coldkey.public_key(), 2_500);
+        assert_eq!(chain.burn_cost(NETUID), Ok(1_000));
+        let uid = chain
+            .burned_register(&coldkey, hotkey.address(), NETUID)
+            .unwrap();
+        assert_eq!(chain.balance(&coldkey.public_key()), 1_500);
+        // Registered already: the same uid, nothing paid.
+        assert_eq!(
+            chain.burned_register(&coldkey, hotkey.address(), NETUID),
+            Ok(uid)
+        );
+        assert_eq!(chain.balance(&coldkey.public_key()), 1_500);
+
+        chain.set_neuron(NETUID, &hotkey.public_key(), 7, 0.25);
+        let graph = chain.metagraph(NETUID).unwrap();
+        let neuron = graph.neuron(&hotkey.public_key()).unwrap();
+        assert_eq!(
+            (
+                neuron.uid,
+                neuron.coldkey,
+                neuron.stake_rao,
+                neuron.incentive
+            ),
+            (uid, coldkey.public_key(), 7, 0.25)
+        );
+
+        let newcomer = Hotkey::from_uri("//Charlie").unwrap();
+        chain.replace_uid(NETUID, uid, &newcomer.public_key());
+        let graph = chain.metagraph(NETUID).unwrap();
+        assert!(graph.neuron(&hotkey.public_key()).is_none());
+        assert_eq!(
+            graph.neuron(&newcomer.public_key()).map(|n| n.uid),
+            Some(uid)
+        );
+        assert_eq!(
+            chain.burn_cost(NETUID + 1),
+            Err(ChainError::NoSubnet { netuid: NETUID + 1 })
+        );
+    }
 
     fn subnet(commit_reveal: bool) -> FakeSubnetConfig {
         FakeSubnetConfig {

@@ -29,7 +29,7 @@ use crate::wallet::{Hotkey, Ss58Address};
 pub const DEFAULT_NETUID: u16 = 9;
 
 /// Which chain a registration is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Network {
     /// No chain: the orchestrator's registry decides (local and private runs).
     #[default]
@@ -38,6 +38,9 @@ pub enum Network {
     Finney,
     /// Bittensor testnet.
     Test,
+    /// A subtensor node at this endpoint (`ws://`, `wss://`, `http://` or `https://`), such as
+    /// a localnet.
+    Url(String),
 }
 
 impl fmt::Display for Network {
@@ -46,6 +49,7 @@ impl fmt::Display for Network {
             Self::Local => "local",
             Self::Finney => "finney",
             Self::Test => "test",
+            Self::Url(url) => url,
         })
     }
 }
@@ -58,8 +62,15 @@ impl FromStr for Network {
             "local" | "none" => Ok(Self::Local),
             "finney" | "main" | "mainnet" => Ok(Self::Finney),
             "test" | "testnet" => Ok(Self::Test),
+            other
+                if ["ws://", "wss://", "http://", "https://"]
+                    .iter()
+                    .any(|scheme| other.starts_with(scheme)) =>
+            {
+                Ok(Self::Url(s.trim().to_string()))
+            }
             other => Err(format!(
-                "unknown network `{other}` (expected local, finney or test)"
+                "unknown network `{other}` (expected local, finney, test or a node's ws:// or wss:// URL)"
             )),
         }
     }
@@ -158,6 +169,92 @@ pub enum ChainError {
         /// Why.
         reason: String,
     },
+    /// The node did not answer, or answered with something that is not subtensor's RPC.
+    #[error(
+        "cannot reach the subtensor node at {endpoint}: {reason}; check the URL and that the node is up"
+    )]
+    Endpoint {
+        /// The endpoint asked.
+        endpoint: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The coldkey cannot pay for what was asked (a registration's burn).
+    #[error(
+        "the coldkey {coldkey} holds {balance_rao} rao, and this needs {needed_rao} rao: transfer TAO to it first"
+    )]
+    InsufficientBalance {
+        /// The coldkey's SS58 address.
+        coldkey: String,
+        /// Its free balance, in rao (1 TAO = 10^9 rao).
+        balance_rao: u64,
+        /// What the operation costs, in rao.
+        needed_rao: u64,
+    },
+    /// The runtime no longer has a call, storage item or runtime API in the shape iota encodes.
+    #[error(
+        "the chain's runtime (spec_version {spec_version}) changed what iota uses: {what}; update iota"
+    )]
+    RuntimeChanged {
+        /// The runtime's spec version.
+        spec_version: u32,
+        /// What changed.
+        what: String,
+    },
+    /// The chain refused an extrinsic for a reason without a variant of its own.
+    #[error("the chain refused {call} on subnet {netuid}: {reason}")]
+    Refused {
+        /// The call.
+        call: &'static str,
+        /// The subnet.
+        netuid: u16,
+        /// The pallet's error, and what to do.
+        reason: String,
+    },
+}
+
+/// One registered hotkey of a subnet, as its metagraph has it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Neuron {
+    /// The uid (its index in the subnet).
+    pub uid: u16,
+    /// The hotkey's public key.
+    pub hotkey: [u8; 32],
+    /// The coldkey that owns it.
+    pub coldkey: [u8; 32],
+    /// Stake on the hotkey, in rao.
+    pub stake_rao: u64,
+    /// Whether it may set weights on other uids.
+    pub validator_permit: bool,
+    /// Its share of the subnet's incentive at the last epoch, in `[0, 1]`.
+    pub incentive: f64,
+    /// The block of its last weights (0: never).
+    pub last_update: u64,
+}
+
+impl Neuron {
+    /// The hotkey's SS58 address.
+    pub fn address(&self) -> Ss58Address {
+        Ss58Address::from_public_key(self.hotkey)
+    }
+}
+
+/// A subnet's metagraph at a block: who is registered and with what stake and permits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Metagraph {
+    /// The subnet.
+    pub netuid: u16,
+    /// The block this was read at.
+    pub block: u64,
+    /// The neurons, by uid.
+    pub neurons: Vec<Neuron>,
+}
+
+impl Metagraph {
+    /// The neuron holding `hotkey`, if it is registered.
+    pub fn neuron(&self, hotkey: &[u8; 32]) -> Option<&Neuron> {
+        self.neurons.iter().find(|n| n.hotkey == *hotkey)
+    }
 }
 
 /// How a subnet takes weights, at a block.
@@ -236,6 +333,53 @@ pub trait Chain {
     /// [`ChainError`] when the registration cannot be made from here.
     fn register(&self, who: &Registrant, netuid: u16) -> Result<ChainRegistration, ChainError>;
 
+    /// Subnet `netuid`'s metagraph now.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without a metagraph (the default).
+    fn metagraph(&self, netuid: u16) -> Result<Metagraph, ChainError> {
+        let _ = netuid;
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "metagraph",
+            instead: "the orchestrator's own registry admits miners",
+        })
+    }
+
+    /// What registering a hotkey on `netuid` burns now, in rao.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without registration fees (the default).
+    fn burn_cost(&self, netuid: u16) -> Result<u64, ChainError> {
+        let _ = netuid;
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "registration burn",
+            instead: "register with the orchestrator (`iota register` without --network)",
+        })
+    }
+
+    /// Registers `hotkey` on `netuid` with `burned_register`, paid and signed by `coldkey`, and
+    /// waits until it is in a block; returns the uid it was given. A hotkey already registered
+    /// returns its uid without paying again.
+    ///
+    /// # Errors
+    /// [`ChainError`] saying why (balance, subnet, node); the default refuses with
+    /// [`ChainError::Unsupported`].
+    fn burned_register(
+        &self,
+        coldkey: &Hotkey,
+        hotkey: &Ss58Address,
+        netuid: u16,
+    ) -> Result<u16, ChainError> {
+        let _ = (coldkey, hotkey, netuid);
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "registration",
+            instead: "register with the orchestrator (`iota register` without --network)",
+        })
+    }
+
     /// How subnet `netuid` takes weights now.
     ///
     /// # Errors
@@ -286,19 +430,19 @@ impl Chain for LocalRegistry {
 
 /// A Bittensor network this binary cannot reach: every registration is refused with the
 /// `btcli` command to run instead.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct UnreachableChain {
     network: Network,
 }
 
 impl Chain for UnreachableChain {
     fn network(&self) -> Network {
-        self.network
+        self.network.clone()
     }
 
     fn register(&self, who: &Registrant, netuid: u16) -> Result<ChainRegistration, ChainError> {
         Err(ChainError::Unreachable {
-            network: self.network,
+            network: self.network.clone(),
             netuid,
             instead: format!(
                 "Register the hotkey ({}) with the Bittensor CLI: `btcli subnet register --netuid {netuid} --network {} --wallet.name {} --wallet.hotkey {}`; then join the orchestrator with `iota register --wallet {} --hotkey {} --orchestrator URL` (without --network).",
@@ -312,7 +456,7 @@ impl Chain for UnreachableChain {
 pub fn chain_for(network: Network) -> Box<dyn Chain> {
     match network {
         Network::Local => Box::new(LocalRegistry),
-        Network::Finney | Network::Test => Box::new(UnreachableChain { network }),
+        Network::Finney | Network::Test | Network::Url(_) => Box::new(UnreachableChain { network }),
     }
 }
 
@@ -343,7 +487,7 @@ mod tests {
     fn finney_refuses_and_says_what_to_run() {
         for network in ["finney", "mainnet", "test"] {
             let network: Network = network.parse().unwrap();
-            let err = chain_for(network)
+            let err = chain_for(network.clone())
                 .register(&alice(), DEFAULT_NETUID)
                 .unwrap_err()
                 .to_string();

@@ -1,5 +1,6 @@
 //! The dashboard in a real headless browser (Debian's chromium): a running `iota local`
-//! network's page loads, draws, lists every miner, and reports no script error; a screenshot
+//! network's page loads, draws, lists every miner and shows text sampled from the newest merged
+//! model (the text `iota generate` writes for it), and reports no script error; a screenshot
 //! is written to `$CARGO_TARGET_TMPDIR/dashboard.png`.
 //!
 //! Skipped, with a message, only where no chromium is installed and none could be:
@@ -83,6 +84,53 @@ fn dashboard_shows_the_miners_of_a_local_network() {
         assert!(judged >= 1, "{m}");
     }
 
+    // Samples of the newest merged model, once the run's last merge is in: the same text
+    // `iota generate` writes for that checkpoint with the same settings (the default prompts,
+    // 48 tokens, temperature 0.8, top-p 0.95, seed 0 for the first prompt).
+    let mut samples = serde_json::Value::Null;
+    wait_for(
+        "samples of the run's newest merged model",
+        Duration::from_secs(120),
+        || {
+            let Some(epoch) = status(&url).and_then(|s| s["epoch"].as_u64()) else {
+                return false;
+            };
+            samples = http_get(&format!("{url}/api/samples"))
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .unwrap_or_default();
+            epoch >= 1 && samples["latest"]["epoch"].as_u64() == Some(epoch)
+        },
+    );
+    let latest = &samples["latest"];
+    let texts: Vec<&serde_json::Value> = latest["samples"].as_array().unwrap().iter().collect();
+    assert_eq!(texts.len(), 3, "{samples}");
+    assert_eq!(texts[0]["prompt"], "The ", "{samples}");
+    assert!(samples["error"].is_null(), "{samples}");
+    let generated = Command::new(BIN)
+        .args(["generate", "--checkpoint"])
+        .arg(dir.path().join("net"))
+        .args([
+            "--prompt",
+            "The ",
+            "--max-tokens",
+            "48",
+            "--temperature",
+            "0.8",
+        ])
+        .args(["--top-p", "0.95", "--seed", "0"])
+        .output()
+        .unwrap();
+    assert!(
+        generated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&generated.stdout),
+        format!("{}\n", texts[0]["text"].as_str().unwrap()),
+        "the dashboard's sample is not what iota generate writes for the same checkpoint"
+    );
+
     let (dom, console) = browse(browser, &format!("{url}/"), &["--dump-dom"]);
     assert!(
         dom.contains("data-ready=\"1\""),
@@ -110,6 +158,11 @@ fn dashboard_shows_the_miners_of_a_local_network() {
             "merge of section {section} not drawn:\n{dom}"
         );
     }
+    assert!(
+        dom.contains("class=\"sample mono\"")
+            && dom.contains(&format!("model after epoch {}", latest["epoch"])),
+        "no samples drawn:\n{dom}"
+    );
     for bad in ["Uncaught", "refresh failed", ":ERROR:CONSOLE"] {
         assert!(!console.contains(bad), "console: {console}");
     }

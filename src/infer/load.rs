@@ -164,15 +164,65 @@ fn read_section(
         path: path.clone(),
         message: e.to_string(),
     })?;
-    let values = f32_from_le_bytes(&bytes).ok_or_else(|| InferError::Read {
-        path: path.clone(),
+    section_from_flat(&bytes, model, index, &path.display().to_string())
+}
+
+/// Builds a model from each section's flat state, as the orchestrator stores it (the `flat`
+/// file of a section checkpoint, in section order); `context` is the run's tokens per window
+/// and `origin` names where the states came from, for messages.
+///
+/// # Errors
+/// [`InferError::WrongConfig`] when the number of sections, or a section's values, do not fit
+/// `model`; [`InferError::Read`] for a state that is not whole `f32` values.
+pub fn from_section_flats(
+    flats: &[impl AsRef<[u8]>],
+    model: &ModelConfig,
+    context: usize,
+    origin: &str,
+) -> Result<Weights, InferError> {
+    if flats.len() != model.n_sections() {
+        return Err(InferError::WrongConfig(format!(
+            "{origin} holds {} sections but the model config has {}",
+            flats.len(),
+            model.n_sections()
+        )));
+    }
+    let sections = flats
+        .iter()
+        .enumerate()
+        .map(|(index, flat)| {
+            section_from_flat(
+                flat.as_ref(),
+                model,
+                index,
+                &format!("{origin} section {index}"),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Weights {
+        model: model.clone(),
+        sections,
+        tokenizer: None,
+        context: context.min(model.max_seq_len).max(1),
+        origin: origin.to_string(),
+    })
+}
+
+/// One section's parameters out of its flat state; `what` names the state for messages.
+fn section_from_flat(
+    bytes: &[u8],
+    model: &ModelConfig,
+    index: usize,
+    what: &str,
+) -> Result<Vec<NamedTensor>, InferError> {
+    let values = f32_from_le_bytes(bytes).ok_or_else(|| InferError::Read {
+        path: what.into(),
         message: format!("{} bytes are not a whole number of f32 values", bytes.len()),
     })?;
     let layout = section_layout(model, index)?;
     if values.len() != layout.total_len() {
         return Err(InferError::WrongConfig(format!(
-            "section {index}'s checkpoint {} holds {} values, the model config expects {}",
-            path.display(),
+            "section {index}'s checkpoint {what} holds {} values, the model config expects {}",
             values.len(),
             layout.total_len()
         )));

@@ -344,6 +344,8 @@ struct RawRunConfig {
     #[serde(default)]
     retention: RetentionConfig,
     #[serde(default)]
+    samples: SamplesConfig,
+    #[serde(default)]
     validators: Vec<ValidatorEntry>,
     #[serde(default)]
     validation: ValidationSettings,
@@ -491,6 +493,46 @@ impl Default for RetentionConfig {
     }
 }
 
+/// Most tokens generated per dashboard sample.
+pub const MAX_SAMPLE_TOKENS: usize = 1024;
+
+/// Text the orchestrator samples from each newly merged model, shown on the dashboard
+/// ([`super::samples`]). The whole model is loaded on the orchestrator's CPU for it, once an
+/// epoch: no prompts (`prompts: []`) or `max_tokens: 0` turn it off.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplesConfig {
+    /// The prompts, one sample each.
+    pub prompts: Vec<String>,
+    /// Most tokens per sample.
+    pub max_tokens: usize,
+    /// Sampling temperature (0: the likeliest token every time).
+    pub temperature: f64,
+    /// Nucleus sampling: the smallest set of tokens holding this much probability.
+    pub top_p: f64,
+    /// The sampler's seed: the same model and seed give the same text.
+    pub seed: u64,
+}
+
+impl Default for SamplesConfig {
+    fn default() -> Self {
+        Self {
+            prompts: vec!["The ".into(), "Once upon a time".into(), "He said".into()],
+            max_tokens: 48,
+            temperature: 0.8,
+            top_p: 0.95,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplesConfig {
+    /// Whether samples are taken at all.
+    pub fn enabled(&self) -> bool {
+        !self.prompts.is_empty() && self.max_tokens > 0
+    }
+}
+
 /// A validated run config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunConfig {
@@ -587,6 +629,8 @@ pub struct RunConfig {
     pub penalties: PenaltyConfig,
     /// History kept: checkpoints and routing detail.
     pub retention: RetentionConfig,
+    /// Text sampled from each merged model for the dashboard.
+    pub samples: SamplesConfig,
     /// Hotkeys allowed to validate, with their stake.
     pub validators: Vec<ValidatorEntry>,
     /// How validators check miners and publish weights.
@@ -724,6 +768,30 @@ impl RunConfig {
                     ));
                 }
             }
+        }
+        if !(raw.samples.temperature.is_finite() && raw.samples.temperature >= 0.0) {
+            return Err(invalid(
+                "samples.temperature",
+                format!(
+                    "is {} but must be 0 (the likeliest token) or more",
+                    raw.samples.temperature
+                ),
+            ));
+        }
+        if !(raw.samples.top_p > 0.0 && raw.samples.top_p <= 1.0) {
+            return Err(invalid(
+                "samples.top_p",
+                format!("is {} but must be in (0, 1]", raw.samples.top_p),
+            ));
+        }
+        if raw.samples.max_tokens > MAX_SAMPLE_TOKENS {
+            return Err(invalid(
+                "samples.max_tokens",
+                format!(
+                    "is {} but at most {MAX_SAMPLE_TOKENS} are generated per prompt",
+                    raw.samples.max_tokens
+                ),
+            ));
         }
         if raw.eval_every == 0 {
             return Err(invalid(
@@ -904,6 +972,7 @@ impl RunConfig {
             placement: raw.placement,
             penalties: raw.penalties,
             retention: raw.retention,
+            samples: raw.samples,
             validators: raw.validators,
             validation: raw.validation,
         })
@@ -1182,6 +1251,17 @@ mod tests {
         assert!(err.to_string().contains("`seq_len`"), "{err}");
         let err = RunConfig::from_yaml("run: r\neval_every: 0\n").unwrap_err();
         assert!(err.to_string().contains("`eval_every`"), "{err}");
+        for (yaml, key) in [
+            ("samples: {temperature: -1}", "`samples.temperature`"),
+            ("samples: {top_p: 0}", "`samples.top_p`"),
+            ("samples: {max_tokens: 5000}", "`samples.max_tokens`"),
+        ] {
+            let err = RunConfig::from_yaml(&format!("run: r\n{yaml}\n")).unwrap_err();
+            assert!(err.to_string().contains(key), "{yaml}: {err}");
+        }
+        let cfg = RunConfig::from_yaml("run: r\nsamples: {prompts: []}\n").unwrap();
+        assert!(!cfg.samples.enabled());
+        assert!(RunConfig::from_yaml("run: r\n").unwrap().samples.enabled());
         let err = RunConfig::from_yaml("run: r\nearly_merge_samples: 50\n").unwrap_err();
         assert!(
             err.to_string().contains("multiple of early_merge_every"),

@@ -11,6 +11,7 @@
 //!   publish, the local metagraph (`/api/weights`), and how long an epoch's objects are kept
 //!   for them; their durable state is in [`repo`] too. [`flag_quorum`]: validators' agreed
 //!   flags, which exclude repeat offenders from routing.
+//! - [`samples`] / [`sample_store`]: text sampled from each merged model for the dashboard.
 //! - [`metrics`]: Prometheus counters; [`state`]: the shared [`AppState`];
 //!   [`server`]: the router, the deadline task, graceful shutdown; [`tls`]: HTTPS (the
 //!   certificate and key of the run config, reloaded when they change).
@@ -35,6 +36,8 @@ pub mod reference;
 pub mod repo;
 pub mod repo_types;
 pub mod retention;
+pub mod sample_store;
+pub mod samples;
 pub mod server;
 pub mod state;
 pub mod tls;

@@ -138,6 +138,7 @@ where
                 tracing::error!("merge cycle: {e}");
             }
             super::retention::release_done(&ticker_state).await;
+            super::samples::refresh(&ticker_state);
         }
     });
     let app = router(state).into_make_service_with_connect_info::<super::admission::PeerAddr>();

@@ -126,6 +126,8 @@ pub struct Inner {
     pub merge_events: tokio::sync::watch::Sender<u64>,
     /// New hotkeys' registrations per source address ([`super::admission`]).
     pub new_keys: super::admission::NewKeys,
+    /// Text sampled from the newest merged model, for the dashboard.
+    pub samples: super::sample_store::Samples,
 }
 
 impl std::ops::Deref for AppState {
@@ -202,6 +204,7 @@ impl AppState {
                 wakeups: super::wakeups::Wakeups::new(n_sections),
                 merge_events: tokio::sync::watch::Sender::new(0),
                 new_keys: super::admission::NewKeys::default(),
+                samples: super::sample_store::Samples::default(),
             }),
         })
     }

@@ -257,6 +257,26 @@ function drawWeights(weights) {
   box.appendChild(svg);
 }
 
+// Text the orchestrator sampled from the newest merged model, one block per prompt.
+function drawSamples(samples) {
+  const box = document.getElementById("samples");
+  box.replaceChildren();
+  const latest = samples ? samples.latest : null;
+  if (samples && samples.error) box.appendChild(el("div", { class: "kpi" }, "last attempt failed: " + samples.error));
+  if (!latest) {
+    box.appendChild(el("div", { class: "empty" }, "no merged model sampled yet"));
+    return;
+  }
+  box.appendChild(el("div", { class: "kpi" },
+    `model after epoch ${latest.epoch}, sampled ${new Date(latest.generated_ms).toLocaleTimeString()} in ${fmt(latest.seconds, 1)} s`));
+  for (const s of latest.samples) {
+    const p = el("p", { class: "sample mono" });
+    p.appendChild(el("b", {}, s.prompt));
+    p.appendChild(document.createTextNode(s.text));
+    box.appendChild(p);
+  }
+}
+
 function drawHeader(status, merge) {
   document.getElementById("run").textContent = status.run;
   const phase = document.getElementById("phase");
@@ -282,8 +302,9 @@ function drawHeader(status, merge) {
 
 async function refresh() {
   try {
-    const [status, merge, history, weights] = await Promise.all([
+    const [status, merge, history, weights, samples] = await Promise.all([
       getJson("/api/status"), getJson("/api/merge/status"), getJson("/api/history"), getJson("/api/weights"),
+      getJson("/api/samples"),
     ]);
     if (!status) throw new Error("/api/status did not answer");
     // Combined published weight, and each validator's score of the miner (averaged).
@@ -303,6 +324,7 @@ async function refresh() {
     drawMerges(merge);
     drawMergeHistory(history);
     drawWeights(weights);
+    drawSamples(samples);
     document.body.dataset.ready = "1";
   } catch (e) {
     report("refresh failed: " + e.message);

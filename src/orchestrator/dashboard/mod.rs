@@ -1,6 +1,7 @@
 //! The dashboard: a page at `/` (HTML, CSS and JS embedded in the binary; no CDN, plots drawn
 //! as SVG by the page itself) that refreshes from the public JSON endpoints: `/api/status`,
-//! `/api/merge/status`, `/api/weights` and [`history`]'s `/api/history`.
+//! `/api/merge/status`, `/api/weights`, [`history`]'s `/api/history` and [`samples`]'s
+//! `/api/samples`.
 
 use axum::Json;
 use axum::Router;
@@ -23,12 +24,19 @@ pub const MAX_POINTS: usize = 5000;
 /// Epochs of merge history `/api/history` returns.
 pub const MERGE_EPOCHS: u64 = 50;
 
-/// The dashboard's routes: `/`, `/dashboard.js`, `/api/history`.
+/// The dashboard's routes: `/`, `/dashboard.js`, `/api/history`, `/api/samples`.
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/", get(index))
         .route("/dashboard.js", get(script))
         .route("/api/history", get(history))
+        .route("/api/samples", get(samples))
+}
+
+/// `GET /api/samples`: text generated from the newest merged model
+/// ([`super::samples`]), and the last generation's error if it failed.
+async fn samples(State(state): State<AppState>) -> Json<super::sample_store::SamplesView> {
+    Json(state.samples.view())
 }
 
 async fn index() -> impl IntoResponse {

@@ -20,12 +20,11 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
 
 use iota::data::{DataError, DataSpec, LocalFiles, TextSource};
 
 use common::cli::{fails_with, generate, iota, ok, s, tiny_local};
-use common::venv;
+use common::texts;
 
 /// The files the writers made, and the documents each holds (by path under `dir`).
 struct Written {
@@ -51,22 +50,9 @@ impl Written {
 
 /// Runs the Python writers into a fresh directory.
 fn written() -> Written {
-    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    let python =
-        PYTHON.get_or_init(|| venv::python("tests/data_formats/requirements.txt", "data-formats"));
     let dir = tempfile::tempdir().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data_formats/write_files.py");
-    let out = Command::new(python)
-        .arg(script)
-        .arg(dir.path())
-        .output()
-        .expect("running write_files.py");
-    assert!(
-        out.status.success(),
-        "write_files.py failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let expected = serde_json::from_slice(&out.stdout).expect("write_files.py's JSON");
+    let expected =
+        serde_json::from_value(texts::write_data_files(dir.path())).expect("write_files.py's JSON");
     Written { dir, expected }
 }
 

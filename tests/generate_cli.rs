@@ -243,7 +243,7 @@ fn a_multiple_choice_file_is_scored_better_than_chance_after_training() {
     let data = Dataset::load(&"synthetic".parse().unwrap(), &tok, 32, 0).unwrap();
     let mut lines = String::new();
     for i in 0..16 {
-        let own = tok.decode(data.eval_sample(i)).unwrap();
+        let own = tok.decode(&data.eval_sample(i)).unwrap();
         let right = &own[24..30];
         let wrong: String = right
             .chars()

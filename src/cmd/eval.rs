@@ -26,7 +26,7 @@ pub struct EvalArgs {
     #[arg(long, value_name = "DEVICE", default_value = "cpu")]
     pub device: DeviceKind,
     /// Text to evaluate on: `synthetic[:SEED[:CHARS]]` or a .txt, .jsonl, .jsonl.gz,
-    /// .jsonl.zst or .parquet file or directory; its held-out windows (the ones `iota train`
+    /// .jsonl.zst or .parquet file or directory, or a prepared token directory; its held-out windows (the ones `iota train`
     /// evaluates on) are scored.
     #[arg(long, value_name = "SRC")]
     pub data: Option<String>,

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 
 pub mod allocator;
 pub mod bench;
+pub mod data;
 pub mod dotenv;
 pub mod eval;
 pub mod export;
@@ -80,6 +81,8 @@ pub enum Command {
     Validate(validate::ValidateArgs),
     /// A whole network on this machine: an orchestrator and miners as child processes.
     Local(local::LocalArgs),
+    /// Data tools: tokenize text shards once into token shards (`prepare`).
+    Data(data::DataArgs),
     /// Offline tokenizer tools (train a byte-level BPE).
     Tokenizer(tokenizer::TokenizerArgs),
     /// Hotkeys in the Bittensor wallet layout: new, import, list, show; check a coldkey.
@@ -121,6 +124,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Export(args) => export::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Merge(args) => merge::run(args),
+        Command::Data(args) => data::run(args),
         Command::Tokenizer(args) => tokenizer::run(args),
         Command::Orchestrate(args) => orchestrate::run(args),
         Command::Mine(args) => mine::run(args),

@@ -34,7 +34,7 @@ pub struct TrainArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Training text: `synthetic` (built in, default), or a .txt, .jsonl, .jsonl.gz,
-    /// .jsonl.zst or .parquet file, or a directory of them.
+    /// .jsonl.zst or .parquet file, or a directory of them, or one `iota data prepare` wrote.
     #[arg(long, value_name = "PATH")]
     pub data: Option<String>,
     /// The .jsonl field / .parquet column holding the text (default: `text`, or the config's
@@ -478,7 +478,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         .with_context(|| format!("copying data `{}`", plan.data))?;
     let dataset = Dataset::load(&data, &plan.tokenizer, seq_len, s.seed)
         .with_context(|| format!("loading data `{}`", plan.data))?;
-    for t in dataset.train_sample(0) {
+    for t in dataset.train_sample(0).iter() {
         if *t as usize >= plan.model.vocab_size {
             bail!(
                 "token id {t} is outside the model's vocabulary of {}",
@@ -522,9 +522,10 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         plan.model.boundary_width(),
         dataset.describe()
     ));
-    let eval_windows: Vec<&[u32]> = (0..dataset.num_eval_windows().min(s.eval_samples.max(1)))
+    let eval_owned: Vec<_> = (0..dataset.num_eval_windows().min(s.eval_samples.max(1)))
         .map(|i| dataset.eval_sample(i))
         .collect();
+    let eval_windows: Vec<&[u32]> = eval_owned.iter().map(AsRef::as_ref).collect();
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
     let initial_eval_loss = if step < s.steps {
         Some(replicas[0].eval_mean(&eval_windows, s.batch_size)?)
@@ -534,9 +535,10 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
     let started = Instant::now();
     let mut tokens_done = 0u64;
     while step < s.steps {
-        let windows: Vec<&[u32]> = (0..s.batch_size as u64)
+        let owned: Vec<_> = (0..s.batch_size as u64)
             .map(|i| dataset.train_sample(next_sample + i))
             .collect();
+        let windows: Vec<&[u32]> = owned.iter().map(AsRef::as_ref).collect();
         let lr = plan.schedule.at(step);
         // Each replica trains on its share of the batch and steps alone.
         let share = s.batch_size / replicas.len();

@@ -14,22 +14,56 @@
 //! ([`EpochPermutation`]). So anyone holding the same data, tokenizer, `seq_len` and seed can
 //! re-derive any sample from its id alone, and each epoch visits every training window once.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use super::permutation::EpochPermutation;
+use super::prepared::{PreparedTokens, is_prepared};
+use super::stream_hash::hash_tokens;
 use super::synthetic::SyntheticSource;
 use super::{DataError, DataSpec, Tokenizer, pack_documents};
 
 /// Fraction of the windows held out for evaluation: one in fifty (2%), at least one.
 const EVAL_DIVISOR: usize = 50;
 
+/// Where a dataset's packed token stream lives.
+#[derive(Clone)]
+enum Tokens {
+    /// Packed in memory from raw text.
+    Memory(Arc<[u32]>),
+    /// Prepared token shards, read in place.
+    Prepared(Arc<PreparedTokens>),
+}
+
+impl Tokens {
+    /// Tokens in the stream.
+    fn len(&self) -> usize {
+        match self {
+            Self::Memory(tokens) => tokens.len(),
+            Self::Prepared(tokens) => tokens.len(),
+        }
+    }
+
+    /// The `len` tokens from `start` (inside the stream).
+    fn read(&self, start: usize, len: usize) -> Cow<'_, [u32]> {
+        match self {
+            Self::Memory(tokens) => Cow::Borrowed(&tokens[start..start + len]),
+            Self::Prepared(tokens) => Cow::Owned(tokens.read(start, len)),
+        }
+    }
+}
+
 /// Tokens of packed text, windowed for training and evaluation. Cheap to clone (the tokens are
 /// shared).
+///
+/// The stream is packed in memory from raw text, or read in place from a directory of
+/// prepared token shards (`iota data prepare`); a prepared directory gives the same stream,
+/// and so the same windows and samples, as the raw files it was prepared from.
 #[derive(Clone)]
 pub struct Dataset {
     /// The packed token stream.
-    tokens: Arc<[u32]>,
+    tokens: Tokens,
     /// Tokens of input per window; windows hold `seq_len + 1`.
     seq_len: usize,
     /// Seed of the per-epoch permutations.
@@ -51,10 +85,13 @@ pub struct Dataset {
 }
 
 impl Dataset {
-    /// Reads, tokenizes and packs the data of `spec`, then windows it.
+    /// Reads, tokenizes and packs the data of `spec`, then windows it. A path to a prepared
+    /// directory (one holding [`crate::data::MANIFEST_FILE`]) is read in place instead, with
+    /// no tokenizing; its tokenizer must be `tokenizer`.
     ///
     /// # Errors
-    /// [`DataError::ZeroSeqLen`]; any error of the source or tokenizer;
+    /// [`DataError::ZeroSeqLen`]; any error of the source or tokenizer; those of
+    /// [`PreparedTokens::open`] for a prepared directory;
     /// [`DataError::NoDocuments`] and [`DataError::TooFewTokens`] when there is not enough
     /// text for one training and one evaluation window.
     pub fn load(
@@ -79,6 +116,21 @@ impl Dataset {
                     .then(|| source.corpus().window_floor(seq_len));
                 (tokens, super::TextSource::describe(&source), floor)
             }
+            DataSpec::Path { path, .. } if is_prepared(path) => {
+                let tokens = PreparedTokens::open(path, tokenizer)?;
+                let source_name = tokens.describe();
+                let stream_hash = tokens.manifest().stream_hash.clone();
+                let mut dataset = Self::windowed(
+                    Tokens::Prepared(Arc::new(tokens)),
+                    &stream_hash,
+                    seq_len,
+                    seed,
+                    &source_name,
+                )?;
+                dataset.tokenizer = tokenizer.fingerprint();
+                tracing::info!(dataset = %dataset.describe(), "prepared dataset opened");
+                return Ok(dataset);
+            }
             DataSpec::Path { .. } | DataSpec::Remote { .. } => {
                 let source = spec.open()?;
                 let tokens = pack_documents(source.as_ref(), tokenizer)?;
@@ -102,6 +154,24 @@ impl Dataset {
         seed: u64,
         source_name: &str,
     ) -> Result<Self, DataError> {
+        let stream_hash = hash_tokens(&tokens);
+        Self::windowed(
+            Tokens::Memory(tokens.into()),
+            &stream_hash,
+            seq_len,
+            seed,
+            source_name,
+        )
+    }
+
+    /// Windows a token stream whose content hash is `stream_hash`.
+    fn windowed(
+        tokens: Tokens,
+        stream_hash: &str,
+        seq_len: usize,
+        seed: u64,
+        source_name: &str,
+    ) -> Result<Self, DataError> {
         if seq_len == 0 {
             return Err(DataError::ZeroSeqLen);
         }
@@ -120,9 +190,9 @@ impl Dataset {
         let n_eval = (n_total / EVAL_DIVISOR).max(1);
         let n_train = n_total - n_eval;
         let eval_offset = n_train * seq_len + 1;
-        let fingerprint = fingerprint(&tokens, seq_len, n_train, n_eval);
+        let fingerprint = fingerprint(stream_hash, tokens.len(), seq_len, n_train, n_eval);
         Ok(Self {
-            tokens: tokens.into(),
+            tokens,
             seq_len,
             seed,
             n_train,
@@ -171,7 +241,7 @@ impl Dataset {
 
     /// The `seq_len + 1` tokens of sample `sample_id`: inputs are `[..seq_len]`, targets
     /// `[1..]`.
-    pub fn train_sample(&self, sample_id: u64) -> &[u32] {
+    pub fn train_sample(&self, sample_id: u64) -> Cow<'_, [u32]> {
         self.train_window(self.train_window_index(sample_id))
     }
 
@@ -179,24 +249,23 @@ impl Dataset {
     ///
     /// # Panics
     /// If `window >= num_train_windows()`.
-    pub fn train_window(&self, window: usize) -> &[u32] {
+    pub fn train_window(&self, window: usize) -> Cow<'_, [u32]> {
         assert!(
             window < self.n_train,
             "training window {window} of {}",
             self.n_train
         );
-        let start = window * self.seq_len;
-        &self.tokens[start..start + self.seq_len + 1]
+        self.tokens.read(window * self.seq_len, self.seq_len + 1)
     }
 
     /// Evaluation window `i`, `seq_len + 1` tokens.
     ///
     /// # Panics
     /// If `i >= num_eval_windows()`.
-    pub fn eval_sample(&self, i: usize) -> &[u32] {
+    pub fn eval_sample(&self, i: usize) -> Cow<'_, [u32]> {
         assert!(i < self.n_eval, "evaluation window {i} of {}", self.n_eval);
         let start = self.eval_offset + i * self.seq_len;
-        &self.tokens[start..start + self.seq_len + 1]
+        self.tokens.read(start, self.seq_len + 1)
     }
 
     /// The best achievable mean loss per target token in nats, when known: for the synthetic
@@ -207,7 +276,8 @@ impl Dataset {
     }
 
     /// A short hash of the packed tokens and the window layout (`seq_len`, split), so parties
-    /// can check that they hold the same dataset before exchanging sample ids.
+    /// can check that they hold the same dataset before exchanging sample ids. Raw files and
+    /// the token shards prepared from them give the same fingerprint.
     pub fn fingerprint(&self) -> String {
         self.fingerprint.clone()
     }
@@ -240,17 +310,20 @@ impl fmt::Debug for Dataset {
     }
 }
 
-/// The first 16 hex digits of BLAKE3 over the layout and the little-endian tokens.
-fn fingerprint(tokens: &[u32], seq_len: usize, n_train: usize, n_eval: usize) -> String {
+/// The first 16 hex digits of BLAKE3 over the layout and the stream's content hash.
+fn fingerprint(
+    stream_hash: &str,
+    len: usize,
+    seq_len: usize,
+    n_train: usize,
+    n_eval: usize,
+) -> String {
     let mut hasher = blake3::Hasher::new();
-    hasher.update(b"iota.dataset.v1");
-    for n in [seq_len, n_train, n_eval, tokens.len()] {
+    hasher.update(b"iota.dataset.v2");
+    for n in [seq_len, n_train, n_eval, len] {
         hasher.update(&(n as u64).to_le_bytes());
     }
-    for chunk in tokens.chunks(4096) {
-        let bytes: Vec<u8> = chunk.iter().flat_map(|t| t.to_le_bytes()).collect();
-        hasher.update(&bytes);
-    }
+    hasher.update(stream_hash.as_bytes());
     hasher.finalize().to_hex().as_str()[..16].to_owned()
 }
 
@@ -269,11 +342,11 @@ mod tests {
         let data = Dataset::from_tokens(counting(42), 4, 0, "count").unwrap();
         assert_eq!(data.num_train_windows(), 9);
         assert_eq!(data.num_eval_windows(), 1);
-        assert_eq!(data.train_window(0), &[0, 1, 2, 3, 4]);
-        assert_eq!(data.train_window(1), &[4, 5, 6, 7, 8]);
-        assert_eq!(data.train_window(8), &[32, 33, 34, 35, 36]);
+        assert_eq!(*data.train_window(0), [0, 1, 2, 3, 4]);
+        assert_eq!(*data.train_window(1), [4, 5, 6, 7, 8]);
+        assert_eq!(*data.train_window(8), [32, 33, 34, 35, 36]);
         // 36 is the last training target; evaluation starts at 37 instead of sharing it.
-        assert_eq!(data.eval_sample(0), &[37, 38, 39, 40, 41]);
+        assert_eq!(*data.eval_sample(0), [37, 38, 39, 40, 41]);
     }
 
     #[test]
@@ -389,8 +462,8 @@ mod tests {
         // "d" is left over.
         assert_eq!(data.num_tokens(), 11);
         assert_eq!(data.num_train_windows(), 3);
-        assert_eq!(data.train_window(2), &[u32::from(b'o'), 0, u32::from(b'w')]);
-        assert_eq!(data.eval_sample(0), b"orl".map(u32::from));
+        assert_eq!(*data.train_window(2), [u32::from(b'o'), 0, u32::from(b'w')]);
+        assert_eq!(*data.eval_sample(0), b"orl".map(u32::from));
         assert_eq!(data.entropy_floor(), None);
 
         let err = Dataset::load(&spec, &Tokenizer::byte(), 8, 0).unwrap_err();
@@ -411,5 +484,49 @@ mod tests {
         let err =
             Dataset::load(&DataSpec::path(empty.path()), &Tokenizer::byte(), 2, 0).unwrap_err();
         assert!(matches!(err, DataError::NoDocuments { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_prepared_directory_gives_the_raw_windows_and_fingerprint() {
+        let src = tempfile::tempdir().unwrap();
+        for (name, text) in [
+            ("a.txt", "the first document, "),
+            ("b.txt", ""),
+            ("c.txt", "a third"),
+        ] {
+            std::fs::write(src.path().join(name), text.repeat(7)).unwrap();
+        }
+        let out = tempfile::tempdir().unwrap();
+        let files = crate::data::LocalFiles::open(src.path()).unwrap();
+        crate::data::prepare(&files, &Tokenizer::byte(), out.path(), 2, &|_| {}).unwrap();
+        let raw = Dataset::load(&DataSpec::path(src.path()), &Tokenizer::byte(), 9, 4).unwrap();
+        let prepared =
+            Dataset::load(&DataSpec::path(out.path()), &Tokenizer::byte(), 9, 4).unwrap();
+        assert_eq!(raw.num_tokens(), prepared.num_tokens());
+        assert_eq!(raw.num_train_windows(), prepared.num_train_windows());
+        assert_eq!(raw.fingerprint(), prepared.fingerprint());
+        for id in 0..3 * raw.num_train_windows() as u64 {
+            assert_eq!(
+                raw.train_sample(id),
+                prepared.train_sample(id),
+                "sample {id}"
+            );
+        }
+        for i in 0..raw.num_eval_windows() {
+            assert_eq!(raw.eval_sample(i), prepared.eval_sample(i));
+        }
+        assert!(prepared.describe().contains("prepared"));
+
+        let bpe = tempfile::tempdir().unwrap();
+        let file = bpe.path().join("t.json");
+        let other = crate::data::train_bpe(&files, 300, &file).unwrap();
+        let err = Dataset::load(&DataSpec::path(out.path()), &other, 9, 4).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(err, DataError::PreparedTokenizerMismatch { .. })
+                && message.contains(crate::data::MANIFEST_FILE)
+                && message.contains("byte"),
+            "{message}"
+        );
     }
 }

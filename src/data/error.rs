@@ -153,6 +153,36 @@ pub enum DataError {
         /// The smallest size accepted.
         min: usize,
     },
+    /// A prepared token directory (`iota data prepare`) cannot be used: its manifest does not
+    /// parse or a token shard is missing or of the wrong size.
+    #[error("{path}: {reason}")]
+    BadPrepared {
+        /// The manifest or token shard at fault.
+        path: PathBuf,
+        /// What is wrong (one line).
+        reason: String,
+    },
+    /// A prepared token directory was tokenized with another tokenizer than the run's.
+    #[error(
+        "{path}: these token shards were prepared with tokenizer {prepared} but this run uses \
+         {given}; pass the tokenizer they were prepared with, or prepare the data again"
+    )]
+    PreparedTokenizerMismatch {
+        /// The manifest.
+        path: PathBuf,
+        /// The fingerprint the manifest names.
+        prepared: String,
+        /// The run's tokenizer's fingerprint.
+        given: String,
+    },
+    /// An output file or directory could not be written.
+    #[error("cannot write {path}: {error}")]
+    Unwritable {
+        /// The file or directory.
+        path: PathBuf,
+        /// What the operating system said.
+        error: std::io::Error,
+    },
 }
 
 impl DataError {

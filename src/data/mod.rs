@@ -18,6 +18,9 @@
 //! - [`DataSpec`] (`spec.rs`): `synthetic[:SEED[:CHARS]]`, a path, or an `s3://` / `http(s)://`
 //!   URL.
 //! - [`pack_documents`] (`pack.rs`): tokenize and join documents, end-of-text between them.
+//! - [`prepare`] (`prepare.rs`) and [`PreparedTokens`] (`prepared.rs`): token shards written
+//!   once by `iota data prepare` (flat `u16`/`u32` ids and a JSON manifest naming the
+//!   tokenizer) and read in place, memory-mapped; the same packed stream as the raw files.
 //! - [`Dataset`] (`dataset.rs`): windows of `seq_len + 1` tokens at stride `seq_len`, the last
 //!   2% held out for evaluation, and sample id -> window through a seeded per-epoch
 //!   permutation ([`EpochPermutation`], `permutation.rs`).
@@ -41,9 +44,12 @@ mod jsonl;
 mod pack;
 mod parquet;
 mod permutation;
+mod prepare;
+mod prepared;
 mod seed;
 mod source;
 mod spec;
+mod stream_hash;
 mod synthetic;
 mod tokenizer;
 
@@ -52,6 +58,8 @@ pub use dataset::Dataset;
 pub use error::DataError;
 pub use pack::pack_documents;
 pub use permutation::EpochPermutation;
+pub use prepare::prepare;
+pub use prepared::{MANIFEST_FILE, Manifest, PreparedTokens, ShardEntry, TokenDtype, is_prepared};
 pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource, is_data_file};
 pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
 pub use synthetic::{ALPHABET, MarkovCorpus, SyntheticSource};

@@ -24,18 +24,42 @@ pub fn pack_documents(
     source: &dyn TextSource,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<u32>, DataError> {
-    let separator = tokenizer.end_of_text();
     let mut tokens = Vec::new();
+    let documents = pack_into(source, tokenizer, |ids| {
+        tokens.extend_from_slice(ids);
+        Ok(())
+    })?;
+    if documents == 0 {
+        return Err(DataError::NoDocuments {
+            source_name: source.describe(),
+        });
+    }
+    tracing::debug!(documents, tokens = tokens.len(), source = %source.describe(), "packed documents");
+    Ok(tokens)
+}
+
+/// The packing of [`pack_documents`], streamed: hands `emit` the packed tokens in order, a
+/// piece at a time (separators included), and returns the number of documents, which may be
+/// 0 (then nothing was emitted).
+///
+/// # Errors
+/// Any error of the source, the tokenizer or `emit`.
+pub(crate) fn pack_into(
+    source: &dyn TextSource,
+    tokenizer: &Tokenizer,
+    mut emit: impl FnMut(&[u32]) -> Result<(), DataError>,
+) -> Result<usize, DataError> {
+    let separator = tokenizer.end_of_text();
     let mut documents = 0usize;
     let mut append = |batch: &[String]| -> Result<(), DataError> {
         for ids in tokenizer.encode_batch(batch)? {
             if ids.is_empty() {
                 continue;
             }
-            if documents > 0 {
-                tokens.extend(separator);
+            if let (Some(separator), true) = (separator, documents > 0) {
+                emit(&[separator])?;
             }
-            tokens.extend_from_slice(&ids);
+            emit(&ids)?;
             documents += 1;
         }
         Ok(())
@@ -54,13 +78,7 @@ pub fn pack_documents(
         }
     }
     append(&batch)?;
-    if documents == 0 {
-        return Err(DataError::NoDocuments {
-            source_name: source.describe(),
-        });
-    }
-    tracing::debug!(documents, tokens = tokens.len(), source = %source.describe(), "packed documents");
-    Ok(tokens)
+    Ok(documents)
 }
 
 #[cfg(test)]

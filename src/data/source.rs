@@ -132,6 +132,16 @@ impl LocalFiles {
     pub fn files(&self) -> &[PathBuf] {
         &self.files
     }
+
+    /// The path the files were listed from, as given.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The `.jsonl` field / `.parquet` column read.
+    pub fn text_column(&self) -> &str {
+        &self.text_column
+    }
 }
 
 impl TextSource for LocalFiles {

@@ -39,7 +39,8 @@ pub fn held_out<B: Backend>(
         ));
     }
     let n = windows.min(dataset.num_eval_windows());
-    let all: Vec<&[u32]> = (0..n).map(|i| dataset.eval_sample(i)).collect();
+    let owned: Vec<_> = (0..n).map(|i| dataset.eval_sample(i)).collect();
+    let all: Vec<&[u32]> = owned.iter().map(AsRef::as_ref).collect();
     let mut total = 0.0f64;
     for chunk in all.chunks(batch) {
         total += f64::from(chain.mean_loss(chunk)?) * chunk.len() as f64;

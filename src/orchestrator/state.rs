@@ -382,13 +382,14 @@ impl AppState {
     }
 
     /// Inputs and next-token targets of `windows` (`seq_len + 1` tokens each), packed.
-    fn pack_windows<'a>(&self, windows: impl Iterator<Item = &'a [u32]>) -> (Bytes, Bytes) {
+    fn pack_windows(&self, windows: impl Iterator<Item = impl AsRef<[u32]>>) -> (Bytes, Bytes) {
         let batch = self.config.batch_size;
         let seq = self.config.seq_len;
         let width = token_ids::width(self.config.model.vocab_size);
         let mut tokens = Vec::with_capacity(batch * seq * width);
         let mut targets = Vec::with_capacity(batch * seq * width);
         for window in windows {
+            let window = window.as_ref();
             for pos in 0..seq {
                 let t = window.get(pos).copied().unwrap_or(0);
                 let y = window.get(pos + 1).copied().unwrap_or(0);

@@ -3,6 +3,7 @@
 use clap::{Args, Subcommand};
 
 pub mod cpu;
+pub mod data;
 pub mod latency;
 pub mod learning;
 pub mod merge;
@@ -40,6 +41,9 @@ pub enum BenchCommand {
     /// One orchestrator under N simulated miners (signed HTTP, no compute): requests/s,
     /// p50/p99 latency per endpoint, RSS and CPU, latency against rows in the database.
     Orchestrator(orchestrator::BenchOrchestratorArgs),
+    /// Tokens/s of the data path on real text (raw text to tokens with the byte and a large
+    /// vocabulary, prepared shards to windows), against a 50-miner `1b` network's demand.
+    Data(data::BenchDataArgs),
     /// A validator's cost to replay a fraction of one miner's epoch against the miner's cost
     /// of doing it, per section.
     Validate(validate::BenchValidateArgs),
@@ -58,6 +62,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Learning(a) => learning::run(a),
         BenchCommand::Orchestrator(a) => orchestrator::run(a),
         BenchCommand::Validate(a) => validate::run(a),
+        BenchCommand::Data(a) => data::run(a),
     }
 }
 

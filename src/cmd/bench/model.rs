@@ -85,9 +85,10 @@ impl BackendTask for Task {
         let mut warmup = Duration::ZERO;
         let mut wire_bytes = 0;
         for it in 0..=self.iters {
-            let windows: Vec<&[u32]> = (0..self.batch)
+            let owned: Vec<_> = (0..self.batch)
                 .map(|i| data.train_sample((it * self.batch + i) as u64))
                 .collect();
+            let windows: Vec<&[u32]> = owned.iter().map(AsRef::as_ref).collect();
             let run_whole = |p: &mut Pipeline<B>| {
                 time(|| {
                     p.train_whole(&windows)?;

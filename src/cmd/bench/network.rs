@@ -222,9 +222,10 @@ impl BackendTask for Task {
             if s == 1 {
                 started = Instant::now();
             }
-            let windows: Vec<&[u32]> = (0..self.batch)
+            let owned: Vec<_> = (0..self.batch)
                 .map(|i| data.train_sample(s * self.batch as u64 + i as u64))
                 .collect();
+            let windows: Vec<&[u32]> = owned.iter().map(AsRef::as_ref).collect();
             let report = pipeline.train_batch(&windows)?;
             wire_bytes = report.bytes_forward + report.bytes_backward;
             pipeline.step(1e-3);

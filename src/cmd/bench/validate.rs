@@ -342,9 +342,10 @@ impl Task {
             Ok(())
         };
         for s in 0..samples {
-            let windows: Vec<&[u32]> = (0..b as u64)
+            let owned: Vec<_> = (0..b as u64)
                 .map(|w| data.train_sample(s * b as u64 + w))
                 .collect();
+            let windows: Vec<&[u32]> = owned.iter().map(AsRef::as_ref).collect();
             let vocab = self.cfg.vocab_size;
             let sample_tokens = tokens_object(
                 &windows

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
+use crate::chain::shared::shared_chain_for;
 use crate::mirror;
+use crate::orchestrator::subnet::Subnet;
 use crate::orchestrator::{
     AppState, BLOCKING_THREADS, RunConfig, ServerTls, TlsListener, serve, shutdown_signal,
 };
@@ -27,7 +29,7 @@ pub struct OrchestrateArgs {
 ///
 /// # Errors
 /// A bad config, a certificate or key that does not load, a state directory or storage that
-/// cannot be opened, a busy address.
+/// cannot be opened, a busy address, a configured chain whose metagraph cannot be read.
 pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
     let mut config = RunConfig::load(&args.config)?;
     if let Some(listen) = args.listen {
@@ -65,7 +67,27 @@ pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
         )
         .await
         .context("copying the run's data")?;
+        let chain = config.chain.clone();
         let state = AppState::open(config).context("opening the run")?;
+        if let Some(chain) = chain {
+            // Before serving: a run on a chain that cannot be read admits nobody.
+            let network = chain.network.clone();
+            let now = state.now_ms();
+            let subnet = tokio::task::spawn_blocking(move || {
+                Subnet::connect(shared_chain_for(network), chain, now)
+            })
+            .await
+            .context("reading the subnet's metagraph")??;
+            eprintln!(
+                "iota orchestrator: subnet {} on {} at block {}: {} neurons, {} validator permits",
+                subnet.config().netuid,
+                subnet.config().network,
+                subnet.metagraph().block,
+                subnet.metagraph().neurons.len(),
+                subnet.validators().len()
+            );
+            state.attach_subnet(std::sync::Arc::new(subnet));
+        }
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;

@@ -37,6 +37,7 @@ pub mod repo_types;
 pub mod retention;
 pub mod server;
 pub mod state;
+pub mod subnet;
 pub mod tls;
 pub mod validation_handlers;
 pub mod wakeups;

@@ -126,6 +126,8 @@ pub struct Inner {
     pub merge_events: tokio::sync::watch::Sender<u64>,
     /// New hotkeys' registrations per source address ([`super::admission`]).
     pub new_keys: super::admission::NewKeys,
+    /// The subnet the run is on, once attached ([`AppState::attach_subnet`]).
+    pub subnet: std::sync::OnceLock<Arc<super::subnet::Subnet>>,
 }
 
 impl std::ops::Deref for AppState {
@@ -202,8 +204,37 @@ impl AppState {
                 wakeups: super::wakeups::Wakeups::new(n_sections),
                 merge_events: tokio::sync::watch::Sender::new(0),
                 new_keys: super::admission::NewKeys::default(),
+                subnet: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Puts the run on `subnet` (before serving): from now on its metagraph admits miners and
+    /// names the validators ([`super::subnet`]). A second call changes nothing.
+    pub fn attach_subnet(&self, subnet: Arc<super::subnet::Subnet>) {
+        let _ = self.subnet.set(subnet);
+    }
+
+    /// The subnet the run is on, if one is attached.
+    pub fn subnet(&self) -> Option<&Arc<super::subnet::Subnet>> {
+        self.subnet.get()
+    }
+
+    /// The run's validators: the subnet's validator permits where the run is on a chain, else
+    /// the run config's list.
+    pub fn validators(&self) -> Vec<super::config::ValidatorEntry> {
+        match self.subnet() {
+            Some(subnet) => subnet.validators(),
+            None => self.config.validators.clone(),
+        }
+    }
+
+    /// The validator entry of `hotkey`, if it may validate ([`Self::validators`]).
+    pub fn validator(&self, hotkey: &str) -> Option<super::config::ValidatorEntry> {
+        match self.subnet() {
+            Some(_) => self.validators().into_iter().find(|v| v.hotkey == hotkey),
+            None => self.config.validator(hotkey).cloned(),
+        }
     }
 
     /// Tells the merge tasks waiting on [`Inner::merge_events`] that the merge cycle moved.

@@ -5,7 +5,8 @@
 //! - the orchestrator, served over real HTTP with real sr25519 signatures, admits only hotkeys
 //!   on the FAKE chain's metagraph, takes validators and stake from its permits, keeps the last
 //!   metagraph when a refresh fails, drops a miner whose uid went to another hotkey, and shows
-//!   uids, incentive and the validators' last weights block in `/api/status`;
+//!   uids, incentive and the validators' last weights block in `/api/status` and `iota status`;
+//!   `iota orchestrate` on a chain it cannot read stops with one line before it serves;
 //! - a validator's weights on the FAKE chain: set where commit-reveal is off, waiting for the
 //!   rate limit instead of sending; committed where it is on, revealed in the reveal epoch by
 //!   a validator restarted on the same state directory; one-line refusals for a hotkey that is
@@ -17,7 +18,8 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::api_harness::{config, dataset, key};
+use common::api_harness::{config, dataset, key, weights};
+use common::cli::{iota, one_line_failure, s};
 use iota::api::client::{ApiClient, ClientError, patient_policy};
 use iota::api::*;
 use iota::chain::fake::{FakeSubnetConfig, FakeSubtensor};
@@ -70,32 +72,6 @@ fn run_chain() -> RunChain {
         network: NODE.into(),
         netuid: NETUID,
         burn_uid: 0,
-    }
-}
-
-fn weights(epoch: u64, burn: f64, w: &[(&Hotkey, f64)]) -> WeightSubmission {
-    WeightSubmission {
-        epoch,
-        burn,
-        weights: w
-            .iter()
-            .map(|(k, x)| MinerWeight {
-                hotkey: k.address().to_string(),
-                weight: *x,
-                parts: ScoreParts {
-                    throughput: 1.0,
-                    replay: 1.0,
-                    upload: 1.0,
-                    clasp: 1.0,
-                    quality: 1.0,
-                    penalties: vec![],
-                    penalty: 0.0,
-                    flags: vec![],
-                    notes: vec![],
-                    score: *x,
-                },
-            })
-            .collect(),
     }
 }
 
@@ -238,6 +214,45 @@ async fn the_orchestrator_on_the_fake_chain_admits_its_hotkeys_and_drops_departe
     )
     .await;
 
+    // `iota status` shows the miner's uid and incentive and the validator's weights block.
+    let status_url = url.clone();
+    let out = tokio::task::spawn_blocking(move || iota(&["status", "--orchestrator", &status_url]))
+        .await
+        .unwrap();
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{table}");
+    assert!(
+        table.contains(&format!(
+            "chain: subnet {NETUID} on {NODE}, metagraph of block"
+        )),
+        "{table}"
+    );
+    let row = |hotkey: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(hotkey) && (l.contains("miner ") || l.contains("validator")))
+            .unwrap_or_else(|| panic!("no chain row of {hotkey}:\n{table}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        row(&reg.hotkey),
+        ["0", "miner", &reg.hotkey, "0.000", "0.2500", "never"]
+    );
+    let val_ss58 = val.address().to_string();
+    assert_eq!(
+        row(&val_ss58),
+        [
+            "1",
+            "validator",
+            &val_ss58,
+            "2.000",
+            "0.0000",
+            &block.to_string()
+        ]
+    );
+
     // A failed refresh keeps the metagraph before it and says why.
     fake.set_unreadable(true);
     eventually("a failed refresh is shown", async || {
@@ -292,6 +307,33 @@ fn a_chain_that_cannot_be_read_stops_the_orchestrator_before_it_serves() {
             "cannot read the metagraph of subnet {NETUID} on {NODE}"
         )) && !err.contains('\n'),
         "{err}"
+    );
+}
+
+#[test]
+fn iota_orchestrate_on_a_chain_it_cannot_read_stops_with_one_line_before_serving() {
+    // No subtensor node listens on port 1; without a client in this build no node is read at
+    // all. Either way the orchestrator stops before it serves.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("run.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "run: on-chain\nlisten: 127.0.0.1:0\ndata_dir: {}\n\
+             chain: {{network: \"ws://127.0.0.1:1\", netuid: 9}}\n",
+            s(&dir.path().join("state"))
+        ),
+    )
+    .unwrap();
+    let out = iota(&["orchestrate", "--config", s(&config)]);
+    let line = one_line_failure(
+        &out,
+        "iota orchestrate on an unreadable chain",
+        "cannot read the metagraph of subnet 9 on ws://127.0.0.1:1",
+    );
+    assert!(
+        !line.contains("iota orchestrator: run"),
+        "it served: {line}"
     );
 }
 

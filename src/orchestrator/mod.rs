@@ -19,6 +19,7 @@ pub mod admission;
 pub mod auth;
 pub mod blob;
 pub mod blob_token;
+pub mod chain_refresh;
 pub mod config;
 pub mod cycle;
 pub mod cycle_error;

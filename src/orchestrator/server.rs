@@ -142,7 +142,7 @@ where
         }
     });
     // Without a subnet the loop returns at once.
-    let refresher = tokio::spawn(super::subnet::refresh_loop(state.clone()));
+    let refresher = tokio::spawn(super::chain_refresh::refresh_loop(state.clone()));
     let app = router(state).into_make_service_with_connect_info::<super::admission::PeerAddr>();
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)

@@ -3,10 +3,11 @@
 //!
 //! - only hotkeys registered on the subnet register as miners, and a miner whose hotkey left
 //!   the metagraph (its uid went to another hotkey) is refused and loses its seat, so routing
-//!   drops it ([`retire_departed`]);
+//!   drops it ([`super::chain_refresh::retire_departed`]);
 //! - the validators are the hotkeys holding a validator permit, with their stake in TAO (the
 //!   run config's `validators` list is not used);
-//! - the metagraph is read again every `refresh_secs` ([`refresh_loop`], on a blocking thread);
+//! - the metagraph is read again every `refresh_secs` ([`super::chain_refresh::refresh_loop`],
+//!   on a blocking thread);
 //!   a failed read keeps the metagraph before it and logs one line.
 //!
 //! The chain is injected ([`SharedChain`]): `iota orchestrate` opens the configured network's,
@@ -14,10 +15,8 @@
 
 use std::str::FromStr;
 use std::sync::RwLock;
-use std::time::Duration;
 
 use super::config::{ChainConfig, ValidatorEntry};
-use super::state::AppState;
 use crate::api::{ChainNeuron, ChainStatus};
 use crate::chain::shared::SharedChain;
 use crate::chain::{ChainError, Metagraph, Neuron};
@@ -49,15 +48,26 @@ impl std::fmt::Debug for Subnet {
 
 /// Why the subnet could not be read at start.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot read the metagraph of subnet {netuid} on {network}: {source}")]
+#[error("cannot read the metagraph of subnet {netuid} on {network}: {}", explain(.error))]
 pub struct SubnetError {
     /// The network.
     pub network: String,
     /// The subnet.
     pub netuid: u16,
     /// The chain's error.
-    #[source]
-    pub source: ChainError,
+    pub error: ChainError,
+}
+
+/// The chain's error, where it is that this build has no client for the network, in words
+/// that say what to do about it.
+fn explain(error: &ChainError) -> String {
+    match error {
+        ChainError::Unsupported { network, .. } => format!(
+            "this build has no subtensor client for {network}; leave out `chain` to run on the \
+             orchestrator's own registry"
+        ),
+        other => other.to_string(),
+    }
 }
 
 impl Subnet {
@@ -73,10 +83,10 @@ impl Subnet {
     ) -> Result<Subnet, SubnetError> {
         let metagraph = chain
             .metagraph(config.netuid)
-            .map_err(|source| SubnetError {
+            .map_err(|error| SubnetError {
                 network: config.network.to_string(),
                 netuid: config.netuid,
-                source,
+                error,
             })?;
         Ok(Subnet {
             chain,
@@ -188,67 +198,6 @@ impl Subnet {
                     }
                 })
                 .collect(),
-        }
-    }
-}
-
-/// Takes the seat of every registered miner whose hotkey is no longer on the subnet's
-/// metagraph, so routing gives it nothing more; returns their hotkeys.
-pub fn retire_departed(state: &AppState) -> Vec<String> {
-    let Some(subnet) = state.subnet() else {
-        return Vec::new();
-    };
-    let miners = match state.repo.miners() {
-        Ok(miners) => miners,
-        Err(e) => {
-            tracing::warn!("chain: cannot list the miners to drop departed ones: {e}");
-            return Vec::new();
-        }
-    };
-    let mut departed = Vec::new();
-    for m in miners {
-        if subnet.is_registered(&m.hotkey) || m.last_seen_ms == 0 {
-            continue;
-        }
-        match state.repo.retire(&m.hotkey) {
-            Ok(()) => {
-                tracing::warn!(hotkey = %m.hotkey, "left the subnet's metagraph: dropped from routing");
-                departed.push(m.hotkey);
-            }
-            Err(e) => {
-                tracing::warn!(hotkey = %m.hotkey, "chain: cannot drop a departed miner: {e}")
-            }
-        }
-    }
-    if !departed.is_empty() {
-        state.wakeups.everyone();
-    }
-    departed
-}
-
-/// Reads the metagraph again every `refresh_secs`, then drops departed miners; a failed read
-/// logs one line and keeps the metagraph before it. Runs until aborted; returns at once
-/// without a subnet.
-pub async fn refresh_loop(state: AppState) {
-    let Some(subnet) = state.subnet().cloned() else {
-        return;
-    };
-    retire_departed(&state);
-    let every = Duration::from_secs(subnet.config().refresh_secs.max(1));
-    loop {
-        tokio::time::sleep(every).await;
-        let now = state.now_ms();
-        let reading = subnet.clone();
-        match tokio::task::spawn_blocking(move || reading.refresh(now)).await {
-            Ok(Ok(())) => {
-                retire_departed(&state);
-            }
-            Ok(Err(e)) => tracing::warn!(
-                "chain: refreshing subnet {}'s metagraph failed, keeping the one of block {}: {e}",
-                subnet.config().netuid,
-                subnet.metagraph().block
-            ),
-            Err(e) => tracing::warn!("chain: the metagraph refresh stopped: {e}"),
         }
     }
 }

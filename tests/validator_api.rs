@@ -72,32 +72,6 @@ impl Harness {
     }
 }
 
-fn weights(epoch: u64, burn: f64, w: &[(&Hotkey, f64)]) -> WeightSubmission {
-    WeightSubmission {
-        epoch,
-        burn,
-        weights: w
-            .iter()
-            .map(|(k, x)| MinerWeight {
-                hotkey: k.address().to_string(),
-                weight: *x,
-                parts: ScoreParts {
-                    throughput: 1.0,
-                    replay: 1.0,
-                    upload: 1.0,
-                    clasp: 1.0,
-                    quality: 1.0,
-                    penalties: vec![],
-                    penalty: 0.0,
-                    flags: vec![],
-                    notes: vec![],
-                    score: *x,
-                },
-            })
-            .collect(),
-    }
-}
-
 #[tokio::test]
 async fn only_listed_validators_get_in_and_they_are_not_miners() {
     let h = harness_with(validator_config(), Repository::open_in_memory().unwrap());

@@ -409,6 +409,56 @@ pub struct StatusResponse {
     /// The sample budget is spent, the last merge is done and its model evaluated.
     #[serde(default)]
     pub finished: bool,
+    /// The subnet's metagraph as the orchestrator last read it (runs with `chain:` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<ChainStatus>,
+}
+
+/// The subnet a run is on (`chain:` in its run config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunChain {
+    /// The network: `finney`, `test` or a subtensor node's URL.
+    pub network: String,
+    /// The subnet.
+    pub netuid: u16,
+    /// The uid a weight vector's burned share goes to on chain.
+    pub burn_uid: u16,
+}
+
+/// The subnet's metagraph in `GET /api/status`, as of the orchestrator's last refresh.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainStatus {
+    /// The network.
+    pub network: String,
+    /// The subnet.
+    pub netuid: u16,
+    /// The block the metagraph was read at.
+    pub block: u64,
+    /// When it was read, ms since the Unix epoch.
+    pub refreshed_unix_ms: u64,
+    /// Why the latest refresh failed, if it did (the metagraph shown is then the one before).
+    pub error: Option<String>,
+    /// Every neuron of the subnet, by uid.
+    pub neurons: Vec<ChainNeuron>,
+}
+
+/// One neuron of [`ChainStatus`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainNeuron {
+    /// Its uid.
+    pub uid: u16,
+    /// Its SS58 hotkey.
+    pub hotkey: String,
+    /// Stake on the hotkey, in TAO.
+    pub stake_tao: f64,
+    /// Whether it holds a validator permit (a validator of the run).
+    pub validator_permit: bool,
+    /// Its incentive at the chain's last epoch, in `[0, 1]`.
+    pub incentive: f64,
+    /// The block of its last weights on chain, set or committed (0: never).
+    pub last_update: u64,
+    /// Whether it is registered with this orchestrator as a miner.
+    pub miner: bool,
 }
 
 /// The network's evaluation of the model one epoch started with (the merged model of the

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use super::blob_ref::BlobRef;
 use super::merge::{FlaggedMerger, SectionCheckpoint};
 use super::phase::Phase;
-use super::types::{MinerSettings, WorkKind};
+use super::types::{MinerSettings, RunChain, WorkKind};
 use crate::merge::MergeOp;
 use crate::model::ModelConfig;
 
@@ -592,8 +592,11 @@ pub struct ValidatorRegisterResponse {
     pub settings: MinerSettings,
     /// How to validate.
     pub validation: ValidationSettings,
-    /// The caller's stake (run config).
+    /// The caller's stake (run config, or the metagraph's in TAO on a chain).
     pub stake: f64,
+    /// The subnet the run is on, where it is on one: the validator sets its weights there.
+    #[serde(default)]
+    pub chain: Option<RunChain>,
 }
 
 /// `POST /api/validator/ledger`.

@@ -73,6 +73,7 @@ struct FakeState {
     block: u64,
     subnets: BTreeMap<u16, FakeSubnet>,
     balances: BTreeMap<[u8; 32], u64>,
+    unreadable: bool,
 }
 
 /// The fake chain. Interior state behind a mutex, so it is shared by reference like a client.
@@ -187,6 +188,12 @@ impl FakeSubtensor {
         Ok((subnet.neurons.len() - 1) as u16)
     }
 
+    /// While `down`, every metagraph read fails as a node that does not answer would (a test
+    /// of what a failed refresh keeps).
+    pub fn set_unreadable(&self, down: bool) {
+        self.lock().unreadable = down;
+    }
+
     /// Moves the fake chain `blocks` blocks on.
     pub fn advance(&self, blocks: u64) {
         self.lock().block += blocks;
@@ -223,6 +230,12 @@ impl Chain for FakeSubtensor {
 
     fn metagraph(&self, netuid: u16) -> Result<Metagraph, ChainError> {
         let state = self.lock();
+        if state.unreadable {
+            return Err(ChainError::Endpoint {
+                endpoint: "the fake chain".into(),
+                reason: "it is set to fail reads".into(),
+            });
+        }
         let subnet = state
             .subnets
             .get(&netuid)

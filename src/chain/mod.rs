@@ -16,6 +16,7 @@
 
 pub mod fake;
 pub mod pending;
+pub mod shared;
 pub mod subtensor;
 
 use std::fmt;

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 
+use crate::chain::shared::shared_chain_for;
 use crate::mirror;
+use crate::orchestrator::state::system_clock;
+use crate::orchestrator::subnet::Subnet;
 use crate::orchestrator::{
     AppState, BLOCKING_THREADS, RunConfig, ServerTls, TlsListener, serve, shutdown_signal,
 };
@@ -27,7 +30,7 @@ pub struct OrchestrateArgs {
 ///
 /// # Errors
 /// A bad config, a certificate or key that does not load, a state directory or storage that
-/// cannot be opened, a busy address.
+/// cannot be opened, a busy address, a configured chain whose metagraph cannot be read.
 pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
     let mut config = RunConfig::load(&args.config)?;
     if let Some(listen) = args.listen {
@@ -56,6 +59,29 @@ pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
         let data_dir = config.data_dir.clone();
         let public_url = config.public_url.clone();
         let mut config = config;
+        // First of all: a run on a chain that cannot be read admits nobody, so it stops here,
+        // before anything is copied, opened or served.
+        let subnet = match config.chain.clone() {
+            Some(chain) => {
+                let network = chain.network.clone();
+                let now = system_clock()();
+                let subnet = tokio::task::spawn_blocking(move || {
+                    Subnet::connect(shared_chain_for(network), chain, now)
+                })
+                .await
+                .context("reading the subnet's metagraph")??;
+                eprintln!(
+                    "iota orchestrator: subnet {} on {} at block {}: {} neurons, {} validator permits",
+                    subnet.config().netuid,
+                    subnet.config().network,
+                    subnet.metagraph().block,
+                    subnet.metagraph().neurons.len(),
+                    subnet.validators().len()
+                );
+                Some(subnet)
+            }
+            None => None,
+        };
         // Shards in a bucket or at a URL are copied under the run's folder first; the bucket's
         // endpoint and keys are the run's own storage settings where those are S3.
         config.data.source = mirror::fetch(
@@ -66,6 +92,9 @@ pub fn run(args: OrchestrateArgs) -> anyhow::Result<()> {
         .await
         .context("copying the run's data")?;
         let state = AppState::open(config).context("opening the run")?;
+        if let Some(subnet) = subnet {
+            state.attach_subnet(std::sync::Arc::new(subnet));
+        }
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;

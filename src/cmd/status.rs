@@ -10,7 +10,7 @@ use serde_json::json;
 use super::profile::{NodeArgs, Role};
 use super::register::cli_policy;
 use crate::api::client::{ApiClient, now_ms};
-use crate::api::{MergeStatus, StatusResponse};
+use crate::api::{ChainStatus, MergeStatus, StatusResponse};
 use crate::miner::status_line::{RunView, render};
 
 /// Arguments of `iota status`.
@@ -123,5 +123,50 @@ pub fn table(url: &str, status: &StatusResponse, merge: &MergeStatus, now_ms: u6
             );
         }
     }
+    if let Some(chain) = &status.chain {
+        chain_table(&mut out, chain, now_ms);
+    }
     out
+}
+
+/// The subnet's part of the status: each miner's uid and incentive, each validator's stake
+/// and the block of its last weights on chain.
+fn chain_table(out: &mut String, chain: &ChainStatus, now_ms: u64) {
+    let age_s = now_ms.saturating_sub(chain.refreshed_unix_ms) / 1000;
+    let _ = writeln!(
+        out,
+        "chain: subnet {} on {}, metagraph of block {} (read {age_s}s ago){}",
+        chain.netuid,
+        chain.network,
+        chain.block,
+        chain
+            .error
+            .as_ref()
+            .map_or_else(String::new, |e| format!("; the last refresh failed: {e}"))
+    );
+    let _ = writeln!(
+        out,
+        "  uid  role       hotkey                                            stake (TAO)  incentive  last weights (block)"
+    );
+    for n in chain
+        .neurons
+        .iter()
+        .filter(|n| n.miner || n.validator_permit)
+    {
+        let role = match (n.miner, n.validator_permit) {
+            (true, true) => "miner+val",
+            (true, false) => "miner",
+            _ => "validator",
+        };
+        let last = if n.last_update == 0 {
+            "never".to_string()
+        } else {
+            n.last_update.to_string()
+        };
+        let _ = writeln!(
+            out,
+            "{:>5}  {role:<9}  {:<48}  {:>11.3}  {:>9.4}  {last}",
+            n.uid, n.hotkey, n.stake_tao, n.incentive
+        );
+    }
 }

@@ -68,6 +68,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
         retain_graphs: !args.recompute_backward,
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
+        chain: None,
     })?;
     eprintln!(
         "iota validate: {} windows, {} vectors published, {} refused, last epoch {}",

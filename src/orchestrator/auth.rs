@@ -7,8 +7,11 @@
 //!    query) and the raw body (401 `unauthorized`),
 //!    signed within [`MAX_AGE_MS`] of the server clock (401 `stale`);
 //! 3. the body is valid JSON for `T` (400 `bad_request`);
-//! 4. the hotkey is registered (403 `not_registered`; skipped by [`SignedAny`]), or for
-//!    [`SignedValidator`] listed under `validators` in the run config (403 `not_a_validator`);
+//! 4. on a run with a chain, the hotkey is on the subnet's metagraph (403 `not_on_chain`;
+//!    skipped by [`SignedAny`], whose `/api/register` checks it itself); the hotkey is
+//!    registered (403 `not_registered`; skipped by [`SignedAny`]), or for [`SignedValidator`]
+//!    listed under `validators` in the run config, or holding a validator permit on the
+//!    subnet (403 `not_a_validator`);
 //! 5. the signature was not seen before (409 `replayed`; ids are kept for `2 * MAX_AGE_MS`,
 //!    longer than a signature stays fresh). Only this last step writes, and only on success.
 
@@ -99,11 +102,29 @@ async fn verify<T: DeserializeOwned>(
     let hotkey = address.to_string();
     let body: T = serde_json::from_slice(&bytes)
         .map_err(|e| HttpError::bad_request(format!("malformed body: {e}")))?;
-    if caller == Caller::Validator && state.config.validator(&hotkey).is_none() {
+    if let Some(subnet) = state.subnet()
+        && caller != Caller::Anyone
+        && !subnet.is_registered(&hotkey)
+    {
+        return Err(HttpError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "not_on_chain",
+            subnet.not_registered(&hotkey),
+        ));
+    }
+    if caller == Caller::Validator && state.validator(&hotkey).is_none() {
+        let why = match state.subnet() {
+            Some(subnet) => format!(
+                "hotkey {hotkey} holds no validator permit on subnet {}: only permitted \
+                 validators validate the run",
+                subnet.config().netuid
+            ),
+            None => format!("hotkey {hotkey} is not one of the run's validators"),
+        };
         return Err(HttpError::new(
             axum::http::StatusCode::FORBIDDEN,
             "not_a_validator",
-            format!("hotkey {hotkey} is not one of the run's validators"),
+            why,
         ));
     }
     if caller == Caller::Miner && state.repo.miner(&hotkey)?.is_none() {

@@ -63,6 +63,10 @@
 //! validators:                # hotkeys allowed to validate, with their stake (default 1)
 //!   - { hotkey: 5F..., stake: 1.0 }
 //! validation: {}             # crate::api::ValidationSettings overrides (replay, clasp, ...)
+//! chain: null                # {network: finney | test | ws://HOST:PORT, netuid: 9,
+//!                            #  refresh_secs: 60, burn_uid: 0}: admit only the subnet's
+//!                            # registered hotkeys, validators from its permits (leave out
+//!                            # `validators`); see docs/chain.md
 //! ```
 
 use std::net::SocketAddr;
@@ -74,6 +78,7 @@ use thiserror::Error;
 use super::repo::Standing;
 use super::tls::TlsFiles;
 use crate::api::ValidationSettings;
+use crate::chain::Network;
 use crate::codec::MergeWire;
 use crate::data::DataSpec;
 use crate::merge::{MergeOp, OuterStep};
@@ -349,6 +354,8 @@ struct RawRunConfig {
     validators: Vec<ValidatorEntry>,
     #[serde(default)]
     validation: ValidationSettings,
+    #[serde(default)]
+    chain: Option<RawChainConfig>,
 }
 
 fn default_listen() -> SocketAddr {
@@ -526,6 +533,47 @@ impl Default for SamplesConfig {
     }
 }
 
+/// The subnet a run is on, as written (`chain:`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawChainConfig {
+    network: String,
+    netuid: u16,
+    #[serde(default = "default_refresh_secs")]
+    refresh_secs: u64,
+    #[serde(default)]
+    burn_uid: u16,
+}
+
+fn default_refresh_secs() -> u64 {
+    60
+}
+
+/// The subnet a run is on: the orchestrator admits the hotkeys of its metagraph, takes the
+/// validators and their stake from its validator permits, and validators set weights there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChainConfig {
+    /// The network (not [`Network::Local`]).
+    pub network: Network,
+    /// The subnet.
+    pub netuid: u16,
+    /// Seconds between two reads of the metagraph (at least 1).
+    pub refresh_secs: u64,
+    /// The uid a weight vector's burned share goes to on chain (default 0).
+    pub burn_uid: u16,
+}
+
+impl ChainConfig {
+    /// The run's chain, as the API tells validators.
+    pub fn run_chain(&self) -> crate::api::RunChain {
+        crate::api::RunChain {
+            network: self.network.to_string(),
+            netuid: self.netuid,
+            burn_uid: self.burn_uid,
+        }
+    }
+}
+
 impl SamplesConfig {
     /// Whether samples are taken at all.
     pub fn enabled(&self) -> bool {
@@ -635,6 +683,9 @@ pub struct RunConfig {
     pub validators: Vec<ValidatorEntry>,
     /// How validators check miners and publish weights.
     pub validation: ValidationSettings,
+    /// The subnet the run is on (`None`: no chain, the orchestrator's own registry and the
+    /// `validators` list decide).
+    pub chain: Option<ChainConfig>,
 }
 
 impl RunConfig {
@@ -848,7 +899,42 @@ impl RunConfig {
         raw.validation
             .validate()
             .map_err(|(key, reason)| invalid(key, reason))?;
-        if !raw.validators.is_empty() && !raw.merge.wire.checked_by_validators() {
+        let chain = match raw.chain {
+            None => None,
+            Some(c) => {
+                let network: Network = c
+                    .network
+                    .parse()
+                    .map_err(|e: String| invalid("chain.network", e))?;
+                if network == Network::Local {
+                    return Err(invalid(
+                        "chain.network",
+                        "is local, which is no chain: leave the `chain` block out for a run \
+                         without one"
+                            .into(),
+                    ));
+                }
+                if c.refresh_secs == 0 {
+                    return Err(invalid("chain.refresh_secs", "must be at least 1".into()));
+                }
+                if !raw.validators.is_empty() {
+                    return Err(invalid(
+                        "validators",
+                        "must be left out with `chain`: the validators and their stake come \
+                         from the subnet's validator permits"
+                            .into(),
+                    ));
+                }
+                Some(ChainConfig {
+                    network,
+                    netuid: c.netuid,
+                    refresh_secs: c.refresh_secs,
+                    burn_uid: c.burn_uid,
+                })
+            }
+        };
+        let has_validators = !raw.validators.is_empty() || chain.is_some();
+        if has_validators && !raw.merge.wire.checked_by_validators() {
             // A sparse or 1-2 bit upload carries only part of this epoch's change (plus what
             // earlier uploads left out); the validators' state check compares the whole change
             // with one epoch's replay.
@@ -856,7 +942,7 @@ impl RunConfig {
                 "merge.wire",
                 format!(
                     "{} is not checked by validators (their replay compares the whole \
-                     change); with `validators` use f32, bf16, int8 or a q4 format (q4, q4v2, \
+                     change); with `validators` or `chain` use f32, bf16, int8 or a q4 format (q4, q4v2, \
                      q4v2m4, q4v2m2)",
                     raw.merge.wire
                 ),
@@ -975,6 +1061,7 @@ impl RunConfig {
             samples: raw.samples,
             validators: raw.validators,
             validation: raw.validation,
+            chain,
         })
     }
 

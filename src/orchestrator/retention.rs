@@ -41,7 +41,7 @@ pub fn dispose_in_background(state: &AppState, prefix: ObjectKey, epoch: u64) {
 
 /// With validators in the run, records `prefix` as kept for them; whether it was.
 fn kept_for_validators(state: &AppState, prefix: &ObjectKey, epoch: u64) -> bool {
-    if state.config.validators.is_empty() {
+    if state.validators().is_empty() {
         return false;
     }
     match state
@@ -85,8 +85,9 @@ pub async fn release_done(state: &AppState) -> Vec<String> {
     let retain_ms = state.config.validation.retain_s.saturating_mul(1000);
     let now = state.now_ms();
     let mut done = Vec::new();
+    let validators = state.validators();
     for k in kept {
-        let all_published = state.config.validators.iter().all(|v| {
+        let all_published = validators.iter().all(|v| {
             state
                 .repo
                 .published_epoch(&v.hotkey)

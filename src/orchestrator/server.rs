@@ -114,7 +114,8 @@ pub fn enforce_deadlines(state: &AppState) -> usize {
 }
 
 /// Serves `state` on `listener` until `shutdown` resolves, running the deadline task
-/// alongside; in-flight requests finish before it returns. `listener` is a plain
+/// alongside (and the metagraph's refresh, on a run with a subnet attached); in-flight
+/// requests finish before it returns. `listener` is a plain
 /// [`tokio::net::TcpListener`] or a [`super::TlsListener`] (HTTPS).
 ///
 /// # Errors
@@ -141,11 +142,14 @@ where
             super::samples::refresh(&ticker_state);
         }
     });
+    // Without a subnet the loop returns at once.
+    let refresher = tokio::spawn(super::chain_refresh::refresh_loop(state.clone()));
     let app = router(state).into_make_service_with_connect_info::<super::admission::PeerAddr>();
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;
     ticker.abort();
+    refresher.abort();
     result
 }
 

@@ -128,6 +128,8 @@ pub struct Inner {
     pub new_keys: super::admission::NewKeys,
     /// Text sampled from the newest merged model, for the dashboard.
     pub samples: super::sample_store::Samples,
+    /// The subnet the run is on, once attached ([`AppState::attach_subnet`]).
+    pub subnet: std::sync::OnceLock<Arc<super::subnet::Subnet>>,
 }
 
 impl std::ops::Deref for AppState {
@@ -205,8 +207,37 @@ impl AppState {
                 merge_events: tokio::sync::watch::Sender::new(0),
                 new_keys: super::admission::NewKeys::default(),
                 samples: super::sample_store::Samples::default(),
+                subnet: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// Puts the run on `subnet` (before serving): from now on its metagraph admits miners and
+    /// names the validators ([`super::subnet`]). A second call changes nothing.
+    pub fn attach_subnet(&self, subnet: Arc<super::subnet::Subnet>) {
+        let _ = self.subnet.set(subnet);
+    }
+
+    /// The subnet the run is on, if one is attached.
+    pub fn subnet(&self) -> Option<&Arc<super::subnet::Subnet>> {
+        self.subnet.get()
+    }
+
+    /// The run's validators: the subnet's validator permits where the run is on a chain, else
+    /// the run config's list.
+    pub fn validators(&self) -> Vec<super::config::ValidatorEntry> {
+        match self.subnet() {
+            Some(subnet) => subnet.validators(),
+            None => self.config.validators.clone(),
+        }
+    }
+
+    /// The validator entry of `hotkey`, if it may validate ([`Self::validators`]).
+    pub fn validator(&self, hotkey: &str) -> Option<super::config::ValidatorEntry> {
+        match self.subnet() {
+            Some(_) => self.validators().into_iter().find(|v| v.hotkey == hotkey),
+            None => self.config.validator(hotkey).cloned(),
+        }
     }
 
     /// Tells the merge tasks waiting on [`Inner::merge_events`] that the merge cycle moved.

@@ -69,7 +69,7 @@ pub async fn register(
 ) -> Result<Json<ValidatorRegisterResponse>, HttpError> {
     let c = &state.config;
     let info = state.repo.phase_info()?;
-    let stake = c.validator(&req.hotkey).map_or(0.0, |v| v.stake);
+    let stake = state.validator(&req.hotkey).map_or(0.0, |v| v.stake);
     tracing::info!(hotkey = %req.hotkey, device = %req.body.device, "validator registered");
     Ok(Json(ValidatorRegisterResponse {
         hotkey: req.hotkey,
@@ -93,6 +93,7 @@ pub async fn register(
         },
         validation: c.validation,
         stake,
+        chain: c.chain.as_ref().map(super::config::ChainConfig::run_chain),
     }))
 }
 
@@ -415,12 +416,7 @@ fn act_on_flags(state: &AppState, epoch: u64) -> Result<(), HttpError> {
         .filter_map(|row| Some((row.validator, serde_json::from_str(&row.body).ok()?)))
         .collect();
     let exclusion_ms = state.config.penalties.exclusion_s.saturating_mul(1000);
-    for flag in agreed_flags(
-        &state.config.validators,
-        v.combine,
-        v.flag_quorum,
-        &published,
-    ) {
+    for flag in agreed_flags(&state.validators(), v.combine, v.flag_quorum, &published) {
         let reason = flag.reason(epoch);
         let excluded = state.repo.flag_window(
             &flag.miner,
@@ -452,7 +448,7 @@ pub fn build_metagraph(state: &AppState) -> Result<MetagraphView, HttpError> {
     let mut votes = Vec::new();
     for row in state.repo.latest_weights()? {
         let sub: WeightSubmission = serde_json::from_str(&row.body).map_err(HttpError::internal)?;
-        let stake = c.validator(&row.validator).map_or(0.0, |v| v.stake);
+        let stake = state.validator(&row.validator).map_or(0.0, |v| v.stake);
         votes.push(Vote {
             stake,
             weights: sub

@@ -26,6 +26,7 @@ pub mod copy;
 pub mod fetch;
 pub mod history;
 pub mod merge_check;
+pub mod onchain;
 pub mod quality;
 pub mod replay;
 pub mod runner;

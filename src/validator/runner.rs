@@ -6,17 +6,19 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use burn::tensor::backend::AutodiffBackend;
 use thiserror::Error;
 
 use super::chain::{LocalMetagraph, WeightsChain};
 use super::history::{History, HistoryError};
+use super::onchain::{Event, InjectedChain, OnChain, OnChainError, network_of};
 use super::tracking::Chooser;
 use super::window::{Context, WindowResult, validate_epoch};
 use crate::api::ValidatorRegisterRequest;
 use crate::api::client::{ApiClient, ClientError, patient_policy};
+use crate::chain::shared::shared_chain_for;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::wallet::Hotkey;
 
@@ -33,7 +35,14 @@ pub enum ValidatorError {
     /// The async runtime or the backend could not start.
     #[error("runtime: {0}")]
     Runtime(String),
+    /// The run's chain could not be opened.
+    #[error("chain: {0}")]
+    Chain(#[from] OnChainError),
 }
+
+/// Least time between two steps of the weights on chain ([`OnChain::step`]) while nothing new
+/// is queued: about one block of subtensor.
+pub const CHAIN_STEP: Duration = Duration::from_secs(12);
 
 /// How to run a validator.
 #[derive(Debug, Clone)]
@@ -55,6 +64,9 @@ pub struct ValidatorOptions {
     pub progress: bool,
     /// Set to stop after the current window; Ctrl-C sets it too.
     pub stop: Arc<AtomicBool>,
+    /// The chain to set weights on where the run is on one (tests pass the FAKE chain);
+    /// `None` opens the network the orchestrator names for the run.
+    pub chain: Option<InjectedChain>,
 }
 
 /// What a validator did before it stopped.
@@ -125,6 +137,27 @@ async fn validate<B: AutodiffBackend>(
         .await?;
     let mut history = History::open(&options.state_dir.join(&reg.run))?;
     let chain = LocalMetagraph::new(client.clone());
+    let mut onchain = match &reg.chain {
+        Some(run_chain) => {
+            let shared = match options.chain.clone() {
+                Some(InjectedChain(shared)) => shared,
+                None => shared_chain_for(network_of(run_chain)?),
+            };
+            let oc = OnChain::open(
+                shared,
+                options.hotkey.clone(),
+                run_chain,
+                &options.state_dir.join(&reg.run),
+            )?;
+            eprintln!(
+                "iota validate: the run is on subnet {} of {}: weights go there too",
+                run_chain.netuid, run_chain.network
+            );
+            Some(oc)
+        }
+        None => None,
+    };
+    let mut stepper = ChainStepper::default();
     let mut report = ValidatorReport::default();
     let me = reg.hotkey.clone();
     // A restarted validator first makes sure its newest window reached the metagraph.
@@ -138,6 +171,11 @@ async fn validate<B: AutodiffBackend>(
             .map(|v| v.epoch);
         if published.is_none_or(|e| e < w.epoch) {
             publish(&chain, w, &mut report, options.progress).await;
+        }
+        // The restarted validator's newest window goes on chain unless it did already;
+        // commits waiting for their reveal epoch are revealed by the first step.
+        if let Some(oc) = onchain.as_mut() {
+            oc.queue(&w.submission());
         }
     }
     let ctx = Context::<B> {
@@ -155,6 +193,7 @@ async fn validate<B: AutodiffBackend>(
         .unwrap_or_else(|| reg.epoch.saturating_sub(1));
     tracing::info!(run = %reg.run, next, "validator registered");
     while !stop.load(Ordering::SeqCst) {
+        stepper.step(&mut onchain).await;
         let current = match client.run_info().await {
             Ok(info) => info.epoch,
             Err(e) => {
@@ -180,9 +219,77 @@ async fn validate<B: AutodiffBackend>(
         report.windows += 1;
         report.last_epoch = Some(w.epoch);
         publish(&chain, &w, &mut report, options.progress).await;
+        if let Some(oc) = onchain.as_mut() {
+            oc.queue(&w.submission());
+            stepper.now();
+        }
         next += 1;
     }
     Ok(report)
+}
+
+/// When to step the weights on chain, and what was said last (a line repeats only when it
+/// changes: a validator waiting for the rate limit says so once).
+#[derive(Default)]
+struct ChainStepper {
+    last: Option<Instant>,
+    said: Option<String>,
+}
+
+impl ChainStepper {
+    /// The next step is due at once (a window was queued).
+    fn now(&mut self) {
+        self.last = None;
+    }
+
+    /// One [`OnChain::step`] on a blocking thread, if one is due.
+    async fn step(&mut self, onchain: &mut Option<OnChain>) {
+        if self.last.is_some_and(|t| t.elapsed() < CHAIN_STEP) {
+            return;
+        }
+        let Some(mut oc) = onchain.take() else {
+            return;
+        };
+        self.last = Some(Instant::now());
+        let (oc, result) = match tokio::task::spawn_blocking(move || {
+            let result = oc.step();
+            (oc, result)
+        })
+        .await
+        {
+            Ok(done) => done,
+            Err(e) => {
+                eprintln!("iota validate: weights on chain stopped: {e}");
+                return;
+            }
+        };
+        *onchain = Some(oc);
+        match result {
+            Ok(events) => {
+                for event in events {
+                    let line = format!("iota validate: {event}");
+                    if let Event::Waiting { epoch, .. } = event {
+                        self.say_once(format!("waiting {epoch}"), line);
+                    } else {
+                        eprintln!("{line}");
+                        self.said = None;
+                    }
+                }
+            }
+            Err(e) => {
+                let line = format!("iota validate: weights NOT set on chain: {e}");
+                self.say_once(line.clone(), line);
+            }
+        }
+    }
+
+    /// Prints `line` unless the last line said was under the same `key`.
+    fn say_once(&mut self, key: String, line: String) {
+        if self.said.as_ref() != Some(&key) {
+            eprintln!("{line}");
+            self.said = Some(key);
+        }
+    }
 }
 
 async fn publish(

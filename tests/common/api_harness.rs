@@ -229,3 +229,30 @@ pub fn activation(shape: &[usize], value: f32) -> Vec<u8> {
 pub fn error_code(bytes: &[u8]) -> String {
     serde_json::from_slice::<ApiError>(bytes).unwrap().code
 }
+
+/// A weight vector of `epoch` with `burn`, each miner's parts all 1 and its score its weight.
+pub fn weights(epoch: u64, burn: f64, w: &[(&Hotkey, f64)]) -> WeightSubmission {
+    WeightSubmission {
+        epoch,
+        burn,
+        weights: w
+            .iter()
+            .map(|(k, x)| MinerWeight {
+                hotkey: k.address().to_string(),
+                weight: *x,
+                parts: ScoreParts {
+                    throughput: 1.0,
+                    replay: 1.0,
+                    upload: 1.0,
+                    clasp: 1.0,
+                    quality: 1.0,
+                    penalties: vec![],
+                    penalty: 0.0,
+                    flags: vec![],
+                    notes: vec![],
+                    score: *x,
+                },
+            })
+            .collect(),
+    }
+}

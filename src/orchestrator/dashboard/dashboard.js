@@ -277,6 +277,36 @@ function drawSamples(samples) {
   }
 }
 
+// Runs on a chain only: each miner's uid and incentive, each validator's stake and the block
+// of its last weights on chain (set or committed), from the orchestrator's last metagraph read.
+function drawChain(chain) {
+  const card = document.getElementById("chain-card");
+  if (!chain) {
+    card.hidden = true;
+    return;
+  }
+  card.hidden = false;
+  const box = document.getElementById("chain");
+  box.replaceChildren();
+  const age = Math.max(0, (Date.now() - chain.refreshed_unix_ms) / 1000);
+  let head = `subnet ${chain.netuid} on ${chain.network}, metagraph of block ${chain.block} (read ${fmt(age, 0)} s ago)`;
+  if (chain.error) head += `; the last refresh failed: ${chain.error}`;
+  box.appendChild(el("div", { class: "kpi" }, head));
+  const table = el("table", { class: "mono" });
+  const header = el("tr");
+  for (const h of ["uid", "role", "hotkey", "stake (TAO)", "incentive", "last weights (block)"]) header.appendChild(el("th", {}, h));
+  table.appendChild(header);
+  for (const n of chain.neurons.filter((n) => n.miner || n.validator_permit)) {
+    const row = el("tr");
+    const role = n.miner ? (n.validator_permit ? "miner+validator" : "miner") : "validator";
+    for (const cell of [n.uid, role, short(n.hotkey), fmt(n.stake_tao, 3), fmt(n.incentive, 4), n.last_update ? n.last_update : "never"]) {
+      row.appendChild(el("td", {}, String(cell)));
+    }
+    table.appendChild(row);
+  }
+  box.appendChild(table);
+}
+
 function drawHeader(status, merge) {
   document.getElementById("run").textContent = status.run;
   const phase = document.getElementById("phase");
@@ -325,6 +355,7 @@ async function refresh() {
     drawMergeHistory(history);
     drawWeights(weights);
     drawSamples(samples);
+    drawChain(status.chain);
     document.body.dataset.ready = "1";
   } catch (e) {
     report("refresh failed: " + e.message);

@@ -20,6 +20,16 @@ pub async fn register(
     req: SignedAny<RegisterRequest>,
 ) -> Result<Json<RegisterResponse>, HttpError> {
     let c = &state.config;
+    if let Some(subnet) = state.subnet()
+        && !subnet.is_registered(&req.hotkey)
+    {
+        tracing::warn!(hotkey = %req.hotkey, "registration refused: not on the subnet's metagraph");
+        return Err(HttpError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "not_on_chain",
+            subnet.not_registered(&req.hotkey),
+        ));
+    }
     let forwarded: Vec<&str> = headers
         .get_all(FORWARDED_FOR)
         .iter()

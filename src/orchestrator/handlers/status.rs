@@ -82,6 +82,13 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
     let tokens = snap.completed_since as f64 * tokens_per_sample as f64;
     let eval_loss = snap.evals.iter().rev().find_map(|e| e.eval_loss);
     let finished = run_finished(state, &snap);
+    let chain = state.subnet().map(|subnet| {
+        subnet.status(|hotkey| {
+            snap.miners
+                .iter()
+                .any(|m| m.hotkey == hotkey && m.last_seen_ms > 0)
+        })
+    });
     Ok(StatusResponse {
         run: state.config.run.clone(),
         phase,
@@ -98,6 +105,7 @@ pub fn build_status(state: &AppState) -> Result<StatusResponse, HttpError> {
         tokens: snap.counts.completed * tokens_per_sample,
         eval_loss,
         evals: snap.evals,
+        chain,
         finished,
     })
 }

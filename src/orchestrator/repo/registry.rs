@@ -191,6 +191,22 @@ impl Repository {
         })
     }
 
+    /// Takes `hotkey`'s seat now, as if it had not been seen since the epoch: routing gives it
+    /// no new work and its section may seat someone else (a miner that left the subnet). A
+    /// hotkey not registered is a no-op.
+    ///
+    /// # Errors
+    /// [`RepoError::Sqlite`].
+    pub fn retire(&self, hotkey: &str) -> Result<(), RepoError> {
+        self.write_hot(|tx| {
+            tx.execute_cached(
+                "UPDATE miners SET last_seen = 0 WHERE hotkey = ?1",
+                params![hotkey],
+            )?;
+            Ok(())
+        })
+    }
+
     /// Records the weights a miner reports holding (heartbeat).
     ///
     /// # Errors

@@ -10,14 +10,17 @@
 //! `NetworksAdded`, `System.Account`, the weight settings) under their keys, and the
 //! `System.Events` of the block that includes iota's extrinsic. When iota submits an extrinsic,
 //! the fake node has the SDK decode it (`tests/chain/independent.py`): the call must be the
-//! `burned_register` the SDK encoded, the sender the wallet's coldkey, and `bittensor-wallet`
+//! call the SDK encoded (`burned_register`, or `set_weights`), the sender the expected key,
+//! and `bittensor-wallet`
 //! must accept the signature of the payload the SDK rebuilt; only then is it put in a block.
 //!
 //! Checked: iota decodes the metagraph to exactly the values Python encoded, reads the burn
 //! and the weight settings, and the real `iota register --network http://...` prints the uid
-//! from the block's events. Bad input: no server listening, too little balance, a runtime
-//! whose `burned_register` takes other arguments, and a pallet error in the block; each is one
-//! line, and the wallets directory is left as it was.
+//! from the block's events; `set_weights` signed by the hotkey (the SDK decodes it as above)
+//! lands in a block, and `NeuronNoValidatorPermit` in that block is `NoValidatorPermit`. Bad
+//! input: no server listening, too little balance, a runtime whose `burned_register` takes
+//! other arguments, and a pallet error in the block; each is one line, and the wallets
+//! directory is left as it was.
 
 mod common;
 
@@ -25,13 +28,14 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::routing::post;
 use blake2::{Blake2b256, Digest};
 use common::cli::{one_line_failure, s};
 use iota::chain::subtensor::node::SubtensorChain;
-use iota::chain::{Chain, ChainError, Metagraph, Network, Neuron};
+use iota::chain::{Chain, ChainError, Metagraph, Network, Neuron, WeightSubmission};
 use iota::wallet::Ss58Address;
 use parity_scale_codec::{Decode, Encode};
 use serde_json::{Value, json};
@@ -340,7 +344,12 @@ struct Encoded {
     metagraphs: HashMap<String, String>,
     events_registered: String,
     events_failed: String,
+    /// The extrinsic at index 1 succeeded, with no other event.
+    events_success: String,
+    /// `NeuronNoValidatorPermit` at index 1.
+    events_no_permit: String,
     call: String,
+    set_weights_call: String,
 }
 
 fn encode_with_the_sdk(coldkey: &Ss58Address, hotkey: &Ss58Address, free: u64) -> Encoded {
@@ -351,6 +360,15 @@ fn encode_with_the_sdk(coldkey: &Ss58Address, hotkey: &Ss58Address, free: u64) -
     let hot = hex0x(hotkey.public_key());
     let subnet = |entry: &str, value: Value| json!({"pallet": "SubtensorModule", "entry": entry, "params": [NETUID], "value": value});
     let (pallet, code) = error_index("TooManyRegistrationsThisBlock");
+    let (_, no_permit) = error_index("NeuronNoValidatorPermit");
+    let failed = |code: u8| {
+        json!({"phase": {"ApplyExtrinsic": 1},
+            "event": {"System": {"ExtrinsicFailed": {
+                "dispatch_error": {"Module": {"index": pallet, "error": hex0x(&[code, 0, 0, 0])}},
+                "dispatch_info": dispatch_info()}}}, "topics": []})
+    };
+    let success = json!({"phase": {"ApplyExtrinsic": 1},
+        "event": {"System": {"ExtrinsicSuccess": {"dispatch_info": dispatch_info()}}}, "topics": []});
     let other = json!({"phase": {"ApplyExtrinsic": 0},
         "event": {"System": {"ExtrinsicSuccess": {"dispatch_info": dispatch_info()}}}, "topics": []});
     let request = json!({
@@ -388,15 +406,17 @@ fn encode_with_the_sdk(coldkey: &Ss58Address, hotkey: &Ss58Address, free: u64) -
         "events": [
             [other, {"phase": {"ApplyExtrinsic": 1},
                 "event": {"SubtensorModule": {"NeuronRegistered": [NETUID, UID, hot]}}, "topics": []},
-             {"phase": {"ApplyExtrinsic": 1},
-                "event": {"System": {"ExtrinsicSuccess": {"dispatch_info": dispatch_info()}}}, "topics": []}],
-            [other, {"phase": {"ApplyExtrinsic": 1},
-                "event": {"System": {"ExtrinsicFailed": {
-                    "dispatch_error": {"Module": {"index": pallet, "error": hex0x(&[code, 0, 0, 0])}},
-                    "dispatch_info": dispatch_info()}}}, "topics": []}],
+             success],
+            [other, failed(code)],
+            [other, success],
+            [other, failed(no_permit)],
         ],
-        "calls": [{"module": "SubtensorModule", "function": "burned_register",
-                   "args": {"netuid": NETUID, "hotkey": hot}}],
+        "calls": [
+            {"module": "SubtensorModule", "function": "burned_register",
+             "args": {"netuid": NETUID, "hotkey": hot}},
+            {"module": "SubtensorModule", "function": "set_weights",
+             "args": {"netuid": NETUID, "dests": [0, 1], "weights": [65535, 100], "version_key": 7}},
+        ],
         "netuids": [NETUID, LONE_NETUID],
     });
     let answer = run_python("fake_node.py", &request);
@@ -426,11 +446,22 @@ fn encode_with_the_sdk(coldkey: &Ss58Address, hotkey: &Ss58Address, free: u64) -
             .collect(),
         events_registered: text(&answer["events"][0]),
         events_failed: text(&answer["events"][1]),
+        events_success: text(&answer["events"][2]),
+        events_no_permit: text(&answer["events"][3]),
         call: text(&answer["calls"][0]),
+        set_weights_call: text(&answer["calls"][1]),
     }
 }
 
-fn fake_node(encoded: &Encoded, metadata: &[u8], events: &str, sender: &Ss58Address) -> FakeNode {
+/// A fake node serving `encoded`, which puts `events` in the block of an extrinsic that
+/// decodes to `call` from `sender`.
+fn fake_node(
+    encoded: &Encoded,
+    metadata: &[u8],
+    events: &str,
+    sender: &Ss58Address,
+    call: &str,
+) -> FakeNode {
     FakeNode::start(FakeNodeState {
         metadata: hex0x(metadata),
         storage: encoded.storage.clone(),
@@ -439,7 +470,7 @@ fn fake_node(encoded: &Encoded, metadata: &[u8], events: &str, sender: &Ss58Addr
         blocks: (0..=BEST).map(|_| Vec::new()).collect(),
         events_at: HashMap::new(),
         inclusion_events: events.to_owned(),
-        expected_call: encoded.call.clone(),
+        expected_call: call.to_owned(),
         expected_sender: sender.to_string(),
         refusals: Vec::new(),
         submitted: 0,
@@ -535,7 +566,13 @@ fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
     let rich = encode_with_the_sdk(&coldkey, &hotkey, 5 * BURN);
 
     // Reads, through the library: the metagraph is exactly what Python encoded.
-    let node = fake_node(&rich, &metadata, &rich.events_registered, &coldkey);
+    let node = fake_node(
+        &rich,
+        &metadata,
+        &rich.events_registered,
+        &coldkey,
+        &rich.call,
+    );
     let chain = SubtensorChain::new(Network::Url(node.url.clone())).unwrap();
     assert_eq!(
         chain.metagraph(NETUID).unwrap(),
@@ -593,7 +630,7 @@ fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
     );
 
     // A pallet error in the block: named from the metadata, one line.
-    let node = fake_node(&rich, &metadata, &rich.events_failed, &coldkey);
+    let node = fake_node(&rich, &metadata, &rich.events_failed, &coldkey, &rich.call);
     let line = one_line_failure(
         &register(wallets.path(), &node.url),
         "a refused burned_register",
@@ -607,7 +644,13 @@ fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
 
     // Too little balance: refused before anything is signed.
     let poor = encode_with_the_sdk(&coldkey, &hotkey, BURN / 2);
-    let node = fake_node(&poor, &metadata, &poor.events_registered, &coldkey);
+    let node = fake_node(
+        &poor,
+        &metadata,
+        &poor.events_registered,
+        &coldkey,
+        &poor.call,
+    );
     one_line_failure(
         &register(wallets.path(), &node.url),
         "a poor coldkey",
@@ -621,6 +664,7 @@ fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
         &changed_metadata(&metadata),
         &rich.events_registered,
         &coldkey,
+        &rich.call,
     );
     let line = one_line_failure(
         &register(wallets.path(), &node.url),
@@ -637,6 +681,32 @@ fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
             ..
         })
     ));
+
+    // Weights, through the library: set_weights signed by the hotkey, followed into a block;
+    // a pallet error in the block becomes the matching ChainError.
+    let signer = iota::wallet::WalletDir::new(wallets.path())
+        .load_hotkey("payer", "miner")
+        .unwrap();
+    let set = WeightSubmission::Set {
+        uids: vec![0, 1],
+        values: vec![65535, 100],
+        version_key: 7,
+    };
+    for (events, expected) in [
+        (&rich.events_success, Ok(BEST + 1)),
+        (
+            &rich.events_no_permit,
+            Err(ChainError::NoValidatorPermit { netuid: NETUID }),
+        ),
+    ] {
+        let node = fake_node(&rich, &metadata, events, &hotkey, &rich.set_weights_call);
+        let chain = SubtensorChain::new(Network::Url(node.url.clone()))
+            .unwrap()
+            .with_poll_interval(Duration::from_millis(50));
+        assert_eq!(chain.submit_weights(&signer, NETUID, &set), expected);
+        let state = node.state.lock().unwrap();
+        assert_eq!((state.submitted, &state.refusals), (1, &Vec::new()));
+    }
 
     // Nothing listening.
     let port = common::net::free_port();

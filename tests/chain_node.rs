@@ -513,13 +513,18 @@ fn changed_metadata(original: &[u8]) -> Vec<u8> {
 /// `iota register --network URL --netuid 3 --yes --password-env VAR` for the wallet in `dir`,
 /// without a terminal or inherited IOTA_* settings.
 fn register(dir: &Path, url: &str) -> Output {
+    register_on(dir, url, NETUID)
+}
+
+/// [`register`] on subnet `netuid`.
+fn register_on(dir: &Path, url: &str, netuid: u16) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_iota"));
     cmd.args([
         "register",
         "--network",
         url,
         "--netuid",
-        &NETUID.to_string(),
+        &netuid.to_string(),
     ])
     .args(["--yes", "--password-env", PASSWORD_VAR])
     .args([
@@ -640,6 +645,15 @@ fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
         line.contains("refused burned_register on subnet 3"),
         "{line}"
     );
+    assert_eq!(node.state.lock().unwrap().submitted, 1);
+
+    // A subnet that does not exist: one line, nothing submitted.
+    let line = one_line_failure(
+        &register_on(wallets.path(), &node.url, 9),
+        "a missing subnet",
+        "subnet 9 does not exist",
+    );
+    assert!(line.contains("check the netuid"), "{line}");
     assert_eq!(node.state.lock().unwrap().submitted, 1);
 
     // Too little balance: refused before anything is signed.

@@ -830,10 +830,22 @@ impl Chain for SubtensorChain {
                 if reason.starts_with("SubtensorModule.SettingWeightsTooFast")
                     || reason.starts_with("SubtensorModule.CommittingWeightsTooFast") =>
             {
-                let limit = self.subnet_number(&rt, "WeightsSetRateLimit", netuid, None)?;
+                // Blocks left: the limit after the uid's last update, as the metagraph has it
+                // now; the whole limit if the metagraph does not have the hotkey.
+                let limit =
+                    u64::try_from(self.subnet_number(&rt, "WeightsSetRateLimit", netuid, None)?)
+                        .unwrap_or(u64::MAX);
+                let metagraph = self.metagraph(netuid)?;
+                let blocks_left = match metagraph.neuron(&signer.public_key()) {
+                    Some(n) => n
+                        .last_update
+                        .saturating_add(limit)
+                        .saturating_sub(metagraph.block),
+                    None => limit,
+                };
                 Err(ChainError::RateLimited {
                     netuid,
-                    blocks_left: u64::try_from(limit).unwrap_or(u64::MAX),
+                    blocks_left,
                 })
             }
             Err(other) => Err(other),

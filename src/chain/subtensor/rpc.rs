@@ -7,8 +7,9 @@
 //!
 //! The [`super::super::Chain`] trait is synchronous, so this client is too: it owns a small
 //! current-thread tokio runtime and blocks on each request. Calling it from inside an async
-//! task would block that task's executor thread (and panics inside a current-thread runtime):
-//! async callers must move calls into `tokio::task::spawn_blocking`.
+//! task would block that task's executor thread (and tokio panics when a runtime is blocked on
+//! or dropped there): async callers must create, call and drop it inside
+//! `tokio::task::spawn_blocking`.
 //!
 //! Every failure is [`ChainError::Endpoint`], one line: nothing listening, a non-JSON answer, or
 //! the node's own error object.

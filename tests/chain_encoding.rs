@@ -19,8 +19,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use iota::chain::subtensor::commit::{commit_hash_v2, weights_for_emit};
@@ -44,39 +42,17 @@ fn hex0x(bytes: &[u8]) -> String {
 /// Runs the independent side on `request` and returns its answers.
 fn independent(request: &Value) -> Value {
     let started = Instant::now();
-    let python = common::venv::python("tests/chain/requirements.txt", "chain");
-    eprintln!(
-        "venv ready in {:.1} s (first run installs the SDK)",
-        started.elapsed().as_secs_f64()
-    );
-    let started = Instant::now();
-    let mut child = Command::new(python)
-        .arg(format!(
-            "{}/tests/chain/independent.py",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("running python");
-    child
-        .stdin
-        .take()
-        .expect("python's stdin")
-        .write_all(request.to_string().as_bytes())
-        .expect("writing the request");
-    let out = child.wait_with_output().expect("waiting for python");
-    assert!(
-        out.status.success(),
-        "the independent encoder failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let answer = common::venv::run_json(
+        "tests/chain/requirements.txt",
+        "chain",
+        "tests/chain/independent.py",
+        request,
     );
     eprintln!(
-        "independent encoder answered in {:.1} s",
+        "independent encoder answered in {:.1} s (the first run installs the SDK)",
         started.elapsed().as_secs_f64()
     );
-    serde_json::from_slice(&out.stdout).expect("python's JSON answer")
+    answer
 }
 
 #[test]

@@ -269,6 +269,10 @@ impl Chain for FakeSubtensor {
         Ok(subnet.burn)
     }
 
+    fn free_balance(&self, account: &Ss58Address) -> Result<u64, ChainError> {
+        Ok(self.balance(account.public_key()))
+    }
+
     fn burned_register(
         &self,
         coldkey: &Hotkey,

@@ -1,18 +1,19 @@
 //! The chain a hotkey registers on, behind the [`Chain`] trait.
 //!
 //! On Bittensor a miner first registers its hotkey on the subnet (an extrinsic on subtensor,
-//! paid with the coldkey); the orchestrator then admits registered hotkeys. iota has no
-//! subtensor client, so this module is explicit about what it can and cannot do:
+//! paid with the coldkey); the orchestrator then admits registered hotkeys.
 //!
 //! - [`Network::Local`] ([`LocalRegistry`]): no chain; the orchestrator's own registry is the
 //!   whole truth (a local network, a private run). Registration needs nothing on-chain.
-//! - [`Network::Finney`] and [`Network::Test`] ([`UnreachableChain`]): refuse with
-//!   [`ChainError::Unreachable`], whose message names the `btcli` command to run instead and
-//!   the `iota register` to run after it. Never a silent success.
+//! - [`Network::Finney`], [`Network::Test`] and [`Network::Url`]
+//!   ([`subtensor::node::SubtensorChain`]): a subtensor node over JSON-RPC: the metagraph, the
+//!   burn, balances and weight settings read from it, `burned_register` and weights submitted
+//!   to it and followed until a block carries them. Its methods block: async callers use
+//!   `tokio::task::spawn_blocking`.
+//! - [`fake::FakeSubtensor`]: an in-memory **fake** chain for tests.
 //!
-//! A real subtensor backend would be one more implementation of [`Chain`]. What it would send is
-//! built in [`subtensor`] (call data, commit hashes, signed extrinsics from the runtime's
-//! metadata), without a connection to any node.
+//! What is sent is built in [`subtensor`] (call data, commit hashes, signed extrinsics from the
+//! runtime's metadata).
 
 pub mod fake;
 pub mod pending;
@@ -95,21 +96,20 @@ pub enum ChainRegistration {
     NotRequired,
 }
 
+/// A hotkey registered on chain by [`Chain::burned_register_in_block`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OnChainRegistration {
+    /// The uid the subnet gave the hotkey.
+    pub uid: u16,
+    /// The block the registration is in (`None`: it was registered before, nothing was sent).
+    pub block: Option<u64>,
+    /// What was burned, in rao (0 when nothing was sent).
+    pub burned_rao: u64,
+}
+
 /// Why a chain operation failed.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum ChainError {
-    /// The chain cannot be reached from this binary; `instead` says what to run.
-    #[error(
-        "on-chain registration on {network} (netuid {netuid}) is not reachable from iota: this binary has no subtensor client. {instead}"
-    )]
-    Unreachable {
-        /// The network asked for.
-        network: Network,
-        /// The subnet.
-        netuid: u16,
-        /// The commands to run instead.
-        instead: String,
-    },
     /// This chain does not do that (the local registry has no weights on chain).
     #[error("{network} has no on-chain {what}: {instead}")]
     Unsupported {
@@ -381,6 +381,39 @@ pub trait Chain {
         })
     }
 
+    /// As [`Chain::burned_register`], and says in which block (where the chain can tell) and
+    /// what it burned.
+    ///
+    /// # Errors
+    /// As [`Chain::burned_register`].
+    fn burned_register_in_block(
+        &self,
+        coldkey: &Hotkey,
+        hotkey: &Ss58Address,
+        netuid: u16,
+    ) -> Result<OnChainRegistration, ChainError> {
+        let burn = self.burn_cost(netuid).unwrap_or(0);
+        self.burned_register(coldkey, hotkey, netuid)
+            .map(|uid| OnChainRegistration {
+                uid,
+                block: None,
+                burned_rao: burn,
+            })
+    }
+
+    /// The free balance of `account`, in rao.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without balances (the default).
+    fn free_balance(&self, account: &Ss58Address) -> Result<u64, ChainError> {
+        let _ = account;
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "balances",
+            instead: "register with the orchestrator (`iota register` without --network)",
+        })
+    }
+
     /// How subnet `netuid` takes weights now.
     ///
     /// # Errors
@@ -429,11 +462,20 @@ impl Chain for LocalRegistry {
     }
 }
 
-/// A Bittensor network this binary cannot reach: every registration is refused with the
-/// `btcli` command to run instead.
+/// A node whose endpoint cannot be used at all (a URL that does not parse): every call says so.
 #[derive(Debug, Clone)]
 pub struct UnreachableChain {
     network: Network,
+    reason: String,
+}
+
+impl UnreachableChain {
+    fn error(&self) -> ChainError {
+        ChainError::Endpoint {
+            endpoint: self.network.to_string(),
+            reason: self.reason.clone(),
+        }
+    }
 }
 
 impl Chain for UnreachableChain {
@@ -441,23 +483,62 @@ impl Chain for UnreachableChain {
         self.network.clone()
     }
 
-    fn register(&self, who: &Registrant, netuid: u16) -> Result<ChainRegistration, ChainError> {
-        Err(ChainError::Unreachable {
-            network: self.network.clone(),
-            netuid,
-            instead: format!(
-                "Register the hotkey ({}) with the Bittensor CLI: `btcli subnet register --netuid {netuid} --network {} --wallet.name {} --wallet.hotkey {}`; then join the orchestrator with `iota register --wallet {} --hotkey {} --orchestrator URL` (without --network).",
-                who.address, self.network, who.wallet, who.hotkey, who.wallet, who.hotkey
-            ),
-        })
+    fn register(&self, _who: &Registrant, _netuid: u16) -> Result<ChainRegistration, ChainError> {
+        Err(self.error())
+    }
+
+    fn metagraph(&self, _netuid: u16) -> Result<Metagraph, ChainError> {
+        Err(self.error())
+    }
+
+    fn burn_cost(&self, _netuid: u16) -> Result<u64, ChainError> {
+        Err(self.error())
+    }
+
+    fn free_balance(&self, _account: &Ss58Address) -> Result<u64, ChainError> {
+        Err(self.error())
+    }
+
+    fn burned_register(
+        &self,
+        _coldkey: &Hotkey,
+        _hotkey: &Ss58Address,
+        _netuid: u16,
+    ) -> Result<u16, ChainError> {
+        Err(self.error())
+    }
+
+    fn weights_policy(&self, _netuid: u16) -> Result<WeightsPolicy, ChainError> {
+        Err(self.error())
+    }
+
+    fn submit_weights(
+        &self,
+        _signer: &Hotkey,
+        _netuid: u16,
+        _submission: &WeightSubmission,
+    ) -> Result<u64, ChainError> {
+        Err(self.error())
     }
 }
 
-/// The chain for `network`.
+/// The chain for `network`: the local registry, or a subtensor node (finney's and testnet's
+/// public entry points as the Bittensor SDK names them, or the URL given).
 pub fn chain_for(network: Network) -> Box<dyn Chain> {
     match network {
         Network::Local => Box::new(LocalRegistry),
-        Network::Finney | Network::Test | Network::Url(_) => Box::new(UnreachableChain { network }),
+        Network::Finney | Network::Test | Network::Url(_) => {
+            match subtensor::node::SubtensorChain::new(network.clone()) {
+                Ok(chain) => Box::new(chain),
+                Err(e) => Box::new(UnreachableChain {
+                    network,
+                    reason: match e {
+                        ChainError::Endpoint { reason, .. } => reason,
+                        other => other.to_string(),
+                    },
+                }),
+            }
+        }
     }
 }
 
@@ -485,22 +566,18 @@ mod tests {
     }
 
     #[test]
-    fn finney_refuses_and_says_what_to_run() {
-        for network in ["finney", "mainnet", "test"] {
+    fn bittensor_networks_are_subtensor_nodes() {
+        for network in ["finney", "mainnet", "test", "ws://127.0.0.1:9944"] {
             let network: Network = network.parse().unwrap();
-            let err = chain_for(network.clone())
-                .register(&alice(), DEFAULT_NETUID)
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains("not reachable"), "{err}");
-            assert!(
-                err.contains(&format!(
-                    "btcli subnet register --netuid 9 --network {network} --wallet.name w --wallet.hotkey h"
-                )),
-                "{err}"
-            );
-            assert!(err.contains("iota register --wallet w --hotkey h"), "{err}");
+            assert_eq!(chain_for(network.clone()).network(), network);
         }
         assert!("moon".parse::<Network>().is_err());
+        // A URL that does not parse is refused by every call, in one line.
+        let chain = chain_for(Network::Url("http://[::1".into()));
+        let err = chain.burn_cost(DEFAULT_NETUID).unwrap_err().to_string();
+        assert!(
+            err.starts_with("cannot reach the subtensor node at http://[::1"),
+            "{err}"
+        );
     }
 }

@@ -16,7 +16,7 @@ use clap::{Args, Subcommand};
 use zeroize::Zeroizing;
 
 use crate::wallet::files::{parse_coldkey, read_public_file, read_secret_file};
-use crate::wallet::{Hotkey, KeyfileFormat, WalletDir};
+use crate::wallet::{Hotkey, KeyfileFormat, Ss58Address, WalletDir};
 
 /// Wallet and hotkey name when none is given anywhere (btcli's convention).
 pub const DEFAULT_NAME: &str = "default";
@@ -274,6 +274,39 @@ pub fn run(args: WalletCmdArgs) -> anyhow::Result<()> {
 /// `iota wallet check`: decrypts the coldkey of `w.wallet` (asking for the password only when
 /// it is encrypted), checks it against `coldkeypub.txt`, prints the address. Reads only.
 fn check_coldkey(w: &WalletRef, password_env: Option<&str>) -> anyhow::Result<()> {
+    let key = open_coldkey(w, password_env)?;
+    eprintln!(
+        "coldkey {} opens and matches {}",
+        w.dir.coldkey_path(&w.wallet)?.display(),
+        w.dir.coldkeypub_path(&w.wallet)?.display()
+    );
+    println!("{}", key.address());
+    Ok(())
+}
+
+/// The address in `coldkeypub.txt` of wallet `w.wallet` (no password needed).
+///
+/// # Errors
+/// The file is missing or unreadable.
+pub fn coldkey_address(w: &WalletRef) -> anyhow::Result<Ss58Address> {
+    let pub_path = w.dir.coldkeypub_path(&w.wallet)?;
+    if !pub_path.exists() {
+        bail!(
+            "{} is missing: the wallet {} has no coldkey here (btcli writes coldkeypub.txt beside the coldkey; `btcli wallet regen-coldkeypub` restores it)",
+            pub_path.display(),
+            w.wallet
+        );
+    }
+    Ok(read_public_file(&pub_path)?)
+}
+
+/// Decrypts the coldkey of wallet `w.wallet` (asking for the password only when it is
+/// encrypted: from the variable named `password_env`, else a hidden prompt on a terminal) and
+/// checks it against `coldkeypub.txt`. Reads only; the password is never stored or logged.
+///
+/// # Errors
+/// A missing coldkey or public file, a wrong password, a coldkey that does not match.
+pub fn open_coldkey(w: &WalletRef, password_env: Option<&str>) -> anyhow::Result<Hotkey> {
     let path = w.dir.coldkey_path(&w.wallet)?;
     if !path.exists() {
         bail!(
@@ -306,13 +339,7 @@ fn check_coldkey(w: &WalletRef, password_env: Option<&str>) -> anyhow::Result<()
             public
         );
     }
-    eprintln!(
-        "coldkey {} opens and matches {}",
-        path.display(),
-        pub_path.display()
-    );
-    println!("{}", key.address());
-    Ok(())
+    Ok(key)
 }
 
 /// The coldkey's password: from the environment variable named `env_var`, else a hidden

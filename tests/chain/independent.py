@@ -16,35 +16,23 @@ from bittensor.utils.weight_utils import (
     generate_weight_hash,
 )
 from bittensor_wallet import Keypair
-from scalecodec.base import RuntimeConfigurationObject, ScaleBytes
-from scalecodec.type_registry import load_type_registry_preset
+from scalecodec.base import ScaleBytes
+
+import sdk_runtime
 
 request = json.load(sys.stdin)
 
-runtime = RuntimeConfigurationObject()
-runtime.update_type_registry(load_type_registry_preset("core"))
-with open(request["metadata"], "rb") as f:
-    metadata = runtime.create_scale_object("MetadataVersioned", data=ScaleBytes(f.read()))
-metadata.decode()
-runtime.add_portable_registry(metadata)
+runtime, metadata = sdk_runtime.load(request["metadata"])
 extensions = metadata.value[1]["V15"]["extrinsic"]["signed_extensions"]
 
 
 def encode_type(type_id, value):
     """`value` SCALE-encoded as the metadata's type `type_id`."""
-    return bytes(runtime.create_scale_object(f"scale_info::{type_id}").encode(value).data)
+    return sdk_runtime.encode_type(runtime, type_id, value)
 
 
 def encode_call(case):
-    call = runtime.create_scale_object("Call", metadata=metadata)
-    data = call.encode(
-        {
-            "call_module": case["module"],
-            "call_function": case["function"],
-            "call_args": case["args"],
-        }
-    )
-    return str(data)
+    return sdk_runtime.encode_call(runtime, metadata, case)
 
 
 def commit_hash(case):

@@ -4,8 +4,9 @@
 //! keyed by the file's contents. Without python3, its venv module or PyPI, the test fails and
 //! says so.
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 /// The python of the venv for `requirements` (a path relative to the crate root), made on
 /// first use as `{name}-venv-{hash}` under `CARGO_TARGET_TMPDIR`. `name` also labels the
@@ -54,4 +55,36 @@ pub fn python(requirements: &str, name: &str) -> PathBuf {
         );
     }
     python
+}
+
+/// Runs `script` (a path relative to the crate root) with the venv of `requirements`, writes
+/// `request` to its stdin as JSON and returns the JSON it prints; a failing script fails the
+/// test with its stderr.
+pub fn run_json(
+    requirements: &str,
+    name: &str,
+    script: &str,
+    request: &serde_json::Value,
+) -> serde_json::Value {
+    let mut child = Command::new(python(requirements, name))
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join(script))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("running {script}: {e}"));
+    child
+        .stdin
+        .take()
+        .expect("the script's stdin")
+        .write_all(request.to_string().as_bytes())
+        .expect("writing the request");
+    let out = child.wait_with_output().expect("waiting for python");
+    assert!(
+        out.status.success(),
+        "{script} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{script} printed something that is not JSON: {e}"))
 }

@@ -8,7 +8,9 @@
 //! whether a runtime still has every item iota relies on with the argument shapes iota encodes:
 //! after a runtime upgrade that changed one, the answer is one line naming it.
 
-use frame_metadata::v15::RuntimeMetadataV15;
+use frame_metadata::v15::{
+    RuntimeMetadataV15, StorageEntryModifier, StorageEntryType, StorageHasher,
+};
 use frame_metadata::{META_RESERVED, RuntimeMetadata, RuntimeMetadataPrefixed};
 use parity_scale_codec::Decode;
 use scale_info::form::PortableForm;
@@ -98,10 +100,11 @@ pub const REVEAL_WEIGHTS: CallSpec = CallSpec {
 /// Every call iota encodes.
 pub const IOTA_CALLS: &[CallSpec] = &[BURNED_REGISTER, SET_WEIGHTS, COMMIT_WEIGHTS, REVEAL_WEIGHTS];
 
-/// The `SubtensorModule` storage items iota's chain client is to read (the metagraph's
-/// registrations, permits, commit-reveal settings, rate limit and pending commits). Only their
-/// presence is checked: iota does not decode them yet.
+/// The `SubtensorModule` storage items iota reads or may read (subnets, registrations, burn,
+/// permits, commit-reveal settings, rate limit and pending commits); the chain client decodes
+/// them with the types the metadata gives.
 pub const IOTA_STORAGE: &[&str] = &[
+    "NetworksAdded",
     "Uids",
     "Keys",
     "Burn",
@@ -421,6 +424,108 @@ impl Metadata {
         Ok(())
     }
 
+    /// A storage item's prefix, hashers, key and value types and default, as the metadata
+    /// declares them.
+    ///
+    /// # Errors
+    /// [`SubtensorError::Missing`] when the pallet has no such item.
+    pub fn storage_entry(&self, pallet: &str, entry: &str) -> Result<StorageInfo, SubtensorError> {
+        let missing = || SubtensorError::Missing {
+            what: "storage item",
+            name: format!("{pallet}.{entry}"),
+        };
+        let storage = self
+            .v15
+            .pallets
+            .iter()
+            .find(|p| p.name == pallet)
+            .and_then(|p| p.storage.as_ref())
+            .ok_or_else(missing)?;
+        let found = storage
+            .entries
+            .iter()
+            .find(|e| e.name == entry)
+            .ok_or_else(missing)?;
+        let (hashers, key_tys, value_ty) = match &found.ty {
+            StorageEntryType::Plain(ty) => (Vec::new(), Vec::new(), ty.id),
+            StorageEntryType::Map {
+                hashers,
+                key,
+                value,
+            } => {
+                // Several hashers: the key type is a tuple with one element per hasher.
+                let key_tys = match (
+                    &self.types().resolve(key.id).map(|t| &t.type_def),
+                    hashers.len(),
+                ) {
+                    (_, 1) => vec![key.id],
+                    (Some(TypeDef::Tuple(tuple)), n) if tuple.fields.len() == n => {
+                        tuple.fields.iter().map(|f| f.id).collect()
+                    }
+                    _ => {
+                        return Err(SubtensorError::Metadata {
+                            reason: format!(
+                                "{pallet}.{entry} has {} hashers but its key is not a tuple of as many",
+                                hashers.len()
+                            ),
+                        });
+                    }
+                };
+                (hashers.clone(), key_tys, value.id)
+            }
+        };
+        Ok(StorageInfo {
+            prefix: storage.prefix.clone(),
+            name: found.name.clone(),
+            hashers,
+            key_tys,
+            value_ty,
+            default: found.default.clone(),
+            optional: matches!(found.modifier, StorageEntryModifier::Optional),
+        })
+    }
+
+    /// The output type of runtime API method `api.method`.
+    ///
+    /// # Errors
+    /// [`SubtensorError::Missing`] when the runtime has no such method.
+    pub fn runtime_api_output(&self, api: &str, method: &str) -> Result<u32, SubtensorError> {
+        self.v15
+            .apis
+            .iter()
+            .find(|a| a.name == api)
+            .and_then(|a| a.methods.iter().find(|m| m.name == method))
+            .map(|m| m.output.id)
+            .ok_or_else(|| SubtensorError::Missing {
+                what: "runtime API method",
+                name: format!("{api}.{method}"),
+            })
+    }
+
+    /// The pallet of index `pallet_index`, the name of its error variant `error_index` (what a
+    /// `DispatchError::Module` names) and the first line of its documentation, if the metadata
+    /// has them.
+    pub fn module_error(
+        &self,
+        pallet_index: u8,
+        error_index: u8,
+    ) -> Option<(String, String, String)> {
+        let pallet = self.v15.pallets.iter().find(|p| p.index == pallet_index)?;
+        let ty = pallet.error.as_ref()?.ty.id;
+        let TypeDef::Variant(variants) = &self.types().resolve(ty)?.type_def else {
+            return None;
+        };
+        let variant = variants.variants.iter().find(|v| v.index == error_index)?;
+        let doc = variant
+            .docs
+            .iter()
+            .map(|d| d.trim())
+            .find(|d| !d.is_empty())
+            .unwrap_or_default()
+            .to_owned();
+        Some((pallet.name.clone(), variant.name.clone(), doc))
+    }
+
     /// The shape of type `ty`, seeing through single-field wrappers; `None` for anything iota
     /// does not encode.
     pub fn shape_of(&self, ty: u32) -> Option<Shape> {
@@ -497,6 +602,25 @@ fn unwrap_newtypes<T>(value: &ValueDef<T>) -> &ValueDef<T> {
         }
         other => other,
     }
+}
+
+/// A storage item as the metadata declares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageInfo {
+    /// The pallet's storage prefix (its name, for subtensor's pallets).
+    pub prefix: String,
+    /// The item's name.
+    pub name: String,
+    /// One hasher per key, in order (none for a plain value).
+    pub hashers: Vec<StorageHasher>,
+    /// The keys' types, in order.
+    pub key_tys: Vec<u32>,
+    /// The value's type.
+    pub value_ty: u32,
+    /// The value an absent key reads as (for a `Default` item).
+    pub default: Vec<u8>,
+    /// Whether an absent key reads as nothing (`Optional`) rather than the default.
+    pub optional: bool,
 }
 
 /// Where a call sits in the runtime and what it takes.

@@ -16,6 +16,9 @@ pub mod calls;
 pub mod commit;
 pub mod extrinsic;
 pub mod metadata;
+pub mod node;
+pub mod rpc;
+pub mod storage;
 
 use thiserror::Error;
 

@@ -1,0 +1,121 @@
+"""The independent encoder behind tests/chain_node.rs's fake node: the Bittensor SDK's SCALE
+codec (`scalecodec`, installed by `cyscale`) and its storage-key code
+(`async_substrate_interface`, a dependency of `bittensor`) encode, from the recorded runtime
+metadata, what a subtensor node would answer: storage keys and values, a subnet's metagraph as
+`SubnetInfoRuntimeApi.get_metagraph` returns it, the `System.Events` of a block, and call data.
+iota's own encoders are never involved; the Rust test serves these bytes and checks that iota
+reads back the values it asked for.
+
+Input (stdin, JSON):
+  metadata: path of the metadata file
+  storage: [{pallet, entry, params, value}]       -> [[key hex, value hex]]
+  metagraphs: [{netuid, fields: {name: value}}]   -> [hex of Option<Metagraph>::Some]
+  events: [[EventRecord values]]                  -> [hex of Vec<EventRecord>]
+  calls: [{module, function, args}]               -> [call data hex]
+  netuids: [n]                                    -> [hex of a NetUid, the runtime API input]
+Output (stdout, JSON): the same keys, one answer per case.
+
+Fields of the metagraph that the request does not give are filled with small values of the
+right type (every per-uid list as long as `hotkeys`).
+"""
+
+import json
+import sys
+
+from async_substrate_interface.utils.storage import StorageKey
+
+import sdk_runtime
+
+request = json.load(sys.stdin)
+
+runtime, metadata = sdk_runtime.load(request["metadata"])
+v15 = metadata.value[1]["V15"]
+types = {t["id"]: t["type"] for t in v15["types"]["types"]}
+
+
+def encode_type(type_id, value):
+    return "0x" + sdk_runtime.encode_type(runtime, type_id, value).hex()
+
+
+def filler(type_id, n):
+    """A small value of type `type_id`; sequences get `n` elements."""
+    t = types[type_id]
+    d = t["def"]
+    if t["path"] == ["Option"]:
+        return None
+    if "primitive" in d:
+        return {"bool": False, "str": "x", "char": "x"}.get(d["primitive"], 1)
+    if "compact" in d:
+        return 1
+    if "sequence" in d:
+        return [filler(d["sequence"]["type"], n) for _ in range(n)]
+    if "array" in d:
+        inner = types[d["array"]["type"]]["def"]
+        if inner.get("primitive") == "u8":
+            return "0x" + "01" * d["array"]["len"]
+        return [filler(d["array"]["type"], n) for _ in range(d["array"]["len"])]
+    if "tuple" in d:
+        return [filler(x, n) for x in d["tuple"]]
+    if "composite" in d:
+        fields = d["composite"]["fields"]
+        if len(fields) == 1 and fields[0]["name"] is None:
+            return filler(fields[0]["type"], n)
+        if all(f["name"] for f in fields):
+            return {f["name"]: filler(f["type"], n) for f in fields}
+        return [filler(f["type"], n) for f in fields]
+    if "variant" in d:
+        variant = d["variant"]["variants"][0]
+        if not variant["fields"]:
+            return variant["name"]
+        return {variant["name"]: filler(variant["fields"][0]["type"], n)}
+    if "bitsequence" in d:
+        return []
+    raise ValueError(f"no filler for type {type_id}: {t}")
+
+
+def metagraph_type():
+    api = next(a for a in v15["apis"] if a["name"] == "SubnetInfoRuntimeApi")
+    method = next(m for m in api["methods"] if m["name"] == "get_metagraph")
+    return method["output"], method["inputs"][0]["ty"]
+
+
+def metagraph(case):
+    output, _ = metagraph_type()
+    some = next(v for v in types[output]["def"]["variant"]["variants"] if v["name"] == "Some")
+    struct = some["fields"][0]["type"]
+    n = len(case["fields"]["hotkeys"])
+    value = filler(struct, n)
+    value.update(case["fields"])
+    value["netuid"] = case["netuid"]
+    return encode_type(output, value)
+
+
+def storage(case):
+    key = StorageKey.create_from_storage_function(
+        case["pallet"], case["entry"], case["params"], runtime_config=runtime, metadata=metadata
+    )
+    value_type = key.value_scale_type
+    value = bytes(runtime.create_scale_object(value_type).encode(case["value"]).data)
+    return [key.to_hex(), "0x" + value.hex()]
+
+
+def events(records):
+    system = next(p for p in v15["pallets"] if p["name"] == "System")
+    entry = next(e for e in system["storage"]["entries"] if e["name"] == "Events")
+    return encode_type(entry["type"]["Plain"], records)
+
+
+def call(case):
+    return sdk_runtime.encode_call(runtime, metadata, case)
+
+
+json.dump(
+    {
+        "storage": [storage(c) for c in request.get("storage", [])],
+        "metagraphs": [metagraph(c) for c in request.get("metagraphs", [])],
+        "events": [events(c) for c in request.get("events", [])],
+        "calls": [call(c) for c in request.get("calls", [])],
+        "netuids": [encode_type(metagraph_type()[1], n) for n in request.get("netuids", [])],
+    },
+    sys.stdout,
+)

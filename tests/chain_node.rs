@@ -1,0 +1,768 @@
+//! iota's subtensor client against a **fake node**: a JSON-RPC server inside this test that
+//! answers as a subtensor node would, from the recorded runtime metadata
+//! (`tests/chain/metadata/`, spec 461) and from bytes an independent encoder produced. No
+//! subtensor runs here, and nothing here says a real node answers the same; the fake node only
+//! serves what the Bittensor SDK encoded.
+//!
+//! The independent side is the Bittensor SDK from PyPI (`tests/chain/requirements.txt`, the
+//! venv of `tests/chain_encoding.rs`): `tests/chain/fake_node.py` encodes, with the SDK's SCALE
+//! codec and storage-key code, a subnet's metagraph, the storage values iota reads (`Burn`,
+//! `NetworksAdded`, `System.Account`, the weight settings) under their keys, and the
+//! `System.Events` of the block that includes iota's extrinsic. When iota submits an extrinsic,
+//! the fake node has the SDK decode it (`tests/chain/independent.py`): the call must be the
+//! call the SDK encoded (`burned_register`, or `set_weights`), the sender the expected key,
+//! and `bittensor-wallet`
+//! must accept the signature of the payload the SDK rebuilt; only then is it put in a block.
+//!
+//! Checked: iota decodes the metagraph to exactly the values Python encoded, reads the burn
+//! and the weight settings, and the real `iota register --network http://...` prints the uid
+//! from the block's events; `set_weights` signed by the hotkey (the SDK decodes it as above)
+//! lands in a block, and `NeuronNoValidatorPermit` in that block is `NoValidatorPermit`. Bad
+//! input: no server listening, too little balance, a runtime whose `burned_register` takes
+//! other arguments, and a pallet error in the block; each is one line, and the wallets
+//! directory is left as it was.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::routing::post;
+use blake2::{Blake2b256, Digest};
+use common::cli::{one_line_failure, s};
+use iota::chain::subtensor::node::SubtensorChain;
+use iota::chain::{Chain, ChainError, Metagraph, Network, Neuron, WeightSubmission};
+use iota::wallet::Ss58Address;
+use parity_scale_codec::{Decode, Encode};
+use serde_json::{Value, json};
+
+const METADATA: &str = "tests/chain/metadata/subtensor-spec461-v15.scale";
+const PASSWORD: &str = "fake node coldkey 7";
+const PASSWORD_VAR: &str = "IOTA_TEST_CHAIN_NODE_PASSWORD";
+const NETUID: u16 = 3;
+/// A subnet with a single neuron.
+const LONE_NETUID: u16 = 5;
+const BURN: u64 = 1_000_000_000;
+const UID: u16 = 4;
+/// The fake node's best block before anything is submitted.
+const BEST: u64 = 10;
+/// The nonce the fake node reports for every account.
+const NONCE: u64 = 5;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn hex0x(bytes: &[u8]) -> String {
+    format!("0x{}", hex::encode(bytes))
+}
+
+fn python() -> PathBuf {
+    static VENV: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    VENV.get_or_init(|| common::venv::python("tests/chain/requirements.txt", "chain"))
+        .clone()
+}
+
+/// Runs a script of `tests/chain/` on `request`; returns its JSON answer.
+fn run_python(script: &str, request: &Value) -> Value {
+    common::venv::run_json(
+        "tests/chain/requirements.txt",
+        "chain",
+        &format!("tests/chain/{script}"),
+        request,
+    )
+}
+
+/// The fake node's block hash of `number`.
+fn block_hash(number: u64) -> [u8; 32] {
+    let mut hash = [0xb1u8; 32];
+    hash[..8].copy_from_slice(&number.to_le_bytes());
+    hash
+}
+
+fn header(number: u64) -> Value {
+    json!({
+        "parentHash": hex0x(&block_hash(number.saturating_sub(1))),
+        "number": format!("0x{number:x}"),
+        "stateRoot": hex0x(&[0; 32]),
+        "extrinsicsRoot": hex0x(&[0; 32]),
+        "digest": {"logs": []},
+    })
+}
+
+/// What the fake node serves.
+struct FakeNodeState {
+    metadata: String,
+    storage: HashMap<String, String>,
+    events_key: String,
+    /// Metagraph answers by runtime API input.
+    metagraphs: HashMap<String, String>,
+    /// Extrinsics by block number (0..=best).
+    blocks: Vec<Vec<String>>,
+    events_at: HashMap<String, String>,
+    /// The System.Events of the block that includes a submitted extrinsic.
+    inclusion_events: String,
+    /// What a submitted extrinsic must decode to (the SDK's `burned_register` call data and
+    /// the coldkey's SS58 address).
+    expected_call: String,
+    expected_sender: String,
+    /// Why the SDK refused a submitted extrinsic, if it did.
+    refusals: Vec<String>,
+    submitted: usize,
+}
+
+type Shared = Arc<Mutex<FakeNodeState>>;
+
+/// The fake node: a JSON-RPC server on a loopback port.
+struct FakeNode {
+    url: String,
+    state: Shared,
+}
+
+impl FakeNode {
+    fn start(state: FakeNodeState) -> FakeNode {
+        let state = Arc::new(Mutex::new(state));
+        let app = axum::Router::new()
+            .route("/", post(answer))
+            .with_state(state.clone());
+        let addr = common::net::serve_in_thread(app);
+        FakeNode {
+            url: format!("http://{addr}"),
+            state,
+        }
+    }
+}
+
+async fn answer(State(state): State<Shared>, body: String) -> axum::Json<Value> {
+    let request: Value = serde_json::from_str(&body).expect("a JSON-RPC request");
+    let id = request["id"].clone();
+    let params = request["params"].as_array().cloned().unwrap_or_default();
+    let result = respond(&state, request["method"].as_str().unwrap_or(""), &params);
+    axum::Json(match result {
+        Ok(result) => json!({"jsonrpc": "2.0", "id": id, "result": result}),
+        Err(message) => json!({
+            "jsonrpc": "2.0", "id": id,
+            "error": {"code": 1010, "message": "Invalid Transaction", "data": message},
+        }),
+    })
+}
+
+fn respond(state: &Shared, method: &str, params: &[Value]) -> Result<Value, String> {
+    let mut st = state.lock().unwrap();
+    let best = st.blocks.len() as u64 - 1;
+    let number_of = |hash: &Value| -> Option<u64> {
+        (0..=best).find(|n| hash.as_str() == Some(hex0x(&block_hash(*n)).as_str()))
+    };
+    Ok(match method {
+        "state_getMetadata" => json!(st.metadata),
+        "state_getRuntimeVersion" => json!({
+            "specName": "node-subtensor", "implName": "node-subtensor", "authoringVersion": 1,
+            "specVersion": 461, "implVersion": 1, "apis": [], "transactionVersion": 1,
+            "stateVersion": 1,
+        }),
+        "chain_getBlockHash" => match params.first().and_then(Value::as_u64) {
+            Some(n) if n <= best => json!(hex0x(&block_hash(n))),
+            Some(_) => Value::Null,
+            None => json!(hex0x(&block_hash(best))),
+        },
+        "chain_getHeader" => match params.first() {
+            Some(hash) => number_of(hash).map_or(Value::Null, header),
+            None => header(best),
+        },
+        "chain_getBlock" => match params.first().and_then(number_of) {
+            Some(n) => json!({
+                "block": {"header": header(n), "extrinsics": st.blocks[n as usize]},
+                "justifications": null,
+            }),
+            None => Value::Null,
+        },
+        "state_getStorage" => {
+            let key = params[0].as_str().unwrap_or_default();
+            if key == st.events_key {
+                let at = params.get(1).and_then(Value::as_str).unwrap_or_default();
+                st.events_at.get(at).map_or(Value::Null, |v| json!(v))
+            } else {
+                st.storage.get(key).map_or(Value::Null, |v| json!(v))
+            }
+        }
+        "state_call" => {
+            assert_eq!(params[0], "SubnetInfoRuntimeApi_get_metagraph");
+            let input = params[1].as_str().unwrap_or_default();
+            // A subnet that does not exist: `None`.
+            json!(st.metagraphs.get(input).cloned().unwrap_or("0x00".into()))
+        }
+        "system_accountNextIndex" => json!(NONCE),
+        "author_submitExtrinsic" => {
+            st.submitted += 1;
+            let xt = params[0].as_str().unwrap_or_default().to_owned();
+            let genesis = hex0x(&block_hash(0));
+            let birth = hex0x(&block_hash(best));
+            let decoded = run_python(
+                "independent.py",
+                &json!({
+                    "metadata": root().join(METADATA),
+                    "calls": [], "commit_hashes": [], "emit": [], "eras": [],
+                    "extrinsics": [{
+                        "hex": xt, "spec_version": 461, "transaction_version": 1,
+                        "genesis_hash": genesis, "birth_hash": birth,
+                    }],
+                }),
+            );
+            let got = &decoded["extrinsics"][0];
+            let sender = Ss58Address::from_public_key(
+                hex::decode(
+                    got["address"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .trim_start_matches("0x"),
+                )
+                .ok()
+                .and_then(|b| b.try_into().ok())
+                .unwrap_or([0; 32]),
+            );
+            let mut wrong = Vec::new();
+            if got["call"] != json!(st.expected_call) {
+                wrong.push(format!(
+                    "call {} is not the SDK's {}",
+                    got["call"], st.expected_call
+                ));
+            }
+            if sender.to_string() != st.expected_sender {
+                wrong.push(format!("sent by {sender}, not the coldkey"));
+            }
+            if got["nonce"] != json!(NONCE) {
+                wrong.push(format!("nonce {}", got["nonce"]));
+            }
+            if got["signature_valid"] != json!(true) {
+                wrong.push("bittensor-wallet refuses the signature".into());
+            }
+            if !wrong.is_empty() {
+                let why = wrong.join("; ");
+                st.refusals.push(why.clone());
+                return Err(why);
+            }
+            // The next block carries another extrinsic, then iota's.
+            let raw = hex::decode(xt.trim_start_matches("0x")).unwrap_or_default();
+            st.blocks
+                .push(vec!["0x280403000b00000000000000".into(), xt.clone()]);
+            let at = hex0x(&block_hash(best + 1));
+            let events = st.inclusion_events.clone();
+            st.events_at.insert(at, events);
+            json!(hex0x(&Blake2b256::digest(&raw)))
+        }
+        other => return Err(format!("the fake node does not serve {other}")),
+    })
+}
+
+/// A wallet made by bittensor-wallet: an encrypted coldkey and a hotkey; their addresses.
+fn sdk_wallet(dir: &Path) -> (Ss58Address, Ss58Address) {
+    let script = "import os, sys\n\
+                  from bittensor_wallet import Wallet\n\
+                  wallet = Wallet(name='payer', hotkey='miner', path=sys.argv[1])\n\
+                  wallet.create_new_coldkey(n_words=12, use_password=True, overwrite=True,\n\
+                  \x20   suppress=True, coldkey_password=os.environ['COLD_PW'])\n\
+                  wallet.create_new_hotkey(n_words=12, use_password=False, overwrite=True, suppress=True)\n\
+                  print(wallet.coldkeypub.ss58_address, wallet.hotkey.ss58_address)\n";
+    let out = Command::new(python())
+        .args(["-c", script, s(dir)])
+        .env("COLD_PW", PASSWORD)
+        .stdin(Stdio::null())
+        .output()
+        .expect("running python");
+    assert!(
+        out.status.success(),
+        "bittensor-wallet could not make the wallet:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut words = text.split_whitespace().rev().take(2).collect::<Vec<_>>();
+    words.reverse();
+    (words[0].parse().unwrap(), words[1].parse().unwrap())
+}
+
+/// The subnet the fake node serves: two neurons besides the one iota registers.
+fn neurons() -> Vec<Neuron> {
+    vec![
+        Neuron {
+            uid: 0,
+            hotkey: [0x11; 32],
+            coldkey: [0x21; 32],
+            stake_rao: 123_456_789_000,
+            validator_permit: true,
+            incentive: 1.0,
+            last_update: 90,
+        },
+        Neuron {
+            uid: 1,
+            hotkey: [0x12; 32],
+            coldkey: [0x22; 32],
+            stake_rao: 0,
+            validator_permit: false,
+            incentive: 100.0 / 65535.0,
+            last_update: 0,
+        },
+    ]
+}
+
+fn account_info(free: u64) -> Value {
+    json!({"nonce": 0, "consumers": 0, "providers": 1, "sufficients": 0,
+           "data": {"free": free, "reserved": 0, "frozen": 0, "flags": 0}})
+}
+
+fn dispatch_info() -> Value {
+    json!({"weight": {"ref_time": 1000, "proof_size": 10}, "class": "Normal", "pays_fee": "Yes"})
+}
+
+/// The index of SubtensorModule's error `name` in the recorded metadata.
+fn error_index(name: &str) -> (u8, u8) {
+    let md = iota::chain::subtensor::metadata::Metadata::decode(
+        &std::fs::read(root().join(METADATA)).unwrap(),
+    )
+    .unwrap();
+    let pallet = md
+        .check_call(&iota::chain::subtensor::metadata::BURNED_REGISTER)
+        .unwrap()
+        .pallet_index;
+    let code = (0..=255u8)
+        .find(|c| {
+            md.module_error(pallet, *c)
+                .is_some_and(|(_, n, _)| n == name)
+        })
+        .expect("the error exists");
+    (pallet, code)
+}
+
+/// What the SDK encoded for one fake node: storage, metagraph, events and the expected call.
+struct Encoded {
+    storage: HashMap<String, String>,
+    events_key: String,
+    /// Runtime API input -> the metagraph the SDK encoded.
+    metagraphs: HashMap<String, String>,
+    events_registered: String,
+    events_failed: String,
+    /// The extrinsic at index 1 succeeded, with no other event.
+    events_success: String,
+    /// `NeuronNoValidatorPermit` at index 1.
+    events_no_permit: String,
+    call: String,
+    set_weights_call: String,
+}
+
+fn encode_with_the_sdk(coldkey: &Ss58Address, hotkey: &Ss58Address, free: u64) -> Encoded {
+    let neurons = neurons();
+    let hex_keys =
+        |f: fn(&Neuron) -> [u8; 32]| neurons.iter().map(|n| hex0x(&f(n))).collect::<Vec<_>>();
+    let cold = hex0x(coldkey.public_key());
+    let hot = hex0x(hotkey.public_key());
+    let subnet = |entry: &str, value: Value| json!({"pallet": "SubtensorModule", "entry": entry, "params": [NETUID], "value": value});
+    let (pallet, code) = error_index("TooManyRegistrationsThisBlock");
+    let (_, no_permit) = error_index("NeuronNoValidatorPermit");
+    let failed = |code: u8| {
+        json!({"phase": {"ApplyExtrinsic": 1},
+            "event": {"System": {"ExtrinsicFailed": {
+                "dispatch_error": {"Module": {"index": pallet, "error": hex0x(&[code, 0, 0, 0])}},
+                "dispatch_info": dispatch_info()}}}, "topics": []})
+    };
+    let success = json!({"phase": {"ApplyExtrinsic": 1},
+        "event": {"System": {"ExtrinsicSuccess": {"dispatch_info": dispatch_info()}}}, "topics": []});
+    let other = json!({"phase": {"ApplyExtrinsic": 0},
+        "event": {"System": {"ExtrinsicSuccess": {"dispatch_info": dispatch_info()}}}, "topics": []});
+    let request = json!({
+        "metadata": root().join(METADATA),
+        "storage": [
+            subnet("NetworksAdded", json!(true)),
+            subnet("Burn", json!(BURN)),
+            subnet("Tempo", json!(360)),
+            subnet("CommitRevealWeightsEnabled", json!(true)),
+            subnet("WeightsSetRateLimit", json!(100)),
+            subnet("WeightsVersionKey", json!(7)),
+            subnet("RevealPeriodEpochs", json!(2)),
+            {"pallet": "System", "entry": "Account", "params": [cold], "value": account_info(free)},
+            // Any key of System.Events: only its prefix is used.
+            {"pallet": "System", "entry": "Events", "params": [], "value": []},
+        ],
+        "metagraphs": [{"netuid": NETUID, "fields": {
+            "hotkeys": hex_keys(|n| n.hotkey),
+            "coldkeys": hex_keys(|n| n.coldkey),
+            "total_stake": neurons.iter().map(|n| n.stake_rao).collect::<Vec<_>>(),
+            "validator_permit": neurons.iter().map(|n| n.validator_permit).collect::<Vec<_>>(),
+            "incentives": [65535, 100],
+            "last_update": neurons.iter().map(|n| n.last_update).collect::<Vec<_>>(),
+            "block": 99,
+        }}, {"netuid": LONE_NETUID, "fields": {
+            // One neuron: its one-element lists must not read as wrappers.
+            "hotkeys": [hex0x(&neurons[0].hotkey)],
+            "coldkeys": [hex0x(&neurons[0].coldkey)],
+            "total_stake": [neurons[0].stake_rao],
+            "validator_permit": [true],
+            "incentives": [65535],
+            "last_update": [neurons[0].last_update],
+            "block": 98,
+        }}],
+        "events": [
+            [other, {"phase": {"ApplyExtrinsic": 1},
+                "event": {"SubtensorModule": {"NeuronRegistered": [NETUID, UID, hot]}}, "topics": []},
+             success],
+            [other, failed(code)],
+            [other, success],
+            [other, failed(no_permit)],
+        ],
+        "calls": [
+            {"module": "SubtensorModule", "function": "burned_register",
+             "args": {"netuid": NETUID, "hotkey": hot}},
+            {"module": "SubtensorModule", "function": "set_weights",
+             "args": {"netuid": NETUID, "dests": [0, 1], "weights": [65535, 100], "version_key": 7}},
+        ],
+        "netuids": [NETUID, LONE_NETUID],
+    });
+    let answer = run_python("fake_node.py", &request);
+    let mut storage: HashMap<String, String> = answer["storage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|kv| {
+            (
+                kv[0].as_str().unwrap().to_owned(),
+                kv[1].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    let events_key = storage
+        .keys()
+        .find(|k| k.len() == 2 + 64)
+        .expect("the System.Events key (a plain item: 32 bytes)")
+        .clone();
+    storage.remove(&events_key);
+    let text = |v: &Value| v.as_str().unwrap().to_owned();
+    Encoded {
+        storage,
+        events_key,
+        metagraphs: (0..2)
+            .map(|i| (text(&answer["netuids"][i]), text(&answer["metagraphs"][i])))
+            .collect(),
+        events_registered: text(&answer["events"][0]),
+        events_failed: text(&answer["events"][1]),
+        events_success: text(&answer["events"][2]),
+        events_no_permit: text(&answer["events"][3]),
+        call: text(&answer["calls"][0]),
+        set_weights_call: text(&answer["calls"][1]),
+    }
+}
+
+/// A fake node serving `encoded`, which puts `events` in the block of an extrinsic that
+/// decodes to `call` from `sender`.
+fn fake_node(
+    encoded: &Encoded,
+    metadata: &[u8],
+    events: &str,
+    sender: &Ss58Address,
+    call: &str,
+) -> FakeNode {
+    FakeNode::start(FakeNodeState {
+        metadata: hex0x(metadata),
+        storage: encoded.storage.clone(),
+        events_key: encoded.events_key.clone(),
+        metagraphs: encoded.metagraphs.clone(),
+        blocks: (0..=BEST).map(|_| Vec::new()).collect(),
+        events_at: HashMap::new(),
+        inclusion_events: events.to_owned(),
+        expected_call: call.to_owned(),
+        expected_sender: sender.to_string(),
+        refusals: Vec::new(),
+        submitted: 0,
+    })
+}
+
+/// The recorded metadata with `burned_register`'s `hotkey` argument renamed: a runtime that
+/// changed a call iota sends.
+fn changed_metadata(original: &[u8]) -> Vec<u8> {
+    use frame_metadata::{RuntimeMetadata, RuntimeMetadataPrefixed};
+    use scale_info::TypeDef;
+    let mut md = RuntimeMetadataPrefixed::decode(&mut &original[..]).unwrap();
+    let RuntimeMetadata::V15(v15) = &mut md.1 else {
+        panic!("V15 metadata expected");
+    };
+    let pallet = v15
+        .pallets
+        .iter()
+        .find(|p| p.name == "SubtensorModule")
+        .unwrap();
+    let calls_ty = pallet.calls.as_ref().unwrap().ty.id;
+    let ty = v15
+        .types
+        .types
+        .iter_mut()
+        .find(|t| t.id == calls_ty)
+        .unwrap();
+    let TypeDef::Variant(variants) = &mut ty.ty.type_def else {
+        panic!("calls are an enum");
+    };
+    let call = variants
+        .variants
+        .iter_mut()
+        .find(|v| v.name == "burned_register")
+        .unwrap();
+    call.fields[1].name = Some("hotkey_account".into());
+    md.encode()
+}
+
+/// `iota register --network URL --netuid 3 --yes --password-env VAR` for the wallet in `dir`,
+/// without a terminal or inherited IOTA_* settings.
+fn register(dir: &Path, url: &str) -> Output {
+    register_on(dir, url, NETUID)
+}
+
+/// [`register`] on subnet `netuid`.
+fn register_on(dir: &Path, url: &str, netuid: u16) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_iota"));
+    cmd.args([
+        "register",
+        "--network",
+        url,
+        "--netuid",
+        &netuid.to_string(),
+    ])
+    .args(["--yes", "--password-env", PASSWORD_VAR])
+    .args([
+        "--wallet",
+        "payer",
+        "--hotkey",
+        "miner",
+        "--wallets-dir",
+        s(dir),
+    ])
+    .env(PASSWORD_VAR, PASSWORD)
+    .stdin(Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("IOTA_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.output().expect("run iota")
+}
+
+/// Every file under `dir` and its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(at) = stack.pop() {
+        for entry in std::fs::read_dir(&at).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.insert(path.clone(), std::fs::read(&path).unwrap());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
+    let wallets = tempfile::tempdir().unwrap();
+    let (coldkey, hotkey) = sdk_wallet(wallets.path());
+    let before = snapshot(wallets.path());
+    let metadata = std::fs::read(root().join(METADATA)).unwrap();
+    let rich = encode_with_the_sdk(&coldkey, &hotkey, 5 * BURN);
+
+    // Reads, through the library: the metagraph is exactly what Python encoded.
+    let node = fake_node(
+        &rich,
+        &metadata,
+        &rich.events_registered,
+        &coldkey,
+        &rich.call,
+    );
+    let chain = SubtensorChain::new(Network::Url(node.url.clone())).unwrap();
+    assert_eq!(
+        chain.metagraph(NETUID).unwrap(),
+        Metagraph {
+            netuid: NETUID,
+            block: 99,
+            neurons: neurons(),
+        }
+    );
+    assert_eq!(
+        chain.metagraph(LONE_NETUID).unwrap(),
+        Metagraph {
+            netuid: LONE_NETUID,
+            block: 98,
+            neurons: neurons()[..1].to_vec(),
+        }
+    );
+    assert_eq!(chain.burn_cost(NETUID).unwrap(), BURN);
+    assert_eq!(chain.free_balance(&coldkey).unwrap(), 5 * BURN);
+    let policy = chain.weights_policy(NETUID).unwrap();
+    assert_eq!(
+        (
+            policy.block,
+            policy.tempo,
+            policy.commit_reveal,
+            policy.reveal_period_epochs,
+            policy.weights_rate_limit,
+            policy.version_key
+        ),
+        (BEST, 360, true, 2, 100, 7)
+    );
+    assert_eq!(chain.metagraph(9), Err(ChainError::NoSubnet { netuid: 9 }));
+    assert_eq!(chain.burn_cost(9), Err(ChainError::NoSubnet { netuid: 9 }));
+
+    // The real binary registers: the SDK decodes and verifies the extrinsic, the uid comes
+    // from the SDK-encoded events of the block that carries it.
+    let out = register(wallets.path(), &node.url);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "iota register failed:\n{stderr}");
+    assert_eq!(node.state.lock().unwrap().refusals, Vec::<String>::new());
+    assert!(
+        stdout.contains(&format!("uid {UID} in block {}", BEST + 1)),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("burns 1 TAO") && stdout.contains("holds 5 TAO"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains(PASSWORD) && !stderr.contains(PASSWORD));
+    assert_eq!(
+        snapshot(wallets.path()),
+        before,
+        "registering wrote to the wallets"
+    );
+
+    // A pallet error in the block: named from the metadata, one line.
+    let node = fake_node(&rich, &metadata, &rich.events_failed, &coldkey, &rich.call);
+    let line = one_line_failure(
+        &register(wallets.path(), &node.url),
+        "a refused burned_register",
+        "SubtensorModule.TooManyRegistrationsThisBlock",
+    );
+    assert!(
+        line.contains("refused burned_register on subnet 3"),
+        "{line}"
+    );
+    assert_eq!(node.state.lock().unwrap().submitted, 1);
+
+    // A subnet that does not exist: one line, nothing submitted.
+    let line = one_line_failure(
+        &register_on(wallets.path(), &node.url, 9),
+        "a missing subnet",
+        "subnet 9 does not exist",
+    );
+    assert!(line.contains("check the netuid"), "{line}");
+    assert_eq!(node.state.lock().unwrap().submitted, 1);
+
+    // Too little balance: refused before anything is signed.
+    let poor = encode_with_the_sdk(&coldkey, &hotkey, BURN / 2);
+    let node = fake_node(
+        &poor,
+        &metadata,
+        &poor.events_registered,
+        &coldkey,
+        &poor.call,
+    );
+    one_line_failure(
+        &register(wallets.path(), &node.url),
+        "a poor coldkey",
+        &format!("holds {} rao, and this needs {BURN} rao", BURN / 2),
+    );
+    assert_eq!(node.state.lock().unwrap().submitted, 0);
+
+    // A runtime whose burned_register changed: refused before anything is signed.
+    let node = fake_node(
+        &rich,
+        &changed_metadata(&metadata),
+        &rich.events_registered,
+        &coldkey,
+        &rich.call,
+    );
+    let line = one_line_failure(
+        &register(wallets.path(), &node.url),
+        "a changed runtime",
+        "the chain's runtime (spec_version 461) changed what iota uses",
+    );
+    assert!(line.contains("SubtensorModule.burned_register"), "{line}");
+    assert_eq!(node.state.lock().unwrap().submitted, 0);
+    let chain = SubtensorChain::new(Network::Url(node.url.clone())).unwrap();
+    assert!(matches!(
+        chain.metagraph(NETUID),
+        Err(ChainError::RuntimeChanged {
+            spec_version: 461,
+            ..
+        })
+    ));
+
+    // Weights, through the library: set_weights signed by the hotkey, followed into a block;
+    // a pallet error in the block becomes the matching ChainError.
+    let signer = iota::wallet::WalletDir::new(wallets.path())
+        .load_hotkey("payer", "miner")
+        .unwrap();
+    let set = WeightSubmission::Set {
+        uids: vec![0, 1],
+        values: vec![65535, 100],
+        version_key: 7,
+    };
+    for (events, expected) in [
+        (&rich.events_success, Ok(BEST + 1)),
+        (
+            &rich.events_no_permit,
+            Err(ChainError::NoValidatorPermit { netuid: NETUID }),
+        ),
+    ] {
+        let node = fake_node(&rich, &metadata, events, &hotkey, &rich.set_weights_call);
+        let chain = SubtensorChain::new(Network::Url(node.url.clone()))
+            .unwrap()
+            .with_poll_interval(Duration::from_millis(50));
+        assert_eq!(chain.submit_weights(&signer, NETUID, &set), expected);
+        let state = node.state.lock().unwrap();
+        assert_eq!((state.submitted, &state.refusals), (1, &Vec::new()));
+    }
+
+    // Nothing listening.
+    let port = common::net::free_port();
+    one_line_failure(
+        &register(wallets.path(), &format!("http://127.0.0.1:{port}")),
+        "no node",
+        &format!("cannot reach the subtensor node at http://127.0.0.1:{port}"),
+    );
+
+    assert_eq!(
+        snapshot(wallets.path()),
+        before,
+        "a failure wrote to the wallets"
+    );
+}
+
+/// A real node (a subtensor localnet, say): read the metagraph and the burn of
+/// `IOTA_SUBTENSOR_NETUID` (default 1) from `IOTA_SUBTENSOR_URL`. Not run in CI, which has no
+/// chain: `IOTA_SUBTENSOR_URL=ws://127.0.0.1:9944 cargo test --features adversary --test
+/// chain_node -- --ignored`.
+#[test]
+#[ignore = "needs a subtensor node at IOTA_SUBTENSOR_URL"]
+fn a_real_node_serves_a_metagraph_and_a_burn() {
+    let url = std::env::var("IOTA_SUBTENSOR_URL")
+        .expect("set IOTA_SUBTENSOR_URL to a subtensor node, e.g. ws://127.0.0.1:9944");
+    let netuid: u16 = std::env::var("IOTA_SUBTENSOR_NETUID")
+        .map(|n| n.parse().expect("IOTA_SUBTENSOR_NETUID is a number"))
+        .unwrap_or(1);
+    let chain = SubtensorChain::new(Network::Url(url)).unwrap();
+    let metagraph = chain.metagraph(netuid).unwrap();
+    let burn = chain.burn_cost(netuid).unwrap();
+    let policy = chain.weights_policy(netuid).unwrap();
+    eprintln!(
+        "subnet {netuid}: {} neurons at block {}, burn {burn} rao, tempo {}, commit-reveal {}",
+        metagraph.neurons.len(),
+        metagraph.block,
+        policy.tempo,
+        policy.commit_reveal
+    );
+    assert!(metagraph.block > 0);
+    for (i, neuron) in metagraph.neurons.iter().enumerate() {
+        assert_eq!(usize::from(neuron.uid), i);
+        assert!((0.0..=1.0).contains(&neuron.incentive));
+    }
+}

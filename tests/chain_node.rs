@@ -737,6 +737,86 @@ fn iota_reads_and_registers_against_a_fake_node_serving_sdk_encoded_bytes() {
     );
 }
 
+/// The orchestrator on a subnet, through the real client: `iota orchestrate` with a `chain:`
+/// block naming the fake node reads the SDK-encoded metagraph before it serves, shows it in
+/// `/api/status` (uids, hotkeys, stake, permits), and refuses a hotkey that is not on it.
+#[test]
+fn an_orchestrator_on_a_fake_node_admits_only_the_metagraphs_hotkeys() {
+    let dir = tempfile::tempdir().unwrap();
+    let wallets = dir.path().join("wallets");
+    let (coldkey, hotkey) = sdk_wallet(&wallets);
+    let encoded = encode_with_the_sdk(&coldkey, &hotkey, 5 * BURN);
+    let metadata = std::fs::read(root().join(METADATA)).unwrap();
+    let node = fake_node(
+        &encoded,
+        &metadata,
+        &encoded.events_registered,
+        &coldkey,
+        &encoded.call,
+    );
+    let (url, config) = common::procs::write_config_with(
+        dir.path(),
+        "on-a-fake-node",
+        &format!(
+            "chain: {{network: \"{}\", netuid: {NETUID}, refresh_secs: 1}}\n",
+            node.url
+        ),
+    );
+    let mut orchestrator = common::procs::start_orchestrator(dir.path(), &config, &url);
+    let doc = common::net::status(&url).expect("a status");
+    let chain = &doc["chain"];
+    assert_eq!(
+        (chain["netuid"].as_u64(), chain["block"].as_u64()),
+        (Some(u64::from(NETUID)), Some(99)),
+        "{doc}"
+    );
+    let shown: Vec<(u64, String, bool)> = chain["neurons"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["uid"].as_u64().unwrap(),
+                n["hotkey"].as_str().unwrap().to_owned(),
+                n["validator_permit"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    let expected: Vec<(u64, String, bool)> = neurons()
+        .iter()
+        .map(|n| {
+            (
+                u64::from(n.uid),
+                n.address().to_string(),
+                n.validator_permit,
+            )
+        })
+        .collect();
+    assert_eq!(shown, expected);
+    // The wallet's hotkey is not on the metagraph: refused in one line that says what to run.
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_iota"));
+    cmd.args(["register", "--orchestrator", &url])
+        .args(["--wallet", "payer", "--hotkey", "miner", "--wallets-dir"])
+        .arg(&wallets)
+        .stdin(Stdio::null());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("IOTA_") {
+            cmd.env_remove(key);
+        }
+    }
+    let line = one_line_failure(
+        &cmd.output().unwrap(),
+        "a hotkey off the metagraph",
+        "iota register --network",
+    );
+    assert!(
+        line.contains(&hotkey.to_string()) || line.contains("not on"),
+        "{line}"
+    );
+    let _ = orchestrator.kill();
+    let _ = orchestrator.wait();
+}
+
 /// A real node (a subtensor localnet, say): read the metagraph and the burn of
 /// `IOTA_SUBTENSOR_NETUID` (default 1) from `IOTA_SUBTENSOR_URL`. Not run in CI, which has no
 /// chain: `IOTA_SUBTENSOR_URL=ws://127.0.0.1:9944 cargo test --features adversary --test

@@ -8,8 +8,8 @@ use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
 use super::trained::{self, ModelSource, Trained};
-use crate::infer::generate::{Limits, generate};
-use crate::infer::{Chain, InferError, Sampler, TextStream};
+use crate::infer::generate::generate_text;
+use crate::infer::{Chain, InferError, Sampler};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 
 /// Arguments of `iota generate`.
@@ -80,36 +80,28 @@ impl BackendTask for Task {
         } = self;
         let chain = Chain::<B::InnerBackend>::new(&trained.weights, trained.wire, &device)
             .with_context(|| format!("loading {}", trained.weights.origin))?;
-        let tokenizer = &trained.tokenizer;
-        let mut prompt = tokenizer
-            .encode(&args.prompt)
-            .context("encoding --prompt")?;
-        if prompt.is_empty() {
-            // An empty prompt starts a new document.
-            prompt.extend(tokenizer.end_of_text());
-        }
-        let limits = Limits {
-            max_tokens: args.max_tokens,
-            stop: tokenizer.end_of_text(),
-            kv_cache: !args.no_kv_cache,
-        };
-        let mut stream = TextStream::new(tokenizer);
         let mut out = std::io::stdout().lock();
         let started = Instant::now();
-        let ids = generate(&chain, &prompt, limits, &mut sampler, |id| {
-            let text = stream.push(id)?;
-            out.write_all(text.as_bytes())
-                .and_then(|()| out.flush())
-                .map_err(|e| InferError::BadInput(format!("writing to stdout: {e}")))
-        })?;
-        let rest = stream.finish()?;
-        writeln!(out, "{rest}").context("writing to stdout")?;
+        let generated = generate_text(
+            &chain,
+            &trained.tokenizer,
+            &args.prompt,
+            args.max_tokens,
+            !args.no_kv_cache,
+            &mut sampler,
+            |text| {
+                out.write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .map_err(|e| InferError::BadInput(format!("writing to stdout: {e}")))
+            },
+        )?;
+        writeln!(out).context("writing to stdout")?;
         let secs = started.elapsed().as_secs_f64();
         eprintln!(
             "iota generate: {} tokens in {secs:.2} s ({:.1} tokens/s), {} prompt tokens, model {}",
-            ids.len(),
-            ids.len() as f64 / secs.max(1e-9),
-            prompt.len(),
+            generated.ids.len(),
+            generated.ids.len() as f64 / secs.max(1e-9),
+            generated.prompt_tokens,
             trained.weights.origin
         );
         Ok(())

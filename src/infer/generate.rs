@@ -5,7 +5,8 @@
 
 use burn::tensor::backend::Backend;
 
-use super::{Chain, InferError, Sampler};
+use super::{Chain, InferError, Sampler, TextStream};
+use crate::data::Tokenizer;
 
 /// When generation stops.
 #[derive(Debug, Clone, Copy)]
@@ -55,6 +56,51 @@ pub fn generate<B: Backend>(
         on_token(id)?;
     }
     Ok(ids.split_off(prompt.len()))
+}
+
+/// What [`generate_text`] produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextGeneration {
+    /// Tokens the prompt encoded to (an empty prompt: the end-of-text token, if any).
+    pub prompt_tokens: usize,
+    /// The generated ids.
+    pub ids: Vec<u32>,
+}
+
+/// Generates text after `prompt`: encodes it with `tokenizer` (an empty prompt starts a new
+/// document at the end-of-text token), samples up to `max_tokens` ids, stopping at the
+/// tokenizer's end of text, and passes the decoded text to `on_text` piece by piece as soon as
+/// it is whole, the last piece included.
+///
+/// # Errors
+/// As [`generate`], a prompt the tokenizer cannot encode, or whatever `on_text` returns.
+pub fn generate_text<B: Backend>(
+    chain: &Chain<B>,
+    tokenizer: &Tokenizer,
+    prompt: &str,
+    max_tokens: usize,
+    kv_cache: bool,
+    sampler: &mut Sampler,
+    mut on_text: impl FnMut(&str) -> Result<(), InferError>,
+) -> Result<TextGeneration, InferError> {
+    let mut prompt = tokenizer.encode(prompt)?;
+    if prompt.is_empty() {
+        prompt.extend(tokenizer.end_of_text());
+    }
+    let limits = Limits {
+        max_tokens,
+        stop: tokenizer.end_of_text(),
+        kv_cache,
+    };
+    let mut stream = TextStream::new(tokenizer);
+    let ids = generate(chain, &prompt, limits, sampler, |id| {
+        on_text(&stream.push(id)?)
+    })?;
+    on_text(&stream.finish()?)?;
+    Ok(TextGeneration {
+        prompt_tokens: prompt.len(),
+        ids,
+    })
 }
 
 #[cfg(test)]

@@ -14,9 +14,8 @@ use super::config::SamplesConfig;
 use super::sample_store::{EpochSamples, Sample};
 use super::state::AppState;
 use crate::data::Tokenizer;
-use crate::infer::generate::{Limits, generate};
-use crate::infer::{Chain, InferError, Sampler, TextStream, load};
-use crate::model::ModelConfig;
+use crate::infer::generate::generate_text;
+use crate::infer::{Chain, InferError, Sampler, load};
 use crate::model::backend::Cpu;
 use crate::storage::StatePart;
 
@@ -102,7 +101,7 @@ async fn sample_epoch(state: &AppState, epoch: u64) -> anyhow::Result<Vec<Sample
         drop(flats);
         let chain = Chain::<Cpu>::new(&weights, wire, &Default::default())?;
         drop(weights);
-        Ok(sample_all(&chain, &tokenizer, &model, &config)?)
+        Ok(sample_all(&chain, &tokenizer, &config)?)
     })
     .await?
 }
@@ -111,7 +110,6 @@ async fn sample_epoch(state: &AppState, epoch: u64) -> anyhow::Result<Vec<Sample
 fn sample_all(
     chain: &Chain<Cpu>,
     tokenizer: &Tokenizer,
-    model: &ModelConfig,
     config: &SamplesConfig,
 ) -> Result<Vec<Sample>, InferError> {
     config
@@ -119,32 +117,24 @@ fn sample_all(
         .iter()
         .enumerate()
         .map(|(i, prompt)| {
-            let mut ids = tokenizer.encode(prompt)?;
-            if ids.is_empty() {
-                ids.extend(tokenizer.end_of_text());
-            }
-            if let Some(bad) = ids.iter().find(|&&id| id as usize >= model.vocab_size) {
-                return Err(InferError::BadInput(format!(
-                    "prompt {i} encodes to id {bad}, outside the model's vocabulary"
-                )));
-            }
             let mut sampler = Sampler::new(
                 config.temperature,
                 config.top_p,
                 config.seed.wrapping_add(i as u64),
             )?;
-            let limits = Limits {
-                max_tokens: config.max_tokens,
-                stop: tokenizer.end_of_text(),
-                kv_cache: true,
-            };
-            let mut stream = TextStream::new(tokenizer);
             let mut text = String::new();
-            generate(chain, &ids, limits, &mut sampler, |id| {
-                text.push_str(&stream.push(id)?);
-                Ok(())
-            })?;
-            text.push_str(&stream.finish()?);
+            generate_text(
+                chain,
+                tokenizer,
+                prompt,
+                config.max_tokens,
+                true,
+                &mut sampler,
+                |piece| {
+                    text.push_str(piece);
+                    Ok(())
+                },
+            )?;
             Ok(Sample {
                 prompt: prompt.clone(),
                 text,

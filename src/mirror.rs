@@ -10,6 +10,11 @@
 //!   shard, through the same HTTPS client as every other request of this process (with the
 //!   CA file of `--ca-file`, if any).
 //!
+//! A prefix holding [`MANIFEST_FILE`] at its top is a prepared directory (`iota data
+//! prepare`'s output): its manifest and the token shards it names are copied, nothing else,
+//! and the copy is checked against the manifest (sizes, counts, the stream's hash) before it
+//! is read as prepared tokens (whose tokenizer the reader then checks).
+//!
 //! [`fetch`] copies them to `CACHE/{hash of the URL}/`, under their key relative to the
 //! prefix, and returns a [`DataSpec::Path`] of that folder with the same text column. A shard
 //! already there with the size the server reports is not downloaded again; a file of that
@@ -22,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use crate::data::{DataSpec, is_data_file};
+use crate::data::{DataSpec, MANIFEST_FILE, Manifest, is_data_file, verify_prepared};
 use crate::storage::trust::client_builder;
 use crate::storage::{ObjectKey, Storage, StorageConfig, StorageError};
 
@@ -50,6 +55,15 @@ pub enum MirrorError {
         url: String,
         /// What the store said.
         source: Box<StorageError>,
+    },
+    /// A prepared directory (one holding [`MANIFEST_FILE`]) that is incomplete or fails its
+    /// manifest's checks once copied.
+    #[error("{url}: {reason}")]
+    BadPrepared {
+        /// The URL as given.
+        url: String,
+        /// What is wrong (one line, naming the file).
+        reason: String,
     },
     /// Nothing under the prefix is a shard iota reads.
     #[error("{url}: no .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet shard under this prefix")]
@@ -114,7 +128,8 @@ pub fn default_cache_dir() -> PathBuf {
 }
 
 /// Copies the shards of a remote `spec` under `cache` (see the module documentation) and
-/// returns the local copy, a [`DataSpec::Path`]; any other spec comes back as it is.
+/// returns the local copy, a [`DataSpec::Path`]; of [`DataSpec::Several`], each remote part,
+/// in order (a part's error names its URL); any other spec comes back as it is.
 /// `run_storage`, a run's own `storage` settings, supplies the endpoint, region and keys of an
 /// `s3://` URL when it is S3 itself; what it leaves unset comes from the AWS environment
 /// variables.
@@ -123,6 +138,22 @@ pub fn default_cache_dir() -> PathBuf {
 /// [`MirrorError`] naming the URL or file; nothing is left half-written (a download goes to a
 /// `.partial` file first).
 pub async fn fetch(
+    spec: &DataSpec,
+    cache: &Path,
+    run_storage: Option<&StorageConfig>,
+) -> Result<DataSpec, MirrorError> {
+    let DataSpec::Several { parts } = spec else {
+        return fetch_one(spec, cache, run_storage).await;
+    };
+    let mut local = Vec::with_capacity(parts.len());
+    for part in parts {
+        local.push(fetch_one(part, cache, run_storage).await?);
+    }
+    Ok(DataSpec::Several { parts: local })
+}
+
+/// [`fetch`] of one source (not [`DataSpec::Several`]).
+async fn fetch_one(
     spec: &DataSpec,
     cache: &Path,
     run_storage: Option<&StorageConfig>,
@@ -149,7 +180,7 @@ pub async fn fetch(
 /// # Errors
 /// As [`fetch`]; [`MirrorError::Io`] when the runtime cannot start.
 pub fn fetch_to_cache(spec: &DataSpec) -> Result<DataSpec, MirrorError> {
-    if !matches!(spec, DataSpec::Remote { .. }) {
+    if !spec.is_remote() {
         return Ok(spec.clone());
     }
     let cache = default_cache_dir().join("shards");
@@ -186,10 +217,12 @@ async fn from_bucket(
         source: Box::new(source),
     };
     let mut store = open_bucket(url, run_storage)?;
-    let mut objects: Vec<(ObjectKey, u64)> = store
-        .list(None)
-        .await
-        .map_err(listed)?
+    let listing = store.list(None).await.map_err(listed)?;
+    if listing.iter().any(|o| o.key.as_str() == MANIFEST_FILE) {
+        let sizes = listing.into_iter().map(|o| (o.key, o.size)).collect();
+        return prepared_from_bucket(&store, url, sizes, dir).await;
+    }
+    let mut objects: Vec<(ObjectKey, u64)> = listing
         .into_iter()
         .filter(|o| is_data_file(o.key.as_str().rsplit('/').next().unwrap_or_default()))
         .map(|o| (o.key, o.size))
@@ -220,6 +253,58 @@ async fn from_bucket(
     }
     let (downloaded, bytes) = copy_objects(&store, url, &objects, dir).await?;
     Ok((objects.len(), downloaded, bytes))
+}
+
+/// Copies the prepared directory at an `s3://` URL, whose objects are `listed` (key and size):
+/// its manifest and the token shards the manifest names, nothing else; then checks the copy
+/// ([`verify_prepared`]: sizes, counts and the stream's hash) when anything was downloaded.
+/// A copy that fails the check loses its manifest, so the next fetch downloads and checks it
+/// again. (shards, downloaded, bytes).
+async fn prepared_from_bucket(
+    store: &Storage,
+    url: &str,
+    listed: Vec<(ObjectKey, u64)>,
+    dir: &Path,
+) -> Result<(usize, usize, u64), MirrorError> {
+    let bad = |reason: String| MirrorError::BadPrepared {
+        url: url.to_owned(),
+        reason,
+    };
+    let sizes: std::collections::HashMap<String, (ObjectKey, u64)> = listed
+        .into_iter()
+        .map(|(key, size)| (key.as_str().to_owned(), (key, size)))
+        .collect();
+    let manifest_object = sizes
+        .get(MANIFEST_FILE)
+        .cloned()
+        .ok_or_else(|| bad(format!("no {MANIFEST_FILE} under this prefix")))?;
+    let text = store
+        .get(&manifest_object.0)
+        .await
+        .map_err(|e| bad(format!("reading {MANIFEST_FILE}: {e}")))?;
+    let manifest: Manifest = serde_json::from_slice(&text).map_err(|e| {
+        bad(format!(
+            "{MANIFEST_FILE} is not a prepared-token manifest: {e}"
+        ))
+    })?;
+    let mut objects = vec![manifest_object];
+    for shard in &manifest.shards {
+        let object = sizes.get(&shard.file).ok_or_else(|| {
+            bad(format!(
+                "{MANIFEST_FILE} names token shard {}, which is not under this prefix",
+                shard.file
+            ))
+        })?;
+        objects.push(object.clone());
+    }
+    let (downloaded, bytes) = copy_objects(store, url, &objects, dir).await?;
+    if downloaded > 0
+        && let Err(e) = verify_prepared(dir)
+    {
+        let _ = std::fs::remove_file(dir.join(MANIFEST_FILE));
+        return Err(bad(e.to_string()));
+    }
+    Ok((manifest.shards.len(), downloaded, bytes))
 }
 
 /// Copies `objects` (key and size) of `store`, whose URL is `url`, to `dir` under their keys,

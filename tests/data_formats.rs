@@ -339,32 +339,37 @@ fn train_learns_from_parquet_shards_and_stops_at_a_bad_one() {
     fails_with(&args, "synthetic corpus has no columns");
 }
 
+/// Also when the shards are streamed (`data.stream`, one shard a block): every shard's schema
+/// is checked before the first block is tokenized, and the run config's key reaches the
+/// binary.
 #[test]
 fn orchestrator_refuses_a_bad_shard_before_it_serves() {
     let w = written();
     let run = tempfile::tempdir().unwrap();
     let config = run.path().join("run.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "run: shards\nlisten: 127.0.0.1:0\ndata_dir: {}\ndata: {{source: {}, text_column: body}}\n",
-            s(&run.path().join("state")),
-            s(&w.path("shards")),
-        ),
-    )
-    .unwrap();
-    let out = iota(&["orchestrate", "--config", s(&config)]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
-    assert!(
-        stderr.contains("000_00000.parquet: Parquet column \"body\": no such column"),
-        "{stderr}"
-    );
-    assert!(
-        !stderr.contains("iota orchestrator: run"),
-        "it served: {stderr}"
-    );
+    for stream in ["", ", stream: {block_shards: 1, ahead: 1, threads: 1}"] {
+        std::fs::write(
+            &config,
+            format!(
+                "run: shards\nlisten: 127.0.0.1:0\ndata_dir: {}\ndata: {{source: {}, text_column: body{stream}}}\n",
+                s(&run.path().join("state")),
+                s(&w.path("shards")),
+            ),
+        )
+        .unwrap();
+        let out = iota(&["orchestrate", "--config", s(&config)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.contains("000_00000.parquet: Parquet column \"body\": no such column"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("iota orchestrator: run"),
+            "it served: {stderr}"
+        );
+    }
 }
 
 /// Every file under `dir` with its modification time.
@@ -488,13 +493,7 @@ fn shards_in_a_bucket_or_at_a_url_read_like_the_same_files_on_disk() {
     common::copy_tree(&w.path("shards"), &bucket.join("corpus"));
     std::fs::write(bucket.join("corpus/README.md"), "not a shard").unwrap();
     let cache = run.path().join("cache");
-    let envs = [
-        ("AWS_ENDPOINT_URL", s3.endpoint.as_str()),
-        ("AWS_ACCESS_KEY_ID", common::ACCESS_KEY),
-        ("AWS_SECRET_ACCESS_KEY", common::SECRET_KEY),
-        ("AWS_REGION", "us-east-1"),
-        ("IOTA_DATA_CACHE", s(&cache)),
-    ];
+    let envs = s3.client_envs(&cache);
     let url = format!("s3://{}/corpus", common::BUCKET);
     assert_eq!(eval_loss(&ckpt, &url, &[], &envs), local);
     let copied = files_with_times(&cache);
@@ -523,6 +522,15 @@ fn shards_in_a_bucket_or_at_a_url_read_like_the_same_files_on_disk() {
     std::fs::remove_file(bucket.join("corpus/000_00000.parquet")).unwrap();
     let fewer = eval_loss(&ckpt, &url, &[], &envs);
     assert_ne!(fewer, local);
+    // Several sources in one --data, read in the order given: the shard that left the bucket
+    // from disk, then the bucket's two, are the three shards of the folder.
+    let first = w.path("shards/000_00000.parquet");
+    let several = format!("{},{url}", s(&first));
+    assert_eq!(eval_loss(&ckpt, &several, &[], &envs), local);
+    assert_ne!(
+        eval_loss(&ckpt, &format!("{url},{}", s(&first)), &[], &envs),
+        local
+    );
     let prefix_copy = copied.keys().next().unwrap().parent().unwrap();
     let left: Vec<_> = files_with_times(prefix_copy).into_keys().collect();
     assert_eq!(
@@ -548,6 +556,18 @@ fn shards_in_a_bucket_or_at_a_url_read_like_the_same_files_on_disk() {
         &empty,
         &[],
         "no .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet shard",
+    );
+    // Among several sources, the bad one is named.
+    eval_fails(
+        &format!("{},{empty}", s(&first)),
+        &[],
+        &format!("{empty}: no .txt"),
+    );
+    let nowhere = run.path().join("nowhere");
+    eval_fails(
+        &format!("{url},{}", s(&nowhere)),
+        &[],
+        &format!("{}: no such file or directory", s(&nowhere)),
     );
 
     // The same shard over HTTPS, from a server whose certificate a CA of the test signed.

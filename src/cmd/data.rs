@@ -8,7 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::data::{DataSpec, LocalFiles, MANIFEST_FILE, Tokenizer, is_prepared, prepare};
+use crate::data::{DataSpec, MANIFEST_FILE, Tokenizer, is_prepared, prepare};
 use crate::mirror;
 
 /// Arguments of `iota data`.
@@ -69,22 +69,22 @@ fn run_prepare(args: PrepareArgs) -> anyhow::Result<()> {
         .clone()
         .with_text_column(args.text_column.as_deref())?;
     let local = mirror::fetch_to_cache(&spec).with_context(|| format!("copying {}", args.data))?;
-    let (path, column) = match &local {
-        DataSpec::Path { path, text_column } => (path, text_column),
-        DataSpec::Synthetic { .. } | DataSpec::Remote { .. } => bail!(
-            "{}: the synthetic corpus is generated, not read, so there is nothing to prepare \
-             (pass a file, a folder, an s3:// prefix or an https:// URL)",
-            args.data
-        ),
-    };
-    if is_prepared(path) {
+    if let DataSpec::Path { path, .. } = &local
+        && is_prepared(path)
+    {
         bail!(
             "{}: already prepared (it holds {MANIFEST_FILE}); pass it to --data as it is",
             path.display()
         );
     }
+    let Some(source) = local.local_files()? else {
+        bail!(
+            "{}: the synthetic corpus is generated, not read, so there is nothing to prepare \
+             (pass a file, a folder, an s3:// prefix or an https:// URL)",
+            args.data
+        );
+    };
     let tokenizer = Tokenizer::load(args.tokenizer.as_deref())?;
-    let source = LocalFiles::open(path)?.with_text_column(column);
     let bar = if args.quiet {
         ProgressBar::hidden()
     } else {

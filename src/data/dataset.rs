@@ -21,8 +21,7 @@ use std::sync::Arc;
 use super::permutation::EpochPermutation;
 use super::pool::PoolStats;
 use super::prepared::{PreparedTokens, is_prepared};
-use super::source::LocalFiles;
-use super::stream_hash::hash_tokens;
+use super::stream_hash::{dataset_fingerprint, hash_tokens};
 use super::streamed::{StreamSettings, Streamed};
 use super::synthetic::SyntheticSource;
 use super::{DataError, DataSpec, Tokenizer, pack_documents};
@@ -171,8 +170,10 @@ impl Dataset {
                 tracing::info!(dataset = %dataset.describe(), "prepared dataset opened");
                 return Ok(dataset);
             }
-            DataSpec::Path { path, text_column } if stream.is_some() => {
-                let source = LocalFiles::open(path)?.with_text_column(text_column);
+            DataSpec::Path { .. } | DataSpec::Several { .. } if stream.is_some() => {
+                let source = spec.local_files()?.ok_or_else(|| DataError::NoDocuments {
+                    source_name: spec.to_string(),
+                })?;
                 let settings = stream.unwrap_or_default();
                 let streamed = Streamed::open(&source, tokenizer, seq_len, seed, settings)?;
                 let dataset = Self {
@@ -186,7 +187,7 @@ impl Dataset {
                 tracing::info!(dataset = %dataset.describe(), ?settings, "streaming dataset opened");
                 return Ok(dataset);
             }
-            DataSpec::Path { .. } | DataSpec::Remote { .. } => {
+            DataSpec::Path { .. } | DataSpec::Remote { .. } | DataSpec::Several { .. } => {
                 let source = spec.open()?;
                 let tokens = pack_documents(source.as_ref(), tokenizer)?;
                 (tokens, source.describe(), None)
@@ -245,7 +246,7 @@ impl Dataset {
         let n_eval = (n_total / EVAL_DIVISOR).max(1);
         let n_train = n_total - n_eval;
         let eval_offset = n_train * seq_len + 1;
-        let fingerprint = fingerprint(stream_hash, tokens.len(), seq_len, n_train, n_eval);
+        let fingerprint = dataset_fingerprint(stream_hash, tokens.len(), seq_len, n_train, n_eval);
         Ok(Self {
             body: Body::Whole(Whole {
                 tokens,
@@ -403,18 +404,21 @@ impl Dataset {
             .map(|f| format!(", floor {f:.4} nats/token"))
             .unwrap_or_default();
         let (tokens, train) = match &self.body {
-            Body::Whole(whole) => (whole.tokens.len().to_string(), whole.n_train.to_string()),
+            Body::Whole(whole) => (
+                format!("{} tokens", whole.tokens.len()),
+                whole.n_train.to_string(),
+            ),
             Body::Streamed(streamed) => (
                 format!(
-                    "streamed in {} blocks, {} so far",
-                    streamed.blocks(),
-                    self.num_tokens()
+                    "{} tokens so far, streamed in {} blocks",
+                    self.num_tokens(),
+                    streamed.blocks()
                 ),
                 format!("{} so far", self.num_train_windows()),
             ),
         };
         format!(
-            "{}, tokenizer {}: {tokens} tokens, seq_len {}, {train} train + {} eval windows, seed {}, id {}{floor}",
+            "{}, tokenizer {}: {tokens}, seq_len {}, {train} train + {} eval windows, seed {}, id {}{floor}",
             self.source_name,
             self.tokenizer,
             self.seq_len,
@@ -431,23 +435,6 @@ impl fmt::Debug for Dataset {
             .field("describe", &self.describe())
             .finish_non_exhaustive()
     }
-}
-
-/// The first 16 hex digits of BLAKE3 over the layout and the stream's content hash.
-pub(super) fn fingerprint(
-    stream_hash: &str,
-    len: usize,
-    seq_len: usize,
-    n_train: usize,
-    n_eval: usize,
-) -> String {
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(b"iota.dataset.v2");
-    for n in [seq_len, n_train, n_eval, len] {
-        hasher.update(&(n as u64).to_le_bytes());
-    }
-    hasher.update(stream_hash.as_bytes());
-    hasher.finalize().to_hex().as_str()[..16].to_owned()
 }
 
 #[cfg(test)]

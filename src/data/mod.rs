@@ -54,6 +54,8 @@ mod seed;
 mod source;
 mod spec;
 mod stream_hash;
+#[cfg(test)]
+mod stream_tests;
 mod streamed;
 mod synthetic;
 mod tokenizer;
@@ -65,7 +67,9 @@ pub use pack::pack_documents;
 pub use permutation::EpochPermutation;
 pub use pool::PoolStats;
 pub use prepare::prepare;
-pub use prepared::{MANIFEST_FILE, Manifest, PreparedTokens, ShardEntry, TokenDtype, is_prepared};
+pub use prepared::{
+    MANIFEST_FILE, Manifest, PreparedTokens, ShardEntry, TokenDtype, is_prepared, verify_prepared,
+};
 pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource, is_data_file};
 pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
 pub use streamed::StreamSettings;

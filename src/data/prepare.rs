@@ -2,15 +2,14 @@
 //! (layout in `prepared.rs`), one shard per source file, files in parallel.
 
 use std::fs::File;
-use std::io::{BufWriter, Read, Write};
-use std::path::{Path, PathBuf};
+use std::io::{BufWriter, Write};
+use std::path::Path;
 
 use rayon::prelude::*;
 
 use super::pack::pack_into;
-use super::prepared::{FORMAT, MANIFEST_FILE, Manifest, ShardEntry, TokenDtype};
+use super::prepared::{FORMAT, MANIFEST_FILE, Manifest, ShardEntry, TokenDtype, hash_stream};
 use super::source::{LocalFiles, TextSource};
-use super::stream_hash::StreamHasher;
 use super::{DataError, Tokenizer};
 
 /// Tokens buffered before they are written out.
@@ -142,67 +141,10 @@ fn prepare_file(
         .map_err(unwritable)?;
     Ok(ShardEntry {
         file: file_name,
-        source: relative(source.root(), path),
+        source: source.name_of(path),
         tokens,
         documents: documents as u64,
     })
-}
-
-/// `path` relative to the source root (its file name when the root is the file itself).
-fn relative(root: &Path, path: &Path) -> String {
-    let rel = path
-        .strip_prefix(root)
-        .ok()
-        .filter(|r| !r.as_os_str().is_empty())
-        .map(PathBuf::from)
-        .or_else(|| path.file_name().map(PathBuf::from))
-        .unwrap_or_else(|| path.to_path_buf());
-    rel.to_string_lossy().into_owned()
-}
-
-/// Reads the written shards back in stream order: the stream's length and content hash.
-fn hash_stream(
-    out: &Path,
-    shards: &[ShardEntry],
-    dtype: TokenDtype,
-    end_of_text: Option<u32>,
-) -> Result<(u64, String), DataError> {
-    let mut hasher = StreamHasher::new();
-    let (mut total, mut any) = (0u64, false);
-    let mut buf = vec![0u8; WRITE_TOKENS * dtype.bytes()];
-    let mut ids = Vec::with_capacity(WRITE_TOKENS);
-    for shard in shards.iter().filter(|s| s.tokens > 0) {
-        if let (Some(eot), true) = (end_of_text, any) {
-            hasher.update(&[eot]);
-            total += 1;
-        }
-        any = true;
-        let path = out.join(&shard.file);
-        let mut file = File::open(&path).map_err(|error| DataError::io(&path, error))?;
-        loop {
-            let n = read_full(&mut file, &mut buf).map_err(|error| DataError::io(&path, error))?;
-            if n == 0 {
-                break;
-            }
-            ids.clear();
-            dtype.extend_ids(&buf[..n], &mut ids);
-            hasher.update(&ids);
-            total += ids.len() as u64;
-        }
-    }
-    Ok((total, hasher.finish()))
-}
-
-/// Reads until `buf` is full or the file ends; the bytes read.
-fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read(&mut buf[n..])? {
-            0 => break,
-            k => n += k,
-        }
-    }
-    Ok(n)
 }
 
 #[cfg(test)]

@@ -16,11 +16,16 @@
 //! content hash, the one [`crate::data::Dataset`] fingerprints a raw source by.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
 
+use super::stream_hash::StreamHasher;
 use super::{DataError, Tokenizer};
+
+/// Tokens read at a time when a prepared stream is hashed.
+const READ_TOKENS: usize = 1 << 20;
 
 /// The manifest's file name inside a prepared directory.
 pub const MANIFEST_FILE: &str = "iota-tokens.json";
@@ -175,6 +180,54 @@ impl Manifest {
     }
 }
 
+/// Checks a prepared directory against its manifest without a tokenizer: the manifest's
+/// counts, every shard's size, and the content hash of the stream (every token is read once).
+/// For a copy that came over a network (`crate::mirror`), before it is used.
+///
+/// # Errors
+/// As [`Manifest::read`]; [`DataError::BadPrepared`] naming a missing or wrongly sized shard,
+/// or the manifest when the tokens do not hash to its `stream_hash`.
+pub fn verify_prepared(dir: &Path) -> Result<Manifest, DataError> {
+    let manifest = Manifest::read(dir)?;
+    for shard in &manifest.shards {
+        open_shard(&dir.join(&shard.file), shard, manifest.dtype)?;
+    }
+    let (tokens, hash) = hash_stream(dir, &manifest.shards, manifest.dtype, manifest.end_of_text)?;
+    if tokens != manifest.tokens || hash != manifest.stream_hash {
+        return Err(DataError::BadPrepared {
+            path: dir.join(MANIFEST_FILE),
+            reason: format!(
+                "the shards hold {tokens} tokens hashing to {hash}, but the manifest says {} \
+                 hashing to {}: a shard was changed or damaged; prepare the data again",
+                manifest.tokens, manifest.stream_hash
+            ),
+        });
+    }
+    Ok(manifest)
+}
+
+/// Opens token shard `shard` at `path` and checks that its size is the manifest's count.
+fn open_shard(path: &Path, shard: &ShardEntry, dtype: TokenDtype) -> Result<File, DataError> {
+    let file = File::open(path).map_err(|error| DataError::io(path, error))?;
+    let len = file
+        .metadata()
+        .map_err(|error| DataError::io(path, error))?
+        .len();
+    let width = dtype.bytes() as u64;
+    if len != shard.tokens * width {
+        return Err(DataError::BadPrepared {
+            path: path.to_path_buf(),
+            reason: format!(
+                "holds {len} bytes but the manifest says {} {dtype:?} tokens ({} bytes): \
+                 truncated or overwritten; prepare the data again",
+                shard.tokens,
+                shard.tokens * width
+            ),
+        });
+    }
+    Ok(file)
+}
+
 /// Whether `path` is a prepared directory (holds [`MANIFEST_FILE`]).
 pub fn is_prepared(path: &Path) -> bool {
     path.join(MANIFEST_FILE).is_file()
@@ -222,28 +275,10 @@ impl PreparedTokens {
                 given: tokenizer.fingerprint(),
             });
         }
-        let width = manifest.dtype.bytes() as u64;
         let (mut pieces, mut starts, mut at) = (Vec::new(), Vec::new(), 0u64);
         for shard in &manifest.shards {
             let path = dir.join(&shard.file);
-            let bad = |reason: String| DataError::BadPrepared {
-                path: path.clone(),
-                reason,
-            };
-            let file = File::open(&path).map_err(|error| DataError::io(&path, error))?;
-            let len = file
-                .metadata()
-                .map_err(|error| DataError::io(&path, error))?
-                .len();
-            if len != shard.tokens * width {
-                return Err(bad(format!(
-                    "holds {len} bytes but the manifest says {} {:?} tokens ({} bytes): \
-                     truncated or overwritten; prepare the data again",
-                    shard.tokens,
-                    manifest.dtype,
-                    shard.tokens * width
-                )));
-            }
+            let file = open_shard(&path, shard, manifest.dtype)?;
             if shard.tokens == 0 {
                 continue;
             }
@@ -322,6 +357,51 @@ impl PreparedTokens {
         }
         out
     }
+}
+
+/// Reads the written shards back in stream order: the stream's length and content hash.
+pub(super) fn hash_stream(
+    out: &Path,
+    shards: &[ShardEntry],
+    dtype: TokenDtype,
+    end_of_text: Option<u32>,
+) -> Result<(u64, String), DataError> {
+    let mut hasher = StreamHasher::new();
+    let (mut total, mut any) = (0u64, false);
+    let mut buf = vec![0u8; READ_TOKENS * dtype.bytes()];
+    let mut ids = Vec::with_capacity(READ_TOKENS);
+    for shard in shards.iter().filter(|s| s.tokens > 0) {
+        if let (Some(eot), true) = (end_of_text, any) {
+            hasher.update(&[eot]);
+            total += 1;
+        }
+        any = true;
+        let path = out.join(&shard.file);
+        let mut file = File::open(&path).map_err(|error| DataError::io(&path, error))?;
+        loop {
+            let n = read_full(&mut file, &mut buf).map_err(|error| DataError::io(&path, error))?;
+            if n == 0 {
+                break;
+            }
+            ids.clear();
+            dtype.extend_ids(&buf[..n], &mut ids);
+            hasher.update(&ids);
+            total += ids.len() as u64;
+        }
+    }
+    Ok((total, hasher.finish()))
+}
+
+/// Reads until `buf` is full or the file ends; the bytes read.
+fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match file.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

@@ -46,8 +46,8 @@ pub trait TextSource: Send + Sync {
 ///   loop).
 #[derive(Clone, Debug)]
 pub struct LocalFiles {
-    /// The path as given (for messages).
-    root: PathBuf,
+    /// The paths as given (for messages), one unless several sources were named.
+    roots: Vec<PathBuf>,
     /// The files to read, in order.
     files: Vec<PathBuf>,
     /// The JSON field / Parquet column holding the text.
@@ -114,10 +114,35 @@ impl LocalFiles {
             });
         };
         Ok(Self {
-            root: path.to_path_buf(),
+            roots: vec![path.to_path_buf()],
             files,
             text_column: DEFAULT_TEXT_COLUMN.to_owned(),
         })
+    }
+
+    /// The files of several paths, one path after the other in the order given (each one's
+    /// files in its own path order, as [`Self::open`] lists them).
+    ///
+    /// # Errors
+    /// As [`Self::open`], for the first path that fails (the error names it);
+    /// [`DataError::NoDocuments`] for no path at all.
+    pub fn open_all(paths: &[PathBuf]) -> Result<Self, DataError> {
+        let mut all = Self {
+            roots: Vec::new(),
+            files: Vec::new(),
+            text_column: DEFAULT_TEXT_COLUMN.to_owned(),
+        };
+        for path in paths {
+            let one = Self::open(path)?;
+            all.roots.extend(one.roots);
+            all.files.extend(one.files);
+        }
+        if all.files.is_empty() {
+            return Err(DataError::NoDocuments {
+                source_name: "no source".to_owned(),
+            });
+        }
+        Ok(all)
     }
 
     /// Reads the text from `column` (a `.jsonl` field, a `.parquet` column) instead of
@@ -133,9 +158,30 @@ impl LocalFiles {
         &self.files
     }
 
-    /// The path the files were listed from, as given.
+    /// The path the files were listed from, as given (the first, for several).
     pub fn root(&self) -> &Path {
-        &self.root
+        &self.roots[0]
+    }
+
+    /// The name of `path`, one of the files, for manifests and fingerprints: relative to the
+    /// path it was listed from (its file name when that path is the file itself), after that
+    /// path's position and a colon when several were named (`1:more/002.parquet`).
+    pub fn name_of(&self, path: &Path) -> String {
+        let found = self
+            .roots
+            .iter()
+            .enumerate()
+            .find_map(|(i, root)| Some((i, path.strip_prefix(root).ok()?)));
+        let rel = found
+            .map(|(_, rel)| rel)
+            .filter(|rel| !rel.as_os_str().is_empty())
+            .or_else(|| path.file_name().map(Path::new))
+            .unwrap_or(path);
+        let rel = rel.to_string_lossy();
+        match found {
+            Some((i, _)) if self.roots.len() > 1 => format!("{i}:{rel}"),
+            _ => rel.into_owned(),
+        }
     }
 
     /// The `.jsonl` field / `.parquet` column read.
@@ -146,7 +192,8 @@ impl LocalFiles {
 
 impl TextSource for LocalFiles {
     fn describe(&self) -> String {
-        let (root, files) = (self.root.display(), self.files.len());
+        let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
+        let (root, files) = (roots.join(" + "), self.files.len());
         if self.text_column == DEFAULT_TEXT_COLUMN {
             format!("{root} ({files} files)")
         } else {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 
 use super::DataError;
+use super::prepared::is_prepared;
 use super::source::{DEFAULT_TEXT_COLUMN, LocalFiles, TextSource};
 use super::synthetic::SyntheticSource;
 
@@ -21,7 +22,10 @@ pub const DEFAULT_SYNTHETIC_CHARS: usize = 3_000_000;
 ///   ([`DataSpec::Remote`]), which a command copies to a local folder before reading them
 ///   (`crate::mirror`);
 /// - anything else: a path to a `.txt`, `.jsonl`, `.jsonl.gz`, `.jsonl.zst` or `.parquet` file
-///   or a directory of them ([`LocalFiles`]).
+///   or a directory of them ([`LocalFiles`]);
+/// - several of the last three, separated by commas (`shards/,s3://bucket/more`): read one
+///   after the other in the order written ([`DataSpec::Several`]). The synthetic corpus
+///   cannot be one of them, and a path holding a comma cannot be named this way.
 ///
 /// [`Display`](fmt::Display) writes the same form back, and serde uses it too. The text
 /// column of a path (the `.jsonl` field or `.parquet` column holding the text) is not part of
@@ -51,6 +55,12 @@ pub enum DataSpec {
         url: String,
         /// As for [`DataSpec::Path`].
         text_column: String,
+    },
+    /// Several paths or remote sources, read one after the other in this order (each one's
+    /// files in its own path order), as one source.
+    Several {
+        /// The sources, each a [`DataSpec::Path`] or [`DataSpec::Remote`]; at least two.
+        parts: Vec<DataSpec>,
     },
 }
 
@@ -105,22 +115,97 @@ impl DataSpec {
                 url,
                 text_column: column.to_owned(),
             }),
+            Self::Several { parts } => Ok(Self::Several {
+                parts: parts
+                    .into_iter()
+                    .map(|part| part.with_text_column(Some(column)))
+                    .collect::<Result<_, _>>()?,
+            }),
         }
+    }
+
+    /// Whether any of the spec is remote (to be copied to a local folder before reading).
+    pub fn is_remote(&self) -> bool {
+        match self {
+            Self::Remote { .. } => true,
+            Self::Several { parts } => parts.iter().any(Self::is_remote),
+            Self::Synthetic { .. } | Self::Path { .. } => false,
+        }
+    }
+
+    /// The local files of a path or of several paths, with their text column; `None` for the
+    /// synthetic corpus.
+    ///
+    /// # Errors
+    /// As [`LocalFiles::open`] for each path (naming it); [`DataError::NotFetched`] for a
+    /// remote source; [`DataError::BadSpec`] for a prepared directory among several sources
+    /// (a prepared directory is read whole, on its own).
+    pub fn local_files(&self) -> Result<Option<LocalFiles>, DataError> {
+        let (paths, column) = match self {
+            Self::Synthetic { .. } => return Ok(None),
+            Self::Remote { url, .. } => return Err(DataError::NotFetched { url: url.clone() }),
+            Self::Path { path, text_column } => (vec![path.clone()], text_column),
+            Self::Several { parts } => {
+                let mut paths = Vec::new();
+                for part in parts {
+                    match part {
+                        Self::Path { path, .. } if is_prepared(path) => {
+                            return Err(DataError::BadSpec {
+                                spec: path.display().to_string(),
+                                reason: "a prepared directory is read on its own, not with \
+                                         other sources (prepare them together instead)"
+                                    .to_owned(),
+                            });
+                        }
+                        Self::Path { path, .. } => paths.push(path.clone()),
+                        other => return other.local_files(),
+                    }
+                }
+                let column = match &parts[..] {
+                    [Self::Path { text_column, .. }, ..] => text_column.clone(),
+                    _ => DEFAULT_TEXT_COLUMN.to_owned(),
+                };
+                return Ok(Some(
+                    LocalFiles::open_all(&paths)?.with_text_column(&column),
+                ));
+            }
+        };
+        Ok(Some(LocalFiles::open(&paths[0])?.with_text_column(column)))
     }
 
     /// Opens the source the spec names.
     ///
     /// # Errors
-    /// As [`LocalFiles::open`] for a path; [`DataError::NotFetched`] for remote shards (copy
-    /// them to a local folder first); the synthetic source never fails.
+    /// As [`Self::local_files`]; the synthetic source never fails.
     pub fn open(&self) -> Result<Box<dyn TextSource>, DataError> {
-        match self {
-            Self::Synthetic { seed, chars } => Ok(Box::new(SyntheticSource::new(*seed, *chars))),
-            Self::Path { path, text_column } => Ok(Box::new(
-                LocalFiles::open(path)?.with_text_column(text_column),
-            )),
-            Self::Remote { url, .. } => Err(DataError::NotFetched { url: url.clone() }),
+        if let Self::Synthetic { seed, chars } = self {
+            return Ok(Box::new(SyntheticSource::new(*seed, *chars)));
         }
+        match self.local_files()? {
+            Some(files) => Ok(Box::new(files)),
+            // Only the synthetic corpus has no files.
+            None => Err(DataError::NoDocuments {
+                source_name: self.to_string(),
+            }),
+        }
+    }
+}
+
+/// Parses one source of a comma-separated list `whole`.
+fn parse_part(part: &str, whole: &str) -> Result<DataSpec, DataError> {
+    let part = part.trim();
+    if part.is_empty() {
+        return Err(DataError::BadSpec {
+            spec: whole.to_owned(),
+            reason: "an empty source between commas".to_owned(),
+        });
+    }
+    match part.parse()? {
+        DataSpec::Synthetic { .. } => Err(DataError::BadSpec {
+            spec: part.to_owned(),
+            reason: "the synthetic corpus cannot be read with other sources".to_owned(),
+        }),
+        spec => Ok(spec),
     }
 }
 
@@ -134,6 +219,13 @@ impl FromStr for DataSpec {
         };
         if s.is_empty() {
             return Err(bad("empty"));
+        }
+        if s.contains(',') {
+            let parts = s
+                .split(',')
+                .map(|part| parse_part(part, s))
+                .collect::<Result<_, _>>()?;
+            return Ok(Self::Several { parts });
         }
         if let Some(scheme) = REMOTE_SCHEMES.iter().find(|scheme| s.starts_with(*scheme)) {
             if s.len() == scheme.len() {
@@ -181,6 +273,15 @@ impl fmt::Display for DataSpec {
             Self::Synthetic { seed, chars } => write!(f, "synthetic:{seed}:{chars}"),
             Self::Path { path, .. } => write!(f, "{}", path.display()),
             Self::Remote { url, .. } => f.write_str(url),
+            Self::Several { parts } => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(",")?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -192,8 +293,18 @@ impl serde::Serialize for DataSpec {
 }
 
 impl<'de> serde::Deserialize<'de> for DataSpec {
+    /// A string ([`FromStr`]), or a list of strings read as one comma-separated string.
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(deserializer)?;
+        #[derive(serde::Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(String),
+            Many(Vec<String>),
+        }
+        let s = match OneOrMany::deserialize(deserializer)? {
+            OneOrMany::One(s) => s,
+            OneOrMany::Many(parts) => parts.join(","),
+        };
         s.parse().map_err(serde::de::Error::custom)
     }
 }
@@ -266,6 +377,83 @@ mod tests {
             assert_eq!(serde_json::from_str::<DataSpec>(&json).unwrap(), spec);
         }
         assert_eq!(DataSpec::default().to_string(), "synthetic:0:3000000");
+    }
+
+    #[test]
+    fn several_sources_parse_in_order_and_refuse_bad_parts_by_name() {
+        let spec: DataSpec = "a/shards, s3://bucket/more ,https://host/x.parquet"
+            .parse()
+            .unwrap();
+        let DataSpec::Several { parts } = &spec else {
+            panic!("{spec:?}")
+        };
+        assert_eq!(parts.len(), 3);
+        assert_eq!(parts[0], DataSpec::path("a/shards"));
+        assert!(matches!(&parts[1], DataSpec::Remote { url, .. } if url == "s3://bucket/more"));
+        assert!(spec.is_remote() && !DataSpec::path("x").is_remote());
+        assert_eq!(
+            spec.to_string(),
+            "a/shards,s3://bucket/more,https://host/x.parquet"
+        );
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<DataSpec>(&json).unwrap(), spec);
+        // A YAML list is the same sources.
+        let listed: DataSpec =
+            serde_norway::from_str("[a/shards, s3://bucket/more, https://host/x.parquet]").unwrap();
+        assert_eq!(listed, spec);
+        let column = spec.clone().with_text_column(Some("body")).unwrap();
+        let DataSpec::Several { parts } = &column else {
+            panic!()
+        };
+        assert!(parts.iter().all(|p| matches!(p,
+            DataSpec::Path { text_column, .. } | DataSpec::Remote { text_column, .. }
+                if text_column == "body")));
+        for (bad, named) in [
+            ("a,,b", "a,,b"),
+            ("a,", "a,"),
+            ("a,synthetic:3", "synthetic:3"),
+            ("a,s3://", "s3://"),
+        ] {
+            let err = bad.parse::<DataSpec>().unwrap_err();
+            assert!(
+                matches!(&err, DataError::BadSpec { spec, .. } if spec == named),
+                "{bad}: {err}"
+            );
+            assert!(!err.to_string().contains('\n'));
+        }
+    }
+
+    #[test]
+    fn several_paths_read_one_after_the_other_and_name_a_missing_one() {
+        let dir = tempfile::tempdir().unwrap();
+        for (rel, text) in [("b/1.txt", "B1"), ("b/2.txt", "B2"), ("a/1.txt", "A1")] {
+            let path = dir.path().join(rel);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        let spec: DataSpec = format!("{},{}", b.display(), a.display()).parse().unwrap();
+        let docs: Vec<String> = spec
+            .open()
+            .unwrap()
+            .documents()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(docs, ["B1", "B2", "A1"]);
+        let files = spec.local_files().unwrap().unwrap();
+        assert_eq!(files.name_of(&a.join("1.txt")), "1:1.txt");
+        assert_eq!(files.name_of(&b.join("2.txt")), "0:2.txt");
+        assert!(files.describe().contains(" + "), "{}", files.describe());
+
+        let missing = dir.path().join("nowhere");
+        let spec: DataSpec = format!("{},{}", a.display(), missing.display())
+            .parse()
+            .unwrap();
+        let err = spec.open().err().unwrap().to_string();
+        assert!(err.contains("nowhere") && !err.contains('\n'), "{err}");
+        let remote: DataSpec = format!("{},s3://bucket/x", a.display()).parse().unwrap();
+        let err = remote.open().err().unwrap();
+        assert!(matches!(err, DataError::NotFetched { .. }), "{err}");
     }
 
     #[test]

@@ -42,6 +42,24 @@ pub(crate) fn hash_tokens(tokens: &[u32]) -> String {
     hasher.finish()
 }
 
+/// A dataset's fingerprint (`crate::data::Dataset::fingerprint`): the first 16 hex digits of
+/// BLAKE3 over the window layout and the stream's content hash.
+pub(super) fn dataset_fingerprint(
+    stream_hash: &str,
+    len: usize,
+    seq_len: usize,
+    n_train: usize,
+    n_eval: usize,
+) -> String {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"iota.dataset.v2");
+    for n in [seq_len, n_train, n_eval, len] {
+        hasher.update(&(n as u64).to_le_bytes());
+    }
+    hasher.update(stream_hash.as_bytes());
+    hasher.finalize().to_hex().as_str()[..16].to_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

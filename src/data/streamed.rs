@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use super::pool::{PoolStats, TokenPool};
 use super::source::LocalFiles;
-use super::stream_hash::hash_tokens;
+use super::stream_hash::{dataset_fingerprint, hash_tokens};
 use super::{DataError, EpochPermutation, Tokenizer};
 
 /// Fraction of block 0's windows held out for evaluation: one in fifty, at least one (as
@@ -140,7 +140,7 @@ impl Streamed {
         let eval_offset = n_train * seq_len + 1;
         let eval: Arc<[u32]> = first[eval_offset..eval_offset + n_eval * seq_len + 1].into();
         let fingerprint = if pool.len() == 1 {
-            super::dataset::fingerprint(&hash_tokens(&first), first.len(), seq_len, n_train, n_eval)
+            dataset_fingerprint(&hash_tokens(&first), first.len(), seq_len, n_train, n_eval)
         } else {
             listing_fingerprint(source, &first, seq_len, settings.block_shards)?
         };
@@ -290,7 +290,7 @@ impl Streamed {
 
 /// Training and held-out windows of block 0 when it holds `tokens` tokens (the whole-corpus
 /// split: each region holds `windows * seq_len + 1` tokens).
-fn split_first(tokens: usize, seq_len: usize) -> (usize, usize) {
+pub(super) fn split_first(tokens: usize, seq_len: usize) -> (usize, usize) {
     let n_total = tokens.saturating_sub(2) / seq_len;
     let n_eval = (n_total / EVAL_DIVISOR).max(1);
     (n_total.saturating_sub(n_eval), n_eval)
@@ -311,202 +311,13 @@ fn listing_fingerprint(
         hasher.update(&(n as u64).to_le_bytes());
     }
     for path in source.files() {
-        let name = path.strip_prefix(source.root()).unwrap_or(path);
         let size = std::fs::metadata(path)
             .map_err(|error| DataError::io(path, error))?
             .len();
-        hasher.update(name.as_os_str().as_encoded_bytes());
+        hasher.update(source.name_of(path).as_bytes());
         hasher.update(&[0]);
         hasher.update(&size.to_le_bytes());
     }
     hasher.update(hash_tokens(first).as_bytes());
     Ok(hasher.finalize().to_hex().as_str()[..16].to_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::data::{DataSpec, Dataset, pack_documents};
-    use std::collections::BTreeSet;
-    use std::path::Path;
-
-    /// Writes `files` text files of distinct documents (sizes vary from file to file).
-    fn write_files(dir: &Path, files: usize) {
-        for f in 0..files {
-            let text: String = (0..20 + 7 * (f % 4))
-                .map(|i| format!("file {f} line {i}: the quick brown fox. "))
-                .collect();
-            std::fs::write(dir.join(format!("{f:03}.txt")), text).unwrap();
-        }
-    }
-
-    fn settings(block_shards: usize, ahead: usize) -> Option<StreamSettings> {
-        Some(StreamSettings {
-            block_shards,
-            ahead,
-            threads: 2,
-        })
-    }
-
-    /// Each block's windows computed on their own: the block's files packed with
-    /// `pack_documents`, cut at stride `seq`; block 0 without its held-out tail.
-    fn expected_windows(dir: &Path, block_shards: usize, seq: usize) -> (Vec<Vec<u32>>, Vec<u32>) {
-        let files = LocalFiles::open(dir).unwrap();
-        let (mut train, mut eval) = (Vec::new(), Vec::new());
-        for (k, block) in files.files().chunks(block_shards).enumerate() {
-            let block_dir = tempfile::tempdir().unwrap();
-            for path in block {
-                std::fs::copy(path, block_dir.path().join(path.file_name().unwrap())).unwrap();
-            }
-            let source = LocalFiles::open(block_dir.path()).unwrap();
-            let tokens = pack_documents(&source, &Tokenizer::byte()).unwrap();
-            let windows = if k == 0 {
-                let (n_train, n_eval) = split_first(tokens.len(), seq);
-                let at = n_train * seq + 1;
-                eval = tokens[at..at + n_eval * seq + 1].to_vec();
-                n_train
-            } else {
-                (tokens.len() - 1) / seq
-            };
-            train.extend((0..windows).map(|w| tokens[w * seq..w * seq + seq + 1].to_vec()));
-        }
-        (train, eval)
-    }
-
-    #[test]
-    fn one_block_is_exactly_the_whole_corpus_layout() {
-        let dir = tempfile::tempdir().unwrap();
-        write_files(dir.path(), 3);
-        let spec = DataSpec::path(dir.path());
-        let whole = Dataset::load(&spec, &Tokenizer::byte(), 16, 7).unwrap();
-        let streamed =
-            Dataset::load_with(&spec, &Tokenizer::byte(), 16, 7, settings(3, 1)).unwrap();
-        assert!(streamed.stream_stats().is_some() && whole.stream_stats().is_none());
-        crate::data::dataset::tests::assert_twins(&streamed, &whole);
-    }
-
-    #[test]
-    fn serving_starts_early_memory_stays_bounded_and_samples_repeat() {
-        let dir = tempfile::tempdir().unwrap();
-        let (files, seq, ahead) = (12, 16, 1);
-        write_files(dir.path(), files);
-        let spec = DataSpec::path(dir.path());
-        let open = || Dataset::load_with(&spec, &Tokenizer::byte(), seq, 3, settings(1, ahead));
-        let data = open().unwrap();
-        // Served (sample 0 is there) with at most block 0 and `ahead` more tokenized.
-        assert_eq!(data.train_sample(0).len(), seq + 1);
-        let stats = data.stream_stats().unwrap();
-        assert_eq!(stats.blocks, files);
-        assert!(
-            (1..=1 + ahead as u64).contains(&stats.tokenized),
-            "{stats:?}"
-        );
-
-        // Pass 0 and half of pass 1: every pass is every training window once, and the pool
-        // never holds more than `ahead + 2` blocks.
-        let (expected, eval) = expected_windows(dir.path(), 1, seq);
-        let n = expected.len() as u64;
-        let mut stream = Vec::new();
-        for id in 0..n + n / 2 {
-            stream.push(data.train_sample(id).into_owned());
-            let stats = data.stream_stats().unwrap();
-            assert!(stats.resident <= ahead + 2, "{stats:?}");
-        }
-        assert_eq!(data.num_train_windows() as u64, n);
-        let stats = data.stream_stats().unwrap();
-        assert!(stats.max_resident <= ahead + 2, "{stats:?}");
-        assert!(stats.skipped.is_empty());
-        // Pass 1 began at block 0 again: blocks were made a second time, not kept.
-        assert!(stats.tokenized > files as u64, "{stats:?}");
-        let pass0: BTreeSet<&Vec<u32>> = stream[..n as usize].iter().collect();
-        let all: BTreeSet<&Vec<u32>> = expected.iter().collect();
-        assert_eq!(pass0, all);
-        let pass0_ids: BTreeSet<usize> = (0..n).map(|id| data.train_window_index(id)).collect();
-        assert_eq!(pass0_ids, (0..n as usize).collect());
-        assert_eq!(data.epoch(n - 1), 0);
-        assert_eq!(data.epoch(n), 1);
-        for i in 0..data.num_eval_windows() {
-            assert_eq!(*data.eval_sample(i), eval[i * seq..i * seq + seq + 1]);
-        }
-        // Within a block, shuffled; and a second pass orders it anew.
-        assert_ne!(stream[..5], expected[..5]);
-        assert_ne!(stream[..n as usize / 2], stream[n as usize..]);
-
-        // A second run gives the same stream, read in another order (last ids first).
-        let again = open().unwrap();
-        for id in (0..n + n / 2).rev() {
-            assert_eq!(*again.train_sample(id), stream[id as usize], "sample {id}");
-        }
-        assert_eq!(again.fingerprint(), data.fingerprint());
-        assert!(again.stream_stats().unwrap().max_resident <= ahead + 2);
-    }
-
-    #[test]
-    fn readers_far_apart_at_once_get_the_same_samples() {
-        let dir = tempfile::tempdir().unwrap();
-        write_files(dir.path(), 10);
-        let spec = DataSpec::path(dir.path());
-        let open = || Dataset::load_with(&spec, &Tokenizer::byte(), 16, 1, settings(1, 1));
-        let alone = open().unwrap();
-        let n = (expected_windows(dir.path(), 1, 16).0.len()) as u64;
-        let stream: Vec<Vec<u32>> = (0..2 * n)
-            .map(|id| alone.train_sample(id).to_vec())
-            .collect();
-        let shared = open().unwrap();
-        std::thread::scope(|scope| {
-            for t in 0..4u64 {
-                let (shared, stream) = (&shared, &stream);
-                scope.spawn(move || {
-                    // Each reader walks its own quarter of two passes, so they ask for blocks
-                    // far from each other's.
-                    for id in (t * n / 2..(t + 1) * n / 2).step_by(3) {
-                        assert_eq!(*shared.train_sample(id), stream[id as usize], "{id}");
-                    }
-                });
-            }
-        });
-        // Four readers wait for at most four blocks beyond the cursor's range.
-        assert!(shared.stream_stats().unwrap().max_resident <= 3 + 4);
-    }
-
-    #[test]
-    fn a_bad_file_stops_block_0_and_is_skipped_later() {
-        let dir = tempfile::tempdir().unwrap();
-        write_files(dir.path(), 6);
-        std::fs::write(
-            dir.path().join("004.jsonl"),
-            "{\"text\": \"ok\"}\n{broken\n",
-        )
-        .unwrap();
-        let spec = DataSpec::path(dir.path());
-        let data = Dataset::load_with(&spec, &Tokenizer::byte(), 16, 0, settings(2, 1)).unwrap();
-        let n = (0..)
-            .take_while(|&id| data.epoch(id) == 0)
-            .inspect(|&id| assert_eq!(data.train_sample(id).len(), 17))
-            .count();
-        assert!(n > 0);
-        let skipped = data.stream_stats().unwrap().skipped;
-        assert_eq!(skipped.len(), 1, "{skipped:?}");
-        assert!(skipped[0].contains("004.jsonl:2:"), "{skipped:?}");
-
-        std::fs::write(dir.path().join("000.jsonl"), "[1]\n").unwrap();
-        let err = Dataset::load_with(&spec, &Tokenizer::byte(), 16, 0, settings(2, 1))
-            .err()
-            .unwrap();
-        assert!(err.to_string().contains("000.jsonl:1:"), "{err}");
-    }
-
-    #[test]
-    fn block_permutations_differ_and_block_0_keeps_the_whole_one() {
-        let n = 300;
-        let image = |p: EpochPermutation| (0..n).map(|i| p.apply(i).unwrap()).collect::<Vec<_>>();
-        let whole = image(EpochPermutation::new(5, 2, n));
-        assert_eq!(image(EpochPermutation::for_block(5, 0, 2, n)), whole);
-        let one = image(EpochPermutation::for_block(5, 1, 2, n));
-        assert_ne!(one, whole);
-        assert_ne!(one, image(EpochPermutation::for_block(5, 2, 2, n)));
-        let mut sorted = one.clone();
-        sorted.sort_unstable();
-        assert_eq!(sorted, (0..n).collect::<Vec<_>>());
-    }
 }

@@ -61,6 +61,18 @@ fn find_s3s_fs() -> Option<PathBuf> {
 }
 
 impl S3Server {
+    /// The environment a command needs to read this server's buckets through the AWS
+    /// variables, with `cache` as its `IOTA_DATA_CACHE`.
+    pub fn client_envs<'a>(&'a self, cache: &'a Path) -> [(&'a str, &'a str); 5] {
+        [
+            ("AWS_ENDPOINT_URL", self.endpoint.as_str()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY),
+            ("AWS_REGION", "us-east-1"),
+            ("IOTA_DATA_CACHE", cache.to_str().expect("a UTF-8 path")),
+        ]
+    }
+
     pub fn start() -> Self {
         let bin = find_s3s_fs().unwrap_or_else(|| {
             panic!(

@@ -23,7 +23,7 @@ use anyhow::Context;
 use clap::Args;
 use rayon::prelude::*;
 
-use crate::data::{DataSpec, Dataset, LocalFiles, TextSource, Tokenizer, prepare};
+use crate::data::{DataSpec, Dataset, TextSource, Tokenizer, prepare};
 use crate::mirror;
 
 /// Miners in the network the demand is computed for.
@@ -71,14 +71,13 @@ struct Row {
 /// Unreadable data or tokenizer, an unwritable scratch folder.
 pub fn run(args: BenchDataArgs) -> anyhow::Result<()> {
     let local = mirror::fetch_to_cache(&args.data)?;
-    let DataSpec::Path { path, text_column } = &local else {
+    let Some(source) = local.local_files()? else {
         anyhow::bail!(
             "{}: the data bench reads real text (a file, a folder, an s3:// prefix or an \
              https:// URL), not the synthetic corpus",
             args.data
         );
     };
-    let source = LocalFiles::open(path)?.with_text_column(text_column);
     let bytes: u64 = source
         .files()
         .iter()

@@ -16,8 +16,11 @@
 //! registering throwaway keys cannot steer a key into a section of a running network (a key
 //! their seats keep out of its drawn section is refused, not sent elsewhere); they hold their
 //! seats for `placement.claim_s` only ([`super::standing`]). While a section has no seated
-//! miner at all (a network starting up), throwaways filling the others could steer a key into
-//! it.
+//! miner at all (a network starting up), a registrant can still reach it: each key it seats
+//! fills another empty section, so it keeps the key that lands where it wants. Drawing among
+//! the empty sections would not stop that, and drawing among all sections at the start (by
+//! proven seats alone) would put every key of one address in one section, leaving the
+//! pipeline without its other sections.
 
 use rusqlite::{Connection, OptionalExtension, params};
 

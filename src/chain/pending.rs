@@ -190,8 +190,8 @@ pub fn submit(
 }
 
 /// Reveals every pending commit of `signer` whose reveal epoch is now; keeps those not yet due;
-/// drops those past their epoch (the chain has expired them) and those the chain never took.
-/// Returns the commits revealed.
+/// drops those past their epoch (the chain has expired them) and those the chain never took,
+/// and rewrites the file if that changed anything. Returns the commits revealed.
 ///
 /// # Errors
 /// [`PendingError`]: the file, or a chain refusal of a reveal that was due (the entry is kept).
@@ -201,6 +201,7 @@ pub fn reveal_due(
     store: &PendingStore,
 ) -> Result<Vec<PendingCommit>, PendingError> {
     let commits = store.load()?;
+    let before = commits.clone();
     let mut kept = Vec::new();
     let mut revealed = Vec::new();
     let mut failure = None;
@@ -241,7 +242,10 @@ pub fn reveal_due(
             }
         }
     }
-    store.save(&kept)?;
+    // Rewritten only when something changed: a step with nothing pending writes nothing.
+    if kept != before {
+        store.save(&kept)?;
+    }
     match failure {
         Some(e) => Err(e.into()),
         None => Ok(revealed),

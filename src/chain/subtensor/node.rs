@@ -574,6 +574,18 @@ fn metagraph_type(md: &Metadata) -> Result<u32, SubtensorError> {
     Ok(output)
 }
 
+/// A decoded `Weights` value as `(uid, value)` pairs.
+fn weights_from(value: &Decoded) -> Option<Vec<(u16, u16)>> {
+    let u16_of = |v: &Decoded| storage::number(v).and_then(|n| u16::try_from(n).ok());
+    storage::elements(value)?
+        .into_iter()
+        .map(|pair| match storage::elements(pair)?[..] {
+            [uid, weight] => Some((u16_of(uid)?, u16_of(weight)?)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A decoded `get_metagraph` answer as a [`Metagraph`]; `None` for a subnet that does not
 /// exist.
 ///
@@ -654,6 +666,10 @@ impl Chain for SubtensorChain {
                 netuid,
             }),
         }
+    }
+
+    fn genesis_hash(&self) -> Result<[u8; 32], ChainError> {
+        Ok(self.runtime()?.genesis)
     }
 
     fn metagraph(&self, netuid: u16) -> Result<Metagraph, ChainError> {
@@ -787,6 +803,25 @@ impl Chain for SubtensorChain {
             weights_rate_limit: fits("WeightsSetRateLimit", number("WeightsSetRateLimit")?)?,
             version_key: fits("WeightsVersionKey", number("WeightsVersionKey")?)?,
         })
+    }
+
+    /// `SubtensorModule.Weights(netuid, uid)` at the best block (its shape checked against
+    /// the metadata with the rest, [`super::metadata::WEIGHTS`]).
+    fn weights(&self, netuid: u16, uid: u16) -> Result<Vec<(u16, u16)>, ChainError> {
+        let rt = self.runtime()?;
+        self.require_subnet(&rt, netuid, None)?;
+        let value = self.read(
+            &rt,
+            SUBTENSOR_PALLET,
+            "Weights",
+            &[netuid_key(netuid), Value::u128(uid.into())],
+            None,
+        )?;
+        match value {
+            None => Ok(Vec::new()),
+            Some(v) => weights_from(&v)
+                .ok_or_else(|| self.garbled("SubtensorModule.Weights is not a list of (u16, u16)")),
+        }
     }
 
     fn submit_weights(

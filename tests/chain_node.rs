@@ -864,7 +864,8 @@ fn a_real_node_serves_a_metagraph_and_a_burn() {
 /// without a permit and weights from a hotkey off the subnet are refused in one line each;
 /// with commit-reveal on, `set_weights` is refused, a commit lands, a second commit inside the
 /// rate limit is refused without touching the pending-commit file, and the reveal lands only in
-/// the reveal epoch, hashed as the SDK hashes it.
+/// the reveal epoch, hashed as the SDK hashes it, also for a pending entry whose commit block
+/// was never noted (read back from the chain's `WeightCommits`).
 #[test]
 fn the_fake_nodes_weight_rules_refuse_and_accept_iotas_extrinsics() {
     use common::fake_node::{FakeNeuron, FakeNode, FakeSubnet};
@@ -977,6 +978,12 @@ fn the_fake_nodes_weight_rules_refuse_and_accept_iotas_extrinsics() {
         pending,
         "a refused commit changed the pending-commit file"
     );
+    // As if the validator had stopped before it noted the commit's block: the entry takes it
+    // from the chain's WeightCommits.
+    let mut entries = store.load().unwrap();
+    assert_eq!(entries[0].commit_block, Some(commit_block));
+    entries[0].commit_block = None;
+    store.save(&entries).unwrap();
     // Not due yet, then due: revealed in the reveal epoch.
     let policy = chain.weights_policy(NETUID).unwrap();
     if policy.current_epoch(NETUID) < reveal_epoch {

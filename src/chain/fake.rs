@@ -344,6 +344,23 @@ impl Chain for FakeSubtensor {
         Ok(subnet.weights.get(&uid).cloned().unwrap_or_default())
     }
 
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let state = self.lock();
+        let subnet = state
+            .subnets
+            .get(&netuid)
+            .ok_or(ChainError::NoSubnet { netuid })?;
+        Ok(subnet
+            .commits
+            .get(hotkey)
+            .map(|commits| commits.iter().map(|c| (c.hash, c.block)).collect())
+            .unwrap_or_default())
+    }
+
     fn submit_weights(
         &self,
         signer: &Hotkey,

@@ -453,6 +453,24 @@ pub trait Chain {
         })
     }
 
+    /// The commits (commit-reveal v2) `hotkey` has on `netuid` as the chain stores them now:
+    /// each one's hash and the block it was made in, oldest first; empty if none.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without weights (the default).
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let _ = (netuid, hotkey);
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "weight commits",
+            instead: "validators publish to the orchestrator's metagraph",
+        })
+    }
+
     /// Submits `submission` signed by `signer` (a validator's hotkey) on `netuid`; returns the
     /// block it was included in.
     ///
@@ -543,6 +561,14 @@ impl Chain for UnreachableChain {
     }
 
     fn weights(&self, _netuid: u16, _uid: u16) -> Result<Vec<(u16, u16)>, ChainError> {
+        Err(self.error())
+    }
+
+    fn weight_commits(
+        &self,
+        _netuid: u16,
+        _hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
         Err(self.error())
     }
 

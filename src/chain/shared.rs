@@ -121,6 +121,15 @@ impl Chain for ChainThread {
         self.call(move |c| c.weights(netuid, uid))?
     }
 
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let hotkey = *hotkey;
+        self.call(move |c| c.weight_commits(netuid, &hotkey))?
+    }
+
     fn submit_weights(
         &self,
         signer: &Hotkey,

@@ -36,6 +36,9 @@ pub enum Shape {
     VecU16,
     /// `Vec<(u16, u16)>` (a neuron's stored weights: uid and value).
     VecU16Pairs,
+    /// `Vec<(32 bytes, u64, ...)>`: a hotkey's weight commits (hash, commit block, then more
+    /// u64 block numbers).
+    VecCommits,
 }
 
 /// A call iota encodes: its pallet, name and arguments in order.
@@ -143,8 +146,17 @@ pub const WEIGHTS: StorageSpec = StorageSpec {
     value: Shape::VecU16Pairs,
 };
 
+/// `SubtensorModule.WeightCommits(netuid, hotkey)`: a hotkey's pending v2 commits (hash,
+/// commit block, first and last reveal block in spec 461).
+pub const WEIGHT_COMMITS: StorageSpec = StorageSpec {
+    pallet: SUBTENSOR_PALLET,
+    entry: "WeightCommits",
+    keys: &[Shape::U16, Shape::Bytes32],
+    value: Shape::VecCommits,
+};
+
 /// The storage items iota decodes with the shapes given.
-pub const IOTA_TYPED_STORAGE: &[StorageSpec] = &[WEIGHTS];
+pub const IOTA_TYPED_STORAGE: &[StorageSpec] = &[WEIGHTS, WEIGHT_COMMITS];
 
 /// The runtime API methods iota's chain client is to call for the metagraph.
 pub const IOTA_RUNTIME_APIS: &[RuntimeApiSpec] = &[
@@ -602,6 +614,7 @@ impl Metadata {
                 Some(Shape::VecU16)
             }
             TypeDef::Sequence(s) if self.is_u16_pair(s.type_param.id) => Some(Shape::VecU16Pairs),
+            TypeDef::Sequence(s) if self.is_commit(s.type_param.id) => Some(Shape::VecCommits),
             _ => None,
         }
     }
@@ -615,6 +628,23 @@ impl Metadata {
                         .iter()
                         .all(|f| self.shape_of(f.id) == Some(Shape::U16))
             }
+            _ => false,
+        })
+    }
+
+    /// A tuple of 32 bytes, then at least one u64.
+    fn is_commit(&self, ty: u32) -> bool {
+        self.types().resolve(ty).is_some_and(|t| match &t.type_def {
+            TypeDef::Tuple(fields) => match fields.fields.split_first() {
+                Some((hash, blocks)) => {
+                    self.shape_of(hash.id) == Some(Shape::Bytes32)
+                        && !blocks.is_empty()
+                        && blocks
+                            .iter()
+                            .all(|b| self.shape_of(b.id) == Some(Shape::U64))
+                }
+                None => false,
+            },
             _ => false,
         })
     }
@@ -768,6 +798,7 @@ mod tests {
     fn the_recorded_weights_item_is_keyed_by_netuid_and_uid_and_holds_u16_pairs() {
         let md = recorded();
         md.check_storage_shape(&WEIGHTS).unwrap();
+        md.check_storage_shape(&WEIGHT_COMMITS).unwrap();
         let info = md.storage_entry(SUBTENSOR_PALLET, "Weights").unwrap();
         assert_eq!(info.key_tys.len(), 2);
         assert_eq!(md.shape_of(info.value_ty), Some(Shape::VecU16Pairs));

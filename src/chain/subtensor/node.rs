@@ -586,6 +586,22 @@ fn weights_from(value: &Decoded) -> Option<Vec<(u16, u16)>> {
         .collect()
 }
 
+/// A decoded `WeightCommits` value as `(hash, commit block)` pairs (the reveal blocks after
+/// them are left out).
+fn commits_from(value: &Decoded) -> Option<Vec<([u8; 32], u64)>> {
+    storage::elements(value)?
+        .into_iter()
+        .map(|commit| {
+            let fields = storage::elements(commit)?;
+            let block = storage::number(fields.get(1)?)?;
+            Some((
+                storage::bytes32(fields.first()?)?,
+                u64::try_from(block).ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// A decoded `get_metagraph` answer as a [`Metagraph`]; `None` for a subnet that does not
 /// exist.
 ///
@@ -821,6 +837,30 @@ impl Chain for SubtensorChain {
             None => Ok(Vec::new()),
             Some(v) => weights_from(&v)
                 .ok_or_else(|| self.garbled("SubtensorModule.Weights is not a list of (u16, u16)")),
+        }
+    }
+
+    /// `SubtensorModule.WeightCommits(netuid, hotkey)` at the best block (its shape checked
+    /// against the metadata, [`super::metadata::WEIGHT_COMMITS`]).
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let rt = self.runtime()?;
+        self.require_subnet(&rt, netuid, None)?;
+        let value = self.read(
+            &rt,
+            SUBTENSOR_PALLET,
+            "WeightCommits",
+            &[netuid_key(netuid), Value::from_bytes(hotkey)],
+            None,
+        )?;
+        match value {
+            None => Ok(Vec::new()),
+            Some(v) => commits_from(&v).ok_or_else(|| {
+                self.garbled("SubtensorModule.WeightCommits is not a list of (hash, block, ..)")
+            }),
         }
     }
 

@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::codec::{MergeWire, WireDtype};
-use crate::data::{DataSpec, Dataset, Tokenizer};
+use crate::data::{DataSpec, Dataset, StreamSettings, Tokenizer};
 use crate::mirror;
 use crate::model::ablation::Ablation;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
@@ -176,6 +176,9 @@ pub struct DataSettings {
     pub text_column: Option<String>,
     /// HF tokenizer.json.
     pub tokenizer: Option<PathBuf>,
+    /// Raw shards tokenized a block at a time in a bounded background pool (the run
+    /// config's `data.stream`; see [`StreamSettings`]).
+    pub stream: Option<StreamSettings>,
 }
 
 /// A training run config file.
@@ -208,6 +211,7 @@ struct Plan {
     settings: TrainSettings,
     schedule: LrSchedule,
     data: DataSpec,
+    stream: Option<StreamSettings>,
     tokenizer: Tokenizer,
     resume_from: Option<checkpoint::Checkpoint>,
     out: PathBuf,
@@ -438,6 +442,7 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
         settings,
         schedule,
         data,
+        stream: file.data.stream,
         tokenizer,
         resume_from,
         out: args.out,
@@ -476,7 +481,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
     let seq_len = s.seq_len.unwrap_or(plan.model.max_seq_len);
     let data = mirror::fetch_to_cache(&plan.data)
         .with_context(|| format!("copying data `{}`", plan.data))?;
-    let dataset = Dataset::load(&data, &plan.tokenizer, seq_len, s.seed)
+    let dataset = Dataset::load_with(&data, &plan.tokenizer, seq_len, s.seed, plan.stream)
         .with_context(|| format!("loading data `{}`", plan.data))?;
     for t in dataset.train_sample(0).iter() {
         if *t as usize >= plan.model.vocab_size {

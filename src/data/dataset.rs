@@ -19,8 +19,11 @@ use std::fmt;
 use std::sync::Arc;
 
 use super::permutation::EpochPermutation;
+use super::pool::PoolStats;
 use super::prepared::{PreparedTokens, is_prepared};
+use super::source::LocalFiles;
 use super::stream_hash::hash_tokens;
+use super::streamed::{StreamSettings, Streamed};
 use super::synthetic::SyntheticSource;
 use super::{DataError, DataSpec, Tokenizer, pack_documents};
 
@@ -59,27 +62,45 @@ impl Tokens {
 ///
 /// The stream is packed in memory from raw text, or read in place from a directory of
 /// prepared token shards (`iota data prepare`); a prepared directory gives the same stream,
-/// and so the same windows and samples, as the raw files it was prepared from.
+/// and so the same windows and samples, as the raw files it was prepared from. Raw shards can
+/// also be streamed ([`Dataset::load_with`] with [`StreamSettings`]): tokenized a block of
+/// files at a time in a bounded background pool, in the block layout (`streamed.rs`).
 #[derive(Clone)]
 pub struct Dataset {
-    /// The packed token stream.
-    tokens: Tokens,
+    /// The windows.
+    body: Body,
     /// Tokens of input per window; windows hold `seq_len + 1`.
     seq_len: usize,
     /// Seed of the per-epoch permutations.
     seed: u64,
-    /// Number of training windows (at least 1).
-    n_train: usize,
-    /// Number of evaluation windows (at least 1).
-    n_eval: usize,
-    /// Token offset of the first evaluation window.
-    eval_offset: usize,
     /// Loss floor in nats per token, when the source's entropy is known.
     entropy_floor: Option<f64>,
     /// Where the tokens came from, for logs.
     source_name: String,
     /// The tokenizer's fingerprint, for logs and consistency checks.
     tokenizer: String,
+}
+
+/// How a dataset's windows are laid out and where their tokens are.
+#[derive(Clone)]
+enum Body {
+    /// One packed stream, windowed as a whole (module docs).
+    Whole(Whole),
+    /// Raw shards in blocks, tokenized as they are needed (`streamed.rs`).
+    Streamed(Arc<Streamed>),
+}
+
+/// The whole-stream layout.
+#[derive(Clone)]
+struct Whole {
+    /// The packed token stream.
+    tokens: Tokens,
+    /// Number of training windows (at least 1).
+    n_train: usize,
+    /// Number of evaluation windows (at least 1).
+    n_eval: usize,
+    /// Token offset of the first evaluation window.
+    eval_offset: usize,
     /// BLAKE3 of the tokens and the window layout; see [`Dataset::fingerprint`].
     fingerprint: String,
 }
@@ -99,6 +120,25 @@ impl Dataset {
         tokenizer: &Tokenizer,
         seq_len: usize,
         seed: u64,
+    ) -> Result<Self, DataError> {
+        Self::load_with(spec, tokenizer, seq_len, seed, None)
+    }
+
+    /// [`Self::load`], with raw shards streamed when `stream` is given: a path of raw files
+    /// is then tokenized a block at a time in a bounded background pool, and this returns
+    /// once block 0 is tokenized (the synthetic corpus and prepared directories are read as
+    /// [`Self::load`] reads them; `stream` does not apply to them).
+    ///
+    /// # Errors
+    /// As [`Self::load`]; for a streamed source, any Parquet shard without the text column as
+    /// strings, and the errors of block 0 only (a bad file of a later block is skipped with a
+    /// logged reason, [`Self::stream_stats`]).
+    pub fn load_with(
+        spec: &DataSpec,
+        tokenizer: &Tokenizer,
+        seq_len: usize,
+        seed: u64,
+        stream: Option<StreamSettings>,
     ) -> Result<Self, DataError> {
         if seq_len == 0 {
             return Err(DataError::ZeroSeqLen);
@@ -129,6 +169,21 @@ impl Dataset {
                 )?;
                 dataset.tokenizer = tokenizer.fingerprint();
                 tracing::info!(dataset = %dataset.describe(), "prepared dataset opened");
+                return Ok(dataset);
+            }
+            DataSpec::Path { path, text_column } if stream.is_some() => {
+                let source = LocalFiles::open(path)?.with_text_column(text_column);
+                let settings = stream.unwrap_or_default();
+                let streamed = Streamed::open(&source, tokenizer, seq_len, seed, settings)?;
+                let dataset = Self {
+                    body: Body::Streamed(Arc::new(streamed)),
+                    seq_len,
+                    seed,
+                    entropy_floor: None,
+                    source_name: super::TextSource::describe(&source),
+                    tokenizer: tokenizer.fingerprint(),
+                };
+                tracing::info!(dataset = %dataset.describe(), ?settings, "streaming dataset opened");
                 return Ok(dataset);
             }
             DataSpec::Path { .. } | DataSpec::Remote { .. } => {
@@ -192,16 +247,18 @@ impl Dataset {
         let eval_offset = n_train * seq_len + 1;
         let fingerprint = fingerprint(stream_hash, tokens.len(), seq_len, n_train, n_eval);
         Ok(Self {
-            tokens,
+            body: Body::Whole(Whole {
+                tokens,
+                n_train,
+                n_eval,
+                eval_offset,
+                fingerprint,
+            }),
             seq_len,
             seed,
-            n_train,
-            n_eval,
-            eval_offset,
             entropy_floor: None,
             source_name: source_name.to_owned(),
             tokenizer: "unknown".to_owned(),
-            fingerprint,
         })
     }
 
@@ -210,52 +267,90 @@ impl Dataset {
         self.seq_len
     }
 
-    /// Number of training windows, the length of one epoch. At least 1.
+    /// Number of training windows, the length of one epoch. At least 1. For a streamed
+    /// dataset, those of the blocks tokenized so far (every block's once a pass was read).
     pub fn num_train_windows(&self) -> usize {
-        self.n_train
+        match &self.body {
+            Body::Whole(whole) => whole.n_train,
+            Body::Streamed(streamed) => streamed.known_train_windows(),
+        }
     }
 
     /// Number of held-out evaluation windows. At least 1.
     pub fn num_eval_windows(&self) -> usize {
-        self.n_eval
+        match &self.body {
+            Body::Whole(whole) => whole.n_eval,
+            Body::Streamed(streamed) => streamed.num_eval_windows(),
+        }
     }
 
-    /// Total number of tokens in the packed stream.
+    /// Total number of tokens in the packed stream (for a streamed dataset, in the blocks
+    /// tokenized so far).
     pub fn num_tokens(&self) -> usize {
-        self.tokens.len()
+        match &self.body {
+            Body::Whole(whole) => whole.tokens.len(),
+            Body::Streamed(streamed) => streamed.known_tokens(),
+        }
     }
 
-    /// The epoch of a sample id: `sample_id / num_train_windows`.
+    /// The epoch of a sample id: `sample_id / num_train_windows` (a streamed dataset's pass;
+    /// past pass 0 it needs every block's count, and may tokenize them to know it).
     pub fn epoch(&self, sample_id: u64) -> u64 {
-        sample_id / self.n_train as u64
+        match &self.body {
+            Body::Whole(whole) => sample_id / whole.n_train as u64,
+            Body::Streamed(streamed) => streamed.locate(sample_id).0,
+        }
     }
 
     /// The training window that sample `sample_id` is: a deterministic function of the data,
-    /// `seq_len`, the seed and the id (see the module docs). Always `< num_train_windows`.
+    /// `seq_len`, the seed and the id (see the module docs; a streamed dataset numbers its
+    /// windows block by block). Always `< num_train_windows` once the window's block is read.
     pub fn train_window_index(&self, sample_id: u64) -> usize {
-        let n = self.n_train as u64;
-        let permutation = EpochPermutation::new(self.seed, sample_id / n, n);
-        // `sample_id % n < n`, so the permutation always answers.
-        permutation.apply(sample_id % n).unwrap_or(0) as usize
+        match &self.body {
+            Body::Whole(whole) => {
+                let n = whole.n_train as u64;
+                let permutation = EpochPermutation::new(self.seed, sample_id / n, n);
+                // `sample_id % n < n`, so the permutation always answers.
+                permutation.apply(sample_id % n).unwrap_or(0) as usize
+            }
+            Body::Streamed(streamed) => {
+                let (_, located) = streamed.locate(sample_id);
+                located.first + located.window
+            }
+        }
     }
 
     /// The `seq_len + 1` tokens of sample `sample_id`: inputs are `[..seq_len]`, targets
-    /// `[1..]`.
+    /// `[1..]`. A streamed dataset may wait here for the sample's block to be tokenized.
     pub fn train_sample(&self, sample_id: u64) -> Cow<'_, [u32]> {
-        self.train_window(self.train_window_index(sample_id))
+        match &self.body {
+            Body::Whole(_) => self.train_window(self.train_window_index(sample_id)),
+            Body::Streamed(streamed) => {
+                let (_, located) = streamed.locate(sample_id);
+                Cow::Owned(streamed.window(located.block, located.window))
+            }
+        }
     }
 
     /// Training window `window` (not a sample id), `seq_len + 1` tokens.
     ///
     /// # Panics
-    /// If `window >= num_train_windows()`.
+    /// If `window >= num_train_windows()` (for a streamed dataset: past a whole pass).
     pub fn train_window(&self, window: usize) -> Cow<'_, [u32]> {
-        assert!(
-            window < self.n_train,
-            "training window {window} of {}",
-            self.n_train
-        );
-        self.tokens.read(window * self.seq_len, self.seq_len + 1)
+        match &self.body {
+            Body::Whole(whole) => {
+                assert!(
+                    window < whole.n_train,
+                    "training window {window} of {}",
+                    whole.n_train
+                );
+                whole.tokens.read(window * self.seq_len, self.seq_len + 1)
+            }
+            Body::Streamed(streamed) => match streamed.numbered_window(window) {
+                Some(tokens) => Cow::Owned(tokens),
+                None => panic!("training window {window} is past the data's last"),
+            },
+        }
     }
 
     /// Evaluation window `i`, `seq_len + 1` tokens.
@@ -263,9 +358,15 @@ impl Dataset {
     /// # Panics
     /// If `i >= num_eval_windows()`.
     pub fn eval_sample(&self, i: usize) -> Cow<'_, [u32]> {
-        assert!(i < self.n_eval, "evaluation window {i} of {}", self.n_eval);
-        let start = self.eval_offset + i * self.seq_len;
-        self.tokens.read(start, self.seq_len + 1)
+        let n_eval = self.num_eval_windows();
+        assert!(i < n_eval, "evaluation window {i} of {n_eval}");
+        match &self.body {
+            Body::Whole(whole) => {
+                let start = whole.eval_offset + i * self.seq_len;
+                whole.tokens.read(start, self.seq_len + 1)
+            }
+            Body::Streamed(streamed) => Cow::Borrowed(streamed.eval_window(i)),
+        }
     }
 
     /// The best achievable mean loss per target token in nats, when known: for the synthetic
@@ -277,9 +378,22 @@ impl Dataset {
 
     /// A short hash of the packed tokens and the window layout (`seq_len`, split), so parties
     /// can check that they hold the same dataset before exchanging sample ids. Raw files and
-    /// the token shards prepared from them give the same fingerprint.
+    /// the token shards prepared from them give the same fingerprint, and so does a streamed
+    /// source of one block. A streamed source of several blocks hashes its file listing
+    /// (names and sizes), the layout and block 0's tokens, since the rest is not read yet.
     pub fn fingerprint(&self) -> String {
-        self.fingerprint.clone()
+        match &self.body {
+            Body::Whole(whole) => whole.fingerprint.clone(),
+            Body::Streamed(streamed) => streamed.fingerprint().to_owned(),
+        }
+    }
+
+    /// The streaming pool's counters, for a streamed dataset.
+    pub fn stream_stats(&self) -> Option<PoolStats> {
+        match &self.body {
+            Body::Whole(_) => None,
+            Body::Streamed(streamed) => Some(streamed.stats()),
+        }
     }
 
     /// One line for logs: source, tokenizer, sizes and floor.
@@ -288,16 +402,25 @@ impl Dataset {
             .entropy_floor
             .map(|f| format!(", floor {f:.4} nats/token"))
             .unwrap_or_default();
+        let (tokens, train) = match &self.body {
+            Body::Whole(whole) => (whole.tokens.len().to_string(), whole.n_train.to_string()),
+            Body::Streamed(streamed) => (
+                format!(
+                    "streamed in {} blocks, {} so far",
+                    streamed.blocks(),
+                    self.num_tokens()
+                ),
+                format!("{} so far", self.num_train_windows()),
+            ),
+        };
         format!(
-            "{}, tokenizer {}: {} tokens, seq_len {}, {} train + {} eval windows, seed {}, id {}{floor}",
+            "{}, tokenizer {}: {tokens} tokens, seq_len {}, {train} train + {} eval windows, seed {}, id {}{floor}",
             self.source_name,
             self.tokenizer,
-            self.tokens.len(),
             self.seq_len,
-            self.n_train,
-            self.n_eval,
+            self.num_eval_windows(),
             self.seed,
-            self.fingerprint,
+            self.fingerprint(),
         )
     }
 }
@@ -311,7 +434,7 @@ impl fmt::Debug for Dataset {
 }
 
 /// The first 16 hex digits of BLAKE3 over the layout and the stream's content hash.
-fn fingerprint(
+pub(super) fn fingerprint(
     stream_hash: &str,
     len: usize,
     seq_len: usize,
@@ -328,9 +451,24 @@ fn fingerprint(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::collections::HashSet;
+
+    /// Checks that two datasets are the same: sizes, fingerprint, three epochs of samples and
+    /// every held-out window.
+    pub(in crate::data) fn assert_twins(a: &Dataset, b: &Dataset) {
+        assert_eq!(a.num_tokens(), b.num_tokens());
+        assert_eq!(a.num_train_windows(), b.num_train_windows());
+        assert_eq!(a.num_eval_windows(), b.num_eval_windows());
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        for id in 0..3 * a.num_train_windows() as u64 {
+            assert_eq!(a.train_sample(id), b.train_sample(id), "sample {id}");
+        }
+        for i in 0..a.num_eval_windows() {
+            assert_eq!(a.eval_sample(i), b.eval_sample(i));
+        }
+    }
 
     fn counting(n: u32) -> Vec<u32> {
         (0..n).collect()
@@ -502,19 +640,7 @@ mod tests {
         let raw = Dataset::load(&DataSpec::path(src.path()), &Tokenizer::byte(), 9, 4).unwrap();
         let prepared =
             Dataset::load(&DataSpec::path(out.path()), &Tokenizer::byte(), 9, 4).unwrap();
-        assert_eq!(raw.num_tokens(), prepared.num_tokens());
-        assert_eq!(raw.num_train_windows(), prepared.num_train_windows());
-        assert_eq!(raw.fingerprint(), prepared.fingerprint());
-        for id in 0..3 * raw.num_train_windows() as u64 {
-            assert_eq!(
-                raw.train_sample(id),
-                prepared.train_sample(id),
-                "sample {id}"
-            );
-        }
-        for i in 0..raw.num_eval_windows() {
-            assert_eq!(raw.eval_sample(i), prepared.eval_sample(i));
-        }
+        assert_twins(&raw, &prepared);
         assert!(prepared.describe().contains("prepared"));
 
         let bpe = tempfile::tempdir().unwrap();

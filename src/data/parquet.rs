@@ -68,6 +68,22 @@ struct Shard {
     def_levels: Vec<i16>,
 }
 
+/// Checks that every Parquet shard among `files` has `column` as one string per row, reading
+/// only each footer (no rows), so a run can refuse a shard of the wrong schema before it
+/// starts even when it tokenizes the shards later.
+///
+/// # Errors
+/// The first shard's [`DataError`] (one line naming the shard and the column).
+pub(super) fn check_schemas(files: &[PathBuf], column: &str) -> Result<(), DataError> {
+    for path in files
+        .iter()
+        .filter(|path| path.extension().is_some_and(|e| e == "parquet"))
+    {
+        ParquetRows::new(path, column).open()?;
+    }
+    Ok(())
+}
+
 impl ParquetRows {
     /// The rows of the shard at `path`, text in `column` (nothing is read yet).
     pub(super) fn new(path: &Path, column: &str) -> Self {

@@ -37,6 +37,19 @@ impl EpochPermutation {
         Self { n, half_bits, keys }
     }
 
+    /// The permutation of `0..n` for block `block` of a streamed dataset in pass `epoch`
+    /// (`crate::data::StreamSettings`): block 0 uses [`Self::new`]'s, so a source of one block
+    /// orders its windows exactly as the whole-corpus layout does; every other block draws its
+    /// own keys from `(seed, block, epoch)`.
+    pub fn for_block(seed: u64, block: u64, epoch: u64, n: u64) -> Self {
+        let mut permutation = Self::new(seed, epoch, n);
+        if block > 0 {
+            let mut rng = seeded_rng("block.permutation", &[seed, block, epoch]);
+            permutation.keys = std::array::from_fn(|_| rng.next_u64());
+        }
+        permutation
+    }
+
     /// The image of `i`, a value in `0..n`; `None` when `i >= n`.
     pub fn apply(&self, i: u64) -> Option<u64> {
         if i >= self.n {

@@ -80,7 +80,7 @@ use super::tls::TlsFiles;
 use crate::api::ValidationSettings;
 use crate::chain::Network;
 use crate::codec::MergeWire;
-use crate::data::DataSpec;
+use crate::data::{DataSpec, StreamSettings};
 use crate::merge::{MergeOp, OuterStep};
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig};
 use crate::storage::{KeyPart, StorageConfig, WireDtype};
@@ -125,6 +125,11 @@ pub struct DataConfig {
     /// A `tokenizer.json`; `None` means the byte tokenizer.
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
+    /// Raw shards tokenized a block at a time in a bounded background pool, in the block
+    /// layout (`crate::data::StreamSettings`); `None`: the whole source is tokenized before
+    /// the run serves. No effect on the synthetic corpus or a prepared directory.
+    #[serde(default)]
+    pub stream: Option<StreamSettings>,
 }
 
 /// Time limits of one assignment.

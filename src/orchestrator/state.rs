@@ -10,7 +10,7 @@ use thiserror::Error;
 use super::blob_token::BlobSecret;
 use super::config::RunConfig;
 use super::metrics::Metrics;
-use super::repo::{EVAL_SAMPLES_MAX, Repository};
+use super::repo::{EVAL_SAMPLES_MAX, Repository, off_async_workers};
 use super::repo_types::{RepoError, RoutingLimits};
 use crate::codec::token_ids;
 use crate::data::{DataError, Dataset, Tokenizer};
@@ -165,7 +165,13 @@ impl AppState {
                 model: config.model.vocab_size,
             });
         }
-        let dataset = Dataset::load(&config.data.source, &tokenizer, config.seq_len, config.seed)?;
+        let dataset = Dataset::load_with(
+            &config.data.source,
+            &tokenizer,
+            config.seq_len,
+            config.seed,
+            config.data.stream,
+        )?;
         Self::from_parts(config, repo, storage, dataset, secret, system_clock())
     }
 
@@ -346,9 +352,13 @@ impl AppState {
 
     /// Token ids and targets of sample unit `sample`, `[batch, seq]` in the fewest bytes per
     /// id the vocabulary allows ([`token_ids`]): dataset sample ids `sample * batch .. (sample + 1) * batch`.
+    /// A streamed dataset may wait for the sample's block to be tokenized: the wait happens
+    /// off the async workers ([`off_async_workers`]).
     pub fn sample_tokens(&self, sample: u64) -> (Bytes, Bytes) {
         let batch = self.config.batch_size as u64;
-        self.pack_windows((0..batch).map(|i| self.dataset.train_sample(sample * batch + i)))
+        off_async_workers(|| {
+            self.pack_windows((0..batch).map(|i| self.dataset.train_sample(sample * batch + i)))
+        })
     }
 
     /// The hashes of the token ids and targets of sample `id` of `epoch`, if this process

@@ -228,7 +228,7 @@ fn transact<T>(
 /// it does not hold up an async worker: on a multi-threaded tokio runtime the worker's other
 /// tasks move to another thread while `f` blocks (`block_in_place`). Elsewhere (a
 /// current-thread runtime in tests, or no runtime) `f` simply runs.
-fn off_async_workers<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn off_async_workers<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)

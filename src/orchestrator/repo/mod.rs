@@ -55,6 +55,7 @@ mod tests;
 mod validation;
 
 pub use db::Repository;
+pub(crate) use db::off_async_workers;
 pub use eval::{EVAL_ID_BASE, EVAL_SAMPLES_MAX, EvalSample, eval_id};
 pub use history::{LossPoint, MergeRecord};
 pub use merge::{

@@ -21,6 +21,17 @@
 //! input: no server listening, too little balance, a runtime whose `burned_register` takes
 //! other arguments, and a pallet error in the block; each is one line, and the wallets
 //! directory is left as it was.
+//!
+//! The later tests run a second, stateful **fake node** (`tests/chain/fake_node_server.py`,
+//! started by `tests/common/fake_node.rs`): it makes a block every few hundred milliseconds,
+//! has the SDK decode and `bittensor-wallet` verify every extrinsic, and applies the weights
+//! pallet's rules as its source states them (`tests/chain/weights_pallet.py`: commit-reveal
+//! on or off, the rate limit per uid, the validator permit, the reveal epoch, the commit hash
+//! as the SDK computes it) to one subnet whose storage and metagraph it encodes with the SDK
+//! on every read. On it: the pallet's refusals of iota's extrinsics through the library; a
+//! real `iota orchestrate`, three `iota mine` and `iota validate` setting, waiting for the
+//! rate limit, committing, and revealing after a restart; and a validator set for another
+//! subnet than the run's refused in one line.
 
 mod common;
 
@@ -845,4 +856,517 @@ fn a_real_node_serves_a_metagraph_and_a_burn() {
         assert_eq!(usize::from(neuron.uid), i);
         assert!((0.0..=1.0).contains(&neuron.incentive));
     }
+}
+
+/// The pallet's weight rules, through iota's real client, on the FAKE node that applies them
+/// (`tests/chain/weights_pallet.py`) to what the SDK decoded from iota's extrinsics: a
+/// `set_weights` lands and is stored; a second one inside the rate limit, weights on others
+/// without a permit and weights from a hotkey off the subnet are refused in one line each;
+/// with commit-reveal on, `set_weights` is refused, a commit lands, a second commit inside the
+/// rate limit is refused without touching the pending-commit file, and the reveal lands only in
+/// the reveal epoch, hashed as the SDK hashes it, also for a pending entry whose commit block
+/// was never noted (read back from the chain's `WeightCommits`).
+#[test]
+fn the_fake_nodes_weight_rules_refuse_and_accept_iotas_extrinsics() {
+    use common::fake_node::{FakeNeuron, FakeNode, FakeSubnet};
+    use iota::chain::pending::{PendingStore, Submitted, reveal_due, submit};
+    use iota::wallet::Hotkey;
+
+    let dir = tempfile::tempdir().unwrap();
+    let (val, miner, stranger) = (
+        Hotkey::from_uri("//FakeNodeVal").unwrap(),
+        Hotkey::from_uri("//FakeNodeMiner").unwrap(),
+        Hotkey::from_uri("//FakeNodeStranger").unwrap(),
+    );
+    let subnet = FakeSubnet {
+        netuid: NETUID,
+        tempo: 9,
+        commit_reveal: false,
+        reveal_period_epochs: 1,
+        weights_rate_limit: 5,
+        block_ms: 100,
+    };
+    let neuron = |key: &Hotkey, permit| FakeNeuron {
+        hotkey: key.public_key(),
+        stake_rao: 1_000_000_000_000,
+        permit,
+        incentive: 0,
+    };
+    let node = FakeNode::start(
+        dir.path(),
+        subnet,
+        &[neuron(&val, true), neuron(&miner, false)],
+    );
+    let chain = SubtensorChain::new(Network::Url(node.url.clone()))
+        .unwrap()
+        .with_poll_interval(Duration::from_millis(50));
+    let set = |uids: &[u16], values: &[u16]| WeightSubmission::Set {
+        uids: uids.to_vec(),
+        values: values.to_vec(),
+        version_key: 0,
+    };
+    let one_line = |e: ChainError| {
+        let text = e.to_string();
+        assert!(!text.contains('\n'), "{text}");
+        text
+    };
+
+    let block = chain
+        .submit_weights(&val, NETUID, &set(&[0, 1], &[100, 65535]))
+        .unwrap();
+    let record = node.record();
+    assert_eq!(
+        record["weights"],
+        json!([{"block": block, "uid": 0, "via": "set_weights", "uids": [0, 1], "values": [100, 65535]}])
+    );
+    // The metagraph's last_update is the block of the set.
+    let metagraph = chain.metagraph(NETUID).unwrap();
+    assert_eq!(metagraph.neurons[0].last_update, block);
+
+    let err = chain
+        .submit_weights(&val, NETUID, &set(&[1], &[7]))
+        .unwrap_err();
+    assert!(
+        matches!(err, ChainError::RateLimited { blocks_left, .. } if blocks_left <= 5),
+        "{err}"
+    );
+    assert!(one_line(err).contains("rate-limited"));
+    let err = chain
+        .submit_weights(&miner, NETUID, &set(&[0], &[7]))
+        .unwrap_err();
+    assert_eq!(err, ChainError::NoValidatorPermit { netuid: NETUID });
+    let err = chain
+        .submit_weights(&stranger, NETUID, &set(&[0], &[7]))
+        .unwrap_err();
+    assert!(matches!(err, ChainError::NotRegistered { .. }), "{err}");
+    let failures: Vec<String> = node.record()["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["error"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        failures,
+        [
+            "SettingWeightsTooFast",
+            "NeuronNoValidatorPermit",
+            "HotKeyNotRegisteredInSubNet"
+        ]
+    );
+
+    // Commit-reveal on (as the subnet owner would turn it on).
+    node.set_subnet(json!({"commit_reveal": true}));
+    let err = chain
+        .submit_weights(&val, NETUID, &set(&[1], &[7]))
+        .unwrap_err();
+    assert!(matches!(err, ChainError::CommitReveal { .. }), "{err}");
+    let store = PendingStore::new(dir.path().join("pending-commits.json"));
+    // Past the rate limit of the set above, then commit.
+    std::thread::sleep(Duration::from_millis(700));
+    let Submitted::Committed {
+        block: commit_block,
+        reveal_epoch,
+    } = submit(&chain, &val, &store, NETUID, &[0, 1], &[30000, 65535], 0).unwrap()
+    else {
+        panic!("commit-reveal is on")
+    };
+    let pending = std::fs::read(store.path()).unwrap();
+    let err = submit(&chain, &val, &store, NETUID, &[1], &[1], 0).unwrap_err();
+    assert!(err.to_string().contains("rate-limited"), "{err}");
+    assert_eq!(
+        std::fs::read(store.path()).unwrap(),
+        pending,
+        "a refused commit changed the pending-commit file"
+    );
+    // As if the validator had stopped before it noted the commit's block: the entry takes it
+    // from the chain's WeightCommits.
+    let mut entries = store.load().unwrap();
+    assert_eq!(entries[0].commit_block, Some(commit_block));
+    entries[0].commit_block = None;
+    store.save(&entries).unwrap();
+    // Not due yet, then due: revealed in the reveal epoch.
+    let policy = chain.weights_policy(NETUID).unwrap();
+    if policy.current_epoch(NETUID) < reveal_epoch {
+        assert!(reveal_due(&chain, &val, &store).unwrap().is_empty());
+    }
+    while chain.weights_policy(NETUID).unwrap().current_epoch(NETUID) < reveal_epoch {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(reveal_due(&chain, &val, &store).unwrap().len(), 1);
+    let record = node.record();
+    let revealed = &record["weights"][1];
+    assert_eq!(revealed["via"], "reveal_weights");
+    assert_eq!(revealed["commit_block"], json!(commit_block));
+    assert_eq!(
+        (revealed["uids"].clone(), revealed["values"].clone()),
+        (json!([0, 1]), json!([30000, 65535]))
+    );
+    let reveal_block = revealed["block"].as_u64().unwrap();
+    assert_eq!(FakeNode::epoch(&subnet, reveal_block), reveal_epoch);
+    assert!(store.load().unwrap().is_empty());
+    assert_eq!(record["refusals"], json!([]));
+}
+
+/// `GET /api/weights`'s vector of validator `hotkey` if it is of `epoch`, mapped to uids as a
+/// validator on a subnet maps it (each miner's weight on its uid, the burned share on uid
+/// `burn_uid`) and converted to u16 by the SDK (`convert_weights_and_uids_for_emit`, in
+/// `tests/chain/independent.py`): what the chain should hold for that window.
+fn expected_on_chain(
+    url: &str,
+    hotkey: &str,
+    epoch: u64,
+    uid_of: &HashMap<String, u16>,
+    burn_uid: u16,
+) -> Option<Value> {
+    let view: Value =
+        serde_json::from_str(&common::net::http_get(&format!("{url}/api/weights"))?).ok()?;
+    let mine = view["validators"]
+        .as_array()?
+        .iter()
+        .find(|v| v["hotkey"] == hotkey && v["epoch"] == epoch)?;
+    let mut by_uid: BTreeMap<u16, f64> = BTreeMap::new();
+    for w in mine["weights"].as_array()? {
+        let uid = uid_of[w["hotkey"].as_str()?];
+        *by_uid.entry(uid).or_default() += w["weight"].as_f64()?;
+    }
+    *by_uid.entry(burn_uid).or_default() += mine["burn"].as_f64()?;
+    let (uids, weights): (Vec<u16>, Vec<f64>) = by_uid.into_iter().unzip();
+    let answer = run_python(
+        "independent.py",
+        &json!({
+            "metadata": root().join(METADATA),
+            "calls": [], "commit_hashes": [], "eras": [], "extrinsics": [],
+            "emit": [{"uids": uids, "weights": weights}],
+        }),
+    );
+    Some(answer["emit"][0].clone())
+}
+
+/// Polls `done` every 250 ms until it gives a value; on timeout panics with `what` and the
+/// tails of the logs in `dir`.
+fn wait_until<T>(
+    dir: &Path,
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> Option<T>,
+) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(value) = done() {
+            return value;
+        }
+        if start.elapsed() > timeout {
+            let logs = common::procs::log_tails(dir, 30);
+            panic!("timed out waiting for {what}\n{logs}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The arguments of `iota validate` as hotkey `val` of wallet `w` in `dir/wallets`, keeping
+/// its state in `dir/val-state`, with the chain flags `chain` (`--network URL --netuid N`).
+fn validate_args(dir: &Path, orchestrator: &str, chain: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["validate", "--wallet", "w", "--hotkey", "val"]
+        .map(String::from)
+        .into();
+    for (flag, value) in [
+        ("--orchestrator", orchestrator),
+        ("--wallets-dir", s(&dir.join("wallets"))),
+        ("--state-dir", s(&dir.join("val-state"))),
+        ("--threads", "1"),
+        ("--poll-ms", "250"),
+    ] {
+        args.extend([flag.to_owned(), value.to_owned()]);
+    }
+    args.extend(chain.iter().map(|a| a.to_string()));
+    args
+}
+
+/// Starts `iota validate` ([`validate_args`]), logging to `dir/{log}`.
+fn start_validator(
+    dir: &Path,
+    orchestrator: &str,
+    chain: &[&str],
+    log: &str,
+) -> std::process::Child {
+    let args = validate_args(dir, orchestrator, chain);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    common::procs::spawn(&args, &dir.join(log))
+}
+
+/// A validator end to end on a subnet served by the FAKE node (`tests/chain/fake_node_server.py`,
+/// which applies the weights pallet's rules; not subtensor): a real `iota orchestrate` on the
+/// subnet, three real `iota mine` and a real `iota validate`.
+///
+/// - (a) commit-reveal off: epoch 0's window is set with `set_weights`, and the chain holds
+///   exactly `/api/weights`' vector mapped to uids (the burn on uid 0) and converted to u16 by
+///   the SDK;
+/// - (c) the rate limit (a million blocks) holds epoch 1's window back: the validator says it
+///   waits and sends nothing; the subnet owner turns commit-reveal on and lowers the limit, and
+///   the same window is committed;
+/// - (b) the validator is killed after the commit and started again on its state directory;
+///   the restarted process reveals in the reveal epoch, and the chain then holds epoch 1's
+///   vector; the pallet refused nothing along the way.
+#[test]
+fn a_validator_on_a_fake_node_sets_waits_commits_and_reveals_after_a_restart() {
+    use common::fake_node::{FakeNeuron, FakeNode, FakeSubnet};
+    use common::procs::{Kids, spawn_miner, start_orchestrator, write_config_with};
+    use iota::wallet::WalletDir;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let wallets = WalletDir::new(dir.join("wallets"));
+    let names = ["owner", "val", "m0", "m1", "m2"];
+    let keys: Vec<iota::wallet::Hotkey> = names
+        .iter()
+        .map(|n| wallets.create_hotkey("w", n, true).unwrap())
+        .collect();
+    let uid_of: HashMap<String, u16> = keys
+        .iter()
+        .enumerate()
+        .map(|(uid, k)| (k.address().to_string(), uid as u16))
+        .collect();
+    let val = keys[1].address().to_string();
+    let subnet = FakeSubnet {
+        netuid: NETUID,
+        tempo: 79,
+        commit_reveal: false,
+        reveal_period_epochs: 1,
+        weights_rate_limit: 1_000_000,
+        block_ms: 250,
+    };
+    let neurons: Vec<FakeNeuron> = keys
+        .iter()
+        .enumerate()
+        .map(|(uid, k)| FakeNeuron {
+            hotkey: k.public_key(),
+            stake_rao: if uid == 1 { 1_000_000_000_000 } else { 0 },
+            permit: uid == 1,
+            incentive: 0,
+        })
+        .collect();
+    let node = FakeNode::start(dir, subnet, &neurons);
+    let (url, config) = write_config_with(
+        dir,
+        "on-the-fake-node",
+        &format!(
+            "heartbeat_s: 1\neval_samples: 0\nbatches_before_merging: 4\nmax_samples: 8\n\
+             deadlines: {{ forward_s: 30, backward_s: 60 }}\n\
+             merge: {{ upload_s: 30, lease_grace_s: 5, merge_s: 60 }}\n\
+             validation: {{ retain_s: 3600 }}\n\
+             chain: {{ network: \"{}\", netuid: {NETUID}, refresh_secs: 1, burn_uid: 0 }}\n",
+            node.url
+        ),
+    );
+    let _orchestrator = Kids(vec![start_orchestrator(dir, &config, &url)]);
+    let _miners = Kids(
+        names[2..]
+            .iter()
+            .map(|n| spawn_miner(dir, &url, n, &[]))
+            .collect(),
+    );
+    let netuid = NETUID.to_string();
+    let chain_flags = ["--network", node.url.as_str(), "--netuid", netuid.as_str()];
+    let validator = Kids(vec![start_validator(dir, &url, &chain_flags, "val-1.log")]);
+
+    // (a) set_weights with /api/weights' vector of epoch 0.
+    let set = wait_until(
+        dir,
+        "epoch 0's weights on the fake node",
+        Duration::from_secs(400),
+        || node.record()["weights"].as_array()?.first().cloned(),
+    );
+    assert_eq!(
+        (set["uid"].as_u64(), set["via"].as_str()),
+        (Some(1), Some("set_weights")),
+        "{set}"
+    );
+    let expected = expected_on_chain(&url, &val, 0, &uid_of, 0)
+        .expect("/api/weights shows the validator's epoch 0");
+    assert_eq!(json!([set["uids"], set["values"]]), expected);
+
+    // (c) epoch 1's window waits for the rate limit, and nothing is sent meanwhile.
+    let log1 = dir.join("val-1.log");
+    wait_until(
+        dir,
+        "epoch 1 waiting for the rate limit",
+        Duration::from_secs(400),
+        || {
+            std::fs::read_to_string(&log1)
+                .ok()?
+                .contains("weights of epoch 1 wait")
+                .then_some(())
+        },
+    );
+    let record = node.record();
+    assert_eq!(record["weights"].as_array().unwrap().len(), 1, "{record}");
+    assert_eq!(record["failures"], json!([]), "{record}");
+    node.set_subnet(json!({"commit_reveal": true}));
+    node.set_subnet(json!({"weights_rate_limit": 4}));
+    let (commit_block, reveal_epoch) =
+        wait_until(dir, "epoch 1's commit", Duration::from_secs(60), || {
+            let text = std::fs::read_to_string(&log1).ok()?;
+            let line = text
+                .lines()
+                .find(|l| l.contains("weights of epoch 1 committed"))?;
+            let number = |after: &str| -> Option<u64> {
+                line.split(after)
+                    .nth(1)?
+                    .split(|c: char| !c.is_ascii_digit())
+                    .next()?
+                    .parse()
+                    .ok()
+            };
+            Some((number("at block ")?, number("chain epoch ")?))
+        });
+    assert_eq!(FakeNode::epoch(&subnet, commit_block) + 1, reveal_epoch);
+
+    // (b) killed with the commit pending, restarted: the reveal comes from the new process.
+    drop(validator);
+    let pending =
+        std::fs::read_to_string(dir.join("val-state/on-the-fake-node/pending-commits.json"))
+            .expect("the pending commit on disk");
+    assert!(
+        pending.contains(&format!("\"commit_block\": {commit_block}")),
+        "{pending}"
+    );
+    assert_eq!(node.record()["weights"].as_array().unwrap().len(), 1);
+    let _validator = Kids(vec![start_validator(dir, &url, &chain_flags, "val-2.log")]);
+    let revealed = wait_until(dir, "the reveal", Duration::from_secs(120), || {
+        node.record()["weights"].as_array()?.get(1).cloned()
+    });
+    assert_eq!(revealed["via"], "reveal_weights", "{revealed}");
+    assert_eq!(revealed["commit_block"], json!(commit_block));
+    let reveal_block = revealed["block"].as_u64().unwrap();
+    assert_eq!(FakeNode::epoch(&subnet, reveal_block), reveal_epoch);
+    let expected = expected_on_chain(&url, &val, 1, &uid_of, 0)
+        .expect("/api/weights shows the validator's epoch 1");
+    assert_eq!(json!([revealed["uids"], revealed["values"]]), expected);
+    let second = std::fs::read_to_string(dir.join("val-2.log")).unwrap();
+    assert!(second.contains("revealed on chain"), "{second}");
+    assert!(
+        !std::fs::read_to_string(&log1)
+            .unwrap()
+            .contains("revealed on chain")
+    );
+    let record = node.record();
+    assert_eq!(
+        (record["failures"].clone(), record["refusals"].clone()),
+        (json!([]), json!([])),
+        "{record}"
+    );
+}
+
+/// Runs `iota` with `args` until it exits or `secs` pass (then kills it); returns whether it
+/// succeeded, and its stderr.
+fn run_briefly(args: &[&str], secs: u64) -> (Option<bool>, String) {
+    let mut cmd = Command::new(common::procs::iota_bin());
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("IOTA_") {
+            cmd.env_remove(key);
+        }
+    }
+    let mut child = cmd.spawn().expect("run iota");
+    let start = std::time::Instant::now();
+    let done = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status.success());
+        }
+        if start.elapsed() > Duration::from_secs(secs) {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stderr = String::new();
+    use std::io::Read;
+    let _ = child.stderr.take().unwrap().read_to_string(&mut stderr);
+    (done, stderr)
+}
+
+/// A validator's subnet comes from its own flags, not from the orchestrator: against a real
+/// `iota orchestrate` on subnet 3 of the FAKE node, `iota validate` set for subnet 4, for no
+/// chain, or for a node it cannot reach is refused in one line naming both sides and writes
+/// no state; set for the same node under another URL (`ws://` instead of `http://`), it is
+/// let in, because its node reports the genesis hash the orchestrator's node reported.
+#[test]
+fn a_validator_set_for_another_subnet_than_the_runs_is_refused_in_one_line() {
+    use common::fake_node::{FakeNeuron, FakeNode, FakeSubnet};
+    use common::procs::{Kids, start_orchestrator, write_config_with};
+
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let val = iota::wallet::WalletDir::new(dir.join("wallets"))
+        .create_hotkey("w", "val", true)
+        .unwrap();
+    let subnet = FakeSubnet {
+        netuid: NETUID,
+        tempo: 99,
+        commit_reveal: false,
+        reveal_period_epochs: 1,
+        weights_rate_limit: 100,
+        block_ms: 1000,
+    };
+    let neuron = FakeNeuron {
+        hotkey: val.public_key(),
+        stake_rao: 1_000_000_000_000,
+        permit: true,
+        incentive: 0,
+    };
+    let node = FakeNode::start(dir, subnet, &[neuron]);
+    let (url, config) = write_config_with(
+        dir,
+        "subnet-choice",
+        &format!(
+            "chain: {{ network: \"{}\", netuid: {NETUID}, refresh_secs: 1 }}\n",
+            node.url
+        ),
+    );
+    let _orchestrator = Kids(vec![start_orchestrator(dir, &config, &url)]);
+    let state = dir.join("val-state");
+    let validate = |chain: &[&str], secs: u64| {
+        let args = validate_args(dir, &url, chain);
+        run_briefly(&args.iter().map(String::as_str).collect::<Vec<_>>(), secs)
+    };
+    let nobody = format!("http://127.0.0.1:{}", common::net::free_port());
+    for (chain, needle) in [
+        (
+            vec!["--network", node.url.as_str(), "--netuid", "4"],
+            format!(
+                "the orchestrator announces subnet {NETUID} of {}, and this validator is set for subnet 4 of {}",
+                node.url, node.url
+            ),
+        ),
+        (
+            vec![],
+            format!(
+                "this validator is set for no chain: pass --network {} --netuid {NETUID}",
+                node.url
+            ),
+        ),
+        (
+            vec!["--network", nobody.as_str(), "--netuid", "3"],
+            format!("cannot reach the subtensor node at {nobody}"),
+        ),
+    ] {
+        let (ok, stderr) = validate(&chain, 60);
+        assert_eq!(ok, Some(false), "{chain:?} should be refused:\n{stderr}");
+        let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("iota: ")).collect();
+        assert_eq!(errors.len(), 1, "{stderr}");
+        assert!(errors[0].contains(&needle), "{chain:?}:\n{stderr}");
+        assert!(!state.exists(), "a refused validator wrote its state");
+    }
+    // The same node through another URL: the genesis hashes agree, so it is let in.
+    let ws = node.url.replacen("http://", "ws://", 1);
+    let (done, stderr) = validate(&["--network", &ws, "--netuid", "3"], 10);
+    assert_eq!(done, None, "it should run until stopped:\n{stderr}");
+    assert!(
+        stderr.contains(&format!("weights go to subnet {NETUID} of {}", node.url)),
+        "{stderr}"
+    );
 }

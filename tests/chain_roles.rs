@@ -5,12 +5,14 @@
 //! - the orchestrator, served over real HTTP with real sr25519 signatures, admits only hotkeys
 //!   on the FAKE chain's metagraph, takes validators and stake from its permits, keeps the last
 //!   metagraph when a refresh fails, drops a miner whose uid went to another hotkey, and shows
-//!   uids, incentive and the validators' last weights block in `/api/status` and `iota status`;
+//!   uids, incentive, the validators' last weights block and their weights as the chain stores
+//!   them in `/api/status` and `iota status`;
 //!   `iota orchestrate` on a chain it cannot read stops with one line before it serves;
 //! - a validator's weights on the FAKE chain: set where commit-reveal is off, waiting for the
 //!   rate limit instead of sending; committed where it is on, revealed in the reveal epoch by
-//!   a validator restarted on the same state directory; one-line refusals for a hotkey that is
-//!   not registered or holds no permit;
+//!   a validator restarted on the same state directory; one-line refusals, with nothing
+//!   written, for a hotkey that is not registered or holds no permit and for a node that
+//!   cannot be reached;
 //! - the run config's `chain` block and its one-line errors.
 
 mod common;
@@ -72,6 +74,7 @@ fn run_chain() -> RunChain {
         network: NODE.into(),
         netuid: NETUID,
         burn_uid: 0,
+        genesis: None,
     }
 }
 
@@ -170,7 +173,14 @@ async fn the_orchestrator_on_the_fake_chain_admits_its_hotkeys_and_drops_departe
         .await
         .unwrap();
     assert_eq!(vreg.stake, 2.0);
-    assert_eq!(vreg.chain, Some(run_chain()));
+    // With the chain's genesis hash, so a validator can tell the chain whatever node it uses.
+    assert_eq!(
+        vreg.chain,
+        Some(RunChain {
+            genesis: Some(hex::encode(iota::chain::fake::FAKE_GENESIS)),
+            ..run_chain()
+        })
+    );
     let (status, code, message) = refusal(
         client(&url, Some(&dave))
             .await
@@ -209,12 +219,17 @@ async fn the_orchestrator_on_the_fake_chain_admits_its_hotkeys_and_drops_departe
         "the refresh shows the validator's weights block",
         async || {
             let chain = public.status().await.unwrap().chain.unwrap();
-            chain.neurons[1].last_update == block && chain.block == block + 1
+            chain.neurons[1].last_update == block
+                && chain.block == block + 1
+                // The burn and the miner are both uid 0: its weight is the whole vector.
+                && chain.neurons[1].weights == [(0, 1.0)]
+                && chain.neurons[1].weights_count == 1
         },
     )
     .await;
 
-    // `iota status` shows the miner's uid and incentive and the validator's weights block.
+    // `iota status` shows the miner's uid and incentive, and the validator's weights block and
+    // the weights the FAKE chain holds for it.
     let status_url = url.clone();
     let out = tokio::task::spawn_blocking(move || iota(&["status", "--orchestrator", &status_url]))
         .await
@@ -249,7 +264,9 @@ async fn the_orchestrator_on_the_fake_chain_admits_its_hotkeys_and_drops_departe
             &val_ss58,
             "2.000",
             "0.0000",
-            &block.to_string()
+            &block.to_string(),
+            "0:",
+            "1.000"
         ]
     );
 
@@ -510,8 +527,33 @@ fn a_validator_without_a_registration_or_a_permit_is_told_in_one_line() {
         .unwrap();
     let err = onchain.step().unwrap_err().to_string();
     assert!(err.contains("no validator permit"), "{err}");
+    // Refused twice: no record, no pending commit written.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    assert_eq!(onchain.queued(), Some(0));
     // The window stays queued: it goes once the permit comes.
     fake.register_hotkey(NETUID, &val.public_key(), true)
         .unwrap();
     assert!(matches!(onchain.step().unwrap()[..], [Event::Set { .. }]));
+}
+
+#[test]
+fn a_validator_whose_node_cannot_be_reached_is_told_in_one_line_and_writes_nothing() {
+    let (val, m1) = (key("//Val1"), key("//Miner1"));
+    let port = common::net::free_port();
+    let nobody = iota::chain::shared::shared_chain_for(iota::chain::Network::Url(format!(
+        "http://127.0.0.1:{port}"
+    )));
+    let dir = tempfile::tempdir().unwrap();
+    let mut onchain = OnChain::open(nobody, val.clone(), &run_chain(), dir.path()).unwrap();
+    onchain.queue(&weights(0, 0.5, &[(&m1, 0.5)]));
+    let err = onchain.step().unwrap_err().to_string();
+    assert!(
+        err.starts_with(&format!(
+            "cannot reach the subtensor node at http://127.0.0.1:{port}"
+        )) && !err.contains('\n'),
+        "{err}"
+    );
+    // The window stays queued for the next step; nothing was written.
+    assert_eq!(onchain.queued(), Some(0));
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }

@@ -180,10 +180,14 @@ fn network(
         .args(["--validators", "1", "--seq-len", "32", "--batch-size", "2"])
         .args(["--samples", &samples.to_string()])
         .args(["--merge-every", &merge_every.to_string()])
-        // The cheaters grind keys into their sections from this machine's one address, which
-        // the new-key limit (8 at once, then 30 an hour) would stop: lifted here, since these
+        // The cheaters grind keys into their sections, each fresh key from a fresh address (a
+        // new key's section is drawn by its address; `forwarded_for` lets one machine play an
+        // attacker with many, behind a loopback proxy). The new-key limit is lifted: these
         // networks measure what happens once a cheater is in (the limit has its own test).
-        .args(["--placement", r#"{"new_keys": {"burst": 1000}}"#])
+        .args([
+            "--placement",
+            r#"{"new_keys": {"burst": 1000, "forwarded_for": true}}"#,
+        ])
         .args(["--validator-wait-s", "120", "--poll-ms", "500"])
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .arg("--dir")
@@ -203,10 +207,13 @@ fn network(
                 format!("{},steer", c.cheat),
                 "--section".into(),
                 c.section.to_string(),
-                // Throwaways no longer steer a key: it grinds fresh keys until one lands (a
-                // section with more proven miners than another takes none: up to 60 s).
+                // Throwaways no longer steer a key: it grinds fresh keys from fresh addresses
+                // until one lands (a section with more proven miners than another takes none:
+                // up to 60 s).
                 "--grind".into(),
                 "60".into(),
+                "--forwarded-for".into(),
+                format!("10.{}.0.1", i + 1),
                 // One after the other, each once the ones before it registered.
                 "--wait-miners".into(),
                 (honest + i).to_string(),
@@ -497,12 +504,12 @@ fn orchestrator(dir: &Path, name: &str, placement: &str) -> (String, Kids) {
     (url, kids)
 }
 
-/// Throwaway hotkeys must not let a miner choose its section: nine cheaters each register
-/// throwaways until the old rule's next pick (the emptiest section) would be section 2, then
-/// their real key, into a network whose sections each hold a resident miner (with the default
-/// placement; `claim_s` keeps the residents seated as proven miners would be). With the choice
-/// out of their hands a real key lands there a third of the time; seven or more of nine has
-/// probability under 1% (computed: 0.83%).
+/// Throwaway hotkeys must not let a miner choose its section: nine cheaters, each from its own
+/// address, register throwaways until the old rule's next pick (the emptiest section) would be
+/// section 2, then their real key, into a network whose sections each hold a resident miner
+/// (with the default placement; `claim_s` keeps the residents seated as proven miners would
+/// be). With the choice out of their hands a real key lands there a third of the time; seven
+/// or more of nine has probability under 1% (computed: 0.83%).
 #[test]
 fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
     let dir = tempfile::tempdir().unwrap();
@@ -510,7 +517,7 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
     let (url, _orchestrator) = orchestrator(
         dir.path(),
         "hostile-steer",
-        "placement: { claim_s: 600, new_keys: { burst: 1000 } }",
+        "placement: { claim_s: 600, new_keys: { burst: 1000, forwarded_for: true } }",
     );
     for i in 0..SECTIONS {
         let out = dir.path().join(format!("resident{i}.jsonl"));
@@ -536,6 +543,7 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
         ]
         .iter()
         .map(|s| s.to_string())
+        .chain(["--forwarded-for".to_string(), format!("10.{}.0.1", i + 1)])
         .collect();
         let status = spawn_cheater(&url, &format!("//Steer{i}"), &extra, &out)
             .wait()
@@ -568,7 +576,9 @@ fn throwaway_registrations_do_not_steer_a_miner_into_its_section() {
 
 /// Issue 42, goal 7: a stranger's program registering fresh keys back to back from one address
 /// (grinding for a section, or flooding seats) gets the default 8 and then 429s with a
-/// `Retry-After`, from the real orchestrator with the default placement.
+/// `Retry-After`, from the real orchestrator with the default placement. And the 8 do not
+/// re-roll a section: once the empty sections are filled, every fresh key from that address
+/// lands in the same one.
 #[test]
 fn grinding_fresh_keys_meets_the_new_key_limit() {
     let dir = tempfile::tempdir().unwrap();
@@ -588,6 +598,16 @@ fn grinding_fresh_keys_meets_the_new_key_limit() {
         .collect();
     eprintln!("grind: answers {codes:?}");
     assert_eq!(codes[..8], [200; 8], "{answers:?}");
+    let sections: Vec<u64> = answers[..8]
+        .iter()
+        .map(|l| l["section"].as_u64().unwrap_or(99))
+        .collect();
+    eprintln!("grind: sections {sections:?}");
+    assert_eq!(sections[..3], [0, 1, 2], "empty sections fill first");
+    assert!(
+        sections[3..].iter().all(|s| *s == sections[3]),
+        "fresh keys from one address re-rolled their section: {sections:?}"
+    );
     assert_eq!(codes[8..], [429; 12], "{answers:?}");
     for refused in &answers[8..] {
         assert_eq!(refused["code"], "rate_limited");

@@ -79,20 +79,7 @@ fn start_validator(dir: &Path, url: &str, name: &str, state: &Path, log: &str) -
 
 /// Every log of the run, for a failure message.
 fn logs(dir: &Path) -> String {
-    let mut out = String::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.extension().is_some_and(|e| e == "log") {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().rev().take(40).collect();
-            out.push_str(&format!("--- {}\n", path.display()));
-            for line in tail.into_iter().rev() {
-                out.push_str(line);
-                out.push('\n');
-            }
-        }
-    }
-    out
+    common::procs::log_tails(dir, 40)
 }
 
 /// Polls `ok` every 250 ms; on timeout panics with `what` and the logs.

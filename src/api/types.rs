@@ -423,6 +423,10 @@ pub struct RunChain {
     pub netuid: u16,
     /// The uid a weight vector's burned share goes to on chain.
     pub burn_uid: u16,
+    /// The chain's genesis hash (hex), as the orchestrator's node gave it: what names the
+    /// chain whatever node a validator reaches it through (absent if it could not be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub genesis: Option<String>,
 }
 
 /// The subnet's metagraph in `GET /api/status`, as of the orchestrator's last refresh.
@@ -459,6 +463,14 @@ pub struct ChainNeuron {
     pub last_update: u64,
     /// Whether it is registered with this orchestrator as a miner.
     pub miner: bool,
+    /// Validators only: the largest of the weights it last set, as the chain's storage held
+    /// them when the metagraph was read: `(uid, share of the sum)`, largest first, at most
+    /// five.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub weights: Vec<(u16, f64)>,
+    /// How many uids those weights cover in all.
+    #[serde(default)]
+    pub weights_count: usize,
 }
 
 /// The network's evaluation of the model one epoch started with (the merged model of the

@@ -25,6 +25,9 @@ use super::{
 };
 use crate::wallet::{Hotkey, Ss58Address};
 
+/// The fake chain's genesis hash.
+pub const FAKE_GENESIS: [u8; 32] = [0xfa; 32];
+
 /// How many unrevealed commits a hotkey may have on a subnet (the pallet's limit).
 const MAX_UNREVEALED_COMMITS: usize = 10;
 
@@ -228,6 +231,11 @@ impl Chain for FakeSubtensor {
         Ok(ChainRegistration::NotRequired)
     }
 
+    /// The fake chain's genesis hash: 32 bytes of `0xfa`.
+    fn genesis_hash(&self) -> Result<[u8; 32], ChainError> {
+        Ok(FAKE_GENESIS)
+    }
+
     fn metagraph(&self, netuid: u16) -> Result<Metagraph, ChainError> {
         let state = self.lock();
         if state.unreadable {
@@ -325,6 +333,32 @@ impl Chain for FakeSubtensor {
             weights_rate_limit: subnet.config.weights_rate_limit,
             version_key: subnet.config.version_key,
         })
+    }
+
+    fn weights(&self, netuid: u16, uid: u16) -> Result<Vec<(u16, u16)>, ChainError> {
+        let state = self.lock();
+        let subnet = state
+            .subnets
+            .get(&netuid)
+            .ok_or(ChainError::NoSubnet { netuid })?;
+        Ok(subnet.weights.get(&uid).cloned().unwrap_or_default())
+    }
+
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let state = self.lock();
+        let subnet = state
+            .subnets
+            .get(&netuid)
+            .ok_or(ChainError::NoSubnet { netuid })?;
+        Ok(subnet
+            .commits
+            .get(hotkey)
+            .map(|commits| commits.iter().map(|c| (c.hash, c.block)).collect())
+            .unwrap_or_default())
     }
 
     fn submit_weights(

@@ -334,6 +334,18 @@ pub trait Chain {
     /// [`ChainError`] when the registration cannot be made from here.
     fn register(&self, who: &Registrant, netuid: u16) -> Result<ChainRegistration, ChainError>;
 
+    /// The hash of the chain's genesis block: what names a chain whichever node serves it.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without blocks (the default).
+    fn genesis_hash(&self) -> Result<[u8; 32], ChainError> {
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "genesis block",
+            instead: "compare the networks by name",
+        })
+    }
+
     /// Subnet `netuid`'s metagraph now.
     ///
     /// # Errors
@@ -427,6 +439,38 @@ pub trait Chain {
         })
     }
 
+    /// The weights uid `uid` last set on `netuid` as the chain stores them now: `(uid, value)`
+    /// pairs, the largest value at `u16::MAX`; empty if it never set any.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without weights (the default).
+    fn weights(&self, netuid: u16, uid: u16) -> Result<Vec<(u16, u16)>, ChainError> {
+        let _ = (netuid, uid);
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "weights",
+            instead: "the orchestrator's /api/weights shows what validators published",
+        })
+    }
+
+    /// The commits (commit-reveal v2) `hotkey` has on `netuid` as the chain stores them now:
+    /// each one's hash and the block it was made in, oldest first; empty if none.
+    ///
+    /// # Errors
+    /// [`ChainError::Unsupported`] on a chain without weights (the default).
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let _ = (netuid, hotkey);
+        Err(ChainError::Unsupported {
+            network: self.network(),
+            what: "weight commits",
+            instead: "validators publish to the orchestrator's metagraph",
+        })
+    }
+
     /// Submits `submission` signed by `signer` (a validator's hotkey) on `netuid`; returns the
     /// block it was included in.
     ///
@@ -487,6 +531,10 @@ impl Chain for UnreachableChain {
         Err(self.error())
     }
 
+    fn genesis_hash(&self) -> Result<[u8; 32], ChainError> {
+        Err(self.error())
+    }
+
     fn metagraph(&self, _netuid: u16) -> Result<Metagraph, ChainError> {
         Err(self.error())
     }
@@ -509,6 +557,18 @@ impl Chain for UnreachableChain {
     }
 
     fn weights_policy(&self, _netuid: u16) -> Result<WeightsPolicy, ChainError> {
+        Err(self.error())
+    }
+
+    fn weights(&self, _netuid: u16, _uid: u16) -> Result<Vec<(u16, u16)>, ChainError> {
+        Err(self.error())
+    }
+
+    fn weight_commits(
+        &self,
+        _netuid: u16,
+        _hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
         Err(self.error())
     }
 

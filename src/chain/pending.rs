@@ -5,7 +5,10 @@
 //! it makes a salt and the v2 hash, **writes the pending commit to the file first**, then
 //! commits; the entry records the block of the commit once the chain took it. [`reveal_due`]
 //! (called on every round, and so first thing after a restart) reveals each entry whose reveal
-//! epoch has come, drops those the chain has let expire, and rewrites the file.
+//! epoch has come, drops those the chain has let expire, and rewrites the file. An entry whose
+//! block was never noted (the validator stopped while the commit was sent or waited for) is
+//! looked up in the chain's own commits (`WeightCommits`): revealed if the chain took it,
+//! dropped if not.
 //!
 //! The file is JSON, replaced atomically (written beside, then renamed). It holds no secret:
 //! a salt only hides weights until their reveal.
@@ -189,9 +192,10 @@ pub fn submit(
     }
 }
 
-/// Reveals every pending commit of `signer` whose reveal epoch is now; keeps those not yet due;
-/// drops those past their epoch (the chain has expired them) and those the chain never took.
-/// Returns the commits revealed.
+/// Reveals every pending commit of `signer` whose reveal epoch is now (an entry without its
+/// commit block takes it from the chain's commits); keeps those not yet due; drops those past
+/// their epoch (the chain has expired them) and those the chain never took,
+/// and rewrites the file if that changed anything. Returns the commits revealed.
 ///
 /// # Errors
 /// [`PendingError`]: the file, or a chain refusal of a reveal that was due (the entry is kept).
@@ -201,14 +205,31 @@ pub fn reveal_due(
     store: &PendingStore,
 ) -> Result<Vec<PendingCommit>, PendingError> {
     let commits = store.load()?;
+    let before = commits.clone();
     let mut kept = Vec::new();
     let mut revealed = Vec::new();
     let mut failure = None;
-    for commit in commits {
-        let Some(commit_block) = commit.commit_block else {
-            // Written before a commit that never reached the chain (a crash in between, or a
-            // refusal): nothing to reveal.
-            continue;
+    for mut commit in commits {
+        let commit_block = match commit.commit_block {
+            Some(block) => block,
+            // Written before the commit was sent, and the block never noted (a crash while
+            // it was sent or waited for): the chain says whether it took it, and when.
+            None => match chain.weight_commits(commit.netuid, &signer.public_key()) {
+                Ok(on_chain) => {
+                    match on_chain.iter().find(|(h, _)| hex::encode(h) == commit.hash) {
+                        Some((_, block)) => {
+                            commit.commit_block = Some(*block);
+                            *block
+                        }
+                        None => continue, // it never reached the chain: nothing to reveal
+                    }
+                }
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    kept.push(commit);
+                    continue;
+                }
+            },
         };
         let policy = match chain.weights_policy(commit.netuid) {
             Ok(policy) => policy,
@@ -241,7 +262,10 @@ pub fn reveal_due(
             }
         }
     }
-    store.save(&kept)?;
+    // Rewritten only when something changed: a step with nothing pending writes nothing.
+    if kept != before {
+        store.save(&kept)?;
+    }
     match failure {
         Some(e) => Err(e.into()),
         None => Ok(revealed),
@@ -357,6 +381,65 @@ mod tests {
         assert!(store.load().unwrap().is_empty());
         let err = submit(&chain, &validator, &store, NETUID, &[0], &[5], 0).unwrap_err();
         assert!(err.to_string().contains("rate-limited"), "{err}");
+    }
+
+    #[test]
+    fn a_commit_whose_block_was_never_noted_is_found_on_the_fake_chain_and_revealed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = PendingStore::new(dir.path().join("pending-commits.json"));
+        let chain = FakeSubtensor::new();
+        chain.add_subnet(
+            NETUID,
+            FakeSubnetConfig {
+                tempo: 20,
+                commit_reveal: true,
+                reveal_period_epochs: 1,
+                weights_rate_limit: 0,
+                version_key: 0,
+            },
+        );
+        let validator = Hotkey::from_uri("//Alice").unwrap();
+        chain
+            .register_hotkey(NETUID, &validator.public_key(), true)
+            .unwrap();
+        // Two entries written before their commits went out; the validator stopped before it
+        // noted a block. The chain took the first only.
+        let entry = |values: &[u16]| {
+            let salt = new_salt();
+            let hash = commit_hash_v2(&validator.public_key(), NETUID, &[0], values, &salt, 0);
+            PendingCommit {
+                netuid: NETUID,
+                uids: vec![0],
+                values: values.to_vec(),
+                salt,
+                version_key: 0,
+                hash: hex::encode(hash),
+                commit_block: None,
+            }
+        };
+        let (taken, lost) = (entry(&[7]), entry(&[8]));
+        let mut hash = [0u8; 32];
+        hex::decode_to_slice(&taken.hash, &mut hash).unwrap();
+        let block = chain
+            .submit_weights(&validator, NETUID, &WeightSubmission::Commit { hash })
+            .unwrap();
+        store.save(&[taken.clone(), lost]).unwrap();
+
+        // Before the reveal epoch: the taken one is kept with its block, the other dropped.
+        assert!(reveal_due(&chain, &validator, &store).unwrap().is_empty());
+        let kept = store.load().unwrap();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(
+            (&kept[0].hash, kept[0].commit_block),
+            (&taken.hash, Some(block))
+        );
+        let reveal_epoch = epoch_index(NETUID, 20, block) + 1;
+        while chain.weights_policy(NETUID).unwrap().current_epoch(NETUID) < reveal_epoch {
+            chain.advance(1);
+        }
+        assert_eq!(reveal_due(&chain, &validator, &store).unwrap().len(), 1);
+        assert_eq!(chain.weights_of(NETUID, 0), [(0, 7)]);
+        assert!(store.load().unwrap().is_empty());
     }
 
     #[test]

@@ -91,6 +91,10 @@ impl Chain for ChainThread {
         self.call(move |c| c.register(&who, netuid))?
     }
 
+    fn genesis_hash(&self) -> Result<[u8; 32], ChainError> {
+        self.call(|c| c.genesis_hash())?
+    }
+
     fn metagraph(&self, netuid: u16) -> Result<Metagraph, ChainError> {
         self.call(move |c| c.metagraph(netuid))?
     }
@@ -111,6 +115,19 @@ impl Chain for ChainThread {
 
     fn weights_policy(&self, netuid: u16) -> Result<WeightsPolicy, ChainError> {
         self.call(move |c| c.weights_policy(netuid))?
+    }
+
+    fn weights(&self, netuid: u16, uid: u16) -> Result<Vec<(u16, u16)>, ChainError> {
+        self.call(move |c| c.weights(netuid, uid))?
+    }
+
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let hotkey = *hotkey;
+        self.call(move |c| c.weight_commits(netuid, &hotkey))?
     }
 
     fn submit_weights(

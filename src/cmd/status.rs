@@ -129,8 +129,29 @@ pub fn table(url: &str, status: &StatusResponse, merge: &MergeStatus, now_ms: u6
     out
 }
 
-/// The subnet's part of the status: each miner's uid and incentive, each validator's stake
-/// and the block of its last weights on chain.
+/// A validator's largest weights on chain, `uid: share` (and how many more), for a cell.
+fn weights_cell(n: &crate::api::ChainNeuron) -> String {
+    if n.weights.is_empty() {
+        return if n.validator_permit {
+            "none".into()
+        } else {
+            String::new()
+        };
+    }
+    let mut cell = n
+        .weights
+        .iter()
+        .map(|(uid, share)| format!("{uid}: {share:.3}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if n.weights_count > n.weights.len() {
+        cell.push_str(&format!(" (+{} more)", n.weights_count - n.weights.len()));
+    }
+    cell
+}
+
+/// The subnet's part of the status: each miner's uid and incentive, each validator's stake,
+/// the block of its last weights on chain and the largest of those weights.
 fn chain_table(out: &mut String, chain: &ChainStatus, now_ms: u64) {
     let age_s = now_ms.saturating_sub(chain.refreshed_unix_ms) / 1000;
     let _ = writeln!(
@@ -146,7 +167,7 @@ fn chain_table(out: &mut String, chain: &ChainStatus, now_ms: u64) {
     );
     let _ = writeln!(
         out,
-        "  uid  role       hotkey                                            stake (TAO)  incentive  last weights (block)"
+        "  uid  role       hotkey                                            stake (TAO)  incentive  last weights (block)  weights on chain (uid: share)"
     );
     for n in chain
         .neurons
@@ -165,8 +186,12 @@ fn chain_table(out: &mut String, chain: &ChainStatus, now_ms: u64) {
         };
         let _ = writeln!(
             out,
-            "{:>5}  {role:<9}  {:<48}  {:>11.3}  {:>9.4}  {last}",
-            n.uid, n.hotkey, n.stake_tao, n.incentive
+            "{:>5}  {role:<9}  {:<48}  {:>11.3}  {:>9.4}  {last:<20}  {}",
+            n.uid,
+            n.hotkey,
+            n.stake_tao,
+            n.incentive,
+            weights_cell(n)
         );
     }
 }

@@ -9,6 +9,8 @@ use clap::Args;
 
 use super::mine::set_threads;
 use super::profile::{NodeArgs, Role};
+use crate::chain::{DEFAULT_NETUID, Network};
+use crate::validator::subnet_choice::SubnetChoice;
 use crate::validator::{ValidatorOptions, run_validator};
 
 /// Arguments of `iota validate`. Unset flags come from `IOTA_*` variables, then the settings
@@ -36,6 +38,15 @@ pub struct ValidateArgs {
     /// No per-window lines on stderr.
     #[arg(long)]
     pub quiet: bool,
+    /// The chain this validator sets weights on: `local` (none: weights go to the
+    /// orchestrator only), `finney`, `test` or a subtensor node's URL. It must be the chain of
+    /// the orchestrator's run, which is never taken from the orchestrator: a run on another
+    /// chain or subnet is refused.
+    #[arg(long, env = "IOTA_NETWORK", default_value = "local")]
+    pub network: Network,
+    /// The subnet this validator sets weights on, with --network.
+    #[arg(long, env = "IOTA_NETUID", default_value_t = DEFAULT_NETUID)]
+    pub netuid: u16,
 }
 
 /// Runs a validator until Ctrl-C.
@@ -68,6 +79,7 @@ pub fn run(args: ValidateArgs) -> anyhow::Result<()> {
         retain_graphs: !args.recompute_backward,
         progress: !args.quiet,
         stop: Arc::new(AtomicBool::new(false)),
+        subnet: SubnetChoice::from_flags(args.network, args.netuid),
         chain: None,
     })?;
     eprintln!(

@@ -26,7 +26,7 @@ use serde_json::{Value, json};
 use super::{InferError, Weights};
 use crate::codec::WireDtype;
 use crate::data::Tokenizer;
-use crate::model::checkpoint::write_safetensors;
+use crate::model::checkpoint::write_safetensors_of;
 use crate::model::{ModelConfig, NamedTensor};
 
 /// File name of the model config.
@@ -160,7 +160,11 @@ pub fn export_hf(
     let mut files = vec![CONFIG_FILE];
     write_text(out, CONFIG_FILE, &pretty(&config))?;
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
-    write_safetensors(&out.join(WEIGHTS_FILE), &tensors, Some(metadata))?;
+    write_safetensors_of(
+        &out.join(WEIGHTS_FILE),
+        tensors.iter().copied(),
+        Some(metadata),
+    )?;
     files.push(WEIGHTS_FILE);
     write_text(out, TOKENIZER_FILE, &tokenizer_json)?;
     write_text(out, TOKENIZER_CONFIG_FILE, &pretty(&tokenizer_config))?;
@@ -179,8 +183,8 @@ pub fn export_hf(
     })
 }
 
-/// Every section's tensors in one list, by name; each name once.
-fn all_tensors(weights: &Weights) -> Result<Vec<NamedTensor>, InferError> {
+/// Every section's tensors in one list (borrowed, not copied), by name; each name once.
+fn all_tensors(weights: &Weights) -> Result<Vec<&NamedTensor>, InferError> {
     if weights.sections.len() != weights.model.n_sections() {
         return Err(InferError::WrongConfig(format!(
             "{} sections of weights for a config of {}",
@@ -188,7 +192,7 @@ fn all_tensors(weights: &Weights) -> Result<Vec<NamedTensor>, InferError> {
             weights.model.n_sections()
         )));
     }
-    let mut all: Vec<NamedTensor> = weights.sections.iter().flatten().cloned().collect();
+    let mut all: Vec<&NamedTensor> = weights.sections.iter().flatten().collect();
     all.sort_by(|a, b| a.name.cmp(&b.name));
     if let Some(pair) = all.windows(2).find(|w| w[0].name == w[1].name) {
         return Err(InferError::WrongConfig(format!(
@@ -334,7 +338,11 @@ mod tests {
         assert_eq!(config["eos_token_id"], 0);
         assert_eq!(config["sections"], json!([[0, 2], [2, 4], [4, 6]]));
         let written = crate::model::checkpoint::read_safetensors(&out.join(WEIGHTS_FILE)).unwrap();
-        let mut want = all_tensors(&weights).unwrap();
+        let mut want: Vec<NamedTensor> = all_tensors(&weights)
+            .unwrap()
+            .into_iter()
+            .cloned()
+            .collect();
         want.sort_by(|a, b| a.name.cmp(&b.name));
         assert_eq!(written, want);
     }

@@ -93,6 +93,8 @@ fn err(path: &Path, message: impl Into<String>) -> ModelError {
 }
 
 /// Writes named f32 tensors as a safetensors file (atomically, through a temporary name).
+/// The tensors are written from where they lie, one after the other, without a second copy
+/// of the whole state in memory.
 ///
 /// # Errors
 /// I/O errors and inconsistent tensors (length not matching the shape).
@@ -101,22 +103,66 @@ pub fn write_safetensors(
     tensors: &[NamedTensor],
     metadata: Option<HashMap<String, String>>,
 ) -> Result<(), ModelError> {
-    let bytes: Vec<Vec<u8>> = tensors
-        .iter()
-        .map(|t| t.data.iter().flat_map(|v| v.to_le_bytes()).collect())
-        .collect();
+    write_safetensors_of(path, tensors, metadata)
+}
+
+/// [`write_safetensors`] for tensors held anywhere (borrowed from several sections, say).
+///
+/// # Errors
+/// As [`write_safetensors`].
+pub fn write_safetensors_of<'a>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = &'a NamedTensor>,
+    metadata: Option<HashMap<String, String>>,
+) -> Result<(), ModelError> {
     let views = tensors
-        .iter()
-        .zip(&bytes)
-        .map(|(t, b)| {
-            TensorView::new(Dtype::F32, t.shape.clone(), b)
-                .map(|v| (t.name.clone(), v))
-                .map_err(|e| err(path, format!("tensor `{}`: {e}", t.name)))
+        .into_iter()
+        .map(|t| {
+            let expected: usize = t.shape.iter().product();
+            if expected == t.data.len() {
+                Ok((t.name.clone(), F32View(t)))
+            } else {
+                Err(err(
+                    path,
+                    format!(
+                        "tensor `{}`: {} values for shape {:?}",
+                        t.name,
+                        t.data.len(),
+                        t.shape
+                    ),
+                ))
+            }
         })
         .collect::<Result<Vec<_>, _>>()?;
     let tmp = tmp_path(path);
     safetensors::serialize_to_file(views, metadata, &tmp).map_err(|e| err(path, e.to_string()))?;
     fs::rename(&tmp, path).map_err(|e| err(path, e.to_string()))
+}
+
+/// A tensor as safetensors writes it: its f32 values as little-endian bytes, borrowed where
+/// the machine is little-endian, so the writer streams each tensor from the state itself.
+struct F32View<'a>(&'a NamedTensor);
+
+impl safetensors::View for F32View<'_> {
+    fn dtype(&self) -> Dtype {
+        Dtype::F32
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.0.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        if cfg!(target_endian = "little") {
+            std::borrow::Cow::Borrowed(bytemuck::cast_slice(&self.0.data))
+        } else {
+            std::borrow::Cow::Owned(self.0.data.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.0.data.len() * 4
+    }
 }
 
 /// Reads every tensor of a safetensors file as f32 (F32, BF16 and F16 are accepted), in

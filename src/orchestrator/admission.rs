@@ -1,8 +1,9 @@
 //! How fast new hotkeys may join: a token bucket per source address (`placement.new_keys`).
 //!
-//! In a private run a hotkey costs nothing, so without a limit a miner can register fresh keys
-//! until the placement draw sends one where it wants (*grinding*), or flood seats with keys
-//! that never work. Each source address gets `burst` new keys at once and then `per_hour`; a key
+//! In a private run a hotkey costs nothing, so without a limit a miner can flood seats with
+//! keys that never work. (Grinding fresh keys for a section gets nowhere from one address: the
+//! placement draw is keyed by the source address, see `repo::registry`; the limit also bounds
+//! what each further address can try.) Each source address gets `burst` new keys at once and then `per_hour`; a key
 //! past that is refused with 429 and a `Retry-After`, which `iota mine` waits out. Keys the
 //! orchestrator already knows (a miner restarting) and keys the operator pinned are not counted.
 //!

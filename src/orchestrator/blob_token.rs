@@ -3,7 +3,7 @@
 //! `hex(BLAKE3-keyed(secret, "PUT\nkey\nexp\nmax"))` for an upload of at most `max` bytes, so a
 //! token names one method, one object, one expiry (and one size limit), and cannot be forged
 //! without the secret kept in `data_dir`. The same secret keys the draws that place new
-//! hotkeys in sections ([`BlobSecret::placement_draw`]).
+//! keys in sections ([`BlobSecret::placement_draw`]).
 
 use std::path::Path;
 
@@ -68,11 +68,12 @@ impl BlobSecret {
         blake3::keyed_hash(&self.0, message.as_bytes())
     }
 
-    /// The draw that places `hotkey` among the sections tied for it
-    /// (`repo::Placement::Draw`): `BLAKE3-keyed(secret, "PLACE\nhotkey")`, so nobody without
-    /// the secret can tell where a key will go, and a key draws the same on every try.
-    pub fn placement_draw(&self, hotkey: &str) -> u64 {
-        let h = blake3::keyed_hash(&self.0, format!("PLACE\n{hotkey}").as_bytes());
+    /// The draw that places a new key from `source` (an address, as the new-key limit counts
+    /// it) among the sections tied for it (`repo::Placement::Draw`):
+    /// `BLAKE3-keyed(secret, "PLACE\nsource")`. Nobody without the secret can tell where a
+    /// key will go, and every key from one source draws the same, so fresh keys do not re-roll.
+    pub fn placement_draw(&self, source: &str) -> u64 {
+        let h = blake3::keyed_hash(&self.0, format!("PLACE\n{source}").as_bytes());
         let mut first = [0u8; 8];
         first.copy_from_slice(&h.as_bytes()[..8]);
         u64::from_le_bytes(first)

@@ -569,12 +569,14 @@ pub struct ChainConfig {
 }
 
 impl ChainConfig {
-    /// The run's chain, as the API tells validators.
-    pub fn run_chain(&self) -> crate::api::RunChain {
+    /// The run's chain, as the API tells validators, with the chain's genesis hash where it
+    /// is known.
+    pub fn run_chain(&self, genesis: Option<[u8; 32]>) -> crate::api::RunChain {
         crate::api::RunChain {
             network: self.network.to_string(),
             netuid: self.netuid,
             burn_uid: self.burn_uid,
+            genesis: genesis.map(hex::encode),
         }
     }
 }

@@ -8,11 +8,14 @@
 //!   run config's `validators` list is not used);
 //! - the metagraph is read again every `refresh_secs` ([`super::chain_refresh::refresh_loop`],
 //!   on a blocking thread);
-//!   a failed read keeps the metagraph before it and logs one line.
+//!   a failed read keeps the metagraph before it and logs one line;
+//! - with each read, the weights every validator last set are read from the chain's storage
+//!   (`SubtensorModule.Weights`), for the status: the largest few of each.
 //!
 //! The chain is injected ([`SharedChain`]): `iota orchestrate` opens the configured network's,
 //! tests pass the FAKE chain.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::RwLock;
 
@@ -25,15 +28,22 @@ use crate::wallet::Ss58Address;
 /// Rao in one TAO.
 pub const RAO_PER_TAO: f64 = 1e9;
 
+/// How many of a validator's largest weights the status shows.
+pub const TOP_WEIGHTS: usize = 5;
+
 /// The subnet's metagraph as last read, and the chain to read it from.
 pub struct Subnet {
     chain: SharedChain,
     config: ChainConfig,
+    /// The chain's genesis hash, read at connect (`None`: the chain cannot tell).
+    genesis: Option<[u8; 32]>,
     view: RwLock<View>,
 }
 
 struct View {
     metagraph: Metagraph,
+    /// The weights each validator (by uid) last set, as read with the metagraph.
+    weights: BTreeMap<u16, Vec<(u16, u16)>>,
     refreshed_ms: u64,
     error: Option<String>,
 }
@@ -88,13 +98,23 @@ impl Subnet {
                 netuid: config.netuid,
                 error,
             })?;
+        let genesis = chain.genesis_hash().ok();
+        let (weights, error) = match read_weights(chain.as_ref(), config.netuid, &metagraph) {
+            Ok(weights) => (weights, None),
+            Err(e) => (
+                BTreeMap::new(),
+                Some(format!("the validators' weights: {e}")),
+            ),
+        };
         Ok(Subnet {
             chain,
             config,
+            genesis,
             view: RwLock::new(View {
                 metagraph,
+                weights,
                 refreshed_ms: now_ms,
-                error: None,
+                error,
             }),
         })
     }
@@ -102,6 +122,11 @@ impl Subnet {
     /// The run's chain settings.
     pub fn config(&self) -> &ChainConfig {
         &self.config
+    }
+
+    /// The run's chain as validators are told it: network, subnet, burn uid and genesis hash.
+    pub fn run_chain(&self) -> crate::api::RunChain {
+        self.config.run_chain(self.genesis)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, View> {
@@ -114,12 +139,19 @@ impl Subnet {
     /// # Errors
     /// The chain's error.
     pub fn refresh(&self, now_ms: u64) -> Result<(), ChainError> {
-        let result = self.chain.metagraph(self.config.netuid);
+        let result = self
+            .chain
+            .metagraph(self.config.netuid)
+            .and_then(|metagraph| {
+                let weights = read_weights(self.chain.as_ref(), self.config.netuid, &metagraph)?;
+                Ok((metagraph, weights))
+            });
         let mut view = self.view.write().unwrap_or_else(|e| e.into_inner());
         match result {
-            Ok(metagraph) => {
+            Ok((metagraph, weights)) => {
                 *view = View {
                     metagraph,
+                    weights,
                     refreshed_ms: now_ms,
                     error: None,
                 };
@@ -187,6 +219,7 @@ impl Subnet {
                 .iter()
                 .map(|n| {
                     let hotkey = n.address().to_string();
+                    let weights = view.weights.get(&n.uid).map_or(&[][..], Vec::as_slice);
                     ChainNeuron {
                         uid: n.uid,
                         miner: is_miner(&hotkey),
@@ -195,9 +228,60 @@ impl Subnet {
                         validator_permit: n.validator_permit,
                         incentive: n.incentive,
                         last_update: n.last_update,
+                        weights: top_weights(weights),
+                        weights_count: weights.len(),
                     }
                 })
                 .collect(),
         }
+    }
+}
+
+/// The weights of every validator (permit holder) of `metagraph`, by uid.
+fn read_weights(
+    chain: &dyn crate::chain::Chain,
+    netuid: u16,
+    metagraph: &Metagraph,
+) -> Result<BTreeMap<u16, Vec<(u16, u16)>>, ChainError> {
+    metagraph
+        .neurons
+        .iter()
+        .filter(|n| n.validator_permit)
+        .map(|n| Ok((n.uid, chain.weights(netuid, n.uid)?)))
+        .collect()
+}
+
+/// The [`TOP_WEIGHTS`] largest of `weights` as `(uid, share of their sum)`, largest first (ties
+/// by uid).
+pub fn top_weights(weights: &[(u16, u16)]) -> Vec<(u16, f64)> {
+    let total: f64 = weights.iter().map(|(_, w)| f64::from(*w)).sum();
+    if total == 0.0 {
+        return Vec::new();
+    }
+    let mut sorted = weights.to_vec();
+    sorted.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    sorted
+        .into_iter()
+        .take(TOP_WEIGHTS)
+        .map(|(uid, w)| (uid, f64::from(w) / total))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_largest_weights_come_first_as_shares_of_the_sum() {
+        assert!(top_weights(&[]).is_empty());
+        assert!(top_weights(&[(3, 0)]).is_empty());
+        let weights = [(0, 100), (1, 300), (2, 300), (3, 50), (4, 25), (5, 25)];
+        let top = top_weights(&weights);
+        assert_eq!(
+            top.iter().map(|(u, _)| *u).collect::<Vec<_>>(),
+            [1, 2, 0, 3, 4]
+        );
+        assert!((top[0].1 - 0.375).abs() < 1e-12);
+        assert!((top[4].1 - 0.03125).abs() < 1e-12);
     }
 }

@@ -93,7 +93,10 @@ pub async fn register(
         },
         validation: c.validation,
         stake,
-        chain: c.chain.as_ref().map(super::config::ChainConfig::run_chain),
+        chain: match state.subnet() {
+            Some(subnet) => Some(subnet.run_chain()),
+            None => c.chain.as_ref().map(|chain| chain.run_chain(None)),
+        },
     }))
 }
 

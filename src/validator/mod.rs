@@ -16,6 +16,8 @@
 //! - [`window`]: one epoch's checks, scores and weight vector.
 //! - [`history`]: the windows validated so far, on disk.
 //! - [`runner`]: the loop of `iota validate`.
+//! - [`onchain`]: the weights on the subnet, for runs on a chain (commit-reveal, rate limit).
+//! - [`subnet_choice`]: the subnet a validator is set for, checked against the run's.
 //! - [`chain`]: where weight vectors go ([`chain::WeightsChain`]; today only the local
 //!   metagraph).
 
@@ -32,6 +34,7 @@ pub mod replay;
 pub mod runner;
 pub mod score;
 pub mod spot;
+pub mod subnet_choice;
 pub mod tracking;
 pub mod uploads;
 pub mod weights;

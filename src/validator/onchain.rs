@@ -27,10 +27,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::api::{RunChain, WeightSubmission};
+use crate::chain::ChainError;
 use crate::chain::pending::{PendingError, PendingStore, Submitted, reveal_due, submit};
 use crate::chain::shared::SharedChain;
 use crate::chain::subtensor::commit::weights_for_emit;
-use crate::chain::{ChainError, Network};
 use crate::wallet::{Hotkey, Ss58Address};
 
 /// File of the pending commits, in the run's state directory.
@@ -63,9 +63,6 @@ pub enum OnChainError {
         /// What went wrong.
         reason: String,
     },
-    /// The run's chain is not a network iota knows.
-    #[error("the run's chain: {0}")]
-    Network(String),
 }
 
 /// What a step did.
@@ -137,7 +134,7 @@ pub struct Record {
 }
 
 /// A chain handed to [`super::ValidatorOptions`] (tests pass the FAKE chain); without one,
-/// the validator opens the run's network with [`crate::chain::shared::shared_chain_for`].
+/// the validator opens its own `--network` with [`crate::chain::shared::shared_chain_for`].
 #[derive(Clone)]
 pub struct InjectedChain(pub SharedChain);
 
@@ -166,14 +163,6 @@ impl std::fmt::Debug for OnChain {
             .field("record", &self.record)
             .finish_non_exhaustive()
     }
-}
-
-/// The network a run's chain names.
-///
-/// # Errors
-/// [`OnChainError::Network`] for one iota does not know.
-pub fn network_of(run_chain: &RunChain) -> Result<Network, OnChainError> {
-    Network::from_str(&run_chain.network).map_err(OnChainError::Network)
 }
 
 impl OnChain {

@@ -13,12 +13,14 @@ use thiserror::Error;
 
 use super::chain::{LocalMetagraph, WeightsChain};
 use super::history::{History, HistoryError};
-use super::onchain::{Event, InjectedChain, OnChain, OnChainError, network_of};
+use super::onchain::{Event, InjectedChain, OnChain, OnChainError};
+use super::subnet_choice::{SubnetChoice, SubnetMismatch, check_announced};
 use super::tracking::Chooser;
 use super::window::{Context, WindowResult, validate_epoch};
 use crate::api::ValidatorRegisterRequest;
 use crate::api::client::{ApiClient, ClientError, patient_policy};
-use crate::chain::shared::shared_chain_for;
+use crate::chain::ChainError;
+use crate::chain::shared::{SharedChain, shared_chain_for};
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::wallet::Hotkey;
 
@@ -38,6 +40,9 @@ pub enum ValidatorError {
     /// The run's chain could not be opened.
     #[error("chain: {0}")]
     Chain(#[from] OnChainError),
+    /// The orchestrator's run is not on the subnet this validator is set for.
+    #[error("{0}")]
+    Subnet(#[from] SubnetMismatch),
 }
 
 /// Least time between two steps of the weights on chain ([`OnChain::step`]) while nothing new
@@ -64,8 +69,11 @@ pub struct ValidatorOptions {
     pub progress: bool,
     /// Set to stop after the current window; Ctrl-C sets it too.
     pub stop: Arc<AtomicBool>,
-    /// The chain to set weights on where the run is on one (tests pass the FAKE chain);
-    /// `None` opens the network the orchestrator names for the run.
+    /// The subnet this validator sets weights on (`--network`, `--netuid`); the
+    /// orchestrator's run must be on it. `None`: no chain, and a run on one is refused.
+    pub subnet: Option<SubnetChoice>,
+    /// The client of that subnet's chain (tests pass the FAKE chain); `None` opens
+    /// `subnet`'s network.
     pub chain: Option<InjectedChain>,
 }
 
@@ -135,14 +143,16 @@ async fn validate<B: AutodiffBackend>(
             device: options.device.to_string(),
         })
         .await?;
+    // The validator's own subnet, checked against the run's before anything is written.
+    let shared: Option<SharedChain> = options.subnet.as_ref().map(|own| match &options.chain {
+        Some(InjectedChain(chain)) => chain.clone(),
+        None => shared_chain_for(own.network.clone()),
+    });
+    check_subnet(options.subnet.clone(), reg.chain.clone(), shared.clone()).await?;
     let mut history = History::open(&options.state_dir.join(&reg.run))?;
     let chain = LocalMetagraph::new(client.clone());
-    let mut onchain = match &reg.chain {
-        Some(run_chain) => {
-            let shared = match options.chain.clone() {
-                Some(InjectedChain(shared)) => shared,
-                None => shared_chain_for(network_of(run_chain)?),
-            };
+    let mut onchain = match (&reg.chain, shared) {
+        (Some(run_chain), Some(shared)) => {
             let oc = OnChain::open(
                 shared,
                 options.hotkey.clone(),
@@ -150,12 +160,12 @@ async fn validate<B: AutodiffBackend>(
                 &options.state_dir.join(&reg.run),
             )?;
             eprintln!(
-                "iota validate: the run is on subnet {} of {}: weights go there too",
+                "iota validate: weights go to subnet {} of {} too (the run's subnet, and this validator's)",
                 run_chain.netuid, run_chain.network
             );
             Some(oc)
         }
-        None => None,
+        _ => None,
     };
     let mut stepper = ChainStepper::default();
     let mut report = ValidatorReport::default();
@@ -226,6 +236,28 @@ async fn validate<B: AutodiffBackend>(
         next += 1;
     }
     Ok(report)
+}
+
+/// [`check_announced`] on a blocking thread (reading the genesis hash of the validator's
+/// chain blocks).
+async fn check_subnet(
+    own: Option<SubnetChoice>,
+    announced: Option<crate::api::RunChain>,
+    chain: Option<SharedChain>,
+) -> Result<(), ValidatorError> {
+    tokio::task::spawn_blocking(move || {
+        check_announced(own.as_ref(), announced.as_ref(), || match &chain {
+            Some(chain) => chain.genesis_hash(),
+            None => Err(ChainError::Unsupported {
+                network: crate::chain::Network::Local,
+                what: "genesis block",
+                instead: "pass --network",
+            }),
+        })
+    })
+    .await
+    .map_err(|e| ValidatorError::Runtime(e.to_string()))?
+    .map_err(ValidatorError::from)
 }
 
 /// When to step the weights on chain, and what was said last (a line repeats only when it

@@ -15,8 +15,6 @@ from bittensor.utils.weight_utils import (
     convert_weights_and_uids_for_emit,
     generate_weight_hash,
 )
-from bittensor_wallet import Keypair
-from scalecodec.base import ScaleBytes
 
 import sdk_runtime
 
@@ -61,58 +59,9 @@ def era(case):
 def extrinsic(case):
     """Decodes iota's extrinsic, rebuilds what should have been signed from the decoded fields
     and the metadata's extensions, and checks the signature with bittensor-wallet."""
-    decoded = runtime.create_scale_object(
-        "Extrinsic", data=ScaleBytes(case["hex"]), metadata=metadata
-    )
-    value = decoded.decode()
-    call = runtime.create_scale_object("Call", metadata=metadata)
-    call_bytes = bytes(
-        call.encode(
-            {
-                "call_module": value["call"]["call_module"],
-                "call_function": value["call"]["call_function"],
-                "call_args": {a["name"]: a["value"] for a in value["call"]["call_args"]},
-            }
-        ).data
-    )
-    era_value = value.get("era", "00")
-    if isinstance(era_value, tuple):
-        era_value = {"period": era_value[0], "phase": era_value[1]}
-    extra_values = {
-        "CheckMortality": era_value,
-        "CheckNonce": value["nonce"],
-        "ChargeTransactionPayment": value["tip"],
-        "CheckMetadataHash": value.get("mode", {"mode": "Disabled"}),
-    }
-    additional_values = {
-        "CheckSpecVersion": case["spec_version"],
-        "CheckTxVersion": case["transaction_version"],
-        "CheckGenesis": case["genesis_hash"],
-        "CheckMortality": case["birth_hash"],
-        "CheckMetadataHash": None,
-    }
-    extra = b""
-    additional = b""
-    for ext in extensions:
-        name = ext["identifier"]
-        extra += encode_type(ext["ty"], extra_values.get(name, ()))
-        additional += encode_type(ext["additional_signed"], additional_values.get(name, ()))
-    payload = call_bytes + extra + additional
-    if len(payload) > 256:
-        import hashlib
-
-        payload = hashlib.blake2b(payload, digest_size=32).digest()
-    signature = value["signature"]["Sr25519"]
-    keypair = Keypair(public_key=value["address"], ss58_format=42)
-    return {
-        "address": value["address"],
-        "nonce": value["nonce"],
-        "tip": value["tip"],
-        "era": list(value["era"]) if isinstance(value.get("era"), tuple) else value.get("era"),
-        "call": "0x" + call_bytes.hex(),
-        "signed_message": "0x" + payload.hex(),
-        "signature_valid": bool(keypair.verify(payload, bytes.fromhex(signature[2:]))),
-    }
+    decoded = sdk_runtime.decode_extrinsic(runtime, metadata, case)
+    del decoded["decoded_call"]
+    return decoded
 
 
 era_type = next(e["ty"] for e in extensions if e["identifier"] == "CheckMortality")

@@ -1,6 +1,6 @@
 //! Helpers shared by the integration tests: a real S3-compatible server (s3s-fs) started on a
 //! free loopback port with a temporary directory, killed when dropped; [`net`] (clock, ports,
-//! plain GETs, pollers); [`browser`] (headless chromium); [`cli`] (the binary run with arguments); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
+//! plain GETs, pollers); [`browser`] (headless chromium); [`cli`] (the binary run with arguments); [`fake_node`] (the FAKE subtensor node of `tests/chain/`); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
 //! `iota local` run left on disk); [`texts`] (Shakespeare's plays, pyarrow's shards); [`venv`] (a Python venv from a requirements file); [`tls`] (a CA and server certificates).
 //!
 //! s3s-fs must be installed (tests fail, not skip, when it is missing):
@@ -10,6 +10,7 @@
 pub mod api_harness;
 pub mod browser;
 pub mod cli;
+pub mod fake_node;
 pub mod local_run;
 pub mod net;
 pub mod procs;

@@ -149,3 +149,22 @@ pub fn process_dir(name: &str) -> std::path::PathBuf {
     std::fs::create_dir_all(&root).expect("creating the test's folder");
     root
 }
+
+/// The last `lines` lines of every `*.log` file in `dir`, each under its path: what a test
+/// prints when it gives up waiting.
+pub fn log_tails(dir: &Path, lines: usize) -> String {
+    let mut out = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "log") {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+            out.push_str(&format!("--- {}\n", path.display()));
+            for line in tail.into_iter().rev() {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}

@@ -13,7 +13,9 @@ Cheats (`--cheat` takes a comma-separated list):
   silent-merge          never ask for merge tasks (no upload, no partitions)
   no-deliver            take the upload lease and the partitions, deliver nothing
   steer                 register throwaway hotkeys first so that the real key lands in --section
-                        (and with --grind N, up to N fresh keys until one does)
+                        (and with --grind N, up to N fresh keys until one does; the orchestrator
+                        draws a new key's section by its address, so with --forwarded-for each
+                        fresh key also comes from a fresh address)
   honest-heartbeat-lie  report the public merged-state hash in the heartbeat
 The default is the issue's cheater: noise,silent-merge,fake-loss,honest-heartbeat-lie.
 With --flood N it only registers N fresh keys back to back and prints each answer.
@@ -56,9 +58,12 @@ def now_ms():
 class Api:
     """Signed JSON over urllib. Message: METHOD path.sha256hex(body).timestamp_ms.signed_for."""
 
-    def __init__(self, base, key):
+    def __init__(self, base, key, forwarded_for=None):
         self.base, self.key, self.run = base.rstrip("/"), key, ""
         self.retry_after = None
+        # An X-Forwarded-For address, as a proxy in front of the orchestrator would add it:
+        # where an attacker with many addresses comes from.
+        self.forwarded_for = forwarded_for
 
     def get(self, path):
         with urllib.request.urlopen(self.base + path, timeout=30) as r:
@@ -76,6 +81,8 @@ class Api:
             "X-Iota-Hotkey": key.ss58_address,
             "X-Iota-Signed-For": self.run,
         }
+        if self.forwarded_for:
+            headers["X-Forwarded-For"] = self.forwarded_for
         req = urllib.request.Request(self.base + path, data=data, headers=headers, method="POST")
         self.retry_after = None
         try:
@@ -196,6 +203,8 @@ class Cheater:
             ground += 1
             time.sleep(1)
             api.key = Keypair.create_from_uri(f"{a.key}/grind/{ground}")
+            if a.forwarded_for:
+                api.forwarded_for = address(a.forwarded_for, ground)
             status, resp = self.register_key(api.key)
         self.section, self.settings = resp["section"], resp["settings"]
         n = len(resp["model"]["sections"])
@@ -412,6 +421,13 @@ class Cheater:
                 pass
 
 
+def address(first, n):
+    """The IPv4 address `n` after `first`."""
+    a = [int(x) for x in first.split(".")]
+    v = ((a[0] << 24) | (a[1] << 16) | (a[2] << 8) | a[3]) + n
+    return ".".join(str((v >> s) & 255) for s in (24, 16, 8, 0))
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", required=True, help="orchestrator, e.g. http://127.0.0.1:8700")
@@ -425,6 +441,8 @@ def main():
     p.add_argument("--wait-miners", type=int, default=0, help="register once this many miners are")
     p.add_argument("--seconds", type=float, default=1e9)
     p.add_argument("--register-only", action="store_true")
+    p.add_argument("--forwarded-for", help="send X-Forwarded-For from this IPv4 address (and, "
+                   "grinding, from the next ones): an attacker with many addresses behind a proxy")
     p.add_argument("--flood", type=int, default=0,
                    help="register N fresh keys back to back (a flood or a grind), print each answer, exit")
     args = p.parse_args()
@@ -437,7 +455,7 @@ def main():
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, stop)
-    api = Api(args.url, key)
+    api = Api(args.url, key, args.forwarded_for and address(args.forwarded_for, 0))
     deadline = time.time() + 60
     while True:
         try:

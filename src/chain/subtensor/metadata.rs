@@ -34,6 +34,11 @@ pub enum Shape {
     Bytes32,
     /// `Vec<u16>`.
     VecU16,
+    /// `Vec<(u16, u16)>` (a neuron's stored weights: uid and value).
+    VecU16Pairs,
+    /// `Vec<(32 bytes, u64, ...)>`: a hotkey's weight commits (hash, commit block, then more
+    /// u64 block numbers).
+    VecCommits,
 }
 
 /// A call iota encodes: its pallet, name and arguments in order.
@@ -117,6 +122,41 @@ pub const IOTA_STORAGE: &[&str] = &[
     "LastUpdate",
     "WeightCommits",
 ];
+
+/// A storage item iota decodes field by field: its key and value shapes, checked beyond the
+/// item's existence.
+#[derive(Debug, Clone, Copy)]
+pub struct StorageSpec {
+    /// The pallet's name in the metadata.
+    pub pallet: &'static str,
+    /// The item's name.
+    pub entry: &'static str,
+    /// The shapes of its keys, in order.
+    pub keys: &'static [Shape],
+    /// The shape of its value.
+    pub value: Shape,
+}
+
+/// `SubtensorModule.Weights(netuid, uid)`: the weights uid last set on the subnet (its first
+/// key is the netuid of the subnet's main mechanism: `NetUidStorageIndex`, a u16).
+pub const WEIGHTS: StorageSpec = StorageSpec {
+    pallet: SUBTENSOR_PALLET,
+    entry: "Weights",
+    keys: &[Shape::U16, Shape::U16],
+    value: Shape::VecU16Pairs,
+};
+
+/// `SubtensorModule.WeightCommits(netuid, hotkey)`: a hotkey's pending v2 commits (hash,
+/// commit block, first and last reveal block in spec 461).
+pub const WEIGHT_COMMITS: StorageSpec = StorageSpec {
+    pallet: SUBTENSOR_PALLET,
+    entry: "WeightCommits",
+    keys: &[Shape::U16, Shape::Bytes32],
+    value: Shape::VecCommits,
+};
+
+/// The storage items iota decodes with the shapes given.
+pub const IOTA_TYPED_STORAGE: &[StorageSpec] = &[WEIGHTS, WEIGHT_COMMITS];
 
 /// The runtime API methods iota's chain client is to call for the metagraph.
 pub const IOTA_RUNTIME_APIS: &[RuntimeApiSpec] = &[
@@ -418,10 +458,45 @@ impl Metadata {
         for entry in IOTA_STORAGE {
             self.check_storage(SUBTENSOR_PALLET, entry)?;
         }
+        for spec in IOTA_TYPED_STORAGE {
+            self.check_storage_shape(spec)?;
+        }
         for spec in IOTA_RUNTIME_APIS {
             self.check_runtime_api(spec)?;
         }
         Ok(())
+    }
+
+    /// Checks that `spec`'s storage item exists with its key and value shapes.
+    ///
+    /// # Errors
+    /// [`SubtensorError::Missing`] or [`SubtensorError::Changed`].
+    pub fn check_storage_shape(&self, spec: &StorageSpec) -> Result<(), SubtensorError> {
+        let info = self.storage_entry(spec.pallet, spec.entry)?;
+        let keys: Vec<Option<Shape>> = info.key_tys.iter().map(|t| self.shape_of(*t)).collect();
+        let value = self.shape_of(info.value_ty);
+        let expected: Vec<Option<Shape>> = spec.keys.iter().copied().map(Some).collect();
+        if keys == expected && value == Some(spec.value) {
+            return Ok(());
+        }
+        let describe = |shape: Option<Shape>, ty: u32| match shape {
+            Some(s) => format!("{s:?}"),
+            None => self.type_name(ty),
+        };
+        let found_keys: Vec<String> = keys
+            .iter()
+            .zip(&info.key_tys)
+            .map(|(s, t)| describe(*s, *t))
+            .collect();
+        Err(SubtensorError::Changed {
+            name: format!("{}.{}", spec.pallet, spec.entry),
+            expected: format!("keys {:?} -> {:?}", spec.keys, spec.value),
+            found: format!(
+                "keys [{}] -> {}",
+                found_keys.join(", "),
+                describe(value, info.value_ty)
+            ),
+        })
     }
 
     /// A storage item's prefix, hashers, key and value types and default, as the metadata
@@ -538,8 +613,40 @@ impl Metadata {
             TypeDef::Sequence(s) if self.shape_of(s.type_param.id) == Some(Shape::U16) => {
                 Some(Shape::VecU16)
             }
+            TypeDef::Sequence(s) if self.is_u16_pair(s.type_param.id) => Some(Shape::VecU16Pairs),
+            TypeDef::Sequence(s) if self.is_commit(s.type_param.id) => Some(Shape::VecCommits),
             _ => None,
         }
+    }
+
+    fn is_u16_pair(&self, ty: u32) -> bool {
+        self.types().resolve(ty).is_some_and(|t| match &t.type_def {
+            TypeDef::Tuple(pair) => {
+                pair.fields.len() == 2
+                    && pair
+                        .fields
+                        .iter()
+                        .all(|f| self.shape_of(f.id) == Some(Shape::U16))
+            }
+            _ => false,
+        })
+    }
+
+    /// A tuple of 32 bytes, then at least one u64.
+    fn is_commit(&self, ty: u32) -> bool {
+        self.types().resolve(ty).is_some_and(|t| match &t.type_def {
+            TypeDef::Tuple(fields) => match fields.fields.split_first() {
+                Some((hash, blocks)) => {
+                    self.shape_of(hash.id) == Some(Shape::Bytes32)
+                        && !blocks.is_empty()
+                        && blocks
+                            .iter()
+                            .all(|b| self.shape_of(b.id) == Some(Shape::U64))
+                }
+                None => false,
+            },
+            _ => false,
+        })
     }
 
     fn is_u8(&self, ty: u32) -> bool {
@@ -671,6 +778,30 @@ mod tests {
                 .contains("no call `SubtensorModule.no_such_call`")
         );
         assert!(md.check_storage(SUBTENSOR_PALLET, "NoSuchItem").is_err());
+        // A storage item of other shapes: `Weights` read as if its value were a Vec<u16>.
+        const WEIGHTS_AS_VEC: StorageSpec = StorageSpec {
+            value: Shape::VecU16,
+            ..WEIGHTS
+        };
+        let err = md
+            .check_storage_shape(&WEIGHTS_AS_VEC)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("changed `SubtensorModule.Weights`")
+                && err.contains("keys [U16, U16] -> VecU16Pairs"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_recorded_weights_item_is_keyed_by_netuid_and_uid_and_holds_u16_pairs() {
+        let md = recorded();
+        md.check_storage_shape(&WEIGHTS).unwrap();
+        md.check_storage_shape(&WEIGHT_COMMITS).unwrap();
+        let info = md.storage_entry(SUBTENSOR_PALLET, "Weights").unwrap();
+        assert_eq!(info.key_tys.len(), 2);
+        assert_eq!(md.shape_of(info.value_ty), Some(Shape::VecU16Pairs));
     }
 
     #[test]

@@ -574,6 +574,34 @@ fn metagraph_type(md: &Metadata) -> Result<u32, SubtensorError> {
     Ok(output)
 }
 
+/// A decoded `Weights` value as `(uid, value)` pairs.
+fn weights_from(value: &Decoded) -> Option<Vec<(u16, u16)>> {
+    let u16_of = |v: &Decoded| storage::number(v).and_then(|n| u16::try_from(n).ok());
+    storage::elements(value)?
+        .into_iter()
+        .map(|pair| match storage::elements(pair)?[..] {
+            [uid, weight] => Some((u16_of(uid)?, u16_of(weight)?)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A decoded `WeightCommits` value as `(hash, commit block)` pairs (the reveal blocks after
+/// them are left out).
+fn commits_from(value: &Decoded) -> Option<Vec<([u8; 32], u64)>> {
+    storage::elements(value)?
+        .into_iter()
+        .map(|commit| {
+            let fields = storage::elements(commit)?;
+            let block = storage::number(fields.get(1)?)?;
+            Some((
+                storage::bytes32(fields.first()?)?,
+                u64::try_from(block).ok()?,
+            ))
+        })
+        .collect()
+}
+
 /// A decoded `get_metagraph` answer as a [`Metagraph`]; `None` for a subnet that does not
 /// exist.
 ///
@@ -654,6 +682,10 @@ impl Chain for SubtensorChain {
                 netuid,
             }),
         }
+    }
+
+    fn genesis_hash(&self) -> Result<[u8; 32], ChainError> {
+        Ok(self.runtime()?.genesis)
     }
 
     fn metagraph(&self, netuid: u16) -> Result<Metagraph, ChainError> {
@@ -787,6 +819,49 @@ impl Chain for SubtensorChain {
             weights_rate_limit: fits("WeightsSetRateLimit", number("WeightsSetRateLimit")?)?,
             version_key: fits("WeightsVersionKey", number("WeightsVersionKey")?)?,
         })
+    }
+
+    /// `SubtensorModule.Weights(netuid, uid)` at the best block (its shape checked against
+    /// the metadata with the rest, [`super::metadata::WEIGHTS`]).
+    fn weights(&self, netuid: u16, uid: u16) -> Result<Vec<(u16, u16)>, ChainError> {
+        let rt = self.runtime()?;
+        self.require_subnet(&rt, netuid, None)?;
+        let value = self.read(
+            &rt,
+            SUBTENSOR_PALLET,
+            "Weights",
+            &[netuid_key(netuid), Value::u128(uid.into())],
+            None,
+        )?;
+        match value {
+            None => Ok(Vec::new()),
+            Some(v) => weights_from(&v)
+                .ok_or_else(|| self.garbled("SubtensorModule.Weights is not a list of (u16, u16)")),
+        }
+    }
+
+    /// `SubtensorModule.WeightCommits(netuid, hotkey)` at the best block (its shape checked
+    /// against the metadata, [`super::metadata::WEIGHT_COMMITS`]).
+    fn weight_commits(
+        &self,
+        netuid: u16,
+        hotkey: &[u8; 32],
+    ) -> Result<Vec<([u8; 32], u64)>, ChainError> {
+        let rt = self.runtime()?;
+        self.require_subnet(&rt, netuid, None)?;
+        let value = self.read(
+            &rt,
+            SUBTENSOR_PALLET,
+            "WeightCommits",
+            &[netuid_key(netuid), Value::from_bytes(hotkey)],
+            None,
+        )?;
+        match value {
+            None => Ok(Vec::new()),
+            Some(v) => commits_from(&v).ok_or_else(|| {
+                self.garbled("SubtensorModule.WeightCommits is not a list of (hash, block, ..)")
+            }),
+        }
     }
 
     fn submit_weights(

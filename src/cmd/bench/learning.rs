@@ -55,6 +55,14 @@ pub struct BenchLearningArgs {
     /// section, e.g. `{d_b: 1, reembed: true}`).
     #[arg(long, value_name = "FILE.yaml")]
     pub model: Option<PathBuf>,
+    /// Training text for both runs, as `iota train --data` takes it: `synthetic` (the built-in
+    /// corpus, whose entropy floor is known), a .txt / .jsonl / .parquet file, a directory of
+    /// them, or one `iota data prepare` wrote.
+    #[arg(long, value_name = "SRC", default_value = "synthetic")]
+    pub data: String,
+    /// The .jsonl field / .parquet column holding the text (default `text`).
+    #[arg(long, value_name = "NAME")]
+    pub text_column: Option<String>,
     /// Token budget in samples (micro-batches): `iota train --steps N`, `iota local --samples N`.
     #[arg(long, value_name = "N", default_value_t = 1500)]
     pub samples: u64,
@@ -198,6 +206,9 @@ impl RunResult {
 pub struct LearningSummary {
     /// The network variant, as flags.
     pub variant: String,
+    /// The training text (`--data`).
+    #[serde(default = "synthetic")]
+    pub data: String,
     /// Samples of the budget.
     pub samples: u64,
     /// Tokens per sample.
@@ -253,6 +264,16 @@ struct TrainKey {
     /// The model fields given with `--model` (none: the preset's).
     #[serde(default)]
     model: Option<serde_json::Value>,
+    /// The training text (`--data`; saved runs from before it are the synthetic corpus's).
+    #[serde(default = "synthetic")]
+    data: String,
+    /// `--text-column`.
+    #[serde(default)]
+    text_column: Option<String>,
+}
+
+fn synthetic() -> String {
+    "synthetic".into()
 }
 
 impl BenchLearningArgs {
@@ -273,6 +294,8 @@ impl BenchLearningArgs {
             wire: self.wire.to_string(),
             seed: self.seed,
             model: self.model.as_deref().map(model_overrides).transpose()?,
+            data: self.data.clone(),
+            text_column: self.text_column.clone(),
         })
     }
 
@@ -416,8 +439,9 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
     fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let dir = dir.canonicalize().context("resolving --dir")?;
     println!(
-        "iota bench learning: preset {}, {} samples of {} x {} tokens, seed {}, network: {} sections, {}",
+        "iota bench learning: preset {}, data {}, {} samples of {} x {} tokens, seed {}, network: {} sections, {}",
         cfg.name,
+        args.data,
         args.samples,
         args.batch_size,
         args.seq_len,
@@ -440,8 +464,12 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
 }
 
 fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSummary> {
-    let floor =
-        Dataset::load(&DataSpec::default(), &Tokenizer::byte(), args.seq_len, 0)?.entropy_floor();
+    // Only the synthetic corpus has a known floor; real text has none to measure excess by.
+    let floor = if args.data == "synthetic" {
+        Dataset::load(&DataSpec::default(), &Tokenizer::byte(), args.seq_len, 0)?.entropy_floor()
+    } else {
+        None
+    };
     let train = run_train(args, &dir.join("train"), 1)?;
     // Perfect data parallelism over the section's miners, where the budget divides evenly.
     let ways = args.miners_per_section as u64;
@@ -473,6 +501,7 @@ fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSumma
     let excess_ratio = floor.map(|f| (f64::from(final_network) - f) / (f64::from(final_train) - f));
     Ok(LearningSummary {
         variant: args.variant(),
+        data: args.data.clone(),
         samples: args.samples,
         tokens_per_sample: (args.batch_size * args.seq_len) as u64,
         entropy_floor: floor,
@@ -530,6 +559,12 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         .args(["--eval-every", &key.eval_every.to_string()])
         .args(["--wire", &args.wire.to_string()])
         .args(["--seed", &args.seed.to_string()])
+        .args(["--data", &key.data])
+        .args(
+            key.text_column
+                .iter()
+                .flat_map(|c| ["--text-column".to_string(), c.clone()]),
+        )
         .arg("--out")
         .arg(dir.join("checkpoint"))
         .arg("--metrics-out")
@@ -590,8 +625,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         miners_per_section: args.miners_per_section,
         config: None,
         model: args.model.clone(),
-        data: "synthetic".into(),
-        text_column: None,
+        data: args.data.clone(),
+        text_column: args.text_column.clone(),
         dir: dir.to_path_buf(),
         listen: Some(listen),
         // The generated schedule counts optimizer steps (G samples each): `iota train`'s

@@ -277,8 +277,18 @@ function drawSamples(samples) {
   }
 }
 
-// Runs on a chain only: each miner's uid and incentive, each validator's stake and the block
-// of its last weights on chain (set or committed), from the orchestrator's last metagraph read.
+// Runs on a chain only: each miner's uid and incentive, each validator's stake, the block of
+// its last weights on chain (set or committed) and the largest of the weights the chain holds
+// for it (uid: share of the sum), from the orchestrator's last metagraph read.
+// A validator's largest weights on chain, "uid: share", and how many more.
+function chainWeights(n) {
+  const top = n.weights || [];
+  if (!top.length) return n.validator_permit ? "none" : "";
+  let cell = top.map(([uid, share]) => `${uid}: ${fmt(share, 3)}`).join(", ");
+  if (n.weights_count > top.length) cell += ` (+${n.weights_count - top.length} more)`;
+  return cell;
+}
+
 function drawChain(chain) {
   const card = document.getElementById("chain-card");
   if (!chain) {
@@ -294,12 +304,12 @@ function drawChain(chain) {
   box.appendChild(el("div", { class: "kpi" }, head));
   const table = el("table", { class: "mono" });
   const header = el("tr");
-  for (const h of ["uid", "role", "hotkey", "stake (TAO)", "incentive", "last weights (block)"]) header.appendChild(el("th", {}, h));
+  for (const h of ["uid", "role", "hotkey", "stake (TAO)", "incentive", "last weights (block)", "weights on chain (uid: share)"]) header.appendChild(el("th", {}, h));
   table.appendChild(header);
   for (const n of chain.neurons.filter((n) => n.miner || n.validator_permit)) {
     const row = el("tr");
     const role = n.miner ? (n.validator_permit ? "miner+validator" : "miner") : "validator";
-    for (const cell of [n.uid, role, short(n.hotkey), fmt(n.stake_tao, 3), fmt(n.incentive, 4), n.last_update ? n.last_update : "never"]) {
+    for (const cell of [n.uid, role, short(n.hotkey), fmt(n.stake_tao, 3), fmt(n.incentive, 4), n.last_update ? n.last_update : "never", chainWeights(n)]) {
       row.appendChild(el("td", {}, String(cell)));
     }
     table.appendChild(row);

@@ -40,12 +40,12 @@ pub async fn register(
         &forwarded,
         c.placement.new_keys.forwarded_for,
     );
-    // Keyed by the orchestrator's secret: a registrant cannot predict it or re-roll it by
-    // asking again (see `repo::registry`).
+    // Keyed by the orchestrator's secret and the source address, not the hotkey: a registrant
+    // cannot predict it, and cannot re-roll it with fresh keys (see `repo::registry`).
     let placement = match c.placement.pins.get(&req.hotkey) {
         Some(&section) => Placement::Pinned(section),
         None if c.placement.ordered => Placement::Ordered,
-        None => Placement::Draw(state.secret.placement_draw(&req.hotkey)),
+        None => Placement::Draw(state.secret.placement_draw(&source.to_string())),
     };
     let now = state.now_ms();
     if !matches!(placement, Placement::Pinned(_))

@@ -5,13 +5,22 @@
 //! new hotkey goes to a section that has no seated miner at all, the lowest such first (so a
 //! network starting up fills every section); once every section has one, to a section with the
 //! fewest *proven* seats (miners with an accepted result), ties broken by a draw keyed by the
-//! orchestrator's secret; if that section is full the key is refused until it has room. Keys
+//! orchestrator's secret; if that section is full the key is refused until it has room.
+//!
+//! **The draw cannot be re-rolled.** The caller keys the draw by where the request comes from
+//! (an address, not the hotkey), and [`tie_pick`] mixes it with the proven seats of every
+//! section. So fresh keys from one address, however many are thrown away, all land in the
+//! same section until a seat somewhere is proven or lost: grinding keys for a section gets
+//! one try per change of the network's proven seats, not one per key. Keys
 //! that never take work count only towards the first rule and towards `max_per_section`, so
 //! registering throwaway keys cannot steer a key into a section of a running network (a key
 //! their seats keep out of its drawn section is refused, not sent elsewhere); they hold their
 //! seats for `placement.claim_s` only ([`super::standing`]). While a section has no seated
-//! miner at all (a network starting up), throwaways filling the others could steer a key into
-//! it.
+//! miner at all (a network starting up), a registrant can still reach it: each key it seats
+//! fills another empty section, so it keeps the key that lands where it wants. Drawing among
+//! the empty sections would not stop that, and drawing among all sections at the start (by
+//! proven seats alone) would put every key of one address in one section, leaving the
+//! pipeline without its other sections.
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -25,8 +34,8 @@ use crate::orchestrator::repo_types::{MinerRow, RepoError};
 pub enum Placement {
     /// The operator pinned it to this section.
     Pinned(usize),
-    /// Placed by the rules of the module documentation; `draw`, which the caller draws at
-    /// random, breaks ties.
+    /// Placed by the rules of the module documentation; `draw`, which the caller keys by the
+    /// registrant's address with a secret, breaks ties (through [`tie_pick`]).
     Draw(u64),
     /// The section with the fewest seated miners, lowest first (`placement.ordered`: for a
     /// private network whose miners are all the operator's; throwaway keys can steer it).
@@ -35,11 +44,11 @@ pub enum Placement {
 
 /// Seats of one section, leaving out the registering hotkey.
 #[derive(Debug, Clone, Copy, Default)]
-struct Seats {
+pub(super) struct Seats {
     /// Seated miners (proven, or unproven within their claim).
-    seated: usize,
+    pub(super) seated: usize,
     /// Seated miners with an accepted result.
-    proven: usize,
+    pub(super) proven: usize,
 }
 
 impl Repository {
@@ -254,7 +263,7 @@ fn choose(seats: &[Seats], max_per_section: usize, draw: u64) -> Result<usize, R
     let ties: Vec<usize> = (0..seats.len())
         .filter(|&s| seats[s].proven == fewest)
         .collect();
-    let section = ties[(draw % ties.len() as u64) as usize];
+    let section = ties[tie_pick(draw, seats, ties.len())];
     if seats[section].seated >= max_per_section {
         return Err(RepoError::SectionFull {
             section,
@@ -262,6 +271,22 @@ fn choose(seats: &[Seats], max_per_section: usize, draw: u64) -> Result<usize, R
         });
     }
     Ok(section)
+}
+
+/// Which of `n_ties` tied sections `draw` picks: `BLAKE3(draw, proven seats of every section)`
+/// modulo `n_ties`. Mixing in the proven seats gives one address a fresh pick each time the
+/// network's proven seats change, and none while they stay (seats of keys that never took
+/// work are not in it).
+pub(super) fn tie_pick(draw: u64, seats: &[Seats], n_ties: usize) -> usize {
+    let mut h = blake3::Hasher::new();
+    h.update(b"TIE\n");
+    h.update(&draw.to_le_bytes());
+    for s in seats {
+        h.update(&(s.proven as u64).to_le_bytes());
+    }
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&h.finalize().as_bytes()[..8]);
+    (u64::from_le_bytes(first) % n_ties.max(1) as u64) as usize
 }
 
 /// The section with the fewest seated miners that still has room, lowest first.

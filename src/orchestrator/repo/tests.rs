@@ -1,6 +1,7 @@
 //! Tests of the state store as a whole: registration, routing, deadlines, replay cache,
 //! reopening the file.
 
+use super::registry::{Seats, tie_pick};
 use super::*;
 use crate::api::WorkKind;
 use crate::orchestrator::repo_types::*;
@@ -93,7 +94,7 @@ fn registration_fills_empty_sections_then_draws_and_remembers() {
         .collect();
     assert_eq!(sections, vec![0, 1, 2]);
     // Then the fewest proven seats (none proven: a tie of three), the draw picking.
-    assert_eq!(reg("m3", 4, 0).unwrap(), 1);
+    assert_eq!(reg("m3", draw_picking(1, &[0, 0, 0], 3), 0).unwrap(), 1);
     prove(&repo, "m0");
     prove(&repo, "m2");
     assert_eq!(
@@ -120,9 +121,10 @@ fn registration_fills_empty_sections_then_draws_and_remembers() {
     ));
     // One proven seat each: the draw picks among all three, where there is room.
     prove(&repo, "m1");
-    assert_eq!(reg("n0", 0, 5).unwrap(), 0);
-    assert_eq!(reg("n1", 2, 5).unwrap(), 2);
-    assert_eq!(reg("n2", 3, 5).unwrap(), 0);
+    let all = [1, 1, 1];
+    assert_eq!(reg("n0", draw_picking(0, &all, 3), 5).unwrap(), 0);
+    assert_eq!(reg("n1", draw_picking(2, &all, 3), 5).unwrap(), 2);
+    assert_eq!(reg("n2", draw_picking(0, &all, 3), 5).unwrap(), 0);
     assert!(matches!(
         reg("n3", 0, 5),
         Err(RepoError::SectionsFull { max: 3 })
@@ -150,7 +152,10 @@ fn throwaway_keys_neither_steer_nor_lock_a_section() {
         reg(&format!("t1-{i}"), Placement::Pinned(1), T0 + 1).unwrap();
     }
     let landed: Vec<Result<usize, RepoError>> = (0..3)
-        .map(|d| reg(&format!("real{d}"), Placement::Draw(d), T0 + 2))
+        .map(|d| {
+            let draw = draw_picking(d, &[1, 1, 1], 3);
+            reg(&format!("real{d}"), Placement::Draw(draw), T0 + 2)
+        })
         .collect();
     assert!(
         matches!(
@@ -177,6 +182,60 @@ fn throwaway_keys_neither_steer_nor_lock_a_section() {
     assert_eq!(
         reg("late", Placement::Pinned(0), T0 + 1 + claim + 1).unwrap(),
         0
+    );
+}
+
+/// A draw that picks the `index`-th of `n_ties` tied sections when the sections hold
+/// `proven` proven seats (found by trying draws in order).
+fn draw_picking(index: usize, proven: &[usize], n_ties: usize) -> u64 {
+    let seats: Vec<Seats> = proven
+        .iter()
+        .map(|&proven| Seats { seated: 0, proven })
+        .collect();
+    (0..)
+        .find(|&d| tie_pick(d, &seats, n_ties) == index)
+        .expect("some draw picks every index")
+}
+
+/// Issue 42, goal 7: the draw is the address's, so fresh keys from one address cannot re-roll
+/// it. They all land in one section while the proven seats stay as they are; only a proven
+/// seat changing gives that address a new pick.
+#[test]
+fn fresh_keys_from_one_address_do_not_re_roll_their_section() {
+    let repo = Repository::open_in_memory().unwrap();
+    let reg = |hk: &str, placement: Placement| repo.register(hk, "cpu", 1, 3, 50, placement, T0);
+    for s in 0..3 {
+        reg(&format!("h{s}"), Placement::Pinned(s)).unwrap();
+        prove(&repo, &format!("h{s}"));
+    }
+    let address = 0x5eed_u64;
+    let first = reg("k0", Placement::Draw(address)).unwrap();
+    for i in 1..20 {
+        assert_eq!(
+            reg(&format!("k{i}"), Placement::Draw(address)).unwrap(),
+            first,
+            "key {i} from the same address"
+        );
+    }
+    // Another address may draw elsewhere: over many addresses every section is drawn.
+    let mut drawn = [false; 3];
+    for a in 0..64u64 {
+        drawn[reg(&format!("a{a}"), Placement::Draw(a)).unwrap()] = true;
+    }
+    assert_eq!(drawn, [true; 3], "addresses spread over the tied sections");
+    // A seat proven in the first section ends the tie there: the address's next key goes to
+    // one of the other two, as its pick over the new proven seats says.
+    prove(&repo, "k0");
+    let mut proven = [1usize; 3];
+    proven[first] = 2;
+    let ties: Vec<usize> = (0..3).filter(|&s| s != first).collect();
+    let seats: Vec<Seats> = proven
+        .iter()
+        .map(|&proven| Seats { seated: 0, proven })
+        .collect();
+    assert_eq!(
+        reg("k-next", Placement::Draw(address)).unwrap(),
+        ties[tie_pick(address, &seats, 2)]
     );
 }
 

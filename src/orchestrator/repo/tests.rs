@@ -965,9 +965,11 @@ fn the_log_restarts_after_its_commit_pages() {
     // A log frame is a 4 KiB page and a 24-byte header. A commit's checkpoint is skipped
     // while the background thread's is under way, so the log can run past the threshold: with
     // the whole library's tests sharing 2 cores it reached 1.22x of it once, 1.68x once and
-    // 2.78x once (2026-11-28; the bounds were 1.2x, 1.5x, then 2.5x). 3.5x is allowed; a log
-    // that is never restarted reaches 4x.
-    let bound = (7 * pages / 2) * (4096 + 24);
+    // 2.78x once (2026-11-28; the bounds were 1.2x, 1.5x, then 2.5x), and 3.51x with three
+    // builds beside the suite (2026-11-29). How far past the threshold it runs depends on the
+    // machine's load, so the test asserts what does not: the log was restarted, since one that
+    // never is reaches 4x.
+    let bound = 4 * pages * (4096 + 24) - 1;
     assert!(log <= bound, "the log grew to {log} bytes (bound {bound})");
     assert_eq!(repo.signature_count().unwrap(), 4 * pages);
 }

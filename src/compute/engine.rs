@@ -710,11 +710,14 @@ mod tests {
             retain_graphs: true,
         };
         set(&mut settings);
+        // The single-process chain's optimizer (no growth of beta1 with staleness), so engines
+        // and chain compute the same steps; the orchestrator sends the same for synchronous
+        // steps.
         let section = Section::new(
             &cfg(),
             index,
             3,
-            OptimizerConfig::default(),
+            OptimizerConfig::default().synchronous(),
             &Default::default(),
         )
         .unwrap();
@@ -791,7 +794,7 @@ mod tests {
                     &cfg(),
                     i,
                     3,
-                    OptimizerConfig::default(),
+                    OptimizerConfig::default().synchronous(),
                     &Default::default(),
                 )
                 .unwrap();

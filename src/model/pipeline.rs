@@ -116,6 +116,8 @@ impl<B: AutodiffBackend> Pipeline<B> {
         wire: WireDtype,
         device: &B::Device,
     ) -> Result<Self, ModelError> {
+        // One process steps every section with fresh gradients: no growth of beta1.
+        let optimizer = optimizer.synchronous();
         let sections = (0..config.n_sections())
             .map(|i| Section::new(config, i, seed, optimizer, device))
             .collect::<Result<_, _>>()?;

@@ -165,7 +165,7 @@ impl<B: AutodiffBackend> Section<B> {
             spec,
             model,
             forward_model: None,
-            optimizer: AdamW::new(optimizer),
+            optimizer: AdamW::new(optimizer.for_section(index, config.n_sections())),
             grads: BTreeMap::new(),
             pending: 0,
             poisoned: None,

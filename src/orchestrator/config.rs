@@ -903,6 +903,9 @@ impl RunConfig {
         raw.schedule
             .validate()
             .map_err(|reason| invalid("schedule", reason))?;
+        raw.optimizer
+            .validate()
+            .map_err(|reason| invalid("optimizer", reason))?;
         raw.validation
             .validate()
             .map_err(|(key, reason)| invalid(key, reason))?;
@@ -1054,7 +1057,12 @@ impl RunConfig {
             samples_per_step: raw.samples_per_step,
             eval_samples: raw.eval_samples,
             eval_every: raw.eval_every,
-            optimizer: raw.optimizer,
+            // Synchronous steps have no stale gradients: beta1 does not grow with staleness.
+            optimizer: if raw.samples_per_step > 0 {
+                raw.optimizer.synchronous()
+            } else {
+                raw.optimizer
+            },
             schedule: raw.schedule,
             deadlines: raw.deadlines,
             batches_before_merging: raw.batches_before_merging,

@@ -136,6 +136,11 @@ pub struct BenchLearningArgs {
     /// Variant: AdamW's first-moment decay of the miners (default: `iota train`'s).
     #[arg(long, value_name = "BETA1")]
     pub beta1: Option<f64>,
+    /// Variant: the miners' first-moment decay grows with their section's staleness, from
+    /// `--beta1` at the tail to this (run config `optimizer.beta1_max`; 0.99: the IOTA
+    /// reference's per-stage rule).
+    #[arg(long, value_name = "BETA1")]
+    pub beta1_max: Option<f64>,
     /// Variant: the miners' gradient-norm clip per section (0: off; default: `iota train`'s).
     #[arg(long, value_name = "NORM")]
     pub grad_clip: Option<f64>,
@@ -351,6 +356,9 @@ impl BenchLearningArgs {
         }
         if let Some(beta1) = self.beta1 {
             v.push_str(&format!(" --beta1 {beta1}"));
+        }
+        if let Some(max) = self.beta1_max {
+            v.push_str(&format!(" --beta1-max {max}"));
         }
         if let Some(clip) = self.grad_clip {
             v.push_str(&format!(" --grad-clip {clip}"));
@@ -667,6 +675,9 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["early_merge_every"] = json!(args.early_merge_every * split);
     if let Some(beta1) = args.beta1 {
         config["optimizer"]["beta1"] = json!(beta1);
+    }
+    if let Some(max) = args.beta1_max {
+        config["optimizer"]["beta1_max"] = json!(max);
     }
     if let Some(clip) = args.grad_clip {
         config["optimizer"]["grad_clip"] = json!(clip);

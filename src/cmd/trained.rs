@@ -18,7 +18,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use crate::codec::WireDtype;
-use crate::data::Tokenizer;
+use crate::data::{DataSpec, StreamSettings, Tokenizer};
 use crate::infer::Weights;
 use crate::infer::load::{from_section_dir, from_train_dir, holds_sections};
 use crate::mirror;
@@ -59,6 +59,18 @@ pub struct Trained {
     pub tokenizer: Tokenizer,
     /// Boundary encoding.
     pub wire: WireDtype,
+    /// The data of the run, when the model came with a run config (`--config`, or an
+    /// `iota local --dir`'s `run.yaml`).
+    pub run_data: Option<RunData>,
+}
+
+/// The `data` section of the run config a model came with.
+#[derive(Clone, Debug)]
+pub struct RunData {
+    /// `data.source`, with its `data.text_column`.
+    pub source: DataSpec,
+    /// `data.stream`: the run read raw shards in the block layout.
+    pub stream: Option<StreamSettings>,
 }
 
 /// Where the weights and their model config are.
@@ -68,6 +80,11 @@ enum Layout {
         dir: PathBuf,
         config: Box<RunConfig>,
     },
+}
+
+/// Whether `path` is an `iota local --dir` directory (it holds the run's `run.yaml`).
+pub fn is_local_dir(path: &Path) -> bool {
+    path.join(LOCAL_CONFIG).is_file()
 }
 
 fn run_config(path: &Path) -> anyhow::Result<RunConfig> {
@@ -173,16 +190,21 @@ fn layout(source: &ModelSource) -> anyhow::Result<Layout> {
 /// One line naming what is missing or wrong: no such directory, no checkpoint, a missing
 /// section, weights that do not fit the config, or a tokenizer that is not the model's.
 pub fn open(source: &ModelSource) -> anyhow::Result<Trained> {
-    let (weights, tokenizer_path, wire) = match layout(source)? {
+    let (weights, tokenizer_path, wire, run_data) = match layout(source)? {
         Layout::Train => (
             from_train_dir(&source.checkpoint)?,
             source.tokenizer.clone(),
             source.wire.unwrap_or(WireDtype::Bf16),
+            None,
         ),
         Layout::Sections { dir, config } => (
             from_section_dir(&dir, &config.model, config.seq_len)?,
             source.tokenizer.clone().or(config.data.tokenizer.clone()),
             source.wire.unwrap_or(config.wire),
+            Some(RunData {
+                source: config.data.source.clone(),
+                stream: config.data.stream,
+            }),
         ),
     };
     let tokenizer = Tokenizer::load(tokenizer_path.as_deref()).context("loading the tokenizer")?;
@@ -207,5 +229,6 @@ pub fn open(source: &ModelSource) -> anyhow::Result<Trained> {
         weights,
         tokenizer,
         wire,
+        run_data,
     })
 }

@@ -245,9 +245,10 @@ fn write_texts(dir: &Path, files: usize) {
 }
 
 /// A streamed run (`data.stream`, blocks of 2 files) held out the last 2% of its block 0:
-/// `iota eval` scores exactly those windows when the run config streams (or `--block-shards
-/// 2` says so), which are the whole-source windows of block 0's two files alone, and not the
-/// whole folder's; `--block-shards 0` gives the whole folder's again.
+/// `iota eval` scores exactly those windows when the run config streams (the network's, or
+/// the `iota train --config` file with a train checkpoint) or `--block-shards 2` says so,
+/// which are the whole-source windows of block 0's two files alone, and not the whole
+/// folder's; `--block-shards 0` gives the whole folder's again.
 #[test]
 fn eval_scores_the_held_out_windows_of_a_streamed_run() {
     let m = models();
@@ -271,6 +272,19 @@ fn eval_scores_the_held_out_windows_of_a_streamed_run() {
     assert_eq!(streamed["block_shards"], 2);
     assert!(block0.get("block_shards").is_none());
     assert_ne!(scored(&whole).0, scored(&streamed).0);
+    // The `iota train --config` file of a streamed run, with its train checkpoint.
+    let train_config = root.join("train.yaml");
+    std::fs::write(
+        &train_config,
+        format!(
+            "data: {{source: {}, stream: {{block_shards: 2}}}}\n",
+            all.display()
+        ),
+    )
+    .unwrap();
+    let from_train = eval(&m.trained, &["--config", s(&train_config)]);
+    assert_eq!(scored(&from_train), scored(&streamed));
+    assert_eq!(from_train["block_shards"], 2);
 
     // The network's section checkpoints with the run's config: its source and stream apply.
     let sections = root.join("sections");

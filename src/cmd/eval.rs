@@ -100,8 +100,14 @@ fn eval_data(args: &EvalArgs, run: Option<&RunData>) -> anyhow::Result<Option<Ev
             .parse::<DataSpec>()
             .and_then(|spec| spec.with_text_column(args.text_column.as_deref()))
             .with_context(|| format!("--data {text}"))?,
-        (None, Some(run)) => run.source.clone(),
-        (None, None) => return Ok(None),
+        (
+            None,
+            Some(RunData {
+                source: Some(source),
+                ..
+            }),
+        ) => source.clone(),
+        (None, _) => return Ok(None),
     };
     let run_stream = run.and_then(|run| run.stream);
     let stream = match args.block_shards {
@@ -260,7 +266,7 @@ mod tests {
             threads: 5,
         };
         let run = RunData {
-            source: DataSpec::path("shards"),
+            source: Some(DataSpec::path("shards")),
             stream: Some(streamed),
         };
         let read = |flags: &[&str], run: Option<&RunData>| eval_data(&args(flags), run).unwrap();
@@ -288,5 +294,15 @@ mod tests {
             Some((3, 0))
         );
         assert_eq!(read(&["--data", "x"], None).unwrap().stream, None);
+        // An `iota train` config that names no source leaves --data to the flag.
+        let unnamed = RunData {
+            source: None,
+            ..run
+        };
+        assert_eq!(read(&[], Some(&unnamed)), None);
+        assert_eq!(
+            read(&["--data", "x"], Some(&unnamed)).unwrap().stream,
+            held(4)
+        );
     }
 }

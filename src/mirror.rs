@@ -8,7 +8,8 @@
 //!   endpoint and credentials as for a run's `storage`), or one such object named whole; or
 //! - `https://host/path/name.parquet` (or `http://`, for servers on a private network): one
 //!   shard, through the same HTTPS client as every other request of this process (with the
-//!   CA file of `--ca-file`, if any).
+//!   CA file of `--ca-file`, if any); or `https://host/prefix/` (any URL not naming a shard):
+//!   a prepared directory served there (`http_prepared.rs`).
 //!
 //! A prefix holding [`MANIFEST_FILE`] at its top is a prepared directory (`iota data
 //! prepare`'s output): its manifest and the token shards it names are copied, nothing else,
@@ -30,6 +31,8 @@ use thiserror::Error;
 use crate::data::{DataSpec, MANIFEST_FILE, Manifest, is_data_file, verify_prepared};
 use crate::storage::trust::client_builder;
 use crate::storage::{ObjectKey, Storage, StorageConfig, StorageError};
+
+mod http_prepared;
 
 /// The name of a section's parameters in a checkpoint (`{epoch}/{section}/flat`).
 const FLAT: &str = "flat";
@@ -425,29 +428,30 @@ fn current_thread(cache: &Path) -> Result<tokio::runtime::Runtime, MirrorError> 
         })
 }
 
-/// Copies the one shard at an `http(s)://` URL: (shards, downloaded, bytes).
+/// Copies what an `http(s)://` URL names: the one shard whose name ends it, or else the
+/// prepared directory there (`http_prepared.rs`). (shards, downloaded, bytes).
 async fn from_http(url: &str, dir: &Path) -> Result<(usize, usize, u64), MirrorError> {
-    let bad = |reason: &str| MirrorError::BadUrl {
+    let parsed = url::Url::parse(url).map_err(|e| MirrorError::BadUrl {
         url: url.to_owned(),
-        reason: reason.to_owned(),
-    };
-    let parsed = url::Url::parse(url).map_err(|e| bad(&e.to_string()))?;
-    let name = parsed
-        .path_segments()
-        .and_then(|mut s| s.next_back())
-        .filter(|name| is_data_file(name))
-        .ok_or_else(|| {
-            bad("the URL must name one .txt, .jsonl, .jsonl.gz, .jsonl.zst or .parquet file")
-        })?
-        .to_owned();
+        reason: e.to_string(),
+    })?;
     let http = |source| MirrorError::Http {
         url: url.to_owned(),
         source,
     };
     let client = client_builder().build().map_err(http)?;
+    let name = parsed
+        .path_segments()
+        .and_then(|mut s| s.next_back())
+        .filter(|name| is_data_file(name))
+        .map(str::to_owned);
+    let Some(name) = name else {
+        let base = http_prepared::directory_of(&parsed);
+        return http_prepared::copy(&client, url, &base, dir).await;
+    };
     let path = dir.join(&name);
     remove_unlisted(dir, std::slice::from_ref(&path))?;
-    let mut response = client
+    let response = client
         .get(parsed)
         .send()
         .await
@@ -457,10 +461,50 @@ async fn from_http(url: &str, dir: &Path) -> Result<(usize, usize, u64), MirrorE
     if size.is_some() && local_size(&path) == size {
         return Ok((1, 0, 0));
     }
-    let partial = partial_of(&path)?;
+    let bytes = save_body(response, url, &path).await?;
+    Ok((1, 1, bytes))
+}
+
+/// Downloads `url` to `path` (through a `.partial` file): the bytes written.
+///
+/// # Errors
+/// [`MirrorError::Http`] for a failed request or an error status, else as [`save_body`].
+async fn download(
+    client: &reqwest::Client,
+    url: &url::Url,
+    path: &Path,
+) -> Result<u64, MirrorError> {
+    let response = client
+        .get(url.clone())
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map_err(|source| MirrorError::Http {
+            url: url.to_string(),
+            source,
+        })?;
+    save_body(response, url.as_str(), path).await
+}
+
+/// Streams the body of `response` (from `url`) to `path`: written to a `.partial` file, flushed
+/// and renamed into place. The bytes written.
+///
+/// # Errors
+/// [`MirrorError::Http`] when the body breaks off, [`MirrorError::Download`] when it is not
+/// the length the server announced, [`MirrorError::Io`] when the file cannot be written.
+async fn save_body(
+    mut response: reqwest::Response,
+    url: &str,
+    path: &Path,
+) -> Result<u64, MirrorError> {
+    let partial = partial_of(path)?;
     let mut file = create(&partial)?;
+    let size = response.content_length();
     let mut bytes = 0u64;
-    while let Some(chunk) = response.chunk().await.map_err(http)? {
+    while let Some(chunk) = response.chunk().await.map_err(|source| MirrorError::Http {
+        url: url.to_owned(),
+        source,
+    })? {
         write(&mut file, &partial, &chunk)?;
         bytes += chunk.len() as u64;
     }
@@ -472,9 +516,17 @@ async fn from_http(url: &str, dir: &Path) -> Result<(usize, usize, u64), MirrorE
             reason: format!("the server announced {size} bytes and sent {bytes}"),
         });
     }
-    finish(file, &partial, &path)?;
-    tracing::info!(shard = %url, size = bytes, "shard downloaded");
-    Ok((1, 1, bytes))
+    finish(file, &partial, path)?;
+    tracing::info!(%url, size = bytes, "downloaded");
+    Ok(bytes)
+}
+
+/// Writes `bytes` to `path` through a `.partial` file, flushed and renamed into place.
+fn save(path: &Path, bytes: &[u8]) -> Result<(), MirrorError> {
+    let partial = partial_of(path)?;
+    let mut file = create(&partial)?;
+    write(&mut file, &partial, bytes)?;
+    finish(file, &partial, path)
 }
 
 /// The size of the file at `path`, if it is one.
@@ -575,15 +627,15 @@ mod tests {
     }
 
     #[test]
-    fn an_http_url_must_name_one_shard() {
+    fn an_http_url_that_does_not_parse_is_refused_by_name() {
         let cache = tempfile::tempdir().unwrap();
-        let spec: DataSpec = "https://example.invalid/shards/".parse().unwrap();
+        let spec: DataSpec = "https://exa mple/shards/".parse().unwrap();
         let err = current_thread(cache.path())
             .unwrap()
             .block_on(fetch(&spec, cache.path(), None))
             .unwrap_err();
         assert!(matches!(err, MirrorError::BadUrl { .. }), "{err}");
-        assert!(err.to_string().contains(".parquet file"), "{err}");
+        assert!(err.to_string().contains("exa mple"), "{err}");
     }
 
     #[test]

@@ -386,52 +386,6 @@ fn files_with_times(dir: &Path) -> BTreeMap<PathBuf, std::time::SystemTime> {
     out
 }
 
-/// Python's `http.server` behind TLS, serving `root` on a free loopback port; killed on drop.
-struct HttpsServer {
-    child: std::process::Child,
-    url: String,
-}
-
-impl HttpsServer {
-    fn start(root: &Path, cert: &Path, key: &Path) -> Self {
-        let script = "import functools, http.server, ssl, sys\n\
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)\n\
-            ctx.load_cert_chain(sys.argv[2], sys.argv[3])\n\
-            handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[1])\n\
-            server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)\n\
-            server.socket = ctx.wrap_socket(server.socket, server_side=True)\n\
-            print(server.server_address[1], flush=True)\n\
-            server.serve_forever()\n";
-        let mut child = Command::new("python3")
-            .args(["-c", script])
-            .arg(root)
-            .arg(cert)
-            .arg(key)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("python3 for the HTTPS server");
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let port: u16 = line.trim().parse().expect("the server's port");
-        Self {
-            child,
-            url: format!("https://127.0.0.1:{port}"),
-        }
-    }
-}
-
-impl Drop for HttpsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `iota eval --json` of `checkpoint` on `data` with `envs`: its held-out loss.
 fn eval_loss(checkpoint: &Path, data: &str, extra: &[&str], envs: &[(&str, &str)]) -> f64 {
     let out = Command::new(env!("CARGO_BIN_EXE_iota"))
@@ -571,19 +525,8 @@ fn shards_in_a_bucket_or_at_a_url_read_like_the_same_files_on_disk() {
     );
 
     // The same shard over HTTPS, from a server whose certificate a CA of the test signed.
-    let (ca_cert, issuer) = common::tls::ca("iota data test CA");
-    let (leaf, leaf_key) = common::tls::leaf(&issuer, false);
-    let pki = run.path().join("pki");
-    std::fs::create_dir(&pki).unwrap();
-    let (ca_pem, cert_pem, key_pem) = (
-        pki.join("ca.pem"),
-        pki.join("cert.pem"),
-        pki.join("key.pem"),
-    );
-    std::fs::write(&ca_pem, ca_cert.pem()).unwrap();
-    std::fs::write(&cert_pem, leaf.pem()).unwrap();
-    std::fs::write(&key_pem, leaf_key.serialize_pem()).unwrap();
-    let server = HttpsServer::start(&w.path("shards"), &cert_pem, &key_pem);
+    let server = common::tls::HttpsFiles::start(&w.path("shards"), &run.path().join("pki"));
+    let ca_pem = server.ca_pem.clone();
     let https = format!("{}/001_00000.parquet", server.url);
     let trusted = ["--ca-file", s(&ca_pem)];
     assert_eq!(eval_loss(&ckpt, &https, &trusted, &envs), one_local);

@@ -2,9 +2,10 @@
 //! byte tokenizer, and pyarrow's Parquet shards with a BPE trained by `iota tokenizer train`.
 //! A prepared directory must be the raw source's twin: the same packed stream, fingerprint,
 //! training samples and held-out windows; `iota train` on it gives the same loss at every
-//! step and `iota eval` the same held-out loss, to the last bit. A missing directory, a
-//! truncated or missing token shard and a manifest from another tokenizer each stop
-//! `iota train` and `iota eval` with one line naming the file.
+//! step and `iota eval` the same held-out loss, to the last bit, also when the directory is
+//! read from a bucket or over HTTPS. A missing directory, a truncated or missing token shard
+//! and a manifest from another tokenizer each stop `iota train` and `iota eval` with one line
+//! naming the file.
 
 mod common;
 
@@ -301,6 +302,27 @@ fn eval_with(ckpt: &Path, data: &str, envs: &[(&str, &str)]) -> std::process::Ou
         .unwrap()
 }
 
+/// The held-out loss of a successful `iota eval --json`.
+fn loss(out: std::process::Output) -> f64 {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    report["eval"]["loss"].as_f64().expect("a loss")
+}
+
+/// The one folder of remote copies under the data cache `cache`.
+fn only_copy(cache: &Path) -> PathBuf {
+    std::fs::read_dir(cache.join("shards"))
+        .unwrap()
+        .next()
+        .expect("a copy")
+        .unwrap()
+        .path()
+}
+
 /// A prepared directory in a bucket (the tests' s3s-fs) is copied (its manifest and the token
 /// shards it names, nothing else), checked against its manifest and read as prepared tokens:
 /// `iota eval` gives the local directory's held-out loss to the last bit. A shard changed in
@@ -319,22 +341,8 @@ fn a_prepared_directory_in_a_bucket_is_copied_checked_and_read_as_prepared() {
     let cache = work.path().join("cache");
     let envs = s3.client_envs(&cache);
     let url = format!("s3://{}/tokens", common::BUCKET);
-    let loss = |out: std::process::Output| {
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        report["eval"]["loss"].as_f64().expect("a loss")
-    };
     assert_eq!(loss(eval_with(&ckpt, &url, &envs)), local);
-    let copy = std::fs::read_dir(cache.join("shards"))
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let copy = only_copy(&cache);
     let mut names: Vec<String> = std::fs::read_dir(&copy)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -365,4 +373,85 @@ fn a_prepared_directory_in_a_bucket_is_copied_checked_and_read_as_prepared() {
     fails("names token shard 00001.bin, which is not under this prefix");
     std::fs::write(&shard, &bytes).unwrap();
     assert_eq!(loss(eval_with(&ckpt, &url, &envs)), local);
+}
+
+/// Every file under `dir` with its modification time.
+fn files_with_times(dir: &Path) -> Vec<(PathBuf, std::time::SystemTime)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let time = p.metadata().unwrap().modified().unwrap();
+            (p, time)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// A prepared directory served over HTTPS (Python's `http.server` behind TLS, with a CA the
+/// test makes), named by its folder's URL or its manifest's, is copied (the manifest and the
+/// token shards it names, nothing else), checked and read as prepared tokens: `iota eval`
+/// gives the local directory's held-out loss to the last bit, and a second read downloads
+/// nothing. A shard changed on the server (same size), cut short or missing fails in one line
+/// naming the URL and leaves no manifest in the copy, and a fixed server reads again. A URL
+/// holding neither a shard nor a manifest says so.
+#[test]
+fn a_prepared_directory_over_https_is_copied_checked_and_read_as_prepared() {
+    let work = tempfile::tempdir().unwrap();
+    let (prepared, ckpt) = small_prepared(work.path());
+    let local = eval_loss(&ckpt, &prepared);
+
+    let www = work.path().join("www");
+    common::copy_tree(&prepared, &www.join("tokens"));
+    std::fs::write(www.join("tokens/README.md"), "not a shard").unwrap();
+    let server = common::tls::HttpsFiles::start(&www, &work.path().join("pki"));
+    let cache = work.path().join("cache");
+    let envs = [
+        ("IOTA_DATA_CACHE", s(&cache)),
+        ("IOTA_CA_FILE", s(&server.ca_pem)),
+    ];
+    let url = format!("{}/tokens/", server.url);
+    assert_eq!(loss(eval_with(&ckpt, &url, &envs)), local);
+    let copy = only_copy(&cache);
+    let copied = files_with_times(&copy);
+    let names: Vec<&str> = copied
+        .iter()
+        .map(|(p, _)| p.file_name().unwrap().to_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["00000.bin", "00001.bin", "00002.bin", MANIFEST_FILE]
+    );
+    assert_eq!(loss(eval_with(&ckpt, &url, &envs)), local);
+    assert_eq!(files_with_times(&copy), copied, "downloaded again");
+    let manifest_url = format!("{url}{MANIFEST_FILE}");
+    assert_eq!(loss(eval_with(&ckpt, &manifest_url, &envs)), local);
+
+    let shard = www.join("tokens/00001.bin");
+    let bytes = std::fs::read(&shard).unwrap();
+    let fails = |needle: &str| {
+        std::fs::remove_dir_all(&cache).unwrap();
+        let out = eval_with(&ckpt, &url, &envs);
+        let line = common::cli::one_line_failure(&out, &url, needle);
+        assert!(line.contains(&url), "{line}");
+        assert!(
+            !copy.join(MANIFEST_FILE).exists(),
+            "a failed copy kept its manifest"
+        );
+    };
+    let mut changed = bytes.clone();
+    changed[10] ^= 1;
+    std::fs::write(&shard, &changed).unwrap();
+    fails("a shard was changed or damaged");
+    std::fs::write(&shard, &bytes[..bytes.len() - 2]).unwrap();
+    fails(&format!("00001.bin: holds {} bytes", bytes.len() - 2));
+    std::fs::remove_file(&shard).unwrap();
+    fails("404");
+    std::fs::write(&shard, &bytes).unwrap();
+    assert_eq!(loss(eval_with(&ckpt, &url, &envs)), local);
+
+    let nothing = format!("{}/nothing/", server.url);
+    let out = eval_with(&ckpt, &nothing, &envs);
+    common::cli::one_line_failure(&out, &nothing, "nor a prepared directory");
 }

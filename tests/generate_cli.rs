@@ -2,8 +2,9 @@
 //! trained for a few steps by `iota train`: seeded and greedy generation reproduce,
 //! `--max-tokens` bounds the output, the held-out loss matches `iota train`'s own figure and
 //! beats the initial model's, the network's section checkpoints (a folder of them, or an
-//! `iota local --dir` layout) give what the train checkpoint gives, a multiple-choice file
-//! is scored, and bad input gets a one-line error.
+//! `iota local --dir` layout) give what the train checkpoint gives, the held-out windows of a
+//! streamed run are its block 0's, a multiple-choice file is scored, and bad input gets a
+//! one-line error.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -230,6 +231,84 @@ fn section_checkpoints_give_what_the_train_checkpoint_gives() {
         &data_dir.join("objects/runs/gen-test/checkpoints/2"),
     );
     assert_eq!(generate(&local, &greedy).0, from_train);
+}
+
+/// Writes `files` text files of distinct sentences into `dir`, about 5 KB each.
+fn write_texts(dir: &Path, files: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in 0..files {
+        let text: String = (0..120)
+            .map(|i| format!("file {f} line {i}: a b c d. "))
+            .collect();
+        std::fs::write(dir.join(format!("{f:03}.txt")), text).unwrap();
+    }
+}
+
+/// A streamed run (`data.stream`, blocks of 2 files) held out the last 2% of its block 0:
+/// `iota eval` scores exactly those windows when the run config streams (the network's, or
+/// the `iota train --config` file with a train checkpoint) or `--block-shards 2` says so,
+/// which are the whole-source windows of block 0's two files alone, and not the whole
+/// folder's; `--block-shards 0` gives the whole folder's again.
+#[test]
+fn eval_scores_the_held_out_windows_of_a_streamed_run() {
+    let m = models();
+    let root = m.root.join("streamed");
+    let (all, first) = (root.join("all"), root.join("first"));
+    write_texts(&all, 6);
+    std::fs::create_dir_all(&first).unwrap();
+    for name in ["000.txt", "001.txt"] {
+        std::fs::copy(all.join(name), first.join(name)).unwrap();
+    }
+    let scored = |v: &serde_json::Value| {
+        (
+            v["eval"]["loss"].as_f64().unwrap(),
+            v["eval"]["windows"].as_u64().unwrap(),
+        )
+    };
+    let block0 = eval(&m.trained, &["--data", s(&first)]);
+    let streamed = eval(&m.trained, &["--data", s(&all), "--block-shards", "2"]);
+    let whole = eval(&m.trained, &["--data", s(&all)]);
+    assert_eq!(scored(&streamed), scored(&block0));
+    assert_eq!(streamed["block_shards"], 2);
+    assert!(block0.get("block_shards").is_none());
+    assert_ne!(scored(&whole).0, scored(&streamed).0);
+    // The `iota train --config` file of a streamed run, with its train checkpoint.
+    let train_config = root.join("train.yaml");
+    std::fs::write(
+        &train_config,
+        format!(
+            "data: {{source: {}, stream: {{block_shards: 2}}}}\n",
+            all.display()
+        ),
+    )
+    .unwrap();
+    let from_train = eval(&m.trained, &["--config", s(&train_config)]);
+    assert_eq!(scored(&from_train), scored(&streamed));
+    assert_eq!(from_train["block_shards"], 2);
+
+    // The network's section checkpoints with the run's config: its source and stream apply.
+    let sections = root.join("sections");
+    write_sections(&m.trained, &sections);
+    let config = root.join("run.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "run: gen-test\nmodel: {{preset: tiny}}\nseq_len: 32\nwire: bf16\n\
+             data: {{source: {}, stream: {{block_shards: 2}}}}\n",
+            all.display()
+        ),
+    )
+    .unwrap();
+    let from_run = eval(&sections, &["--config", s(&config)]);
+    let (loss, windows) = scored(&from_run);
+    assert_eq!(windows, scored(&streamed).1);
+    assert!((loss - scored(&streamed).0).abs() < 1e-6, "{from_run}");
+    assert_eq!(from_run["data"], s(&all));
+    let (whole_loss, _) = scored(&eval(
+        &sections,
+        &["--config", s(&config), "--block-shards", "0"],
+    ));
+    assert!((whole_loss - scored(&whole).0).abs() < 1e-6);
 }
 
 #[test]

@@ -783,6 +783,46 @@ async fn the_sample_budget_stops_new_samples() {
     );
 }
 
+/// A streamed source's block counts are saved in `data_dir` as the blocks are counted, and a
+/// restarted orchestrator takes them: it serves the last block's sample, the same tokens,
+/// without tokenizing the blocks before it.
+#[test]
+fn a_restart_takes_the_streamed_block_counts_from_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let shards = dir.path().join("shards");
+    std::fs::create_dir(&shards).unwrap();
+    for f in 0..8 {
+        let text: String = (0..40).map(|i| format!("shard {f} line {i}. ")).collect();
+        std::fs::write(shards.join(format!("{f}.txt")), text).unwrap();
+    }
+    let state_dir = dir.path().join("state");
+    let yaml = format!(
+        "data_dir: {}\ndata: {{source: {}, stream: {{block_shards: 1, ahead: 0}}}}\n",
+        state_dir.display(),
+        shards.display()
+    );
+    let (last, tokens) = {
+        let state = AppState::open(config(&yaml)).unwrap();
+        let data = &state.dataset;
+        let n = (0..).take_while(|&id| data.epoch(id) == 0).count() as u64;
+        assert_eq!(data.stream_stats().unwrap().tokenized, 8);
+        (n - 1, data.train_sample(n - 1).to_vec())
+    };
+    let counts = state_dir.join(iota::orchestrator::state::STREAM_COUNTS_FILE);
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&counts).is_ok_and(|t| !t.contains("null")) {
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "the counts were not saved"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let state = AppState::open(config(&yaml)).unwrap();
+    assert_eq!(*state.dataset.train_sample(last), tokens[..]);
+    // Block 0 (opened) and the last block (read), not the six between.
+    assert_eq!(state.dataset.stream_stats().unwrap().tokenized, 2);
+}
+
 #[tokio::test]
 async fn restart_from_the_same_data_dir_keeps_everything() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,7 +3,8 @@
 //! and the tokenizer they were trained with.
 //!
 //! `--checkpoint PATH` is one of:
-//! - an `iota train --out` directory (`checkpoint.json` + `model.safetensors`);
+//! - an `iota train --out` directory (`checkpoint.json` + `model.safetensors`), with
+//!   `--config` the `iota train --config` file it was trained with (its data settings);
 //! - an `iota local --dir` directory (`run.yaml`): the newest merged checkpoint of the run in
 //!   its local object store;
 //! - a folder of section checkpoints (`0/flat`, `1/flat`, ...; or folders of epochs holding
@@ -17,8 +18,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use clap::Args;
 
+use super::train::TrainFile;
 use crate::codec::WireDtype;
-use crate::data::Tokenizer;
+use crate::data::{DataSpec, StreamSettings, Tokenizer};
 use crate::infer::Weights;
 use crate::infer::load::{from_section_dir, from_train_dir, holds_sections};
 use crate::mirror;
@@ -37,7 +39,9 @@ pub struct ModelSource {
     #[arg(long, value_name = "PATH")]
     pub checkpoint: PathBuf,
     /// Run config (YAML) whose model a folder of section checkpoints holds; for an
-    /// `iota local --dir` its `run.yaml` is read without it.
+    /// `iota local --dir` its `run.yaml` is read without it. With an `iota train --out`
+    /// checkpoint: the `iota train --config` file it was trained with (its `data` section:
+    /// the tokenizer, and for `iota eval` the source and `stream`).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// HF tokenizer.json the model was trained with (default: the run config's, else the
@@ -59,6 +63,19 @@ pub struct Trained {
     pub tokenizer: Tokenizer,
     /// Boundary encoding.
     pub wire: WireDtype,
+    /// The data of the run, when the model came with a run config (`--config`, or an
+    /// `iota local --dir`'s `run.yaml`).
+    pub run_data: Option<RunData>,
+}
+
+/// The `data` section of the run config a model came with.
+#[derive(Clone, Debug)]
+pub struct RunData {
+    /// `data.source`, with its `data.text_column` (`None`: an `iota train` config that names
+    /// no source).
+    pub source: Option<DataSpec>,
+    /// `data.stream`: the run read raw shards in the block layout.
+    pub stream: Option<StreamSettings>,
 }
 
 /// Where the weights and their model config are.
@@ -68,6 +85,37 @@ enum Layout {
         dir: PathBuf,
         config: Box<RunConfig>,
     },
+}
+
+/// Whether `path` is an `iota local --dir` directory (it holds the run's `run.yaml`).
+pub fn is_local_dir(path: &Path) -> bool {
+    path.join(LOCAL_CONFIG).is_file()
+}
+
+/// The `data` section of the `iota train --config` file `path`: its tokenizer, and the source
+/// (with its text column) and stream settings.
+fn train_data(path: &Path) -> anyhow::Result<(Option<PathBuf>, RunData)> {
+    let file = TrainFile::load(path).context(
+        "--config with an `iota train --out` checkpoint is the `iota train --config` file it \
+         was trained with",
+    )?;
+    let data = file.data;
+    let source = data
+        .source
+        .as_deref()
+        .map(|text| {
+            text.parse::<DataSpec>()
+                .and_then(|spec| spec.with_text_column(data.text_column.as_deref()))
+                .with_context(|| format!("{}: data.source {text}", path.display()))
+        })
+        .transpose()?;
+    Ok((
+        data.tokenizer,
+        RunData {
+            source,
+            stream: data.stream,
+        },
+    ))
 }
 
 fn run_config(path: &Path) -> anyhow::Result<RunConfig> {
@@ -173,16 +221,25 @@ fn layout(source: &ModelSource) -> anyhow::Result<Layout> {
 /// One line naming what is missing or wrong: no such directory, no checkpoint, a missing
 /// section, weights that do not fit the config, or a tokenizer that is not the model's.
 pub fn open(source: &ModelSource) -> anyhow::Result<Trained> {
-    let (weights, tokenizer_path, wire) = match layout(source)? {
-        Layout::Train => (
-            from_train_dir(&source.checkpoint)?,
-            source.tokenizer.clone(),
-            source.wire.unwrap_or(WireDtype::Bf16),
-        ),
+    let (weights, tokenizer_path, wire, run_data) = match layout(source)? {
+        Layout::Train => {
+            let file = source.config.as_deref().map(train_data).transpose()?;
+            let tokenizer = file.as_ref().and_then(|(tokenizer, _)| tokenizer.clone());
+            (
+                from_train_dir(&source.checkpoint)?,
+                source.tokenizer.clone().or(tokenizer),
+                source.wire.unwrap_or(WireDtype::Bf16),
+                file.map(|(_, data)| data),
+            )
+        }
         Layout::Sections { dir, config } => (
             from_section_dir(&dir, &config.model, config.seq_len)?,
             source.tokenizer.clone().or(config.data.tokenizer.clone()),
             source.wire.unwrap_or(config.wire),
+            Some(RunData {
+                source: Some(config.data.source.clone()),
+                stream: config.data.stream,
+            }),
         ),
     };
     let tokenizer = Tokenizer::load(tokenizer_path.as_deref()).context("loading the tokenizer")?;
@@ -207,5 +264,6 @@ pub fn open(source: &ModelSource) -> anyhow::Result<Trained> {
         weights,
         tokenizer,
         wire,
+        run_data,
     })
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use super::permutation::EpochPermutation;
 use super::pool::PoolStats;
 use super::prepared::{PreparedTokens, is_prepared};
+use super::stream_counts::SavedCounts;
 use super::stream_hash::{dataset_fingerprint, hash_tokens};
 use super::streamed::{StreamSettings, Streamed};
 use super::synthetic::SyntheticSource;
@@ -326,10 +327,7 @@ impl Dataset {
     pub fn train_sample(&self, sample_id: u64) -> Cow<'_, [u32]> {
         match &self.body {
             Body::Whole(_) => self.train_window(self.train_window_index(sample_id)),
-            Body::Streamed(streamed) => {
-                let (_, located) = streamed.locate(sample_id);
-                Cow::Owned(streamed.window(located.block, located.window))
-            }
+            Body::Streamed(streamed) => Cow::Owned(streamed.sample(sample_id)),
         }
     }
 
@@ -386,6 +384,20 @@ impl Dataset {
         match &self.body {
             Body::Whole(whole) => whole.fingerprint.clone(),
             Body::Streamed(streamed) => streamed.fingerprint().to_owned(),
+        }
+    }
+
+    /// For a streamed dataset, takes the block counts saved at `path` (a small JSON file) when
+    /// they were written for this source, files, tokenizer, text column and `block_shards`,
+    /// and keeps the file up to date as blocks are counted, so that a reader started again
+    /// locates its next sample without tokenizing every block before it. A file written for
+    /// another source, or damaged, is ignored with a logged reason and the blocks are counted
+    /// again; the samples are the same either way. Nothing is done for a dataset that is not
+    /// streamed.
+    pub fn keep_stream_counts(&self, path: &std::path::Path) -> SavedCounts {
+        match &self.body {
+            Body::Whole(_) => SavedCounts::NotStreamed,
+            Body::Streamed(streamed) => streamed.keep_counts(path),
         }
     }
 

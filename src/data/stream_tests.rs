@@ -5,7 +5,7 @@
 use super::dataset::tests::assert_twins;
 use super::source::LocalFiles;
 use super::streamed::{StreamSettings, split_first};
-use super::{DataSpec, Dataset, EpochPermutation, Tokenizer, pack_documents};
+use super::{DataSpec, Dataset, EpochPermutation, SavedCounts, Tokenizer, pack_documents};
 use std::collections::BTreeSet;
 use std::path::Path;
 
@@ -186,4 +186,103 @@ fn block_permutations_differ_and_block_0_keeps_the_whole_one() {
     let mut sorted = one.clone();
     sorted.sort_unstable();
     assert_eq!(sorted, (0..n).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_restart_takes_the_saved_counts_and_ignores_a_file_not_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = 12;
+    write_files(dir.path(), files);
+    let state = tempfile::tempdir().unwrap();
+    let counts = state.path().join("stream-counts.json");
+    let spec = DataSpec::path(dir.path());
+    // Nothing made ahead: every tokenized block is one a reader asked for.
+    let open = |block_shards| {
+        Dataset::load_with(&spec, &Tokenizer::byte(), 16, 3, settings(block_shards, 0)).unwrap()
+    };
+    let tokenized = |data: &Dataset| data.stream_stats().unwrap().tokenized;
+
+    // The first run reads pass 0 whole: every block is counted, and the counts saved.
+    let first = open(1);
+    assert_eq!(first.keep_stream_counts(&counts), SavedCounts::Missing);
+    let n = (0..).take_while(|&id| first.epoch(id) == 0).count() as u64;
+    let ids = [n - 1, n - 40, n + 5, 2 * n + 3];
+    let samples: Vec<Vec<u32>> = ids
+        .iter()
+        .map(|&id| first.train_sample(id).to_vec())
+        .collect();
+    drop(first);
+    // The last count is saved by the thread that made its block, maybe after it was read.
+    let saved = |path: &Path| {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        text.contains("\"counts\"") && !text.contains("null")
+    };
+    wait_for(|| saved(&counts));
+
+    // A restart finds the last blocks' samples, and the next passes', with only those blocks
+    // and block 0 tokenized (block 0 twice: opened, then read again by pass 1).
+    let again = open(1);
+    assert_eq!(
+        again.keep_stream_counts(&counts),
+        SavedCounts::Loaded {
+            known: files,
+            blocks: files
+        }
+    );
+    for (id, sample) in ids.iter().zip(&samples) {
+        assert_eq!(*again.train_sample(*id), sample[..], "sample {id}");
+    }
+    assert!(tokenized(&again) <= 4, "{:?}", again.stream_stats());
+    assert_eq!(again.num_train_windows() as u64, n);
+    drop(again);
+
+    // A damaged file is ignored with its reason: every block before the sample is tokenized
+    // again, the samples are the same, and the file is written anew.
+    let text = std::fs::read_to_string(&counts).unwrap();
+    std::fs::write(&counts, &text[..text.len() - 9]).unwrap();
+    let damaged = open(1);
+    let SavedCounts::Ignored { reason } = damaged.keep_stream_counts(&counts) else {
+        panic!("a damaged file was taken");
+    };
+    assert!(
+        reason.contains("not a count file") && !reason.contains('\n'),
+        "{reason}"
+    );
+    assert_eq!(*damaged.train_sample(ids[0]), samples[0][..]);
+    assert!(
+        tokenized(&damaged) >= files as u64,
+        "{:?}",
+        damaged.stream_stats()
+    );
+    drop(damaged);
+    wait_for(|| std::fs::read_to_string(&counts).is_ok_and(|now| now == text));
+
+    // Counts of another layout (blocks of 2 files) are not this one's: ignored, counted again.
+    let pairs = open(2);
+    pairs.keep_stream_counts(&counts);
+    let _ = pairs.epoch(10 * n);
+    drop(pairs);
+    wait_for(|| saved(&counts));
+    let other = open(1);
+    let SavedCounts::Ignored { reason } = other.keep_stream_counts(&counts) else {
+        panic!("another layout's counts were taken");
+    };
+    assert!(reason.contains("blocks of 2 files"), "{reason}");
+    for (id, sample) in ids.iter().zip(&samples) {
+        assert_eq!(*other.train_sample(*id), sample[..], "sample {id}");
+    }
+    assert!(
+        tokenized(&other) >= files as u64,
+        "{:?}",
+        other.stream_stats()
+    );
+}
+
+/// Waits up to 10 s for `done`.
+fn wait_for(done: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        assert!(start.elapsed().as_secs() < 10, "timed out");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
 }

@@ -21,11 +21,18 @@
 //! more blocks the shuffle is within a block, not over the corpus: consecutive samples come
 //! from the same few shards, which suits shards that are each a random mix of documents
 //! (FineWeb's) and not a corpus sorted by topic or source.
+//!
+//! # Saved counts
+//! Locating a sample of pass 0 needs the token counts of the blocks before it. A reader that
+//! restarts can take them from a file ([`Streamed::keep_counts`], `stream_counts.rs`) instead
+//! of tokenizing those blocks again; the file is kept up to date as blocks are counted.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use super::pool::{PoolStats, TokenPool};
 use super::source::LocalFiles;
+use super::stream_counts::{self, CountsKey, SavedCounts};
 use super::stream_hash::{dataset_fingerprint, hash_tokens};
 use super::{DataError, EpochPermutation, Tokenizer};
 
@@ -96,6 +103,8 @@ pub(crate) struct Streamed {
     n_eval: usize,
     /// The fingerprint: the whole-corpus one for a single block, else one over the listing.
     fingerprint: String,
+    /// What the blocks' counts depend on, for a count file.
+    counts_key: CountsKey,
 }
 
 impl Streamed {
@@ -144,6 +153,7 @@ impl Streamed {
         } else {
             listing_fingerprint(source, &first, seq_len, settings.block_shards)?
         };
+        let counts_key = CountsKey::of(source, tokenizer, settings.block_shards, &first)?;
         pool.serving();
         Ok(Self {
             pool,
@@ -152,7 +162,39 @@ impl Streamed {
             eval,
             n_eval,
             fingerprint,
+            counts_key,
         })
+    }
+
+    /// Takes the block counts saved at `path` when they were written for this source, and
+    /// keeps that file up to date from now on (rewritten, atomically, each time a block is
+    /// counted). A file written for another source, damaged, or unreadable is ignored with
+    /// the reason logged, and the blocks are counted again; a file that cannot be written is
+    /// logged and the run goes on (the counts stay in memory).
+    pub(crate) fn keep_counts(&self, path: &Path) -> SavedCounts {
+        let saved = match stream_counts::read(path, &self.counts_key) {
+            Ok(None) => SavedCounts::Missing,
+            Ok(Some(counts)) => {
+                let known = counts.iter().flatten().count();
+                self.pool.preload(&counts);
+                tracing::info!(file = %path.display(), known, blocks = self.blocks(), "saved block counts taken");
+                SavedCounts::Loaded {
+                    known,
+                    blocks: self.blocks(),
+                }
+            }
+            Err(reason) => {
+                tracing::warn!(%reason, "saved block counts ignored; the blocks are counted again");
+                SavedCounts::Ignored { reason }
+            }
+        };
+        let (path, key) = (path.to_path_buf(), self.counts_key.clone());
+        self.pool.on_count(Box::new(move |counts| {
+            if let Err(reason) = stream_counts::write(&path, &key, counts) {
+                tracing::warn!(%reason, "block counts not saved");
+            }
+        }));
+        saved
     }
 
     /// Training windows of block `k` when it holds `tokens` tokens.
@@ -229,20 +271,44 @@ impl Streamed {
         Located { window, ..located }
     }
 
-    /// The `seq_len + 1` tokens of window `window` of block `block`.
-    pub(crate) fn window(&self, block: usize, window: usize) -> Vec<u32> {
+    /// The `seq_len + 1` tokens of window `window` of block `block`; `None` when the block
+    /// is shorter than its known count said (a saved count that was wrong: making the block
+    /// has now corrected it).
+    fn window(&self, block: usize, window: usize) -> Option<Vec<u32>> {
         let start = window * self.seq_len;
         match self.pool.block(block) {
-            Ok(tokens) => tokens[start..start + self.seq_len + 1].to_vec(),
+            Ok(tokens) => tokens
+                .get(start..start + self.seq_len + 1)
+                .map(<[u32]>::to_vec),
             // Only before serving can a block fail, and `open` serves once block 0 is read.
-            Err(_) => vec![0; self.seq_len + 1],
+            Err(_) => Some(vec![0; self.seq_len + 1]),
         }
+    }
+
+    /// The tokens of sample `id`: located, then read. Reading makes the block if it is not in
+    /// memory, which checks a saved count of it; if that moved the sample, it is read again
+    /// where it is now.
+    pub(crate) fn sample(&self, id: u64) -> Vec<u32> {
+        let (_, mut located) = self.locate(id);
+        for _ in 0..2 {
+            let tokens = self.window(located.block, located.window);
+            let (_, now) = self.locate(id);
+            if let (Some(tokens), true) = (tokens, now == located) {
+                return tokens;
+            }
+            located = now;
+        }
+        self.window(located.block, located.window)
+            .unwrap_or_else(|| vec![0; self.seq_len + 1])
     }
 
     /// Training window `w`, numbered block by block.
     pub(crate) fn numbered_window(&self, w: usize) -> Option<Vec<u32>> {
         let located = self.find(w as u64)?;
-        Some(self.window(located.block, located.window))
+        self.window(located.block, located.window).or_else(|| {
+            let located = self.find(w as u64)?;
+            self.window(located.block, located.window)
+        })
     }
 
     /// Held-out window `i` of block 0.

@@ -22,6 +22,9 @@ use crate::storage::{
 pub const STATE_FILE: &str = "state.sqlite";
 /// File name of the blob secret inside `data_dir`.
 pub const SECRET_FILE: &str = "blob_secret";
+/// File name, inside `data_dir`, of the token counts of a streamed source's blocks
+/// ([`Dataset::keep_stream_counts`]), so a restart locates samples without tokenizing again.
+pub const STREAM_COUNTS_FILE: &str = "stream-counts.json";
 
 /// Most `/blob` uploads streaming at once ([`super::blob`]); more are turned away (503).
 pub const MAX_CONCURRENT_PUTS: usize = 8;
@@ -172,6 +175,7 @@ impl AppState {
             config.seed,
             config.data.stream,
         )?;
+        dataset.keep_stream_counts(&config.data_dir.join(STREAM_COUNTS_FILE));
         Self::from_parts(config, repo, storage, dataset, secret, system_clock())
     }
 

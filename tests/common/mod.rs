@@ -1,7 +1,7 @@
 //! Helpers shared by the integration tests: a real S3-compatible server (s3s-fs) started on a
 //! free loopback port with a temporary directory, killed when dropped; [`net`] (clock, ports,
 //! plain GETs, pollers); [`browser`] (headless chromium); [`cli`] (the binary run with arguments); [`fake_node`] (the FAKE subtensor node of `tests/chain/`); [`signed`] (signed POSTs); [`api_harness`] (the router in-process); [`local_run`] (what an
-//! `iota local` run left on disk); [`texts`] (Shakespeare's plays, pyarrow's shards); [`venv`] (a Python venv from a requirements file); [`tls`] (a CA and server certificates).
+//! `iota local` run left on disk); [`texts`] (Shakespeare's plays, pyarrow's shards); [`venv`] (a Python venv from a requirements file); [`tls`] (a CA, server certificates, and Python's `http.server` behind TLS).
 //!
 //! s3s-fs must be installed (tests fail, not skip, when it is missing):
 //! `cargo install s3s-fs@0.14.1 --features binary --locked`.

@@ -27,6 +27,7 @@
 //! lane_wait_ms: 2000         # then anyone of the section may take a forward its lane left
 //! single_lane_samples: 0     # the run's first N samples go through one lane only (a multiple
 //!                            # of batches_before_merging; 0: off)
+//! single_lane_max_in_flight: 1 # in-flight cap of the single lane's miners (0: max_in_flight)
 //! eval_samples: 32           # held-out windows evaluated through the network per epoch (0: off)
 //! eval_every: 1              # evaluate every N-th epoch's starting weights (and the final ones)
 //! optimizer: {}              # OptimizerConfig overrides
@@ -321,6 +322,8 @@ struct RawRunConfig {
     lane_wait_ms: u64,
     #[serde(default)]
     single_lane_samples: u64,
+    #[serde(default = "default_one_usize")]
+    single_lane_max_in_flight: usize,
     #[serde(default)]
     samples_per_step: u64,
     #[serde(default = "default_eval_samples")]
@@ -642,6 +645,10 @@ pub struct RunConfig {
     /// model then leaves its first plateau as one process would, before the miners train apart
     /// (see docs/learning-log.md). A multiple of `batches_before_merging`; 0: off.
     pub single_lane_samples: u64,
+    /// During the single lane, each of its miners holds at most this many forwards awaiting a
+    /// backward (fewer stale gradients while the model leaves its first plateau, at the cost
+    /// of a shallower pipeline; default 1); 0: `max_in_flight`, as in the rest of the run.
+    pub single_lane_max_in_flight: usize,
     /// Samples per synchronous optimizer step: the orchestrator starts no sample of step
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
     /// step (0: asynchronous steps every `local_steps` backwards).
@@ -1052,6 +1059,7 @@ impl RunConfig {
             lanes: raw.lanes,
             lane_wait_ms: raw.lane_wait_ms,
             single_lane_samples: raw.single_lane_samples,
+            single_lane_max_in_flight: raw.single_lane_max_in_flight,
             early_merge_samples: raw.early_merge_samples,
             early_merge_every: raw.early_merge_every,
             samples_per_step: raw.samples_per_step,
@@ -1215,6 +1223,7 @@ mod tests {
         assert_eq!(cfg.token_shape(), vec![4, 64]);
         assert!(cfg.lanes, "lane routing is the default");
         assert_eq!(cfg.single_lane_samples, 0);
+        assert_eq!(cfg.single_lane_max_in_flight, 1);
         assert_eq!(cfg.eval_every, 1);
     }
 

@@ -319,6 +319,9 @@ pub struct RoutingLimits {
     /// Epochs at the start of the run during which only the first-ranked live miner of each
     /// section takes training work (`Config::single_lane_samples`); 0: none.
     pub single_lane_epochs: u64,
+    /// In-flight cap of a miner during those epochs (`Config::single_lane_max_in_flight`);
+    /// 0: `max_in_flight`.
+    pub single_lane_max_in_flight: usize,
 }
 
 /// A sample about to start ([`super::repo::Repository::start_sample`]): its id, the epoch it

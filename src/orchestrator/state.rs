@@ -276,6 +276,7 @@ impl AppState {
                 .epochs()
                 .count_in(self.config.single_lane_samples)
                 .unwrap_or(0),
+            single_lane_max_in_flight: self.config.single_lane_max_in_flight,
         }
     }
 

@@ -121,6 +121,10 @@ pub struct BenchLearningArgs {
     /// and the merge after them gives every miner its state.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub single_lane: u64,
+    /// Variant: during --single-lane, each lane miner holds at most N forwards awaiting a
+    /// backward (run config `single_lane_max_in_flight`, default 1; 0: --max-in-flight).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub single_lane_in_flight: usize,
     /// Variant: the first N samples (a multiple of --early-merge-every) merge every
     /// --early-merge-every samples instead of every --merge-every (run config
     /// `early_merge_samples`). The network's evaluations then fall at other sample counts
@@ -344,6 +348,12 @@ impl BenchLearningArgs {
         }
         if self.single_lane > 0 {
             v.push_str(&format!(" --single-lane {}", self.single_lane));
+        }
+        if self.single_lane > 0 && self.single_lane_in_flight != 1 {
+            v.push_str(&format!(
+                " --single-lane-in-flight {}",
+                self.single_lane_in_flight
+            ));
         }
         if self.early_merge > 0 {
             v.push_str(&format!(
@@ -671,6 +681,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
     config["lookahead"] = json!(args.lookahead);
     config["lanes"] = json!(args.lanes);
     config["single_lane_samples"] = json!(args.single_lane * split);
+    config["single_lane_max_in_flight"] = json!(args.single_lane_in_flight);
     config["early_merge_samples"] = json!(args.early_merge * split);
     config["early_merge_every"] = json!(args.early_merge_every * split);
     if let Some(beta1) = args.beta1 {

@@ -37,7 +37,7 @@ pub enum BenchCommand {
     Step(step::BenchStepArgs),
     /// `iota train` against a local network at equal tokens: eval loss at every merge, the
     /// final gap, throughput.
-    Learning(learning::BenchLearningArgs),
+    Learning(Box<learning::BenchLearningArgs>),
     /// One orchestrator under N simulated miners (signed HTTP, no compute): requests/s,
     /// p50/p99 latency per endpoint, RSS and CPU, latency against rows in the database.
     Orchestrator(orchestrator::BenchOrchestratorArgs),
@@ -59,7 +59,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Merge(a) => merge::run(a),
         BenchCommand::Network(a) => network::run(a),
         BenchCommand::Step(a) => step::run(a),
-        BenchCommand::Learning(a) => learning::run(a),
+        BenchCommand::Learning(a) => learning::run(*a),
         BenchCommand::Orchestrator(a) => orchestrator::run(a),
         BenchCommand::Validate(a) => validate::run(a),
         BenchCommand::Data(a) => data::run(a),

@@ -106,12 +106,14 @@ impl Repository {
             } else {
                 step_share(tx, section, limits, now_ms)?
             };
+            let cap = match limits.single_lane_max_in_flight {
+                n if lane_only && n > 0 => limits.max_in_flight.min(n),
+                _ => limits.max_in_flight,
+            };
             let allowance = if off_lane {
                 0
             } else {
-                limits
-                    .max_in_flight
-                    .min(miner.max_in_flight.max(1))
+                cap.min(miner.max_in_flight.max(1))
                     .min(share)
                     .saturating_sub(usize_of(in_flight))
             };

@@ -14,6 +14,7 @@ const LIMITS: RoutingLimits = RoutingLimits {
     samples_per_step: 0,
     lanes: false,
     single_lane_epochs: 0,
+    single_lane_max_in_flight: 0,
     lane_wait_ms: 2000,
     live_ms: 60_000,
 };
@@ -493,6 +494,32 @@ fn a_single_lane_of_asynchronous_steps_keeps_its_in_flight_cap() {
     }
     assert!(take_inputs(&repo, "b1", single, T0).is_empty());
     assert_eq!(take_inputs(&repo, "b0", single, T0).len(), 3);
+}
+
+/// `single_lane_max_in_flight` caps the lane's miners while the lane lasts, and the run's
+/// own cap applies again from the merge that ends it.
+#[test]
+fn a_single_lane_in_flight_cap_holds_only_while_the_lane_lasts() {
+    let repo = network();
+    let single = RoutingLimits {
+        samples_per_step: 0,
+        max_in_flight: 3,
+        single_lane_epochs: 1,
+        single_lane_max_in_flight: 1,
+        lanes: true,
+        ..LIMITS
+    };
+    let head = |hk: &str| repo.take_work(hk, 4, single, T0).unwrap().head_capacity;
+    assert_eq!((head("a0"), head("a1")), (1, 0));
+    let f0 = start(&repo, 0);
+    repo.accept(f0, "a0", &ok("x0"), single, T0).unwrap();
+    // One forward in flight: the head has no room, the middle's lane miner takes it.
+    assert_eq!(head("a0"), 0);
+    assert_eq!(take_inputs(&repo, "b0", single, T0).len(), 1);
+    repo.begin_uploading(0, T0 + 100, T0).unwrap();
+    repo.begin_merging(T0 + 200, T0).unwrap();
+    repo.finish_merge(0).unwrap();
+    assert_eq!((head("a0"), head("a1")), (3, 3));
 }
 
 #[test]

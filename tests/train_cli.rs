@@ -262,3 +262,67 @@ fn bad_input_is_a_clear_error() {
     std::fs::write(&model, &bytes[..bytes.len() / 2]).unwrap();
     resume(&[], "corrupt");
 }
+
+#[test]
+fn metrics_lines_are_written_as_the_run_goes() {
+    // A long run is followed through its metrics file: each step's line is there as soon as
+    // the step is done. Steps of 64 x 64 tokens take a good part of a second here, so a file
+    // written through an unflushed buffer (8 KiB, about 60 lines) would first show dozens.
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = dir.path().join("m.jsonl");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args([
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "1000000",
+            "--batch-size",
+            "64",
+        ])
+        .args(["--seq-len", "64", "--eval-every", "0", "--quiet", "--out"])
+        .arg(dir.path().join("ckpt"))
+        .arg("--metrics-out")
+        .arg(&metrics)
+        .env("RAYON_NUM_THREADS", "1")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    let lines = loop {
+        let text = std::fs::read_to_string(&metrics).unwrap_or_default();
+        if !text.is_empty() {
+            break text;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("iota train ended ({status}) before writing a metrics line");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no metrics line within 300 s of a running `iota train`"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let still_running = child.try_wait().unwrap().is_none();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        still_running,
+        "the run ended before its first line was read"
+    );
+    assert!(
+        lines.ends_with('\n'),
+        "a partial line was written: {lines:?}"
+    );
+    let lines: Vec<&str> = lines.lines().collect();
+    assert!(
+        lines.len() < 20,
+        "the first {} lines appeared at once (buffered, not written per step)",
+        lines.len()
+    );
+    for (i, line) in lines.iter().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(v["step"].as_u64(), Some(i as u64 + 1), "{line}");
+    }
+}

@@ -88,7 +88,7 @@ pub struct TrainArgs {
     /// Continue from the checkpoint in --out.
     #[arg(long)]
     pub resume: bool,
-    /// Write one JSON object per step to this file.
+    /// Write one JSON object per step to this file, as each step ends.
     #[arg(long, value_name = "FILE.jsonl")]
     pub metrics_out: Option<PathBuf>,
     /// Device: cpu, cuda, wgpu (GPU backends need the matching cargo feature).
@@ -597,6 +597,9 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
             };
             serde_json::to_writer(&mut *w, &line)?;
             w.write_all(b"\n")?;
+            // Flushed per step so that a long run can be followed (`tail -f`) and a run that
+            // stops early keeps every step it finished.
+            w.flush()?;
         }
         bar.set_message(format!(
             "loss {:.4}  eval {}  lr {lr:.2e}  {tokens_per_s:.0} tok/s",
@@ -606,9 +609,6 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         bar.inc(1);
     }
     bar.finish_and_clear();
-    if let Some(w) = metrics.as_mut() {
-        w.flush()?;
-    }
     // Replicas hold the same (averaged) model at the end.
     save(&replicas[0], &plan, step, next_sample, &dataset)?;
     let ablation = if plan.model.n_sections() > 1 {

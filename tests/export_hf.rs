@@ -5,8 +5,9 @@
 //! equals `iota eval`'s, one token at a time through its cache it gives the whole window's
 //! logits, greedy generation gives `iota generate --temperature 0`'s text, and its tokenizer
 //! gives iota's ids. Four models: the `tiny` preset (three sections, bottlenecks,
-//! re-embedding, bf16 boundaries), one without re-embedding with f32 boundaries and a
-//! trained BPE tokenizer, and two that plain Llama runs without model code: one section, and
+//! re-embedding, bf16 boundaries), one with the two-layer boundary decoders
+//! (`bottleneck_decoder: mlp`) and without re-embedding, with f32 boundaries and a trained
+//! BPE tokenizer, and two that plain Llama runs without model code: one section, and
 //! three sections without bottleneck or re-embedding crossing as f32. Bad input gets one
 //! line and writes nothing.
 
@@ -245,7 +246,7 @@ fn the_tiny_preset_with_bottlenecks_reembedding_and_bf16_boundaries() {
 }
 
 #[test]
-fn bottlenecks_without_reembedding_f32_boundaries_and_a_bpe_tokenizer() {
+fn mlp_decoders_without_reembedding_f32_boundaries_and_a_bpe_tokenizer() {
     let _ = python();
     let tok = root().join("bpe.json");
     ok(&[
@@ -259,7 +260,7 @@ fn bottlenecks_without_reembedding_f32_boundaries_and_a_bpe_tokenizer() {
         s(&tok),
     ]);
     let config = format!(
-        "model:\n  preset: tiny\n  vocab_size: 300\n  reembed: false\ndata:\n  tokenizer: {}\n",
+        "model:\n  preset: tiny\n  vocab_size: 300\n  reembed: false\n  bottleneck_decoder: mlp\ndata:\n  tokenizer: {}\n",
         tok.display()
     );
     let checkpoint = train("bpe", Some(&config), &["--wire", "f32"]);

@@ -253,6 +253,7 @@ fn config_json(
             "sections": model.sections,
             "bottleneck": model.bottleneck,
             "bottleneck_width": model.boundary_width(),
+            "bottleneck_decoder": model.bottleneck_decoder.name(),
             "reembed": model.reembed,
             "reembed_scale": model.reembed_scale(),
             "wire": wire.name(),

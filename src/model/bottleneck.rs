@@ -6,15 +6,17 @@
 //!
 //! Receiving side: the first block of the next section decodes `z` back to `d_model`
 //! channels and adds `z` itself onto the first `d_b` of them,
-//! `x = silu(W_dec z + b_dec) + [z, 0]`. The `z` path is an identity shortcut through every
-//! boundary, so gradients reach early sections even at 64-128x compression. Gradients crossing
-//! back are `d_b` wide as well.
+//! `x = silu(W_dec z + b_dec) + [z, 0]` (the reference's decoder), or
+//! `x = W_out silu(W_dec z + b_dec) + [z, 0]` with [`DecoderKind::Mlp`]. The `z` path is an
+//! identity shortcut through every boundary, so gradients reach early sections even at
+//! 64-128x compression. Gradients crossing back are `d_b` wide as well.
 
 use burn::module::{Module, Param};
 use burn::tensor::activation::silu;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
+use super::config::DecoderKind;
 use super::init::Init;
 use super::layers::Linear;
 
@@ -66,15 +68,18 @@ pub struct BottleneckDecoder<B: Backend> {
     pub decoder: Linear<B>,
     /// Bias of the expansion, `[d_model]`.
     pub bias: Param<Tensor<B, 1>>,
+    /// Output layer `[d_model, d_model]` after the expansion's activation
+    /// ([`DecoderKind::Mlp`]), stored as `model.layers.{i}.bottleneck.decoder_out.weight`.
+    pub decoder_out: Option<Linear<B>>,
 }
 
 impl<B: Backend> BottleneckDecoder<B> {
-    /// Decoder attached to block `layer` (the first block of its section).
+    /// Decoder of kind `kind` attached to block `layer` (the first block of its section).
     pub fn new(
         init: &Init,
         layer: usize,
-        d_model: usize,
-        d_b: usize,
+        (d_model, d_b): (usize, usize),
+        kind: DecoderKind,
         std: f64,
         device: &B::Device,
     ) -> Self {
@@ -88,6 +93,16 @@ impl<B: Backend> BottleneckDecoder<B> {
                 device,
             ),
             bias: Param::from_data(TensorData::new(vec![0.0f32; d_model], [d_model]), device),
+            decoder_out: (kind == DecoderKind::Mlp).then(|| {
+                Linear::new(
+                    init,
+                    &format!("model.layers.{layer}.bottleneck.decoder_out.weight"),
+                    d_model,
+                    d_model,
+                    std,
+                    device,
+                )
+            }),
         }
     }
 
@@ -97,7 +112,11 @@ impl<B: Backend> BottleneckDecoder<B> {
     /// - z: `[batch, seq, d_b]` -> `[batch, seq, d_model]`
     pub fn forward(&self, z: Tensor<B, 3>) -> Tensor<B, 3> {
         let [batch, seq, d_b] = z.dims();
-        let decoded = silu(self.decoder.forward(z.clone()) + self.bias.val().unsqueeze::<3>());
+        let hidden = silu(self.decoder.forward(z.clone()) + self.bias.val().unsqueeze::<3>());
+        let decoded = match &self.decoder_out {
+            Some(out) => out.forward(hidden),
+            None => hidden,
+        };
         let d_model = decoded.dims()[2];
         let shortcut = if d_model > d_b {
             let zeros = Tensor::zeros([batch, seq, d_model - d_b], &z.device());

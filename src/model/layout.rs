@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::ModelError;
-use super::config::ModelConfig;
+use super::config::{DecoderKind, ModelConfig};
 use super::params::NamedTensor;
 use super::section::{OptimizerState, Section};
 use crate::codec::FlatLayout;
@@ -41,6 +41,12 @@ pub fn param_shapes(
             format!("model.layers.{first}.bottleneck.decoder.bias"),
             vec![d],
         );
+        if cfg.bottleneck_decoder == DecoderKind::Mlp {
+            push(
+                format!("model.layers.{first}.bottleneck.decoder_out.weight"),
+                vec![d, d],
+            );
+        }
     }
     if spec.reembed {
         let first = spec.blocks.start;
@@ -170,6 +176,9 @@ mod tests {
         let mut reembed = ModelConfig::preset("tiny").unwrap();
         reembed.reembed = true;
         cfgs.push(reembed);
+        let mut mlp = ModelConfig::preset("tiny").unwrap();
+        mlp.bottleneck_decoder = crate::model::DecoderKind::Mlp;
+        cfgs.push(mlp);
         for cfg in cfgs {
             for index in 0..cfg.n_sections() {
                 let section = Section::<B>::new(

@@ -36,7 +36,7 @@ pub mod schedule;
 pub mod section;
 pub mod section_model;
 
-pub use config::{ModelConfig, SectionSpec};
+pub use config::{DecoderKind, ModelConfig, SectionSpec};
 pub use optimizer::OptimizerConfig;
 pub use params::NamedTensor;
 pub use schedule::LrSchedule;

@@ -81,9 +81,9 @@ impl<B: Backend> SectionModel<B> {
                     device,
                 )
             }),
-            bottleneck_in: spec
-                .bottleneck_in
-                .then(|| BottleneckDecoder::new(init, first, d, w, std, device)),
+            bottleneck_in: spec.bottleneck_in.then(|| {
+                BottleneckDecoder::new(init, first, (d, w), cfg.bottleneck_decoder, std, device)
+            }),
             reembed: spec.reembed.then(|| {
                 Embedding::new(
                     init,

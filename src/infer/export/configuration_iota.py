@@ -14,6 +14,7 @@ class IotaConfig(PreTrainedConfig):
     - `sections`: block ranges `[start, end)` that tile `0..num_hidden_layers`, in order.
     - `bottleneck`: whether the last block of a section sends `bottleneck_width` channels
       through a learned encoder and the first block of the next decodes them.
+    - `bottleneck_decoder`: the decoder's form, `reference` (one layer) or `mlp` (two layers).
     - `reembed`: whether every section after the first adds its own embedding of the input
       token ids, times `reembed_scale`, to what crossed the boundary.
     - `wire`: how a boundary tensor is rounded as it crosses: `bf16` (to bfloat16 and back)
@@ -46,6 +47,7 @@ class IotaConfig(PreTrainedConfig):
     sections: list | None = None
     bottleneck: bool = True
     bottleneck_width: int = 2
+    bottleneck_decoder: str = "reference"
     reembed: bool = False
     reembed_scale: float = 1.0
     wire: str = "bf16"
@@ -68,6 +70,10 @@ class IotaConfig(PreTrainedConfig):
             raise ValueError(f"sections {self.sections} do not tile 0..{self.num_hidden_layers}")
         if self.wire not in ("bf16", "f32"):
             raise ValueError(f"wire {self.wire!r}: only bf16 and f32 boundaries are supported")
+        if self.bottleneck_decoder not in ("reference", "mlp"):
+            raise ValueError(
+                f"bottleneck_decoder {self.bottleneck_decoder!r}: only reference and mlp are supported"
+            )
         if self.num_attention_heads % self.num_key_value_heads != 0:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
 

@@ -12,7 +12,9 @@ over to the next, and this file does it as iota does:
   without a bottleneck `z` is the block's usual output, all `hidden_size` channels;
 - `z` is rounded as the wire format rounds it: `bf16` to bfloat16 and back, `f32` not at all;
 - the first block of the next section decodes it, keeping `z` itself as an identity path:
-  `x = silu(W_dec z + b_dec) + [z, 0]` (`model.layers.{i}.bottleneck.decoder.{weight,bias}`);
+  `x = silu(W_dec z + b_dec) + [z, 0]` (`model.layers.{i}.bottleneck.decoder.{weight,bias}`),
+  or with `bottleneck_decoder: mlp` `x = W_out silu(W_dec z + b_dec) + [z, 0]`
+  (`model.layers.{i}.bottleneck.decoder_out.weight`);
 - with re-embedding that section adds its own embedding of the input token ids:
   `x = x + reembed_scale * E[ids]` (`model.layers.{i}.reembed.weight`).
 
@@ -127,6 +129,8 @@ class IotaBottleneck(nn.Module):
         d, width = config.hidden_size, config.bottleneck_width
         self.encoder = nn.Linear(d, width, bias=False) if encoder else None
         self.decoder = nn.Linear(width, d, bias=True) if decoder else None
+        mlp = decoder and config.bottleneck_decoder == "mlp"
+        self.decoder_out = nn.Linear(d, d, bias=False) if mlp else None
 
     def encode(self, mlp_out, residual):
         z = self.encoder(mlp_out)
@@ -134,6 +138,8 @@ class IotaBottleneck(nn.Module):
 
     def decode(self, z):
         decoded = F.silu(self.decoder(z))
+        if self.decoder_out is not None:
+            decoded = self.decoder_out(decoded)
         return decoded + F.pad(z, (0, decoded.shape[-1] - z.shape[-1]))
 
 

@@ -87,8 +87,9 @@ pub enum DecoderKind {
     /// layer, `d_model^2` more parameters per boundary (+1.0% on `small`, +0.7% on `1b`). It
     /// lets the decoded stream be any function of the `d_b` channels, not only a sum of
     /// `d_model` gated directions. Measured worse than the reference on `small` without
-    /// re-embedding at 64x and 1M tokens (+15.1% against +9.3% over no bottleneck), though
-    /// ahead on `tiny` (docs/learning.md), so not a default.
+    /// re-embedding at 64x and 1M tokens (+15.1% and +11.4% against +9.3% and +1.4% over no
+    /// bottleneck at seeds 0 and 1), though ahead on `tiny` (docs/learning.md), so not a
+    /// default.
     Mlp,
 }
 

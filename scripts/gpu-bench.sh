@@ -39,14 +39,9 @@ WORK=${WORK:-/tmp/iota-gpu-work}
 mkdir -p "$OUT" "$WORK"
 T0=$(date +%s)
 
-# The NVRTC library that compiles burn's kernels: from the CUDA toolkit or PyTorch's wheel.
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-    $(python3 -c 'import nvidia, os; print(" ".join(os.path.join(p, "cuda_nvrtc", "lib") for p in nvidia.__path__))' 2>/dev/null); do
-    [ -d "$d" ] && LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
-done
-export LD_LIBRARY_PATH
-export HOME=${HOME:-/tmp}
-export CUBECL_AUTOTUNE_LEVEL=${CUBECL_AUTOTUNE_LEVEL:-minimal}
+# The CUDA libraries' paths and cubecl's settings.
+# shellcheck source=scripts/gpu-env.sh
+. "$(dirname "$0")/gpu-env.sh"
 
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv

@@ -326,3 +326,90 @@ fn metrics_lines_are_written_as_the_run_goes() {
         assert_eq!(v["step"].as_u64(), Some(i as u64 + 1), "{line}");
     }
 }
+
+#[test]
+fn sigterm_stops_at_a_step_with_an_evaluated_checkpoint_that_resumes() {
+    // A time-boxed run (`timeout -s TERM`) or a Ctrl-C keeps what it learned: the run stops after
+    // the step in progress, evaluates, saves and ablates, exits 0, and `--resume` continues it.
+    let dir = tempfile::tempdir().unwrap();
+    let (metrics, summary, ckpt) = (
+        dir.path().join("m.jsonl"),
+        dir.path().join("summary.json"),
+        dir.path().join("ckpt"),
+    );
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["train", "--preset", "tiny", "--steps", "1000000"])
+        .args(["--batch-size", "4", "--seq-len", "32", "--eval-every", "0"])
+        .args(["--quiet", "--out"])
+        .arg(&ckpt)
+        .arg("--metrics-out")
+        .arg(&metrics)
+        .arg("--summary-out")
+        .arg(&summary)
+        .env("RAYON_NUM_THREADS", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    while std::fs::read_to_string(&metrics)
+        .unwrap_or_default()
+        .lines()
+        .count()
+        < 3
+    {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "iota train ended early"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no 3 steps within 300 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    let step = v["step"].as_u64().unwrap();
+    assert_eq!(v["stopped_early"], true, "{v}");
+    assert!((3..1_000_000).contains(&step), "{v}");
+    assert!(v["eval_loss"].as_f64().unwrap().is_finite(), "{v}");
+    assert!(
+        v["ablation"]["boundaries"].as_array().unwrap().len() == 2,
+        "{v}"
+    );
+    assert!(
+        stdout.contains(&format!("stopped early at step {step} of 1000000")),
+        "{stdout}"
+    );
+    // Every finished step has its metrics line, and the checkpoint is at the last of them.
+    assert_eq!(losses(&metrics).last().map(|l| l.0), Some(step));
+    ok(&[
+        "train",
+        "--resume",
+        "--out",
+        s(&ckpt),
+        "--steps",
+        &(step + 2).to_string(),
+        "--summary-out",
+        s(&summary),
+        "--quiet",
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&summary).unwrap()).unwrap();
+    assert_eq!(v["steps_run"], 2, "{v}");
+    assert_eq!(v["step"], step + 2, "{v}");
+    assert_eq!(v["stopped_early"], false, "{v}");
+}

@@ -22,6 +22,7 @@ pub mod register;
 pub mod service;
 pub mod setup;
 pub mod status;
+pub mod stop_request;
 pub mod subnormals;
 pub mod tokenizer;
 pub mod train;

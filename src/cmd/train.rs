@@ -13,6 +13,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
+use crate::cmd::stop_request::StopRequest;
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, StreamSettings, Tokenizer};
 use crate::mirror;
@@ -228,6 +229,9 @@ pub struct TrainSummary {
     pub steps_run: u64,
     /// Final step count.
     pub step: u64,
+    /// The run stopped before `--steps` on a Ctrl-C or SIGTERM (evaluated, saved and ablated
+    /// at the step it reached; `--resume` continues it).
+    pub stopped_early: bool,
     /// Loss of the first step of this invocation.
     pub first_loss: Option<f32>,
     /// Loss of the last step.
@@ -258,7 +262,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let device = args.device;
     let plan = resolve(args)?;
     let summary_out = plan.summary_out.clone();
-    let summary = dispatch(device, TrainTask { plan }).map_err(anyhow::Error::msg)??;
+    let stop = StopRequest::on_signals("training")?;
+    let summary = dispatch(device, TrainTask { plan, stop }).map_err(anyhow::Error::msg)??;
     print_summary(&summary);
     if let Some(path) = summary_out {
         let json = serde_json::to_vec_pretty(&summary)?;
@@ -455,13 +460,14 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
 
 struct TrainTask {
     plan: Plan,
+    stop: StopRequest,
 }
 
 impl BackendTask for TrainTask {
     type Output = anyhow::Result<TrainSummary>;
 
     fn run<B: AutodiffBackend>(self, device: B::Device) -> Self::Output {
-        train::<B>(self.plan, &device)
+        train::<B>(self.plan, &self.stop, &device)
     }
 }
 
@@ -476,7 +482,11 @@ struct MetricsLine {
     eval_loss: Option<f32>,
 }
 
-fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<TrainSummary> {
+fn train<B: AutodiffBackend>(
+    plan: Plan,
+    stop: &StopRequest,
+    device: &B::Device,
+) -> anyhow::Result<TrainSummary> {
     let s = &plan.settings;
     let seq_len = s.seq_len.unwrap_or(plan.model.max_seq_len);
     let data = mirror::fetch_to_cache(&plan.data)
@@ -539,7 +549,8 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
     };
     let started = Instant::now();
     let mut tokens_done = 0u64;
-    while step < s.steps {
+    let mut evaluated_at = None;
+    while step < s.steps && !stop.requested() {
         let owned: Vec<_> = (0..s.batch_size as u64)
             .map(|i| dataset.train_sample(next_sample + i))
             .collect();
@@ -578,6 +589,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         let this_eval = if evaluate {
             let e = pipeline.eval_mean(&eval_windows, s.batch_size)?;
             eval_loss = Some(e);
+            evaluated_at = Some(step);
             Some(e)
         } else {
             None
@@ -609,6 +621,23 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
         bar.inc(1);
     }
     bar.finish_and_clear();
+    let stopped_early = step < s.steps;
+    if stopped_early {
+        // Stopped between two averagings or evaluations: average the replicas, then evaluate
+        // the model that is saved, so that the summary describes the checkpoint.
+        if replicas.len() > 1 && !step.is_multiple_of(s.average_every) {
+            merging
+                .merge(&mut replicas)
+                .with_context(|| format!("merging the replicas through {}", s.merge_wire))?;
+        }
+        if step > start_step && evaluated_at != Some(step) {
+            eval_loss = Some(replicas[0].eval_mean(&eval_windows, s.batch_size)?);
+        }
+        println!(
+            "stopped early at step {step} of {} (--resume continues)",
+            s.steps
+        );
+    }
     // Replicas hold the same (averaged) model at the end.
     save(&replicas[0], &plan, step, next_sample, &dataset)?;
     let ablation = if plan.model.n_sections() > 1 {
@@ -628,6 +657,7 @@ fn train<B: AutodiffBackend>(plan: Plan, device: &B::Device) -> anyhow::Result<T
     Ok(TrainSummary {
         steps_run: step - start_step,
         step,
+        stopped_early,
         first_loss,
         last_loss,
         initial_eval_loss,

@@ -8,6 +8,12 @@
 #
 #   BIN=/abs/iota DATA=/abs/texts OUT=/abs/results sh scripts/gpu-boundary.sh
 #
+# A cold start compiles burn's kernels for minutes (one CPU thread per process): on 2026-11-29
+# the 64x run's first step ended 440 s after it started, the budget's whole length. So the
+# script packs both runs' kernel caches into $OUT/kernels.tar.gz.NN pieces (when KERNELS_OUT is
+# 1, the default), and KERNELS_IN=/abs/kernels.tar.gz seeds both runs with such a cache (the
+# pieces joined with `cat`), so that a later GPU session can start warm.
+#
 # Build BIN on any x86-64 machine: `CUDARC_CUDA_VERSION=13000 cargo build --release --features
 # cuda` (the CUDA libraries are loaded at run time). DATA is a text file or a folder of them;
 # the byte-level tokenizer is used, so the vocabulary is 256. A CPU try of the script itself:
@@ -26,6 +32,8 @@ EVAL=${EVAL:-20}
 STOP_AT=${STOP_AT:-440}       # seconds after the start at which both runs are asked to stop
 GRACE=${GRACE:-130}           # seconds they then have to evaluate, save and ablate
 WORK=${WORK:-/tmp/iota-gpu-boundary}
+KERNELS_IN=${KERNELS_IN:-}
+KERNELS_OUT=${KERNELS_OUT:-1}
 mkdir -p "$OUT" "$WORK"
 
 # The CUDA libraries' paths and cubecl's settings.
@@ -62,16 +70,24 @@ EOF
     (cd "$d" && RAYON_NUM_THREADS=4 timeout -s TERM -k "$GRACE" "$STOP_AT" "$BIN" train \
         --config run.yaml --device "$DEVICE" --out "$d/ckpt" --quiet \
         --metrics-out "$OUT/$1.metrics.jsonl" --summary-out "$OUT/$1.summary.json" \
-        >"$OUT/$1.log" 2>&1)
+        >"$WORK/$1.log" 2>&1)
     echo "== $1: exit $? at $(($(date +%s) - T0)) s" >>"$OUT/summary.txt"
     rm -rf "$d/ckpt"
 }
+[ -n "$KERNELS_IN" ] && tar xzf "$KERNELS_IN" -C "$WORK"
 T0=$(date +%s)
 run bottleneck true &
 run none false &
 wait
-for f in "$OUT"/*.log; do
+for f in "$WORK"/*.log; do
     echo "== $f"
     tail -n 12 "$f"
 done >>"$OUT/summary.txt"
+if [ "$KERNELS_OUT" = 1 ] && [ -d "$WORK/bottleneck/target" ] && [ -d "$WORK/none/target" ]; then
+    # Both runs' caches, each under its run's name, in pieces of 15 MB: each small enough to
+    # come back from the GPU machine.
+    (cd "$WORK" && tar czf - bottleneck/target none/target) |
+        split -b 15000000 -d - "$OUT/kernels.tar.gz."
+    ls -l "$OUT" >>"$OUT/summary.txt"
+fi
 cat "$OUT/summary.txt"

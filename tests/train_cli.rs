@@ -394,6 +394,11 @@ fn sigterm_stops_at_a_step_with_an_evaluated_checkpoint_that_resumes() {
         stdout.contains(&format!("stopped early at step {step} of 1000000")),
         "{stdout}"
     );
+    // The run's header line is printed though the bar is hidden (--quiet, output not a terminal).
+    assert!(
+        stdout.contains("iota train: tiny (") && stdout.contains("boundary width"),
+        "{stdout}"
+    );
     // Every finished step has its metrics line, and the checkpoint is at the last of them.
     assert_eq!(losses(&metrics).last().map(|l| l.0), Some(step));
     ok(&[

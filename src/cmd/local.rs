@@ -833,7 +833,8 @@ async fn watch(
             bail!("the orchestrator exited: {}", exits.join(", "));
         }
         if exits.len() > reported_exits {
-            bar.println(format!("children exited: {}", exits.join(", ")));
+            // Printed even where the bar is hidden (output not a terminal).
+            bar.suspend(|| println!("children exited: {}", exits.join(", ")));
             reported_exits = exits.len();
         }
         let over = if budgeted {

@@ -529,14 +529,17 @@ fn train<B: AutodiffBackend>(
         None => None,
     };
     let bar = progress_bar(s.steps.saturating_sub(start_step), plan.quiet);
-    bar.println(format!(
-        "iota train: {} ({:.2}M params, {} sections, boundary width {}), {}",
-        plan.model.name,
-        plan.model.total_params() as f64 / 1e6,
-        plan.model.n_sections(),
-        plan.model.boundary_width(),
-        dataset.describe()
-    ));
+    say(
+        &bar,
+        format!(
+            "iota train: {} ({:.2}M params, {} sections, boundary width {}), {}",
+            plan.model.name,
+            plan.model.total_params() as f64 / 1e6,
+            plan.model.n_sections(),
+            plan.model.boundary_width(),
+            dataset.describe()
+        ),
+    );
     let eval_owned: Vec<_> = (0..dataset.num_eval_windows().min(s.eval_samples.max(1)))
         .map(|i| dataset.eval_sample(i))
         .collect();
@@ -563,13 +566,16 @@ fn train<B: AutodiffBackend>(
             match pipeline.train_batch(&windows[r * share..(r + 1) * share]) {
                 Ok(report) => losses.push(report.loss),
                 Err(crate::model::ModelError::NonFiniteLoss(v)) => {
-                    bar.println(format!("step {step}: non-finite loss {v}; step skipped"));
+                    say(
+                        &bar,
+                        format!("step {step}: non-finite loss {v}; step skipped"),
+                    );
                 }
                 Err(e) => return Err(e.into()),
             }
             for outcome in pipeline.step(lr) {
                 if let StepOutcome::Skipped { reason } = outcome {
-                    bar.println(format!("step {step}: update skipped ({reason})"));
+                    say(&bar, format!("step {step}: update skipped ({reason})"));
                 }
             }
         }
@@ -752,6 +758,12 @@ fn save<B: AutodiffBackend>(
     };
     checkpoint::save(&plan.out, &meta, &params, &moments)
         .with_context(|| format!("saving checkpoint to {}", plan.out.display()))
+}
+
+/// Prints a line above the progress bar, or plainly where the bar is hidden (`--quiet`, or
+/// output that is not a terminal), where `ProgressBar::println` would drop it.
+fn say(bar: &ProgressBar, line: String) {
+    bar.suspend(|| println!("{line}"));
 }
 
 fn progress_bar(steps: u64, quiet: bool) -> ProgressBar {

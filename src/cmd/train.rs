@@ -145,6 +145,14 @@ pub struct TrainSettings {
     pub merge_wire: MergeWire,
 }
 
+impl TrainSettings {
+    /// Whether the periodic evaluation (`eval_every`) falls after `step`; the last step is
+    /// always evaluated besides.
+    fn evaluates_after(&self, step: u64) -> bool {
+        self.eval_every > 0 && step.is_multiple_of(self.eval_every)
+    }
+}
+
 impl Default for TrainSettings {
     fn default() -> Self {
         Self {
@@ -552,7 +560,6 @@ fn train<B: AutodiffBackend>(
     };
     let started = Instant::now();
     let mut tokens_done = 0u64;
-    let mut evaluated_at = None;
     while step < s.steps && !stop.requested() {
         let owned: Vec<_> = (0..s.batch_size as u64)
             .map(|i| dataset.train_sample(next_sample + i))
@@ -591,11 +598,10 @@ fn train<B: AutodiffBackend>(
         let pipeline = &mut replicas[0];
         tokens_done += (s.batch_size * seq_len) as u64;
         let tokens_per_s = tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9);
-        let evaluate = step == s.steps || (s.eval_every > 0 && step % s.eval_every == 0);
+        let evaluate = step == s.steps || s.evaluates_after(step);
         let this_eval = if evaluate {
             let e = pipeline.eval_mean(&eval_windows, s.batch_size)?;
             eval_loss = Some(e);
-            evaluated_at = Some(step);
             Some(e)
         } else {
             None
@@ -629,14 +635,15 @@ fn train<B: AutodiffBackend>(
     bar.finish_and_clear();
     let stopped_early = step < s.steps;
     if stopped_early {
-        // Stopped between two averagings or evaluations: average the replicas, then evaluate
-        // the model that is saved, so that the summary describes the checkpoint.
-        if replicas.len() > 1 && !step.is_multiple_of(s.average_every) {
+        // Stopped after steps since the last averaging or evaluation: average the replicas,
+        // then evaluate the model that is saved, so that the summary describes the checkpoint.
+        let stepped = step > start_step;
+        if stepped && replicas.len() > 1 && !step.is_multiple_of(s.average_every) {
             merging
                 .merge(&mut replicas)
                 .with_context(|| format!("merging the replicas through {}", s.merge_wire))?;
         }
-        if step > start_step && evaluated_at != Some(step) {
+        if stepped && !s.evaluates_after(step) {
             eval_loss = Some(replicas[0].eval_mean(&eval_windows, s.batch_size)?);
         }
         println!(

@@ -6,7 +6,8 @@ use iota::model::pipeline::Pipeline;
 use iota::model::replica_merge::{self, ReplicaMerge};
 use iota::model::{ModelConfig, OptimizerConfig};
 
-type B = burn::backend::Autodiff<burn::backend::NdArray<f32>>;
+type Inner = burn::backend::NdArray<f32>;
+type B = burn::backend::Autodiff<Inner>;
 
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
@@ -28,9 +29,15 @@ fn windows() -> Vec<Vec<u32>> {
 /// Runs one micro-batch both ways and returns the worst relative errors of
 /// (loss, parameter gradients, boundary gradients).
 fn compare(cfg: &ModelConfig, wire: WireDtype) -> (f64, f64, f64) {
+    compare_bridged(cfg, wire, 0.0)
+}
+
+/// [`compare`] with the bottleneck's warm-up bridge at weight `bridge`.
+fn compare_bridged(cfg: &ModelConfig, wire: WireDtype, bridge: f64) -> (f64, f64, f64) {
     let device = Default::default();
     let mut pipeline =
         Pipeline::<B>::new(cfg, 3, OptimizerConfig::default(), wire, &device).unwrap();
+    pipeline.set_bridge(bridge);
     let owned = windows();
     let batch: Vec<&[u32]> = owned.iter().map(|w| w.as_slice()).collect();
     let whole = pipeline.whole_graph(&batch).unwrap();
@@ -82,6 +89,56 @@ fn chain_equals_whole_graph_without_bottleneck_f32() {
     cfg.bottleneck = false;
     let (loss, grads, boundary) = compare(&cfg, WireDtype::F32);
     assert_f32_agreement(loss, grads, boundary, 2e-3);
+}
+
+#[test]
+fn chain_equals_whole_graph_with_the_warmup_bridge() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let (loss, grads, boundary) = compare_bridged(&cfg, WireDtype::F32, 0.5);
+    assert_f32_agreement(loss, grads, boundary, 2e-3);
+}
+
+#[test]
+fn the_bridge_widens_the_boundary_while_on_and_leaves_no_trace_when_off() {
+    let mut cfg = ModelConfig::preset("tiny").unwrap();
+    cfg.reembed = false;
+    let device = Default::default();
+    let mut pipeline =
+        Pipeline::<B>::new(&cfg, 3, OptimizerConfig::default(), WireDtype::F32, &device).unwrap();
+    let owned = windows();
+    let batch: Vec<&[u32]> = owned.iter().map(|w| w.as_slice()).collect();
+    let plain = pipeline.eval_loss(&batch).unwrap();
+    pipeline.set_bridge(1.0);
+    let (report, boundary) = pipeline.train_batch_recording(&batch).unwrap();
+    // The residual stream crosses beside the bottleneck: d_b + d_model channels per token.
+    let width = cfg.boundary_width() + cfg.d_model;
+    assert!(boundary.iter().all(|g| g.len() == 3 * 16 * width));
+    assert!(
+        (report.loss - plain).abs() > 1e-3,
+        "the bridge changed nothing: {} against {plain}",
+        report.loss
+    );
+    // A section that expects the bridge refuses the bottleneck alone, and the reverse.
+    let narrow = iota::model::SectionInput::Hidden(burn::tensor::Tensor::<Inner, 3>::zeros(
+        [1, 4, cfg.boundary_width()],
+        &device,
+    ));
+    let err = pipeline.sections_mut()[1].forward(narrow).unwrap_err();
+    assert!(err.to_string().contains("width"), "{err}");
+    pipeline.sections_mut()[1].set_bridge(0.0);
+    let wide = iota::model::SectionInput::Hidden(burn::tensor::Tensor::<Inner, 3>::zeros(
+        [1, 4, width],
+        &device,
+    ));
+    let err = pipeline.sections_mut()[1].forward(wide).unwrap_err();
+    assert!(err.to_string().contains("width"), "{err}");
+    // Off again, the model is the plain bottleneck model: same loss as before.
+    pipeline.set_bridge(0.0);
+    pipeline
+        .sections_mut()
+        .iter_mut()
+        .for_each(|s| s.discard_grads());
+    assert_eq!(pipeline.eval_loss(&batch).unwrap(), plain);
 }
 
 #[test]

@@ -226,6 +226,12 @@ fn bad_input_is_a_clear_error() {
         &["--preset", "tiny", "--merge-wire", "dct"],
         "--merge-wire dct needs --replicas",
     );
+    std::fs::write(
+        &cfg,
+        "model:\n  preset: tiny\n  bottleneck: false\ntrain:\n  bottleneck_warmup: 5\n",
+    )
+    .unwrap();
+    run_fail(&["--config", s(&cfg)], "needs a model with a bottleneck");
 
     // A checkpoint trained with the byte tokenizer refuses a BPE tokenizer.
     let args = base(&["--preset", "tiny"]);
@@ -417,4 +423,61 @@ fn sigterm_stops_at_a_step_with_an_evaluated_checkpoint_that_resumes() {
     assert_eq!(v["steps_run"], 2, "{v}");
     assert_eq!(v["step"], step + 2, "{v}");
     assert_eq!(v["stopped_early"], false, "{v}");
+}
+
+#[test]
+fn a_bottleneck_warmup_changes_training_and_ends_in_the_plain_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| -> serde_json::Value {
+        let out = dir.path().join(name);
+        let summary = dir.path().join(format!("{name}.json"));
+        let mut args = vec![
+            "train",
+            "--preset",
+            "tiny",
+            "--steps",
+            "4",
+            "--batch-size",
+            "2",
+            "--seq-len",
+            "16",
+            "--quiet",
+            "--out",
+            s(&out),
+            "--summary-out",
+            s(&summary),
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
+        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap()
+    };
+    let plain = run("plain", &[]);
+    let warmed = run("warmed", &["--bottleneck-warmup", "3"]);
+    let (p, w) = (
+        plain["eval_loss"].as_f64().unwrap(),
+        warmed["eval_loss"].as_f64().unwrap(),
+    );
+    assert!(
+        w.is_finite() && (p - w).abs() > 1e-6,
+        "plain {p}, warmed {w}"
+    );
+    // The warm-up is over by the end: the checkpoint is a plain bottlenecked model, which a
+    // run without the warm-up resumes.
+    let out = dir.path().join("warmed");
+    let resumed = dir.path().join("resumed.json");
+    ok(&[
+        "train",
+        "--resume",
+        "--steps",
+        "5",
+        "--out",
+        s(&out),
+        "--summary-out",
+        s(&resumed),
+        "--quiet",
+    ]);
+    let resumed: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&resumed).unwrap()).unwrap();
+    assert_eq!(resumed["step"].as_u64(), Some(5));
+    assert_eq!(resumed["steps_run"].as_u64(), Some(1));
 }

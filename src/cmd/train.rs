@@ -83,6 +83,10 @@ pub struct TrainArgs {
     /// network does; measures a format's learning cost without the network's timing noise.
     #[arg(long, value_name = "FORMAT")]
     pub merge_wire: Option<MergeWire>,
+    /// Warm up without the bottleneck for N steps: the whole residual stream also crosses
+    /// each boundary, its weight falling from 1 to 0 over those steps (`train.bottleneck_warmup`).
+    #[arg(long, value_name = "N")]
+    pub bottleneck_warmup: Option<u64>,
     /// Directory for the checkpoint.
     #[arg(long, value_name = "DIR", default_value = "runs/train")]
     pub out: PathBuf,
@@ -143,6 +147,11 @@ pub struct TrainSettings {
     pub average_every: u64,
     /// The merge format the replicas are averaged through.
     pub merge_wire: MergeWire,
+    /// Steps of a warm-up without the bottleneck (0: none): the whole residual stream also
+    /// crosses each boundary, weighted from 1 at the first step down to 0 at this one, so the
+    /// sections first train as one wide model and hand over to the bottleneck gradually (see
+    /// `SectionModel::bridge`). The boundary is `d_model` channels wider while it lasts.
+    pub bottleneck_warmup: u64,
 }
 
 impl TrainSettings {
@@ -150,6 +159,16 @@ impl TrainSettings {
     /// always evaluated besides.
     fn evaluates_after(&self, step: u64) -> bool {
         self.eval_every > 0 && step.is_multiple_of(self.eval_every)
+    }
+
+    /// The bridge's weight for the step after `step` steps: a linear ramp from 1 to 0 over
+    /// `bottleneck_warmup` steps, then 0.
+    fn bridge_at(&self, step: u64) -> f64 {
+        if step >= self.bottleneck_warmup {
+            0.0
+        } else {
+            1.0 - step as f64 / self.bottleneck_warmup as f64
+        }
     }
 }
 
@@ -171,6 +190,7 @@ impl Default for TrainSettings {
             replicas: 1,
             average_every: 0,
             merge_wire: MergeWire::F32,
+            bottleneck_warmup: 0,
         }
     }
 }
@@ -355,6 +375,9 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
     if let Some(v) = args.merge_wire {
         settings.merge_wire = v;
     }
+    if let Some(v) = args.bottleneck_warmup {
+        settings.bottleneck_warmup = v;
+    }
     if settings.batch_size == 0 {
         bail!("--batch-size must be at least 1");
     }
@@ -442,6 +465,13 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
             (model, schedule)
         }
     };
+    if settings.bottleneck_warmup > 0 && !model.bottleneck {
+        bail!(
+            "--bottleneck-warmup {} needs a model with a bottleneck (this one sends the whole \
+             residual stream already)",
+            settings.bottleneck_warmup
+        );
+    }
     let seq_len = settings.seq_len.unwrap_or(model.max_seq_len);
     if seq_len > model.max_seq_len {
         bail!(
@@ -553,6 +583,9 @@ fn train<B: AutodiffBackend>(
         .collect();
     let eval_windows: Vec<&[u32]> = eval_owned.iter().map(AsRef::as_ref).collect();
     let (mut first_loss, mut last_loss, mut eval_loss) = (None, None, None);
+    for r in &mut replicas {
+        r.set_bridge(s.bridge_at(step));
+    }
     let initial_eval_loss = if step < s.steps {
         Some(replicas[0].eval_mean(&eval_windows, s.batch_size)?)
     } else {
@@ -590,6 +623,9 @@ fn train<B: AutodiffBackend>(
             .then(|| losses.iter().sum::<f32>() / losses.len() as f32);
         next_sample += s.batch_size as u64;
         step += 1;
+        for r in &mut replicas {
+            r.set_bridge(s.bridge_at(step));
+        }
         if replicas.len() > 1 && (step.is_multiple_of(s.average_every) || step == s.steps) {
             merging
                 .merge(&mut replicas)
@@ -829,5 +865,22 @@ fn print_summary(s: &TrainSummary) {
                 rise(b.mean)
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TrainSettings;
+
+    #[test]
+    fn the_bridge_ramps_from_one_to_zero_over_the_warmup() {
+        let s = TrainSettings {
+            bottleneck_warmup: 4,
+            ..TrainSettings::default()
+        };
+        let weights: Vec<f64> = (0..6).map(|step| s.bridge_at(step)).collect();
+        assert_eq!(weights, [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]);
+        let off = TrainSettings::default();
+        assert!((0..3).all(|step| off.bridge_at(step) == 0.0));
     }
 }

@@ -106,6 +106,11 @@ impl<B: Backend> BottleneckDecoder<B> {
         }
     }
 
+    /// Width of the boundary tensor it expands (`d_b`).
+    pub fn width(&self) -> usize {
+        self.decoder.weight.dims()[1]
+    }
+
     /// Expands a boundary tensor back to the residual width.
     ///
     /// # Shapes

@@ -304,6 +304,14 @@ impl<B: AutodiffBackend> Pipeline<B> {
         Ok((total / n.max(1) as f64) as f32)
     }
 
+    /// Sets the bridge of every section (the whole residual stream sent beside the
+    /// bottleneck with this weight, [`Section::set_bridge`]); 0 turns it off.
+    pub fn set_bridge(&mut self, bridge: f64) {
+        for s in &mut self.sections {
+            s.set_bridge(bridge);
+        }
+    }
+
     /// One optimizer step in every section at learning rate `lr`.
     pub fn step(&mut self, lr: f64) -> Vec<StepOutcome> {
         self.sections.iter_mut().map(|s| s.step(lr)).collect()

@@ -225,6 +225,32 @@ impl<B: AutodiffBackend> Section<B> {
         (!self.spec.is_tail).then(|| self.config.boundary_width())
     }
 
+    /// Sends the whole residual stream beside the bottleneck with weight `bridge`, and reads
+    /// it when given (a warm-up, see [`SectionModel::bridge`]); 0 turns the bridge off.
+    /// Every section of a model must use the same value. Without a bottleneck nothing changes.
+    pub fn set_bridge(&mut self, bridge: f64) {
+        let bridge = bridge.max(0.0);
+        self.model.bridge = bridge;
+        if let Some(f) = self.forward_model.as_mut() {
+            f.bridge = bridge;
+        }
+    }
+
+    /// Width of the activations received now: [`Self::input_width`], plus the residual
+    /// stream while a bridge is on.
+    fn received_width(&self) -> Option<usize> {
+        let bridged = self.model.bridge > 0.0 && self.spec.bottleneck_in;
+        self.input_width()
+            .map(|w| w + if bridged { self.config.d_model } else { 0 })
+    }
+
+    /// Width of the activations sent now: [`Self::output_width`], plus the residual stream
+    /// while a bridge is on.
+    fn sent_width(&self) -> usize {
+        let bridged = self.model.bridge > 0.0 && self.spec.bottleneck_out;
+        self.config.boundary_width() + if bridged { self.config.d_model } else { 0 }
+    }
+
     /// Whether the section reads the sample's token ids beside its activations
     /// ([`ModelConfig::reembed`]): its input must then be [`SectionInput::HiddenTokens`].
     pub fn reembeds(&self) -> bool {
@@ -260,7 +286,7 @@ impl<B: AutodiffBackend> Section<B> {
             }
             (SectionInput::Tokens(_), _) => None,
         };
-        match (input, hidden, self.input_width()) {
+        match (input, hidden, self.received_width()) {
             (SectionInput::Tokens(t), _, None) => {
                 let [b, s] = t.dims();
                 self.check_seq(s)?;
@@ -473,7 +499,7 @@ impl<B: AutodiffBackend> Section<B> {
             ));
         }
         let [b, s] = self.check_input(&input)?;
-        let width = self.config.boundary_width();
+        let width = self.sent_width();
         if upstream.dims() != [b, s, width] {
             return Err(ModelError::Shape(format!(
                 "gradient for section {} has shape {:?}, expected {:?}",
@@ -513,7 +539,9 @@ impl<B: AutodiffBackend> Section<B> {
             return Err(ModelError::NonFiniteLoss(value));
         }
         let grads = loss.backward();
-        let width = self.config.boundary_width();
+        let width = self
+            .received_width()
+            .unwrap_or(self.config.boundary_width());
         let input_grad = leaf
             .and_then(|x| x.grad(&grads))
             .unwrap_or_else(|| Tensor::zeros([b, s, width], &self.device));

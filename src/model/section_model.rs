@@ -54,6 +54,12 @@ pub struct SectionModel<B: Backend> {
     pub layers: Vec<Block<B>>,
     /// Encoder of the outgoing bottleneck (non-tail sections with a bottleneck).
     pub bottleneck_out: Option<BottleneckEncoder<B>>,
+    /// Weight of the bridge, the whole residual stream sent beside the bottleneck during a
+    /// warm-up (`train.bottleneck_warmup`): a sending section emits `[z, bridge · y]`, where
+    /// `y` is what its last block would send without a bottleneck, and a receiving section given
+    /// that wider tensor adds its second part onto the decoded `z`. 0 (the default): the
+    /// bottleneck alone.
+    pub bridge: f64,
     /// Final norm (tail only).
     pub norm: Option<RmsNorm<B>>,
     /// LM head `[vocab, d_model]` (tail only).
@@ -103,6 +109,7 @@ impl<B: Backend> SectionModel<B> {
             bottleneck_out: spec
                 .bottleneck_out
                 .then(|| BottleneckEncoder::new(init, last, d, w, std, device)),
+            bridge: 0.0,
             norm: spec.is_tail.then(|| RmsNorm::new(d, cfg.norm_eps, device)),
             lm_head: spec
                 .is_tail
@@ -157,8 +164,18 @@ impl<B: Backend> SectionModel<B> {
     /// The section's input as the first block reads it: embedded token ids, or decoded
     /// boundary activations plus the re-embedded ids.
     fn embed(&self, input: SectionInput<B>) -> Tensor<B, 3> {
-        let decode = |z| match &self.bottleneck_in {
-            Some(decoder) => decoder.forward(z),
+        let decode = |z: Tensor<B, 3>| match &self.bottleneck_in {
+            Some(decoder) => {
+                let [_, _, width] = z.dims();
+                let d_b = decoder.width();
+                if width > d_b {
+                    // A bridged input: the bottleneck tensor, then the whole residual stream.
+                    let bridged = z.clone().narrow(2, d_b, width - d_b);
+                    decoder.forward(z.narrow(2, 0, d_b)) + bridged
+                } else {
+                    decoder.forward(z)
+                }
+            }
             None => z,
         };
         match input {
@@ -186,7 +203,15 @@ impl<B: Backend> SectionModel<B> {
         for (i, block) in self.layers.iter().enumerate() {
             let h = attend(i, block, x);
             x = match (&self.bottleneck_out, i + 1 == n) {
-                (Some(encoder), true) => encoder.forward(block.mlp_branch(h.clone()), h),
+                (Some(encoder), true) => {
+                    let m = block.mlp_branch(h.clone());
+                    if self.bridge > 0.0 {
+                        let z = encoder.forward(m.clone(), h.clone());
+                        Tensor::cat(vec![z, (h + m) * self.bridge], 2)
+                    } else {
+                        encoder.forward(m, h)
+                    }
+                }
                 _ => h.clone() + block.mlp_branch(h),
             };
         }

@@ -135,7 +135,46 @@ fn a_reembedding_model_trains_and_every_miners_replay_agrees() {
         replayed_by_one_validator(dir.path(), &["--model", model.to_str().unwrap()]);
     let run = std::fs::read_to_string(dir.path().join("run.yaml")).unwrap();
     assert!(run.contains("reembed: true"), "{run}");
-    let windows = windows(&dir.path().join("validators/validator0"));
+    every_replay_agrees(dir.path(), &stdout, &log);
+}
+
+/// A warm-up without the bottleneck over the first 24 of 40 samples (`--bottleneck-warmup
+/// 24`, no re-embedding): epoch 0's samples and the first half of epoch 1's cross the boundary
+/// `d_model` channels wider, each at its own bridge weight; the rest cross the plain
+/// bottleneck. A validator replaying every miner reproduces the work on both sides of the
+/// hand-over and flags no one.
+#[test]
+fn a_bottleneck_warmup_crosses_the_network_and_every_miners_replay_agrees() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model.yaml");
+    std::fs::write(&model, "preset: tiny\nreembed: false\n").unwrap();
+    let (stdout, log) = replayed_by_one_validator(
+        dir.path(),
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--bottleneck-warmup",
+            "24",
+        ],
+    );
+    let run = std::fs::read_to_string(dir.path().join("run.yaml")).unwrap();
+    assert!(run.contains("bottleneck_warmup: 24"), "{run}");
+    every_replay_agrees(dir.path(), &stdout, &log);
+    // The orchestrator accepts an upload only at its sample's size (the width of
+    // `RunConfig::boundary_shape`, tested with the config), so the run finishing means the
+    // miners sent the wider tensors; the activations themselves are deleted once the validator
+    // has published. The miners say so too.
+    let miner = std::fs::read_to_string(dir.path().join("logs/miner0.log")).unwrap();
+    assert!(
+        miner.contains("in its first 24 samples the boundary tensors are 128 channels wider"),
+        "{miner}"
+    );
+}
+
+/// Asserts that the validator of the run in `dir` finished windows 0 and 1, flagged no miner,
+/// and replayed every item of every miner it tracked, the tail's among them.
+fn every_replay_agrees(dir: &std::path::Path, stdout: &str, log: &str) {
+    let windows = windows(&dir.join("validators/validator0"));
     assert!(
         windows.contains_key(&0) && windows.contains_key(&1),
         "windows {:?}\n{stdout}\n{log}",

@@ -344,7 +344,7 @@ async fn three(h: &Harness) -> [Hotkey; 3] {
 async fn a_sample_goes_round_trip_through_three_miners() {
     let h = harness();
     let [a, b, c] = three(&h).await;
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
 
     let work = h.work(&a, 1).await;
     assert_eq!(work.len(), 1);
@@ -453,7 +453,7 @@ async fn a_sample_goes_round_trip_through_three_miners() {
 async fn bad_uploads_are_refused_and_reoffered() {
     let h = retrying_harness();
     let [a, _, _] = three(&h).await;
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
     let mut nan = activation(&boundary, 1.0);
     let n = nan.len();
     nan[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
@@ -514,7 +514,7 @@ async fn bad_uploads_are_refused_and_reoffered() {
 async fn the_tail_must_report_a_finite_loss() {
     let h = retrying_harness();
     let [a, b, c] = three(&h).await;
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
     let f0 = h.work(&a, 1).await.remove(0);
     assert!(
         h.submit(&a, &f0, Some(activation(&boundary, 0.5)), None)
@@ -543,7 +543,7 @@ async fn the_tail_must_report_a_finite_loss() {
 async fn deadlines_reoffer_forwards_and_drop_backwards() {
     let h = retrying_harness();
     let [a, b, c] = three(&h).await;
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
     let f0 = h.work(&a, 1).await.remove(0);
     h.advance(10_001);
     // The upload URL has expired with the deadline.
@@ -847,7 +847,7 @@ async fn restart_from_the_same_data_dir_keeps_everything() {
         }
         h.now.store(now_ms(), Ordering::SeqCst);
         let f0 = h.work(&a, 1).await.remove(0);
-        let bytes = activation(&h.state.config.boundary_shape(), 0.5);
+        let bytes = activation(&h.state.config.boundary_shape(0), 0.5);
         assert!(h.submit(&a, &f0, Some(bytes), None).await.accepted);
         secret_before = std::fs::read_to_string(dir.path().join("blob_secret")).unwrap();
     }
@@ -1099,7 +1099,7 @@ async fn r9_a_refused_miners_stale_url_cannot_overwrite_the_next_attempt() {
     let [a, _, _] = three(&h).await;
     let a2 = key("//Dave");
     assert_eq!(h.register(&a2).await.section, 0);
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
     let first = h.work(&a, 1).await.remove(0);
     let r = h
         .submit(&a, &first, Some(activation(&[2, 8, 1], 9.0)), None)
@@ -1142,7 +1142,7 @@ async fn r9_a_refused_miners_stale_url_cannot_overwrite_the_next_attempt() {
 async fn r9_an_accepted_output_cannot_be_swapped_afterwards() {
     let h = harness();
     let [a, b, _] = three(&h).await;
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
     let f0 = h.work(&a, 1).await.remove(0);
     let good = activation(&boundary, 0.5);
     assert!(h.submit(&a, &f0, Some(good.clone()), None).await.accepted);
@@ -1163,7 +1163,7 @@ async fn evaluation_work_runs_forward_only_and_its_loss_reaches_the_status() {
         Repository::open_in_memory().unwrap(),
     );
     let [a, b, c] = three(&h).await;
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
     // Evaluation of the starting weights comes first: 4 windows in samples of 2.
     let evals = h.work(&a, 2).await;
     assert_eq!(evals.len(), 2);
@@ -1243,7 +1243,7 @@ async fn round_trip(h: &Harness, keys: &[Hotkey; 3], f0: &Assignment) {
 /// Takes head forward `f0` of `keys[0]` through the middle and tail miners and back, up to
 /// the head backward, which it returns (handed out, not submitted).
 async fn until_head_backward(h: &Harness, [a, b, c]: &[Hotkey; 3], f0: &Assignment) -> Assignment {
-    let boundary = h.state.config.boundary_shape();
+    let boundary = h.state.config.boundary_shape(0);
     let accepted = |r: SubmitResponse| assert!(r.accepted, "{r:?}");
     accepted(
         h.submit(a, f0, Some(activation(&boundary, 0.5)), None)

@@ -104,6 +104,12 @@ pub struct MinerSettings {
     /// backwards); see [`crate::compute::engine`].
     #[serde(default)]
     pub samples_per_step: u64,
+    /// Length of the warm-up without the bottleneck, counted like the schedule (samples, or
+    /// synchronous steps); 0: none. While it lasts, the boundary tensors of a sample are
+    /// `d_model` channels wider: the whole residual stream crosses beside the bottleneck,
+    /// weighted by [`crate::model::bridge_weight`] at the sample's place.
+    #[serde(default)]
+    pub bottleneck_warmup: u64,
     /// Seconds between heartbeats.
     pub heartbeat_s: u64,
 }

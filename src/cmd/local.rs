@@ -112,6 +112,12 @@ pub struct LocalArgs {
     /// counting steps (`--merge-every` must be a multiple of G; ignored with --config).
     #[arg(long, value_name = "G", default_value_t = 0)]
     pub samples_per_step: u64,
+    /// A warm-up without the bottleneck over the first N samples (N synchronous steps with
+    /// `--samples-per-step`): the whole residual stream also crosses each boundary, weighted
+    /// from 1 down to 0, so those samples' boundary tensors are `d_model` channels wider (the
+    /// run config's `bottleneck_warmup`; ignored with --config).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub bottleneck_warmup: u64,
     /// Forwards each miner may hold awaiting their backward (the run config's
     /// `max_in_flight`; ignored with --config). Fewer keeps the asynchronous backward closer
     /// to its forward's weights (Performance, Learning: 2 with `--merge-every 20` comes within
@@ -392,6 +398,7 @@ pub fn generated_config(
         "heartbeat_s": 2,
         "batches_before_merging": args.merge_every,
         "samples_per_step": args.samples_per_step,
+        "bottleneck_warmup": args.bottleneck_warmup,
         "eval_every": args.eval_every,
         "max_samples": args.samples,
         "merge": {

@@ -164,11 +164,7 @@ impl TrainSettings {
     /// The bridge's weight for the step after `step` steps: a linear ramp from 1 to 0 over
     /// `bottleneck_warmup` steps, then 0.
     fn bridge_at(&self, step: u64) -> f64 {
-        if step >= self.bottleneck_warmup {
-            0.0
-        } else {
-            1.0 - step as f64 / self.bottleneck_warmup as f64
-        }
+        crate::model::bridge_weight(step, self.bottleneck_warmup)
     }
 }
 
@@ -587,7 +583,7 @@ fn train<B: AutodiffBackend>(
         r.set_bridge(s.bridge_at(step));
     }
     let initial_eval_loss = if step < s.steps {
-        Some(replicas[0].eval_mean(&eval_windows, s.batch_size)?)
+        Some(replicas[0].eval_mean_plain(&eval_windows, s.batch_size)?)
     } else {
         None
     };
@@ -636,7 +632,7 @@ fn train<B: AutodiffBackend>(
         let tokens_per_s = tokens_done as f64 / started.elapsed().as_secs_f64().max(1e-9);
         let evaluate = step == s.steps || s.evaluates_after(step);
         let this_eval = if evaluate {
-            let e = pipeline.eval_mean(&eval_windows, s.batch_size)?;
+            let e = pipeline.eval_mean_plain(&eval_windows, s.batch_size)?;
             eval_loss = Some(e);
             Some(e)
         } else {
@@ -680,7 +676,7 @@ fn train<B: AutodiffBackend>(
                 .with_context(|| format!("merging the replicas through {}", s.merge_wire))?;
         }
         if stepped && !s.evaluates_after(step) {
-            eval_loss = Some(replicas[0].eval_mean(&eval_windows, s.batch_size)?);
+            eval_loss = Some(replicas[0].eval_mean_plain(&eval_windows, s.batch_size)?);
         }
         println!(
             "stopped early at step {step} of {} (--resume continues)",

@@ -86,6 +86,11 @@ pub struct EngineSettings {
     /// Samples per synchronous optimizer step (see the module docs); 0: asynchronous steps
     /// every `local_steps` backwards.
     pub samples_per_step: u64,
+    /// Length of the warm-up without the bottleneck, counted like the learning-rate schedule
+    /// ([`Self::schedule_index`]); 0: none. Each sample's work runs with the bridge weight of
+    /// its place ([`crate::model::bridge_weight`]), so its boundary tensors are `d_model`
+    /// channels wider while the weight is above 0. Evaluations run the plain model.
+    pub bottleneck_warmup: u64,
 }
 
 impl EngineSettings {
@@ -99,6 +104,7 @@ impl EngineSettings {
             capacity: settings.max_in_flight.max(1),
             samples_per_step: settings.samples_per_step,
             retain_graphs: true,
+            bottleneck_warmup: settings.bottleneck_warmup,
         }
     }
 
@@ -109,6 +115,11 @@ impl EngineSettings {
             0 => sample,
             g => sample / g,
         }
+    }
+
+    /// The warm-up bridge's weight for `sample`'s work ([`Self::bottleneck_warmup`]).
+    pub fn bridge_at(&self, sample: u64) -> f64 {
+        crate::model::bridge_weight(self.schedule_index(sample), self.bottleneck_warmup)
     }
 }
 
@@ -257,25 +268,33 @@ impl<B: AutodiffBackend> Engine<B> {
         let started = std::time::Instant::now();
         let mut engine = Self::new(section.clone(), settings);
         let sample = 0;
-        let input = match engine.section.input_width() {
+        // The evaluation reads the plain boundary; sample 0's work the warm-up's wider one.
+        let input = |width: usize| match engine.section.input_width() {
             None => CachedInput::Tokens {
                 ids: vec![0; batch * seq],
                 shape: [batch, seq],
             },
-            Some(width) => CachedInput::Hidden {
-                data: throwaway_values(batch * seq * width),
-                shape: [batch, seq, width],
-                tokens: engine.section.reembeds().then(|| vec![0; batch * seq]),
-            },
+            Some(plain) => {
+                let width = plain + width;
+                CachedInput::Hidden {
+                    data: throwaway_values(batch * seq * width),
+                    shape: [batch, seq, width],
+                    tokens: engine.section.reembeds().then(|| vec![0; batch * seq]),
+                }
+            }
         };
+        let config = engine.section.config();
+        let extra =
+            config.boundary_width_with_bridge(settings.bridge_at(sample)) - config.boundary_width();
+        let (eval_input, input) = (input(0), input(extra));
         let trained = if engine.section.spec().is_tail {
             let targets = vec![0; batch * seq];
-            engine.eval_tail(&input, &targets, [batch, seq])?;
+            engine.eval_tail(&eval_input, &targets, [batch, seq])?;
             engine
                 .train_tail(sample, input, &targets, [batch, seq])?
                 .step
         } else {
-            engine.eval_forward(&input)?;
+            engine.eval_forward(&eval_input)?;
             let out = engine.forward(sample, input)?.output;
             let upstream = Activations {
                 data: throwaway_values(out.data.len()),
@@ -372,6 +391,7 @@ impl<B: AutodiffBackend> Engine<B> {
     /// The tail, or an input of the wrong kind or shape.
     pub fn forward(&mut self, sample: u64, input: CachedInput) -> Result<Forwarded, EngineError> {
         let step = self.enter(sample);
+        self.bridge_for(Some(sample));
         let version = self.version;
         // Steps that will be applied before this sample's backward (backwards come in the
         // order of their forwards).
@@ -439,6 +459,7 @@ impl<B: AutodiffBackend> Engine<B> {
         let targets = self.token_tensor(targets, targets_shape)?;
         let input = self.owned_input(input)?;
         let entered = self.enter(sample);
+        self.bridge_for(Some(sample));
         let version = self.version;
         let out = self.section.train_tail(input, targets)?;
         let grad = to_host(out.input_grad)?;
@@ -468,6 +489,7 @@ impl<B: AutodiffBackend> Engine<B> {
             .cache
             .take(sample)
             .ok_or(EngineError::CacheMiss { sample })?;
+        self.bridge_for(Some(sample));
         let upstream = Tensor::<Inner<B>, 3>::from_data(
             TensorData::new(upstream.data, upstream.shape),
             self.section.device(),
@@ -507,7 +529,8 @@ impl<B: AutodiffBackend> Engine<B> {
     ///
     /// # Errors
     /// The tail, or an input of the wrong kind or shape.
-    pub fn eval_forward(&self, input: &CachedInput) -> Result<Activations, EngineError> {
+    pub fn eval_forward(&mut self, input: &CachedInput) -> Result<Activations, EngineError> {
+        self.bridge_for(None);
         let out = self.section.forward_at(&self.base, self.to_input(input)?)?;
         Ok(to_host(out)?)
     }
@@ -517,11 +540,12 @@ impl<B: AutodiffBackend> Engine<B> {
     /// # Errors
     /// Not the tail, or wrong shapes.
     pub fn eval_tail(
-        &self,
+        &mut self,
         input: &CachedInput,
         targets: &[u32],
         targets_shape: [usize; 2],
     ) -> Result<f32, EngineError> {
+        self.bridge_for(None);
         let targets = self.token_tensor(targets, targets_shape)?;
         Ok(self
             .section
@@ -533,6 +557,13 @@ impl<B: AutodiffBackend> Engine<B> {
     /// backwards left over, which are otherwise dropped with the epoch).
     pub fn flush(&mut self) -> Option<StepRecord> {
         self.apply_step()
+    }
+
+    /// Sets the section's warm-up bridge for the work of `sample` (`None`: an evaluation,
+    /// which runs the plain model).
+    fn bridge_for(&mut self, sample: Option<u64>) {
+        let bridge = sample.map_or(0.0, |s| self.settings.bridge_at(s));
+        self.section.set_bridge(bridge);
     }
 
     /// Synchronous mode: the first work of a later step applies the earlier step's gradients.
@@ -708,6 +739,7 @@ mod tests {
             capacity: 4,
             samples_per_step: 0,
             retain_graphs: true,
+            bottleneck_warmup: 0,
         };
         set(&mut settings);
         // The single-process chain's optimizer (no growth of beta1 with staleness), so engines
@@ -1095,6 +1127,74 @@ mod tests {
             body.backward(9, activations(9)),
             Err(EngineError::CacheMiss { sample: 9 })
         ));
+    }
+
+    /// Sample `s`'s values at `width` channels.
+    fn activations_of_width(s: u64, width: usize) -> Activations {
+        Activations {
+            data: (0..2 * 8 * width)
+                .map(|i| ((i as u64 * 3 + s) as f32 * 0.37).sin())
+                .collect(),
+            shape: [2, 8, width],
+        }
+    }
+
+    #[test]
+    fn the_bottleneck_warmup_widens_its_samples_boundary_and_leaves_evaluation_plain() {
+        let (w, d) = (cfg().boundary_width(), cfg().d_model);
+        let wide_input = |s: u64| {
+            let a = activations_of_width(s + 100, w + d);
+            CachedInput::Hidden {
+                data: a.data,
+                shape: a.shape,
+                tokens: Some(ids(s)),
+            }
+        };
+        let plain_eval = engine(1, true, 1).eval_forward(&input(5)).unwrap();
+        for retain_graphs in [true, false] {
+            let mut warm = engine_set(1, |s| {
+                s.bottleneck_warmup = 2;
+                s.retain_graphs = retain_graphs;
+            });
+            assert_eq!(warm.eval_forward(&input(5)).unwrap(), plain_eval);
+            assert!(
+                warm.forward(0, input(0)).is_err(),
+                "sample 0 crosses the bridged boundary"
+            );
+            let out = warm.forward(0, wide_input(0)).unwrap().output;
+            assert_eq!(out.shape, [2, 8, w + d]);
+            // Evaluations run the plain model between a sample's forward and its backward.
+            assert_eq!(warm.eval_forward(&input(5)).unwrap(), plain_eval);
+            let grad = warm
+                .backward(0, activations_of_width(0, w + d))
+                .unwrap()
+                .grad
+                .unwrap();
+            assert_eq!(grad.shape, [2, 8, w + d]);
+            // Sample 2 is past the warm-up.
+            let out = warm.forward(2, input(2)).unwrap().output;
+            assert_eq!(out.shape, [2, 8, w]);
+            let grad = warm.backward(2, activations(2)).unwrap().grad.unwrap();
+            assert_eq!(grad.shape, [2, 8, w]);
+        }
+        // A miner's warm-up before its first work evaluates on the plain boundary and trains
+        // on sample 0's bridged one, in every section.
+        for i in 0..3 {
+            let settings = *engine_set(i, |s| s.bottleneck_warmup = 2).settings();
+            let section = Section::<TestAutodiff>::new(
+                &cfg(),
+                i,
+                3,
+                OptimizerConfig::default(),
+                &Default::default(),
+            )
+            .unwrap();
+            let (_, w) = Engine::warmed(section, settings, [2, 8]).unwrap();
+            assert!(
+                matches!(w.step, Some(StepOutcome::Applied { .. })),
+                "section {i}: {w:?}"
+            );
+        }
     }
 
     #[test]

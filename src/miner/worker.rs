@@ -333,6 +333,16 @@ async fn mine<B: AutodiffBackend>(
         [settings.batch_size, settings.seq_len],
     )?;
     eprintln!("iota mine: warmed up in {:.1} s", warm.took.as_secs_f64());
+    if settings.bottleneck_warmup > 0 {
+        let unit = match settings.samples_per_step {
+            0 => "samples",
+            _ => "synchronous steps",
+        };
+        eprintln!(
+            "iota mine: the run starts with a warm-up without the bottleneck: in its first {} {unit} the boundary tensors are {} channels wider",
+            settings.bottleneck_warmup, reg.model.d_model
+        );
+    }
     tracing::info!(took_ms = warm.took.as_millis() as u64, step = ?warm.step, "warm-up done");
     let copier = match (options.adversary, &options.copy_from) {
         (Some(a), Some(dir)) if a.copies_uploads() => Some(

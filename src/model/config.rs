@@ -348,6 +348,14 @@ impl ModelConfig {
         }
     }
 
+    /// Width of the boundary tensors while the warm-up's bridge has weight `bridge`
+    /// ([`crate::model::SectionModel::bridge`]): [`Self::boundary_width`], plus the whole
+    /// residual stream while the bridge is on in a model with a bottleneck.
+    pub fn boundary_width_with_bridge(&self, bridge: f64) -> usize {
+        let bridged = self.bottleneck && bridge > 0.0;
+        self.boundary_width() + if bridged { self.d_model } else { 0 }
+    }
+
     /// Multiplier of the re-embedded token ids (see [`Self::reembed`]).
     pub fn reembed_scale(&self) -> f64 {
         self.reembed_scale

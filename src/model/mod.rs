@@ -41,7 +41,7 @@ pub use optimizer::OptimizerConfig;
 pub use params::NamedTensor;
 pub use schedule::LrSchedule;
 pub use section::{Retained, Section, SectionStats, StepOutcome};
-pub use section_model::{SectionInput, SectionModel};
+pub use section_model::{SectionInput, SectionModel, bridge_weight};
 
 /// Errors of the model core.
 #[derive(Debug, thiserror::Error)]

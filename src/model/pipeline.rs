@@ -304,6 +304,19 @@ impl<B: AutodiffBackend> Pipeline<B> {
         Ok((total / n.max(1) as f64) as f32)
     }
 
+    /// [`Self::eval_mean`] of the plain model: the warm-up's bridge ([`Self::set_bridge`]) is
+    /// off for the evaluation and back on after it, as the network evaluates.
+    ///
+    /// # Errors
+    /// As [`Self::eval_mean`].
+    pub fn eval_mean_plain(&mut self, windows: &[&[u32]], batch: usize) -> Result<f32, ModelError> {
+        let bridge = self.sections.first().map_or(0.0, Section::bridge);
+        self.set_bridge(0.0);
+        let loss = self.eval_mean(windows, batch);
+        self.set_bridge(bridge);
+        loss
+    }
+
     /// Sets the bridge of every section (the whole residual stream sent beside the
     /// bottleneck with this weight, [`Section::set_bridge`]); 0 turns it off.
     pub fn set_bridge(&mut self, bridge: f64) {

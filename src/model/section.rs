@@ -10,6 +10,7 @@
 //! were after the last good step. Each skipped step is counted in [`SectionStats`]. A step
 //! whose result would be non-finite is discarded the same way before it is committed.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -236,6 +237,23 @@ impl<B: AutodiffBackend> Section<B> {
         }
     }
 
+    /// The bridge's weight now ([`Self::set_bridge`]).
+    pub fn bridge(&self) -> f64 {
+        self.model.bridge
+    }
+
+    /// `weights` with this section's bridge ([`Self::set_bridge`]), which governs every
+    /// forward whatever the bridge was when the weights were kept.
+    fn bridged<'a, M: Backend>(&self, weights: &'a SectionModel<M>) -> Cow<'a, SectionModel<M>> {
+        if weights.bridge == self.model.bridge {
+            Cow::Borrowed(weights)
+        } else {
+            let mut w = weights.clone();
+            w.bridge = self.model.bridge;
+            Cow::Owned(w)
+        }
+    }
+
     /// Width of the activations received now: [`Self::input_width`], plus the residual
     /// stream while a bridge is on.
     fn received_width(&self) -> Option<usize> {
@@ -247,8 +265,12 @@ impl<B: AutodiffBackend> Section<B> {
     /// Width of the activations sent now: [`Self::output_width`], plus the residual stream
     /// while a bridge is on.
     fn sent_width(&self) -> usize {
-        let bridged = self.model.bridge > 0.0 && self.spec.bottleneck_out;
-        self.config.boundary_width() + if bridged { self.config.d_model } else { 0 }
+        let bridge = if self.spec.bottleneck_out {
+            self.model.bridge
+        } else {
+            0.0
+        };
+        self.config.boundary_width_with_bridge(bridge)
     }
 
     /// Whether the section reads the sample's token ids beside its activations
@@ -370,7 +392,7 @@ impl<B: AutodiffBackend> Section<B> {
             ));
         }
         self.check_input(&input)?;
-        Ok(weights.forward(input))
+        Ok(self.bridged(weights).forward(input))
     }
 
     /// [`Self::forward`] with a graph: returns the output and the graph, which
@@ -407,15 +429,9 @@ impl<B: AutodiffBackend> Section<B> {
         }
         self.check_input(&input)?;
         let (input, leaf) = self.to_autodiff(input);
+        let weights = self.bridged(weights).into_owned();
         let out = weights.forward(input);
-        Ok((
-            out.clone().inner(),
-            Retained {
-                out,
-                leaf,
-                weights: weights.clone(),
-            },
-        ))
+        Ok((out.clone().inner(), Retained { out, leaf, weights }))
     }
 
     /// The backward of a retained forward with the upstream gradient `upstream`: as
@@ -509,7 +525,7 @@ impl<B: AutodiffBackend> Section<B> {
             )));
         }
         let (input, leaf) = self.to_autodiff(input);
-        let out = weights.forward(input);
+        let out = self.bridged(weights).forward(input);
         let grads = (out * Tensor::<B, 3>::from_inner(upstream))
             .sum()
             .backward();
@@ -579,7 +595,7 @@ impl<B: AutodiffBackend> Section<B> {
         targets: Tensor<Inner<B>, 2, Int>,
     ) -> Result<f32, ModelError> {
         self.check_tail(&input, &targets)?;
-        Ok(scalar(weights.loss(input, targets)) as f32)
+        Ok(scalar(self.bridged(weights).loss(input, targets)) as f32)
     }
 
     fn check_tail(

@@ -38,6 +38,18 @@ impl<B: Backend> SectionInput<B> {
     }
 }
 
+/// The bridge's weight ([`SectionModel::bridge`]) at `position` of a warm-up of `warmup`
+/// positions: a linear ramp from 1 at position 0 down to 0 at `warmup`, then 0. `iota train`
+/// counts positions in optimizer steps; the network in samples, like its learning-rate
+/// schedule (its samples, or its synchronous steps).
+pub fn bridge_weight(position: u64, warmup: u64) -> f64 {
+    if position >= warmup {
+        0.0
+    } else {
+        1.0 - position as f64 / warmup as f64
+    }
+}
+
 /// Parameters and forward pass of one section.
 #[derive(Module, Debug)]
 pub struct SectionModel<B: Backend> {

@@ -326,6 +326,8 @@ struct RawRunConfig {
     single_lane_max_in_flight: usize,
     #[serde(default)]
     samples_per_step: u64,
+    #[serde(default)]
+    bottleneck_warmup: u64,
     #[serde(default = "default_eval_samples")]
     eval_samples: usize,
     #[serde(default = "default_one")]
@@ -653,6 +655,12 @@ pub struct RunConfig {
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
     /// step (0: asynchronous steps every `local_steps` backwards).
     pub samples_per_step: u64,
+    /// Length of the warm-up without the bottleneck, counted like the learning-rate schedule
+    /// (samples, or synchronous steps with `samples_per_step`); 0: none. While it lasts the
+    /// whole residual stream also crosses each boundary, weighted from 1 down to 0
+    /// ([`crate::model::bridge_weight`]), so a sample's boundary tensors are `d_model`
+    /// channels wider ([`Self::boundary_shape`]). Evaluations run the plain model.
+    pub bottleneck_warmup: u64,
     /// Held-out windows evaluated through the network at the start of an evaluated epoch (0:
     /// none).
     pub eval_samples: usize,
@@ -806,6 +814,15 @@ impl RunConfig {
                     "needs a finite lr >= 0 and a momentum in [0, 1)".into(),
                 ));
             }
+        }
+        if raw.bottleneck_warmup > 0 && !model.bottleneck {
+            return Err(invalid(
+                "bottleneck_warmup",
+                format!(
+                    "is {} but the model has no bottleneck to warm up (model.bottleneck is false)",
+                    raw.bottleneck_warmup
+                ),
+            ));
         }
         if raw.samples_per_step > 0 {
             if raw.local_steps != 1 || raw.lookahead {
@@ -1063,6 +1080,7 @@ impl RunConfig {
             early_merge_samples: raw.early_merge_samples,
             early_merge_every: raw.early_merge_every,
             samples_per_step: raw.samples_per_step,
+            bottleneck_warmup: raw.bottleneck_warmup,
             eval_samples: raw.eval_samples,
             eval_every: raw.eval_every,
             // Synchronous steps have no stale gradients: beta1 does not grow with staleness.
@@ -1108,9 +1126,40 @@ impl RunConfig {
         }
     }
 
-    /// Shape of a boundary tensor (activation or gradient): `[batch, seq, width]`.
-    pub fn boundary_shape(&self) -> Vec<usize> {
-        vec![self.batch_size, self.seq_len, self.model.boundary_width()]
+    /// Shape of sample `sample`'s boundary tensors (activations and gradients):
+    /// `[batch, seq, width]`, `d_model` channels wider during the warm-up without the
+    /// bottleneck ([`Self::bottleneck_warmup`]).
+    pub fn boundary_shape(&self, sample: u64) -> Vec<usize> {
+        let place = match self.samples_per_step {
+            0 => sample,
+            g => sample / g,
+        };
+        let bridge = crate::model::bridge_weight(place, self.bottleneck_warmup);
+        vec![
+            self.batch_size,
+            self.seq_len,
+            self.model.boundary_width_with_bridge(bridge),
+        ]
+    }
+
+    /// The settings every miner of the run follows (and a validator replays with), with a
+    /// miner's bound of forwards awaiting their backward.
+    pub fn miner_settings(&self, max_in_flight: usize) -> crate::api::MinerSettings {
+        crate::api::MinerSettings {
+            local_steps: self.local_steps,
+            max_in_flight,
+            wire: self.wire,
+            seq_len: self.seq_len,
+            batch_size: self.batch_size,
+            seed: self.seed,
+            optimizer: self.optimizer,
+            schedule: self.schedule,
+            weight_stashing: self.weight_stashing,
+            lookahead: self.lookahead,
+            samples_per_step: self.samples_per_step,
+            bottleneck_warmup: self.bottleneck_warmup,
+            heartbeat_s: self.heartbeat_s,
+        }
     }
 
     /// Shape of the token ids and targets of one sample unit: `[batch, seq]`.
@@ -1228,6 +1277,36 @@ mod tests {
     }
 
     #[test]
+    fn the_bottleneck_warmup_widens_the_boundary_of_its_samples_only() {
+        let cfg = RunConfig::from_yaml("run: r\nbottleneck_warmup: 4\n").unwrap();
+        let (w, d) = (cfg.model.boundary_width(), cfg.model.d_model);
+        assert!(w < d);
+        let widths = |cfg: &RunConfig, samples: &[u64]| -> Vec<usize> {
+            samples.iter().map(|&s| cfg.boundary_shape(s)[2]).collect()
+        };
+        assert_eq!(widths(&cfg, &[0, 3, 4, 5]), [w + d, w + d, w, w]);
+        // Evaluation samples (ids far past any training sample) cross the plain boundary.
+        assert_eq!(widths(&cfg, &[1 << 48]), [w]);
+        // Synchronous steps count the warm-up in steps, like the schedule.
+        let sync = RunConfig::from_yaml(
+            "run: r\nbottleneck_warmup: 2\nsamples_per_step: 4\nbatches_before_merging: 8\n",
+        )
+        .unwrap();
+        assert_eq!(widths(&sync, &[0, 7, 8]), [w + d, w + d, w]);
+        let off = RunConfig::from_yaml("run: r\n").unwrap();
+        assert_eq!(widths(&off, &[0]), [w]);
+        let err = RunConfig::from_yaml(
+            "run: r\nmodel: {preset: tiny, bottleneck: false}\nbottleneck_warmup: 4\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("`bottleneck_warmup`") && err.contains("no bottleneck"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn overrides_are_applied() {
         let yaml = "run: r2\nmodel: {preset: tiny, n_layers: 6, sections: [[0,2],[2,4],[4,6]]}\n\
                     batch_size: 2\nseq_len: 16\nwire: f32\ndeadlines: {forward_s: 5}\n\
@@ -1239,7 +1318,7 @@ mod tests {
         assert_eq!(cfg.deadlines.forward_s, 5);
         assert_eq!(cfg.deadlines.backward_s, 60);
         assert_eq!(cfg.max_samples, Some(10));
-        assert_eq!(cfg.boundary_shape()[..2], [2, 16]);
+        assert_eq!(cfg.boundary_shape(0)[..2], [2, 16]);
     }
 
     #[test]

@@ -59,7 +59,7 @@ pub fn input_of(state: &AppState, row: &AssignmentRow) -> (ObjectKey, Vec<usize>
             .keys
             .activation(row.epoch, row.sample, section_u32(producer), direction),
     };
-    (key, c.boundary_shape())
+    (key, c.boundary_shape(row.sample))
 }
 
 /// The direction of the result `row` produces (`None`: nothing to upload).
@@ -91,7 +91,7 @@ fn attempt_key(
             row.id,
             copy,
         ),
-        state.config.boundary_shape(),
+        state.config.boundary_shape(row.sample),
     ))
 }
 

@@ -521,11 +521,17 @@ mod tests {
             weight_stashing: true,
             lookahead: false,
             samples_per_step: 0,
+            bottleneck_warmup: 0,
             heartbeat_s: 1,
         }
     }
 
     fn engine(cfg: &ModelConfig, index: usize) -> Engine<TestAutodiff> {
+        engine_with(cfg, index, 0)
+    }
+
+    /// [`engine`] with a warm-up without the bottleneck of `warmup` samples.
+    fn engine_with(cfg: &ModelConfig, index: usize, warmup: u64) -> Engine<TestAutodiff> {
         let section = Section::<TestAutodiff>::new(
             cfg,
             index,
@@ -534,13 +540,17 @@ mod tests {
             &Default::default(),
         )
         .unwrap();
-        Engine::new(section, EngineSettings::for_miner(&settings()))
+        let settings = MinerSettings {
+            bottleneck_warmup: warmup,
+            ..settings()
+        };
+        Engine::new(section, EngineSettings::for_miner(&settings))
     }
 
-    /// Sample `s`'s input to section 1 of `cfg`, with its token ids where the section
-    /// re-embeds them.
-    fn act(s: u64, cfg: &ModelConfig) -> CachedInput {
-        let w = cfg.boundary_width();
+    /// Sample `s`'s input to section 1 of `cfg` during a warm-up of `warmup` samples (as wide
+    /// as sample `s`'s boundary is then), with its token ids where the section re-embeds them.
+    fn act_with(s: u64, cfg: &ModelConfig, warmup: u64) -> CachedInput {
+        let w = cfg.boundary_width_with_bridge(crate::model::bridge_weight(s, warmup));
         CachedInput::Hidden {
             data: (0..2 * 8 * w)
                 .map(|i| ((i as f32 + s as f32) * 0.37).sin())
@@ -555,8 +565,14 @@ mod tests {
     /// A miner's engine doing forwards and backwards of four samples, interleaved the way a
     /// pipeline interleaves them; the trace it leaves behind.
     fn miner_trace(cfg: &ModelConfig) -> (Vec<ReplayItem>, Vec<f32>) {
-        let mut miner = engine(cfg, 1);
+        miner_trace_with(cfg, 0)
+    }
+
+    /// [`miner_trace`] during a warm-up of `warmup` samples.
+    fn miner_trace_with(cfg: &ModelConfig, warmup: u64) -> (Vec<ReplayItem>, Vec<f32>) {
+        let mut miner = engine_with(cfg, 1, warmup);
         let mut trace = Vec::new();
+        let act = |s: u64, cfg: &ModelConfig| act_with(s, cfg, warmup);
         let forward = |m: &mut Engine<TestAutodiff>, trace: &mut Vec<ReplayItem>, s: u64| {
             let f = m.forward(s, act(s, cfg)).unwrap();
             trace.push(ReplayItem {
@@ -569,9 +585,12 @@ mod tests {
             });
         };
         let backward = |m: &mut Engine<TestAutodiff>, trace: &mut Vec<ReplayItem>, s: u64| {
-            let CachedInput::Hidden { data, shape, .. } = act(s + 100, cfg) else {
-                unreachable!()
-            };
+            // Sample `s`'s width, other values than its input's.
+            let w = cfg.boundary_width_with_bridge(crate::model::bridge_weight(s, warmup));
+            let data: Vec<f32> = (0..2 * 8 * w)
+                .map(|i| ((i as f32 + (s + 100) as f32) * 0.37).sin())
+                .collect();
+            let shape = [2, 8, w];
             let b = m
                 .backward(
                     s,
@@ -609,7 +628,16 @@ mod tests {
 
     /// Replays all of `trace` on a fresh engine of section 1, asserting every item passes.
     fn replay_all(cfg: &ModelConfig, trace: &[ReplayItem]) -> Replayer<TestAutodiff> {
-        let mut replay = Replayer::new(engine(cfg, 1), ReplaySettings::default());
+        replay_all_with(cfg, trace, 0)
+    }
+
+    /// [`replay_all`] with the run's warm-up of `warmup` samples.
+    fn replay_all_with(
+        cfg: &ModelConfig,
+        trace: &[ReplayItem],
+        warmup: u64,
+    ) -> Replayer<TestAutodiff> {
+        let mut replay = Replayer::new(engine_with(cfg, 1, warmup), ReplaySettings::default());
         for item in trace.iter().cloned() {
             let check = replay.apply(item).unwrap();
             assert!(
@@ -693,5 +721,35 @@ mod tests {
         }
         let why = replay.stats().verdict(0.5);
         assert!(why.is_some(), "{:?}", replay.stats());
+    }
+
+    #[test]
+    fn a_replay_follows_the_bottleneck_warmup_sample_by_sample() {
+        let cfg = ModelConfig::preset("tiny").unwrap();
+        let (w, d) = (cfg.boundary_width(), cfg.d_model);
+        let layout = crate::model::layout::section_layout(&cfg, 1).unwrap();
+        // Samples 0-2 cross the bridged boundary at weights 1, 2/3 and 1/3; sample 3 the plain
+        // one.
+        let (trace, end_state) = miner_trace_with(&cfg, 3);
+        let widths: Vec<usize> = trace
+            .iter()
+            .filter(|i| i.kind == WorkKind::Forward)
+            .map(|i| i.output.as_ref().unwrap().len() / 16)
+            .collect();
+        assert_eq!(widths, [w + d, w + d, w + d, w]);
+        let mut replay = replay_all_with(&cfg, &trace, 3);
+        assert_eq!(replay.stats().failed, 0);
+        assert_eq!(replay.export_flat(&layout).unwrap(), end_state);
+        // Without the warm-up the same samples train the section to other weights.
+        let (_, plain_end) = miner_trace(&cfg);
+        assert_ne!(plain_end, end_state);
+        // A miner that kept the bridge at full weight (a warm-up of its own) is caught on the
+        // first sample whose weight differs.
+        let (mut long, _) = miner_trace_with(&cfg, 1000);
+        long.truncate(2);
+        let mut replay = Replayer::new(engine_with(&cfg, 1, 3), ReplaySettings::default());
+        assert!(replay.apply(long[0].clone()).unwrap().failure.is_none());
+        let second = replay.apply(long[1].clone()).unwrap();
+        assert!(second.failure.is_some(), "{second:?}");
     }
 }

@@ -137,6 +137,11 @@ pub struct BenchLearningArgs {
     /// Variant: forwards at the weights extrapolated to the step their gradient is applied at.
     #[arg(long)]
     pub lookahead: bool,
+    /// Both runs: a warm-up without the bottleneck over the first N `iota train` steps (the
+    /// network's first N samples, or N synchronous steps): `iota train --bottleneck-warmup N`
+    /// and the run config's `bottleneck_warmup`.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub bottleneck_warmup: u64,
     /// Variant: AdamW's first-moment decay of the miners (default: `iota train`'s).
     #[arg(long, value_name = "BETA1")]
     pub beta1: Option<f64>,
@@ -279,6 +284,9 @@ struct TrainKey {
     /// `--text-column`.
     #[serde(default)]
     text_column: Option<String>,
+    /// `--bottleneck-warmup` (saved runs from before it had none).
+    #[serde(default)]
+    bottleneck_warmup: u64,
 }
 
 fn synthetic() -> String {
@@ -305,6 +313,7 @@ impl BenchLearningArgs {
             model: self.model.as_deref().map(model_overrides).transpose()?,
             data: self.data.clone(),
             text_column: self.text_column.clone(),
+            bottleneck_warmup: self.bottleneck_warmup / ways,
         })
     }
 
@@ -360,6 +369,9 @@ impl BenchLearningArgs {
                 " --early-merge {} --early-merge-every {}",
                 self.early_merge, self.early_merge_every
             ));
+        }
+        if self.bottleneck_warmup > 0 {
+            v.push_str(&format!(" --bottleneck-warmup {}", self.bottleneck_warmup));
         }
         if self.lookahead {
             v.push_str(" --lookahead");
@@ -577,6 +589,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         .args(["--eval-every", &key.eval_every.to_string()])
         .args(["--wire", &args.wire.to_string()])
         .args(["--seed", &args.seed.to_string()])
+        .args(["--bottleneck-warmup", &key.bottleneck_warmup.to_string()])
         .args(["--data", &key.data])
         .args(
             key.text_column
@@ -661,6 +674,8 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         poll_ms: 500,
         merge_every: args.merge_every * split,
         samples_per_step: args.samples_per_step,
+        // Counted like the schedule: samples, or synchronous steps (`iota train`'s steps).
+        bottleneck_warmup: args.bottleneck_warmup,
         max_in_flight: args.max_in_flight as u64,
         eval_every: args.eval_interval() / args.merge_every,
         merge_op: args.merge_op,

@@ -300,6 +300,7 @@ fn run_one(
         poll_ms: 200,
         merge_every: per_epoch,
         samples_per_step: 0,
+        bottleneck_warmup: 0,
         max_in_flight: 4,
         eval_every: 1,
         merge_op: args.op,

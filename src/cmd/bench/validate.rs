@@ -179,6 +179,7 @@ impl Task {
             batch_size: a.batch_size,
             seed: 0,
             samples_per_step: 0,
+            bottleneck_warmup: 0,
             optimizer: OptimizerConfig::default(),
             schedule: LrSchedule {
                 total_steps: a.samples as u64,

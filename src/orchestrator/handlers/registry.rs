@@ -80,20 +80,7 @@ pub async fn register(
         run: c.run.clone(),
         epoch,
         model: c.model.clone(),
-        settings: MinerSettings {
-            local_steps: c.local_steps,
-            max_in_flight: c.max_in_flight.min(req.body.max_in_flight.max(1)),
-            wire: c.wire,
-            seq_len: c.seq_len,
-            batch_size: c.batch_size,
-            seed: c.seed,
-            optimizer: c.optimizer,
-            schedule: c.schedule,
-            weight_stashing: c.weight_stashing,
-            lookahead: c.lookahead,
-            samples_per_step: c.samples_per_step,
-            heartbeat_s: c.heartbeat_s,
-        },
+        settings: c.miner_settings(c.max_in_flight.min(req.body.max_in_flight.max(1))),
         checkpoint,
     }))
 }

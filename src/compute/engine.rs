@@ -111,10 +111,7 @@ impl EngineSettings {
     /// Where `sample`'s gradient falls on the learning-rate schedule: its optimizer step in
     /// synchronous mode, the sample id itself otherwise.
     pub fn schedule_index(&self, sample: u64) -> u64 {
-        match self.samples_per_step {
-            0 => sample,
-            g => sample / g,
-        }
+        crate::model::schedule::schedule_place(sample, self.samples_per_step)
     }
 
     /// The warm-up bridge's weight for `sample`'s work ([`Self::bottleneck_warmup`]).
@@ -268,14 +265,15 @@ impl<B: AutodiffBackend> Engine<B> {
         let started = std::time::Instant::now();
         let mut engine = Self::new(section.clone(), settings);
         let sample = 0;
-        // The evaluation reads the plain boundary; sample 0's work the warm-up's wider one.
-        let input = |width: usize| match engine.section.input_width() {
+        // An input at the boundary's width with the bridge at `bridge`: the evaluation reads
+        // the plain boundary (0), sample 0's work the warm-up's.
+        let input = |bridge: f64| match engine.section.input_width() {
             None => CachedInput::Tokens {
                 ids: vec![0; batch * seq],
                 shape: [batch, seq],
             },
-            Some(plain) => {
-                let width = plain + width;
+            Some(_) => {
+                let width = engine.section.config().boundary_width_with_bridge(bridge);
                 CachedInput::Hidden {
                     data: throwaway_values(batch * seq * width),
                     shape: [batch, seq, width],
@@ -283,10 +281,7 @@ impl<B: AutodiffBackend> Engine<B> {
                 }
             }
         };
-        let config = engine.section.config();
-        let extra =
-            config.boundary_width_with_bridge(settings.bridge_at(sample)) - config.boundary_width();
-        let (eval_input, input) = (input(0), input(extra));
+        let (eval_input, input) = (input(0.0), input(settings.bridge_at(sample)));
         let trained = if engine.section.spec().is_tail {
             let targets = vec![0; batch * seq];
             engine.eval_tail(&eval_input, &targets, [batch, seq])?;

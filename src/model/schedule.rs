@@ -16,6 +16,17 @@ pub struct LrSchedule {
     pub min_ratio: f64,
 }
 
+/// Where sample `sample` of a network run falls on the run's schedule (the learning rate's,
+/// the warm-up without the bottleneck's): its synchronous optimizer step with `samples_per_step`
+/// G > 0 (samples `nG .. (n+1)G` make step `n`), the sample id itself with asynchronous steps
+/// (0).
+pub fn schedule_place(sample: u64, samples_per_step: u64) -> u64 {
+    match samples_per_step {
+        0 => sample,
+        g => sample / g,
+    }
+}
+
 impl Default for LrSchedule {
     fn default() -> Self {
         Self {

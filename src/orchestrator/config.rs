@@ -1130,10 +1130,7 @@ impl RunConfig {
     /// `[batch, seq, width]`, `d_model` channels wider during the warm-up without the
     /// bottleneck ([`Self::bottleneck_warmup`]).
     pub fn boundary_shape(&self, sample: u64) -> Vec<usize> {
-        let place = match self.samples_per_step {
-            0 => sample,
-            g => sample / g,
-        };
+        let place = crate::model::schedule::schedule_place(sample, self.samples_per_step);
         let bridge = crate::model::bridge_weight(place, self.bottleneck_warmup);
         vec![
             self.batch_size,

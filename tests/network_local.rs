@@ -211,25 +211,8 @@ fn wait_until_finished(child: &mut std::process::Child, port: u16) -> String {
 /// Sends `child` a Ctrl-C; it must exit successfully within 30 s, taking the orchestrator on
 /// `port` with it.
 fn interrupt_and_expect_a_clean_exit(child: &mut std::process::Child, port: u16) {
-    let pid = child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-INT", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let sent = std::time::Instant::now();
-    let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            break exit;
-        }
-        if sent.elapsed().as_secs() > 30 {
-            let _ = child.kill();
-            panic!("iota local ignored a Ctrl-C");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    };
+    signal(child.id(), "-INT");
+    let exit = exit_within_30_s(child, "iota local ignored a Ctrl-C");
     assert!(exit.success(), "exit {exit}");
     assert!(
         get_status(port).is_none(),
@@ -276,4 +259,101 @@ fn an_orchestrator_that_refuses_its_config_is_reported_with_its_reason() {
         dir.path().join("logs/orchestrator.log").exists(),
         "the log stays"
     );
+}
+
+/// When every miner of a section has exited (killed here, as an out-of-memory kill or a crash
+/// would), no sample can complete: `iota local` fails at once naming the section, the miner and
+/// its exit, instead of watching a network that can never finish. Before, it printed "children
+/// exited" and waited until killed.
+#[test]
+fn a_section_that_loses_every_miner_ends_iota_local_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["local", "--preset", "tiny", "--miners-per-section", "1"])
+        .args([
+            "--samples",
+            "100000",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+        ])
+        .args(["--poll-ms", "200", "--validators", "0"])
+        .arg("--dir")
+        .arg(dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // miner2 is pinned to section 2 (of 3): wait for its process, then kill it.
+    let wallets = dir.path().join("wallets").display().to_string();
+    let start = std::time::Instant::now();
+    let pid = loop {
+        assert!(start.elapsed().as_secs() < 60, "miner2 never started");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "iota local exited early"
+        );
+        if let Some(pid) = process_with_args(&["mine", "miner2", &wallets]) {
+            break pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    // Let it register and work a little, so the run is under way when it goes.
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    signal(pid, "-KILL");
+    let exit = exit_within_30_s(
+        &mut child,
+        "iota local went on watching a section with no miner",
+    );
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(!exit.success(), "{stderr}");
+    assert!(
+        stderr.contains("every miner of section 2 exited") && stderr.contains("miner2 (signal: 9"),
+        "the section and the miner's exit are named: {stderr}"
+    );
+    assert!(stderr.contains("miner2.log"), "with its log: {stderr}");
+}
+
+/// The pid of a running process whose command line holds every one of `args`.
+fn process_with_args(args: &[&str]) -> Option<u32> {
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let parts: Vec<String> = cmdline
+                .split(|b| *b == 0)
+                .map(|p| String::from_utf8_lossy(p).into_owned())
+                .collect();
+            args.iter()
+                .all(|a| parts.iter().any(|p| p == a))
+                .then_some(pid)
+        })
+}
+
+/// Sends process `pid` the signal `flag` (`-INT`, `-KILL`) with `kill`.
+fn signal(pid: u32, flag: &str) {
+    let sent = Command::new("kill")
+        .args([flag, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill {flag} {pid}");
+}
+
+/// The exit of `child` within 30 s; past that it is killed and the test fails with `why`.
+fn exit_within_30_s(child: &mut std::process::Child, why: &str) -> std::process::ExitStatus {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        if start.elapsed().as_secs() > 30 {
+            let _ = child.kill();
+            panic!("{why}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

@@ -6,12 +6,13 @@
 //! state (`state/`), the miners' hotkeys (`wallets/`) and each child's log (`logs/`).
 //! Children are killed when the command ends, however it ends.
 
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -188,40 +189,58 @@ fn hostile_args(_args: &LocalArgs, _i: usize, _dir: &Path) -> Vec<String> {
 
 /// Child processes, killed and reaped on drop.
 #[derive(Debug, Default)]
-pub struct Children(Vec<(String, Child)>);
+pub struct Children {
+    /// Each child under its name, the orchestrator first.
+    procs: Vec<(String, Child)>,
+    /// The miners among them.
+    miners: Vec<LocalMiner>,
+}
 
 impl Children {
     /// Kills and reaps every child except the first (the orchestrator).
     pub fn stop_miners(&mut self) {
-        for (_, child) in self.0.iter_mut().skip(1) {
+        for (_, child) in self.procs.iter_mut().skip(1) {
             let _ = child.kill();
             let _ = child.wait();
         }
-        self.0.truncate(1);
+        self.procs.truncate(1);
+        self.miners.clear();
     }
 
     /// Kills and reaps the children whose name starts with `prefix`.
     pub fn stop_named(&mut self, prefix: &str) {
-        for (_, child) in self.0.iter_mut().filter(|(n, _)| n.starts_with(prefix)) {
+        for (_, child) in self.procs.iter_mut().filter(|(n, _)| n.starts_with(prefix)) {
             let _ = child.kill();
             let _ = child.wait();
         }
-        self.0.retain(|(n, _)| !n.starts_with(prefix));
+        self.procs.retain(|(n, _)| !n.starts_with(prefix));
+        self.miners.retain(|m| !m.name.starts_with(prefix));
     }
 
     /// Adds a child under `name`.
     pub fn push(&mut self, name: String, child: Child) {
-        self.0.push((name, child));
+        self.procs.push((name, child));
+    }
+
+    /// Adds a miner under `name`, logging to `log`, pinned to `section` if the run config
+    /// pins it.
+    pub fn push_miner(&mut self, name: String, log: PathBuf, section: Option<usize>, child: Child) {
+        self.miners.push(LocalMiner {
+            name: name.clone(),
+            log,
+            section,
+        });
+        self.procs.push((name, child));
     }
 
     /// The exit status of child `index` (in the order pushed), if it has exited.
     pub fn exit_status(&mut self, index: usize) -> Option<std::process::ExitStatus> {
-        self.0.get_mut(index)?.1.try_wait().ok().flatten()
+        self.procs.get_mut(index)?.1.try_wait().ok().flatten()
     }
 
     /// Names of children that have exited, with their status.
     pub fn exited(&mut self) -> Vec<String> {
-        self.0
+        self.procs
             .iter_mut()
             .filter_map(|(name, c)| match c.try_wait() {
                 Ok(Some(status)) => Some(format!("{name} ({status})")),
@@ -229,6 +248,60 @@ impl Children {
             })
             .collect()
     }
+
+    /// Why the run cannot go on if a section has lost every miner this command started:
+    /// the section (or "every miner", where the run config does not pin them all), the
+    /// miners with their exit status, and the end of the first one's log. A network whose
+    /// section has no miner left completes no sample, so watching it would wait forever.
+    pub fn lost_section(&mut self) -> Option<String> {
+        let exits: HashMap<String, ExitStatus> = self
+            .procs
+            .iter_mut()
+            .filter_map(|(name, c)| Some((name.clone(), c.try_wait().ok()??)))
+            .collect();
+        let pinned = self.miners.iter().all(|m| m.section.is_some());
+        let mut sections: BTreeMap<Option<usize>, Vec<&LocalMiner>> = BTreeMap::new();
+        for miner in &self.miners {
+            let section = miner.section.filter(|_| pinned);
+            sections.entry(section).or_default().push(miner);
+        }
+        let (section, miners) = sections
+            .into_iter()
+            .find(|(_, ms)| ms.iter().all(|m| exits.contains_key(&m.name)))?;
+        let statuses: Vec<String> = miners
+            .iter()
+            .map(|m| format!("{} ({})", m.name, exits[&m.name]))
+            .collect();
+        let whose = match section {
+            Some(k) => format!("every miner of section {k}"),
+            None => "every miner".to_string(),
+        };
+        let log = &miners.first()?.log;
+        Some(format!(
+            "{whose} exited, so no sample can complete: {}; the end of {}:\n{}",
+            statuses.join(", "),
+            log.display(),
+            log_tail(log, 3)
+        ))
+    }
+}
+
+/// A miner `iota local` started.
+#[derive(Debug)]
+struct LocalMiner {
+    /// Its hotkey name, also its child's name.
+    name: String,
+    /// Where its output goes.
+    log: PathBuf,
+    /// The section the run config pins it to; `None`: placed by the orchestrator's rules.
+    section: Option<usize>,
+}
+
+/// The last `n` non-empty lines of the log at `path` (empty if it cannot be read).
+fn log_tail(path: &Path, n: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Connects to the orchestrator just started as the first of `children`, retrying for up to
@@ -252,9 +325,7 @@ fn wait_for_orchestrator(
             Err(e) => last = Some(e),
         }
         if let Some(status) = children.exit_status(0) {
-            let text = fs::read_to_string(log).unwrap_or_default();
-            let tail: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-            let tail = tail[tail.len().saturating_sub(3)..].join("\n");
+            let tail = log_tail(log, 3);
             bail!(
                 "the orchestrator exited ({status}) before it came up; the end of its log ({}):\n{tail}",
                 log.display()
@@ -272,7 +343,7 @@ fn wait_for_orchestrator(
 impl Drop for Children {
     fn drop(&mut self) {
         // Miners first, the orchestrator (pushed first) last.
-        for (_, child) in self.0.iter_mut().rev() {
+        for (_, child) in self.procs.iter_mut().rev() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -602,7 +673,8 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
     let n_miners = n_sections * args.miners_per_section.max(1);
     // Miners ask for as many forwards in flight as the run allows (the orchestrator caps
     // what they ask; asking for fewer would cap a run config's larger `max_in_flight`).
-    let max_in_flight = RunConfig::load(&config)?.max_in_flight;
+    let run_config = RunConfig::load(&config)?;
+    let max_in_flight = run_config.max_in_flight;
     eprintln!(
         "iota local: run {:?} on {url}: {} sections x {} miners, logs in {}",
         info.run,
@@ -621,7 +693,14 @@ pub fn run(args: LocalArgs) -> anyhow::Result<()> {
         let mut mine = mine_command(&name, &url, &wallets, &args, max_in_flight, &stats);
         mine.extend(hostile_args(&args, i, &dir));
         let log = dir.join(format!("logs/{name}.log"));
-        children.push(name, spawn_self(&mine, &log)?);
+        let hotkey = wallets.load_hotkey(WALLET, &name)?;
+        let section = run_config
+            .placement
+            .pins
+            .get(&hotkey.address().to_string())
+            .copied();
+        let child = spawn_self(&mine, &log)?;
+        children.push_miner(name, log, section, child);
     }
     for i in 0..args.validators {
         let name = validator_name(i);
@@ -709,7 +788,7 @@ async fn wait_for_weights(
             v.validators.iter().filter(|w| w.epoch >= last).count()
         });
         let running = children
-            .0
+            .procs
             .iter_mut()
             .filter(|(n, _)| n.starts_with("validator"))
             .filter_map(|(_, c)| c.try_wait().ok())
@@ -844,14 +923,27 @@ async fn watch(
             bar.suspend(|| println!("children exited: {}", exits.join(", ")));
             reported_exits = exits.len();
         }
-        let over = if budgeted {
-            status.finished
-        } else {
-            args.samples.is_some_and(|n| done >= n)
+        let over = |status: &StatusResponse| {
+            if budgeted {
+                status.finished
+            } else {
+                args.samples
+                    .is_some_and(|n| status.samples.completed + status.samples.dropped >= n)
+            }
         };
-        if over {
+        if over(&status) {
             bar.finish_and_clear();
             return Ok((status, tally));
+        }
+        if let Some(reason) = children.lost_section() {
+            // Miners may leave once the run is over: look once more before calling it lost.
+            let again = client.status().await.context("polling the orchestrator")?;
+            if over(&again) {
+                bar.finish_and_clear();
+                return Ok((again, tally));
+            }
+            bar.abandon();
+            bail!("{reason}");
         }
         tokio::select! {
             _ = ctrl_c.as_mut() => {
@@ -1093,7 +1185,7 @@ mod tests {
             Command::new("sleep").arg("30").spawn().unwrap(),
         );
         assert!(children.exited().is_empty());
-        let pid = children.0[0].1.id();
+        let pid = children.procs[0].1.id();
         drop(children);
         // The process is reaped: /proc no longer lists it.
         assert!(!Path::new(&format!("/proc/{pid}")).exists());

@@ -164,6 +164,48 @@ fn eval_matches_train_and_the_trained_model_beats_the_initial_one() {
     );
 }
 
+#[test]
+fn eval_ablation_gives_what_iota_train_reported() {
+    // `iota eval --ablation` runs the loaded model (the inference chain); `iota train` ablated
+    // its training pipeline at the end. Same windows, same replacements: the same losses.
+    let m = models();
+    let flags = ["--data", "synthetic", "--batch-size", "8", "--ablation"];
+    let report = eval(&m.trained, &flags);
+    let ours = &report["ablation"];
+    let theirs = &m.summary["ablation"];
+    let close = |a: &serde_json::Value, b: &serde_json::Value| {
+        (a.as_f64().unwrap() - b.as_f64().unwrap()).abs() < 1e-3
+    };
+    assert!(
+        close(&ours["baseline"], &theirs["baseline"]),
+        "{ours} vs {theirs}"
+    );
+    assert!(
+        close(&ours["baseline"], &report["eval"]["loss"]),
+        "{report}"
+    );
+    let boundaries = ours["boundaries"].as_array().unwrap();
+    assert_eq!(boundaries.len(), 2, "tiny has 3 sections: {ours}");
+    for (a, b) in boundaries
+        .iter()
+        .zip(theirs["boundaries"].as_array().unwrap())
+    {
+        assert_eq!(a["boundary"], b["boundary"]);
+        assert!(close(&a["zeroed"], &b["zeroed"]), "{a} vs {b}");
+        assert!(close(&a["mean"], &b["mean"]), "{a} vs {b}");
+        assert_ne!(
+            a["zeroed"], ours["baseline"],
+            "zeroing changed nothing: {a}"
+        );
+    }
+    // The plain output adds one line per boundary after the loss and the baseline.
+    let mut args = vec!["eval", "--checkpoint", s(&m.trained)];
+    args.extend_from_slice(&flags);
+    let text = String::from_utf8(ok(&args).stdout).unwrap();
+    assert_eq!(text.lines().count(), 4, "{text}");
+    assert!(text.contains("after section 1: zeros"), "{text}");
+}
+
 /// Writes the train checkpoint's weights as the network's section checkpoints (flat state,
 /// zero moments) under `dir/{section}/flat`.
 fn write_sections(checkpoint: &Path, dir: &Path) {
@@ -395,6 +437,17 @@ fn bad_input_gets_a_one_line_error() {
     refused(&m.trained, &["--temperature=-1"], "--temperature");
     refused(&m.trained, &["--top-p", "0"], "--top-p");
     fails_with(&["eval", "--checkpoint", s(&m.trained)], "needs --data SRC");
+    fails_with(
+        &[
+            "eval",
+            "--checkpoint",
+            s(&m.trained),
+            "--task",
+            "t.jsonl",
+            "--ablation",
+        ],
+        "--ablation needs held-out data",
+    );
     fails_with(
         &[
             "eval",

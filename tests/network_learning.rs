@@ -1,9 +1,10 @@
 //! The network learns as well as one process: `iota bench learning` (real processes: `iota
 //! train`, then `iota local` with 3 sections x 2 miners) on the tiny preset, and the network's
 //! held-out loss after its last merge, evaluated through the network itself, must be within 5%
-//! of `iota train`'s at equal tokens. A regression of the network's learning (stale backwards,
-//! a wrong schedule, a broken merge) fails here. With synchronous steps and one miner per section
-//! the network must follow `iota train` at every evaluation.
+//! of `iota train`'s at equal tokens; both final models are ablated boundary by boundary. A
+//! regression of the network's learning (stale backwards, a wrong schedule, a broken merge)
+//! fails here. With synchronous steps and one miner per section the network must follow `iota
+//! train` at every evaluation.
 
 use std::process::Command;
 
@@ -85,6 +86,28 @@ fn a_local_network_learns_within_five_percent_of_one_process() {
         network <= train * 1.05,
         "the network's held-out loss {network:.4} is more than 5% above iota train's \
          {train:.4} at equal tokens\n{stdout}"
+    );
+
+    // Both final models are ablated boundary by boundary; the network's (its last merged
+    // model, loaded by `iota eval`) starts from the loss the network itself evaluated.
+    for (run, final_loss) in [("train", train), ("network", network)] {
+        let a = &s[run]["ablation"];
+        let baseline = a["baseline"].as_f64().unwrap();
+        assert!(
+            (baseline - final_loss).abs() < 1e-3,
+            "{run}: ablation baseline {baseline} vs final {final_loss}\n{stdout}"
+        );
+        let boundaries = a["boundaries"].as_array().unwrap();
+        assert_eq!(boundaries.len(), 2, "{run}: {a}");
+        for b in boundaries {
+            let zeroed = b["zeroed"].as_f64().unwrap();
+            assert!(zeroed.is_finite() && zeroed != baseline, "{run}: {b}");
+        }
+    }
+    assert!(
+        stdout.contains("ablation of network's final model")
+            && stdout.contains("after section 1: zeros"),
+        "{stdout}"
     );
 }
 

@@ -15,9 +15,10 @@ use serde::Serialize;
 use super::trained::{self, ModelSource, RunData, Trained};
 use crate::data::{DataSpec, Dataset, StreamSettings};
 use crate::infer::Chain;
-use crate::infer::eval::{EvalReport, held_out};
+use crate::infer::eval::{EvalReport, held_out, held_out_ablation};
 use crate::infer::task::{TaskReport, read_questions, score};
 use crate::mirror;
+use crate::model::ablation::Ablation;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 
 /// Arguments of `iota eval`.
@@ -56,6 +57,11 @@ pub struct EvalArgs {
     /// by the log-likelihood of each choice.
     #[arg(long, value_name = "FILE.jsonl")]
     pub task: Option<PathBuf>,
+    /// Also ablate every section boundary on the held-out windows: the loss with one
+    /// boundary's output replaced by zeros, and by each channel's mean, in turn. A boundary
+    /// whose ablation costs little marks a section the model hardly uses.
+    #[arg(long)]
+    pub ablation: bool,
     /// Print the figures as one JSON object.
     #[arg(long)]
     pub json: bool,
@@ -72,6 +78,8 @@ struct Report {
     block_shards: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
     eval: Option<EvalReport>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ablation: Option<Ablation>,
     #[serde(skip_serializing_if = "Option::is_none")]
     task: Option<TaskReport>,
 }
@@ -142,6 +150,9 @@ pub fn run(args: EvalArgs) -> anyhow::Result<()> {
     if data.is_none() && args.task.is_none() {
         bail!("{NO_DATA}");
     }
+    if args.ablation && data.is_none() {
+        bail!("--ablation needs held-out data: --data SRC, or a run config that names its source");
+    }
     let device = args.device;
     let json = args.json;
     let report = dispatch(
@@ -176,7 +187,7 @@ impl BackendTask for Task {
             data,
             trained,
         } = self;
-        let chain = Chain::<B::InnerBackend>::new(&trained.weights, trained.wire, &device)
+        let mut chain = Chain::<B::InnerBackend>::new(&trained.weights, trained.wire, &device)
             .with_context(|| format!("loading {}", trained.weights.origin))?;
         let seq_len = args.seq_len.unwrap_or(trained.weights.context);
         if seq_len > chain.model().max_seq_len {
@@ -185,7 +196,7 @@ impl BackendTask for Task {
                 chain.model().max_seq_len
             );
         }
-        let (eval, block_shards) = match &data {
+        let (eval, ablation, block_shards) = match &data {
             Some(EvalData { spec, stream }) => {
                 let local = mirror::fetch_to_cache(spec)
                     .with_context(|| format!("copying data `{spec}`"))?;
@@ -194,9 +205,15 @@ impl BackendTask for Task {
                 // The synthetic corpus and prepared directories are never streamed.
                 let streamed = dataset.stream_stats().and(stream.map(|s| s.block_shards));
                 let report = held_out(&chain, &dataset, args.windows, args.batch_size)?;
-                (Some(report), streamed)
+                let ablation = if args.ablation {
+                    let a = held_out_ablation(&mut chain, &dataset, args.windows, args.batch_size);
+                    Some(a.context("ablating the boundaries")?)
+                } else {
+                    None
+                };
+                (Some(report), ablation, streamed)
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         let task = match &args.task {
             Some(path) => {
@@ -210,6 +227,7 @@ impl BackendTask for Task {
             data: data.map(|d| d.spec.to_string()),
             block_shards,
             eval,
+            ablation,
             task,
         })
     }
@@ -225,6 +243,11 @@ fn print_report(r: &Report) {
             "loss {:.4} nats/token  perplexity {:.3}  bits/token {:.4}  windows {} ({} tokens)  data {data}{layout}  model {}",
             e.loss, e.perplexity, e.bits_per_token, e.windows, e.tokens, r.model
         );
+    }
+    if let Some(a) = &r.ablation {
+        for line in a.lines() {
+            println!("ablation {line}");
+        }
     }
     if let Some(t) = &r.task {
         println!(

@@ -842,24 +842,8 @@ fn print_summary(s: &TrainSummary) {
     }
     println!("checkpoint   {}", s.checkpoint.display());
     if let Some(a) = &s.ablation {
-        println!(
-            "ablation     held-out loss {:.4} with every boundary; with one boundary's output replaced:",
-            a.baseline
-        );
-        let rise = |v: f32| {
-            let d = v - a.baseline;
-            format!(
-                "{v:.4} ({d:+.4} nats, {:+.1}%)",
-                100.0 * d / a.baseline.max(1e-9)
-            )
-        };
-        for b in &a.boundaries {
-            println!(
-                "  after section {}: zeros {}, channel means {}",
-                b.boundary,
-                rise(b.zeroed),
-                rise(b.mean)
-            );
+        for (i, line) in a.lines().iter().enumerate() {
+            println!("{}{line}", if i == 0 { "ablation     " } else { "" });
         }
     }
 }

@@ -7,12 +7,13 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use super::{InferError, Weights};
 use crate::codec::WireDtype;
+use crate::model::ablation::Boundaries;
 use crate::model::config::SectionSpec;
 use crate::model::init::Init;
 use crate::model::params::import_params;
 use crate::model::pipeline::{through_wire, windows_to_tensors};
 use crate::model::section_model::{SectionCache, cross_entropy};
-use crate::model::{ModelConfig, SectionInput, SectionModel, host_values};
+use crate::model::{ModelConfig, ModelError, SectionInput, SectionModel, host_values};
 
 /// Every section of a trained model, head first, on one device.
 #[derive(Debug)]
@@ -81,11 +82,22 @@ impl<B: Backend> Chain<B> {
     /// # Errors
     /// A boundary tensor the codec refuses (non-finite activations).
     pub fn logits(&self, ids: Tensor<B, 2, Int>) -> Result<Tensor<B, 3>, InferError> {
+        self.logits_mapping(ids, &mut |_, out| Ok(out))
+    }
+
+    /// [`Self::logits`] with each boundary's output (after the codec) passed through
+    /// `map(boundary, output)` before the next section reads it (ablations).
+    fn logits_mapping(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        map: &mut dyn FnMut(usize, Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError>,
+    ) -> Result<Tensor<B, 3>, InferError> {
         let mut x = SectionInput::Tokens(ids.clone());
         let n = self.sections.len();
         for i in 0..n - 1 {
             let out = self.sections[i].1.forward(x);
             let (out, _) = through_wire(out, self.wire, &self.device)?;
+            let out = map(i, out)?;
             let tokens = self.sections[i + 1].0.reembed.then(|| ids.clone());
             x = SectionInput::boundary(out, tokens);
         }
@@ -183,8 +195,17 @@ impl<B: Backend> Chain<B> {
     /// # Errors
     /// Windows of unequal or too short length, or non-finite activations.
     pub fn mean_loss(&self, windows: &[&[u32]]) -> Result<f32, InferError> {
+        self.mean_loss_mapping(windows, &mut |_, out| Ok(out))
+    }
+
+    /// [`Self::mean_loss`] with boundary outputs mapped as in [`Self::logits_mapping`].
+    fn mean_loss_mapping(
+        &self,
+        windows: &[&[u32]],
+        map: &mut dyn FnMut(usize, Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError>,
+    ) -> Result<f32, InferError> {
         let (inputs, targets) = windows_to_tensors::<B>(windows, &self.device)?;
-        let loss = cross_entropy(self.logits(inputs)?, targets);
+        let loss = cross_entropy(self.logits_mapping(inputs, map)?, targets);
         let value = host_values(loss)?;
         value
             .first()
@@ -211,6 +232,26 @@ impl<B: Backend> Chain<B> {
             .zip(&window[1..])
             .map(|(row, &target)| log_softmax_at(row, target as usize))
             .collect())
+    }
+}
+
+impl<B: Backend> Boundaries<B> for Chain<B> {
+    type Error = InferError;
+
+    fn section_count(&self) -> usize {
+        self.sections.len()
+    }
+
+    fn boundary_device(&self) -> B::Device {
+        self.device.clone()
+    }
+
+    fn loss_mapping(
+        &mut self,
+        windows: &[&[u32]],
+        map: &mut dyn FnMut(usize, Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError>,
+    ) -> Result<f32, InferError> {
+        self.mean_loss_mapping(windows, map)
     }
 }
 

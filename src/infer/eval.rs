@@ -1,11 +1,14 @@
 //! Held-out loss and perplexity of a trained model over a dataset's evaluation windows, the
 //! same windows and the same per-batch mean that `iota train` evaluates.
 
+use std::borrow::Cow;
+
 use burn::tensor::backend::Backend;
 use serde::Serialize;
 
 use super::{Chain, InferError};
 use crate::data::Dataset;
+use crate::model::ablation::{Ablation, ablate};
 
 /// What an evaluation measured.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -33,13 +36,9 @@ pub fn held_out<B: Backend>(
     windows: usize,
     batch: usize,
 ) -> Result<EvalReport, InferError> {
-    if windows == 0 || batch == 0 {
-        return Err(InferError::BadInput(
-            "--windows and --batch-size must be at least 1".into(),
-        ));
-    }
-    let n = windows.min(dataset.num_eval_windows());
-    let owned: Vec<_> = (0..n).map(|i| dataset.eval_sample(i)).collect();
+    check_counts(windows, batch)?;
+    let owned = held_out_windows(dataset, windows);
+    let n = owned.len();
     let all: Vec<&[u32]> = owned.iter().map(AsRef::as_ref).collect();
     let mut total = 0.0f64;
     for chunk in all.chunks(batch) {
@@ -53,6 +52,41 @@ pub fn held_out<B: Backend>(
         perplexity: loss.exp(),
         bits_per_token: loss / std::f64::consts::LN_2,
     })
+}
+
+/// The first `windows` held-out windows of `dataset` (all of them when it has fewer): the ones
+/// `iota train` evaluates.
+pub fn held_out_windows(dataset: &Dataset, windows: usize) -> Vec<Cow<'_, [u32]>> {
+    let n = windows.min(dataset.num_eval_windows());
+    (0..n).map(|i| dataset.eval_sample(i)).collect()
+}
+
+/// The held-out loss of `chain` with each boundary's output replaced by zeros, and by its
+/// channel means, in turn ([`ablate`]), over the first `windows` held-out windows of
+/// `dataset`, `batch` at a time.
+///
+/// # Errors
+/// `windows` or `batch` of 0, or a failure in the model.
+pub fn held_out_ablation<B: Backend>(
+    chain: &mut Chain<B>,
+    dataset: &Dataset,
+    windows: usize,
+    batch: usize,
+) -> Result<Ablation, InferError> {
+    check_counts(windows, batch)?;
+    let owned = held_out_windows(dataset, windows);
+    let all: Vec<&[u32]> = owned.iter().map(AsRef::as_ref).collect();
+    ablate(chain, &all, batch)
+}
+
+/// Refuses a count of 0 windows or a batch of 0.
+fn check_counts(windows: usize, batch: usize) -> Result<(), InferError> {
+    if windows == 0 || batch == 0 {
+        return Err(InferError::BadInput(
+            "--windows and --batch-size must be at least 1".into(),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -4,14 +4,13 @@
 //! that reads the token ids beside a boundary it can ignore, say) is dead weight, and a
 //! learning or loss-attribution result measured on such a model says little about a pipeline.
 
-use burn::tensor::backend::AutodiffBackend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use super::ModelError;
-use super::pipeline::{Pipeline, windows_to_tensors};
+use super::pipeline::Pipeline;
 use super::section::Inner;
-use super::section_model::SectionInput;
 
 /// What replaces one boundary's output.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,111 +50,200 @@ impl Ablation {
             .map(|b| b.mean.min(b.zeroed) - self.baseline)
             .min_by(f32::total_cmp)
     }
+
+    /// The ablation as lines of text, one per boundary after a line for the baseline.
+    pub fn lines(&self) -> Vec<String> {
+        let rise = |v: f32| {
+            let d = v - self.baseline;
+            format!(
+                "{v:.4} ({d:+.4} nats, {:+.1}%)",
+                100.0 * d / self.baseline.max(1e-9)
+            )
+        };
+        let mut lines = vec![format!(
+            "held-out loss {:.4} with every boundary; with one boundary's output replaced:",
+            self.baseline
+        )];
+        lines.extend(self.boundaries.iter().map(|b| {
+            format!(
+                "  after section {}: zeros {}, channel means {}",
+                b.boundary,
+                rise(b.zeroed),
+                rise(b.mean)
+            )
+        }));
+        lines
+    }
+}
+
+/// A model of sections whose boundaries can be ablated: a training [`Pipeline`], or a
+/// trained model loaded for inference.
+pub trait Boundaries<B: Backend> {
+    /// What the model's evaluation fails with.
+    type Error: From<ModelError>;
+
+    /// Sections of the model (one more than its boundaries).
+    fn section_count(&self) -> usize;
+
+    /// The device the boundary tensors live on.
+    fn boundary_device(&self) -> B::Device;
+
+    /// Mean loss of a micro-batch of windows (`seq + 1` tokens each) with each boundary's
+    /// output, after the wire codec, passed through `map(boundary, output)` before the next
+    /// section reads it; the token ids a re-embedding section reads stay as they are.
+    ///
+    /// # Errors
+    /// Bad windows, a boundary tensor the codec refuses, or what `map` returns.
+    fn loss_mapping(
+        &mut self,
+        windows: &[&[u32]],
+        map: &mut dyn FnMut(usize, Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError>,
+    ) -> Result<f32, Self::Error>;
+}
+
+/// Ablates every boundary of `model` in turn over `windows`, evaluated `batch` at a time (each
+/// window weighs the same).
+///
+/// # Errors
+/// Bad windows, or a boundary tensor the codec refuses.
+pub fn ablate<B: Backend, M: Boundaries<B>>(
+    model: &mut M,
+    windows: &[&[u32]],
+    batch: usize,
+) -> Result<Ablation, M::Error> {
+    let baseline = mean_by_chunks(model, windows, batch, &mut |_, out| Ok(out))?;
+    let mut boundaries = Vec::new();
+    for b in 0..model.section_count().saturating_sub(1) {
+        let mean = boundary_channel_mean(model, windows, batch, b)?;
+        let zeroed = mean_replacing(model, windows, batch, b, &Replacement::Zeros)?;
+        let mean = mean_replacing(model, windows, batch, b, &Replacement::ChannelMean(mean))?;
+        boundaries.push(BoundaryAblation {
+            boundary: b,
+            zeroed,
+            mean,
+        });
+    }
+    Ok(Ablation {
+        baseline,
+        boundaries,
+    })
+}
+
+/// The mean over `windows`, `batch` at a time, of the loss with boundary outputs mapped by
+/// `map`; each chunk weighs by its windows.
+fn mean_by_chunks<B: Backend, M: Boundaries<B>>(
+    model: &mut M,
+    windows: &[&[u32]],
+    batch: usize,
+    map: &mut dyn FnMut(usize, Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError>,
+) -> Result<f32, M::Error> {
+    let (mut total, mut n) = (0.0f64, 0usize);
+    for chunk in windows.chunks(batch.max(1)) {
+        total += f64::from(model.loss_mapping(chunk, map)?) * chunk.len() as f64;
+        n += chunk.len();
+    }
+    Ok((total / n.max(1) as f64) as f32)
+}
+
+/// The mean held-out loss over `windows` with the output of boundary `boundary` replaced.
+///
+/// # Errors
+/// As [`Boundaries::loss_mapping`], or a boundary that does not exist.
+pub fn mean_replacing<B: Backend, M: Boundaries<B>>(
+    model: &mut M,
+    windows: &[&[u32]],
+    batch: usize,
+    boundary: usize,
+    with: &Replacement,
+) -> Result<f32, M::Error> {
+    let n = model.section_count();
+    if boundary + 1 >= n {
+        return Err(ModelError::Shape(format!(
+            "boundary {boundary} does not exist in a model of {n} sections"
+        ))
+        .into());
+    }
+    let device = model.boundary_device();
+    mean_by_chunks(model, windows, batch, &mut |i, out| {
+        if i == boundary {
+            replacement(out.dims(), with, &device)
+        } else {
+            Ok(out)
+        }
+    })
+}
+
+/// Each channel's mean of boundary `boundary`'s output over `windows` (every position of
+/// every window weighs the same).
+///
+/// # Errors
+/// As [`mean_replacing`].
+pub fn boundary_channel_mean<B: Backend, M: Boundaries<B>>(
+    model: &mut M,
+    windows: &[&[u32]],
+    batch: usize,
+    boundary: usize,
+) -> Result<Vec<f32>, M::Error> {
+    let mut sum: Vec<f64> = Vec::new();
+    let mut rows = 0usize;
+    for chunk in windows.chunks(batch.max(1)) {
+        let mut seen = None;
+        model.loss_mapping(chunk, &mut |i, out| {
+            if i == boundary {
+                seen = Some(out.clone());
+            }
+            Ok(out)
+        })?;
+        let out = seen.ok_or_else(|| {
+            ModelError::Shape(format!(
+                "boundary {boundary} does not exist in a model of {} sections",
+                model.section_count()
+            ))
+        })?;
+        let [_, _, width] = out.dims();
+        let data = super::host_f32(out.into_data())?;
+        sum.resize(width, 0.0);
+        for row in data.chunks(width.max(1)) {
+            for (s, v) in sum.iter_mut().zip(row) {
+                *s += f64::from(*v);
+            }
+            rows += 1;
+        }
+    }
+    Ok(sum
+        .iter()
+        .map(|s| (s / rows.max(1) as f64) as f32)
+        .collect())
+}
+
+impl<B: AutodiffBackend> Boundaries<Inner<B>> for Pipeline<B> {
+    type Error = ModelError;
+
+    fn section_count(&self) -> usize {
+        self.sections().len()
+    }
+
+    fn boundary_device(&self) -> B::Device {
+        self.device().clone()
+    }
+
+    fn loss_mapping(
+        &mut self,
+        windows: &[&[u32]],
+        map: &mut dyn FnMut(usize, Tensor<Inner<B>, 3>) -> Result<Tensor<Inner<B>, 3>, ModelError>,
+    ) -> Result<f32, ModelError> {
+        self.eval_loss_mapping(windows, map)
+    }
 }
 
 impl<B: AutodiffBackend> Pipeline<B> {
     /// Ablates every boundary in turn over `windows`, evaluated `batch` at a time (each window
-    /// weighs the same).
+    /// weighs the same; [`ablate`]).
     ///
     /// # Errors
     /// Bad windows, or a boundary tensor the codec refuses.
     pub fn ablation(&mut self, windows: &[&[u32]], batch: usize) -> Result<Ablation, ModelError> {
-        let baseline = self.eval_mean(windows, batch)?;
-        let mut boundaries = Vec::new();
-        for b in 0..self.sections().len().saturating_sub(1) {
-            let mean = self.boundary_channel_mean(windows, batch, b)?;
-            let zeroed = self.mean_over(windows, batch, b, &Replacement::Zeros)?;
-            let mean = self.mean_over(windows, batch, b, &Replacement::ChannelMean(mean))?;
-            boundaries.push(BoundaryAblation {
-                boundary: b,
-                zeroed,
-                mean,
-            });
-        }
-        Ok(Ablation {
-            baseline,
-            boundaries,
-        })
-    }
-
-    /// Mean over `windows` of [`Self::eval_loss_replacing`].
-    fn mean_over(
-        &mut self,
-        windows: &[&[u32]],
-        batch: usize,
-        boundary: usize,
-        with: &Replacement,
-    ) -> Result<f32, ModelError> {
-        self.mean_by_chunks(windows, batch, |p, chunk| {
-            p.eval_loss_replacing(chunk, boundary, with)
-        })
-    }
-
-    /// Mean loss of a micro-batch with the output of boundary `boundary` replaced (after it
-    /// crossed the codec); the token ids a re-embedding section reads stay as they are.
-    ///
-    /// # Errors
-    /// Bad windows, a boundary that does not exist, or a boundary tensor the codec refuses.
-    pub fn eval_loss_replacing(
-        &mut self,
-        windows: &[&[u32]],
-        boundary: usize,
-        with: &Replacement,
-    ) -> Result<f32, ModelError> {
-        let n = self.sections().len();
-        if boundary + 1 >= n {
-            return Err(ModelError::Shape(format!(
-                "boundary {boundary} does not exist in a model of {n} sections"
-            )));
-        }
-        let device = self.device().clone();
-        self.eval_loss_mapping(windows, |i, out| {
-            if i == boundary {
-                replacement(out.dims(), with, &device)
-            } else {
-                Ok(out)
-            }
-        })
-    }
-
-    /// Each channel's mean of boundary `boundary`'s output over `windows` (every position of
-    /// every window weighs the same).
-    ///
-    /// # Errors
-    /// As [`Self::eval_loss_replacing`].
-    pub fn boundary_channel_mean(
-        &mut self,
-        windows: &[&[u32]],
-        batch: usize,
-        boundary: usize,
-    ) -> Result<Vec<f32>, ModelError> {
-        let mut sum: Vec<f64> = Vec::new();
-        let mut rows = 0usize;
-        for chunk in windows.chunks(batch.max(1)) {
-            let (inputs, _) = windows_to_tensors::<Inner<B>>(chunk, self.device())?;
-            let mut x = SectionInput::Tokens(inputs.clone());
-            for i in 0..=boundary {
-                let out = self.sections_mut()[i].forward(x)?;
-                let out = self.cross(out)?.0;
-                if i == boundary {
-                    let [_, _, width] = out.dims();
-                    let data = super::host_f32(out.into_data())?;
-                    sum.resize(width, 0.0);
-                    for row in data.chunks(width.max(1)) {
-                        for (s, v) in sum.iter_mut().zip(row) {
-                            *s += f64::from(*v);
-                        }
-                        rows += 1;
-                    }
-                    break;
-                }
-                x = SectionInput::boundary(out, self.ids_for(i + 1, &inputs));
-            }
-        }
-        Ok(sum
-            .iter()
-            .map(|s| (s / rows.max(1) as f64) as f32)
-            .collect())
+        ablate(self, windows, batch)
     }
 }
 
@@ -227,21 +315,14 @@ mod tests {
         // The mean of a boundary, replaced by itself on one-row data, is the output itself:
         // one window of one position.
         let one: Vec<&[u32]> = vec![&data[0][..2]];
-        let mean = p.boundary_channel_mean(&one, 1, 0).unwrap();
+        let mean = boundary_channel_mean(&mut p, &one, 1, 0).unwrap();
         assert_eq!(mean.len(), cfg.boundary_width());
-        let same = p
-            .eval_loss_replacing(&one, 0, &Replacement::ChannelMean(mean))
-            .unwrap();
+        let same = mean_replacing(&mut p, &one, 1, 0, &Replacement::ChannelMean(mean)).unwrap();
         assert!((same - p.eval_loss(&one).unwrap()).abs() < 1e-5);
         // Bad input is an error, not a panic.
-        assert!(
-            p.eval_loss_replacing(&refs, 9, &Replacement::Zeros)
-                .is_err()
-        );
-        assert!(
-            p.eval_loss_replacing(&refs, 0, &Replacement::ChannelMean(vec![0.0]))
-                .is_err()
-        );
+        assert!(mean_replacing(&mut p, &refs, 2, 9, &Replacement::Zeros).is_err());
+        assert!(boundary_channel_mean(&mut p, &refs, 2, 9).is_err());
+        assert!(mean_replacing(&mut p, &refs, 2, 0, &Replacement::ChannelMean(vec![0.0])).is_err());
         assert!(a.weakest_rise().is_some());
     }
 }

@@ -43,7 +43,9 @@ use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
 use crate::merge::MergeOp;
 use crate::model::ModelConfig;
+use crate::model::ablation::Ablation;
 use crate::model::backend::DeviceKind;
+use crate::orchestrator::RunConfig;
 
 /// Arguments of `iota bench learning`.
 #[derive(Debug, Args)]
@@ -204,6 +206,10 @@ pub struct RunResult {
     pub completed: u64,
     /// Samples dropped (network; 0 for train).
     pub dropped: u64,
+    /// The final model's held-out loss with each boundary's output replaced in turn (runs of
+    /// more than one section; saved results from before it have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ablation: Option<Ablation>,
 }
 
 impl RunResult {
@@ -558,7 +564,13 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         && serde_json::from_slice::<TrainKey>(&saved).ok() == Some(key.clone())
     {
         eprintln!("reusing the iota train run in {}", dir.display());
-        return serde_json::from_slice(&result).context("reading the reused train result");
+        let mut result: RunResult =
+            serde_json::from_slice(&result).context("reading the reused train result")?;
+        // A result saved before it carried the ablation: `iota train`'s own summary has it.
+        if result.ablation.is_none() {
+            result.ablation = train_ablation(&dir.join("summary.json"))?;
+        }
+        return Ok(result);
     }
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let metrics = dir.join("metrics.jsonl");
@@ -639,6 +651,8 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         tokens_per_s: summary["tokens_per_s"].as_f64().unwrap_or(0.0),
         completed: summary["step"].as_u64().unwrap_or(0),
         dropped: 0,
+        ablation: serde_json::from_value(summary["ablation"].clone())
+            .context("reading iota train's ablation")?,
     };
     fs::write(&key_path, serde_json::to_vec(&key)?)?;
     fs::write(&result_path, serde_json::to_vec(&result)?)?;
@@ -780,7 +794,49 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         tokens_per_s: span.tokens_per_s(args.batch_size / split as usize * args.seq_len),
         completed: summary["completed"].as_u64().unwrap_or(0),
         dropped: summary["dropped"].as_u64().unwrap_or(0),
+        ablation: network_ablation(args, dir)?,
     })
+}
+
+/// The ablation in the `iota train --summary-out` file at `path` (`None` where it has none:
+/// a model of one section, or a run from before it).
+fn train_ablation(path: &Path) -> anyhow::Result<Option<Ablation>> {
+    let text = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let summary: serde_json::Value =
+        serde_json::from_slice(&text).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_value(summary["ablation"].clone())
+        .with_context(|| format!("reading the ablation in {}", path.display()))
+}
+
+/// The network's final merged model ablated by `iota eval --ablation` on the held-out windows
+/// the network evaluates, those `iota train` evaluates (`None` for a model of one section).
+fn network_ablation(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<Option<Ablation>> {
+    if args.model_config()?.n_sections() < 2 {
+        return Ok(None);
+    }
+    let windows = RunConfig::load(&dir.join("run.yaml"))?.eval_samples.max(1);
+    let exe = std::env::current_exe().context("locating the iota binary")?;
+    let out = Command::new(exe)
+        .arg("eval")
+        .arg("--checkpoint")
+        .arg(dir)
+        .args(["--seq-len", &args.seq_len.to_string()])
+        .args(["--batch-size", &args.batch_size.to_string()])
+        .args(["--windows", &windows.to_string()])
+        .args(["--ablation", "--json"])
+        .stdin(Stdio::null())
+        .output()
+        .context("starting iota eval")?;
+    if !out.status.success() {
+        bail!(
+            "iota eval --ablation of the network's model failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("reading iota eval's report")?;
+    serde_json::from_value(report["ablation"].clone()).context("reading the network's ablation")
 }
 
 fn print_table(s: &LearningSummary) {
@@ -828,6 +884,22 @@ fn print_table(s: &LearningSummary) {
         "tokens/s: iota train {:.0}, network {:.0} (steady state, merges included); network samples {} completed, {} dropped",
         s.train.tokens_per_s, s.network.tokens_per_s, s.network.completed, s.network.dropped
     );
+    for (who, run) in [("iota train", &s.train), ("network", &s.network)] {
+        let Some(a) = &run.ablation else {
+            continue;
+        };
+        println!("ablation of {who}'s final model:");
+        for line in a.lines() {
+            println!("  {line}");
+        }
+        if let Some(rise) = a.weakest_rise().filter(|r| *r < 0.05 * a.baseline) {
+            println!(
+                "  a section can be removed for {:+.1}% of the loss here: a smoke test, not \
+                 evidence of pipelined learning",
+                100.0 * rise / a.baseline.max(1e-9)
+            );
+        }
+    }
 }
 
 #[cfg(test)]

@@ -510,6 +510,63 @@ async fn bad_uploads_are_refused_and_reoffered() {
     assert_eq!((status.samples.in_flight, status.samples.completed), (1, 0));
 }
 
+/// During the warm-up without the bottleneck a sample's boundary is `d_model` channels wider,
+/// by the run config and the sample id alone. A miner that skips the warm-up and sends the
+/// plain bottleneck is refused and penalised, and the sample is re-offered; after the
+/// hand-over the wide tensor no longer fits the upload's limit and the plain one is accepted.
+#[tokio::test]
+async fn the_warm_up_width_is_enforced_on_both_sides_of_the_hand_over() {
+    let h = harness_with(
+        config(
+            "model: {preset: tiny, reembed: false}\nbottleneck_warmup: 1\n\
+             penalties: {backoff_s: 0, exclude_after: 1000}\n",
+        ),
+        Repository::open_in_memory().unwrap(),
+    );
+    let [a, _, _] = three(&h).await;
+    let (wide, plain) = (
+        h.state.config.boundary_shape(0),
+        h.state.config.boundary_shape(1),
+    );
+    assert!(wide[2] > plain[2], "{wide:?} {plain:?}");
+    let first = h.work(&a, 1).await.remove(0);
+    assert_eq!((first.sample_id, first.section), (0, 0));
+    let skipped = h
+        .submit(&a, &first, Some(activation(&plain, 1.0)), None)
+        .await;
+    assert!(!skipped.accepted);
+    let reason = skipped.reason.unwrap_or_default();
+    assert!(reason.contains("size mismatch"), "{reason}");
+    let miner = |h: &Harness| {
+        h.state
+            .repo
+            .miner(&a.address().to_string())
+            .unwrap()
+            .unwrap()
+    };
+    assert_eq!((miner(&h).penalties, miner(&h).forwards), (1, 0));
+    let again = h.work(&a, 1).await.remove(0);
+    assert_eq!(again.sample_id, 0, "re-offered");
+    let warm = h
+        .submit(&a, &again, Some(activation(&wide, 1.0)), None)
+        .await;
+    assert!(warm.accepted, "{:?}", warm.reason);
+    // Sample 1 is past the warm-up: the wide tensor is cut off at the upload itself.
+    let next = h.work(&a, 1).await.remove(0);
+    assert_eq!(next.sample_id, 1);
+    let blob = next.output.as_ref().unwrap();
+    let path = blob.url.strip_prefix("http://orch.test").unwrap();
+    let put = Request::put(path)
+        .body(Body::from(activation(&wide, 1.0)))
+        .unwrap();
+    assert_eq!(h.send(put).await.0, StatusCode::PAYLOAD_TOO_LARGE);
+    let plain_ok = h
+        .submit(&a, &next, Some(activation(&plain, 1.0)), None)
+        .await;
+    assert!(plain_ok.accepted, "{:?}", plain_ok.reason);
+    assert_eq!((miner(&h).penalties, miner(&h).forwards), (1, 2));
+}
+
 #[tokio::test]
 async fn the_tail_must_report_a_finite_loss() {
     let h = retrying_harness();

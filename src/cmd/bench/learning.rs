@@ -799,8 +799,11 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
 }
 
 /// The ablation in the `iota train --summary-out` file at `path` (`None` where it has none:
-/// a model of one section, or a run from before it).
+/// a model of one section, a run from before it, or no such file).
 fn train_ablation(path: &Path) -> anyhow::Result<Option<Ablation>> {
+    if !path.exists() {
+        return Ok(None);
+    }
     let text = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let summary: serde_json::Value =
         serde_json::from_slice(&text).with_context(|| format!("reading {}", path.display()))?;

@@ -240,12 +240,17 @@ impl Children {
 
     /// Names of children that have exited, with their status.
     pub fn exited(&mut self) -> Vec<String> {
+        self.exit_statuses()
+            .into_iter()
+            .map(|(name, status)| format!("{name} ({status})"))
+            .collect()
+    }
+
+    /// Each child that has exited, by name, with its status, in the order pushed.
+    fn exit_statuses(&mut self) -> Vec<(String, ExitStatus)> {
         self.procs
             .iter_mut()
-            .filter_map(|(name, c)| match c.try_wait() {
-                Ok(Some(status)) => Some(format!("{name} ({status})")),
-                _ => None,
-            })
+            .filter_map(|(name, c)| Some((name.clone(), c.try_wait().ok()??)))
             .collect()
     }
 
@@ -254,11 +259,7 @@ impl Children {
     /// miners with their exit status, and the end of the first one's log. A network whose
     /// section has no miner left completes no sample, so watching it would wait forever.
     pub fn lost_section(&mut self) -> Option<String> {
-        let exits: HashMap<String, ExitStatus> = self
-            .procs
-            .iter_mut()
-            .filter_map(|(name, c)| Some((name.clone(), c.try_wait().ok()??)))
-            .collect();
+        let exits: HashMap<String, ExitStatus> = self.exit_statuses().into_iter().collect();
         let pinned = self.miners.iter().all(|m| m.section.is_some());
         let mut sections: BTreeMap<Option<usize>, Vec<&LocalMiner>> = BTreeMap::new();
         for miner in &self.miners {

@@ -9,7 +9,7 @@ use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use super::ModelError;
-use super::pipeline::Pipeline;
+use super::pipeline::{Pipeline, chunk_mean};
 use super::section::Inner;
 
 /// What replaces one boundary's output.
@@ -137,12 +137,7 @@ fn mean_by_chunks<B: Backend, M: Boundaries<B>>(
     batch: usize,
     map: &mut dyn FnMut(usize, Tensor<B, 3>) -> Result<Tensor<B, 3>, ModelError>,
 ) -> Result<f32, M::Error> {
-    let (mut total, mut n) = (0.0f64, 0usize);
-    for chunk in windows.chunks(batch.max(1)) {
-        total += f64::from(model.loss_mapping(chunk, map)?) * chunk.len() as f64;
-        n += chunk.len();
-    }
-    Ok((total / n.max(1) as f64) as f32)
+    chunk_mean(windows, batch, |chunk| model.loss_mapping(chunk, map))
 }
 
 /// The mean held-out loss over `windows` with the output of boundary `boundary` replaced.

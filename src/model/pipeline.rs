@@ -86,6 +86,24 @@ pub fn windows_to_tensors<B: burn::tensor::backend::Backend>(
     ))
 }
 
+/// The mean of `loss(chunk)` over `windows` taken `batch` at a time, each chunk weighed by
+/// its windows (0 for no windows).
+///
+/// # Errors
+/// What `loss` returns.
+pub fn chunk_mean<E>(
+    windows: &[&[u32]],
+    batch: usize,
+    mut loss: impl FnMut(&[&[u32]]) -> Result<f32, E>,
+) -> Result<f32, E> {
+    let (mut total, mut n) = (0.0f64, 0usize);
+    for chunk in windows.chunks(batch.max(1)) {
+        total += f64::from(loss(chunk)?) * chunk.len() as f64;
+        n += chunk.len();
+    }
+    Ok((total / n.max(1) as f64) as f32)
+}
+
 /// Sends a boundary tensor through the wire codec as `wire` and decodes it on `device`, as the
 /// network does between two sections. Returns the decoded tensor and the encoded size in bytes.
 ///
@@ -282,26 +300,7 @@ impl<B: AutodiffBackend> Pipeline<B> {
     /// # Errors
     /// As [`Self::eval_loss`].
     pub fn eval_mean(&mut self, windows: &[&[u32]], batch: usize) -> Result<f32, ModelError> {
-        self.mean_by_chunks(windows, batch, Self::eval_loss)
-    }
-
-    /// The mean of `loss(self, chunk)` over `windows` taken `batch` at a time, each chunk
-    /// weighed by its windows.
-    ///
-    /// # Errors
-    /// What `loss` returns.
-    pub(super) fn mean_by_chunks(
-        &mut self,
-        windows: &[&[u32]],
-        batch: usize,
-        mut loss: impl FnMut(&mut Self, &[&[u32]]) -> Result<f32, ModelError>,
-    ) -> Result<f32, ModelError> {
-        let (mut total, mut n) = (0.0f64, 0usize);
-        for chunk in windows.chunks(batch.max(1)) {
-            total += f64::from(loss(self, chunk)?) * chunk.len() as f64;
-            n += chunk.len();
-        }
-        Ok((total / n.max(1) as f64) as f32)
+        chunk_mean(windows, batch, |chunk| self.eval_loss(chunk))
     }
 
     /// [`Self::eval_mean`] of the plain model: the warm-up's bridge ([`Self::set_bridge`]) is

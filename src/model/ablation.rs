@@ -111,10 +111,10 @@ pub fn ablate<B: Backend, M: Boundaries<B>>(
     windows: &[&[u32]],
     batch: usize,
 ) -> Result<Ablation, M::Error> {
-    let baseline = mean_by_chunks(model, windows, batch, &mut |_, out| Ok(out))?;
+    // One pass gives the baseline and every boundary's channel means; then two per boundary.
+    let (baseline, means) = baseline_and_channel_means(model, windows, batch)?;
     let mut boundaries = Vec::new();
-    for b in 0..model.section_count().saturating_sub(1) {
-        let mean = boundary_channel_mean(model, windows, batch, b)?;
+    for (b, mean) in means.into_iter().enumerate() {
         let zeroed = mean_replacing(model, windows, batch, b, &Replacement::Zeros)?;
         let mean = mean_replacing(model, windows, batch, b, &Replacement::ChannelMean(mean))?;
         boundaries.push(BoundaryAblation {
@@ -127,6 +127,54 @@ pub fn ablate<B: Backend, M: Boundaries<B>>(
         baseline,
         boundaries,
     })
+}
+
+/// Per-channel sums of boundary outputs over every position seen, for channel means.
+#[derive(Default)]
+struct ChannelSums {
+    sum: Vec<f64>,
+    rows: usize,
+}
+
+impl ChannelSums {
+    /// Adds every position of a `[batch, seq, width]` output.
+    fn add<B: Backend>(&mut self, out: Tensor<B, 3>) -> Result<(), ModelError> {
+        let [_, _, width] = out.dims();
+        let data = super::host_f32(out.into_data())?;
+        self.sum.resize(width, 0.0);
+        for row in data.chunks(width.max(1)) {
+            for (s, v) in self.sum.iter_mut().zip(row) {
+                *s += f64::from(*v);
+            }
+            self.rows += 1;
+        }
+        Ok(())
+    }
+
+    /// Each channel's mean (every position weighs the same).
+    fn means(&self) -> Vec<f32> {
+        let rows = self.rows.max(1) as f64;
+        self.sum.iter().map(|s| (s / rows) as f32).collect()
+    }
+}
+
+/// The mean loss over `windows` with every boundary in place, and each boundary's channel
+/// means over the same windows, from one pass.
+fn baseline_and_channel_means<B: Backend, M: Boundaries<B>>(
+    model: &mut M,
+    windows: &[&[u32]],
+    batch: usize,
+) -> Result<(f32, Vec<Vec<f32>>), M::Error> {
+    let mut sums: Vec<ChannelSums> = (0..model.section_count().saturating_sub(1))
+        .map(|_| ChannelSums::default())
+        .collect();
+    let baseline = mean_by_chunks(model, windows, batch, &mut |i, out| {
+        if let Some(s) = sums.get_mut(i) {
+            s.add(out.clone())?;
+        }
+        Ok(out)
+    })?;
+    Ok((baseline, sums.iter().map(ChannelSums::means).collect()))
 }
 
 /// The mean over `windows`, `batch` at a time, of the loss with boundary outputs mapped by
@@ -151,13 +199,7 @@ pub fn mean_replacing<B: Backend, M: Boundaries<B>>(
     boundary: usize,
     with: &Replacement,
 ) -> Result<f32, M::Error> {
-    let n = model.section_count();
-    if boundary + 1 >= n {
-        return Err(ModelError::Shape(format!(
-            "boundary {boundary} does not exist in a model of {n} sections"
-        ))
-        .into());
-    }
+    check_boundary(model.section_count(), boundary)?;
     let device = model.boundary_device();
     mean_by_chunks(model, windows, batch, &mut |i, out| {
         if i == boundary {
@@ -179,36 +221,9 @@ pub fn boundary_channel_mean<B: Backend, M: Boundaries<B>>(
     batch: usize,
     boundary: usize,
 ) -> Result<Vec<f32>, M::Error> {
-    let mut sum: Vec<f64> = Vec::new();
-    let mut rows = 0usize;
-    for chunk in windows.chunks(batch.max(1)) {
-        let mut seen = None;
-        model.loss_mapping(chunk, &mut |i, out| {
-            if i == boundary {
-                seen = Some(out.clone());
-            }
-            Ok(out)
-        })?;
-        let out = seen.ok_or_else(|| {
-            ModelError::Shape(format!(
-                "boundary {boundary} does not exist in a model of {} sections",
-                model.section_count()
-            ))
-        })?;
-        let [_, _, width] = out.dims();
-        let data = super::host_f32(out.into_data())?;
-        sum.resize(width, 0.0);
-        for row in data.chunks(width.max(1)) {
-            for (s, v) in sum.iter_mut().zip(row) {
-                *s += f64::from(*v);
-            }
-            rows += 1;
-        }
-    }
-    Ok(sum
-        .iter()
-        .map(|s| (s / rows.max(1) as f64) as f32)
-        .collect())
+    check_boundary(model.section_count(), boundary)?;
+    let (_, mut means) = baseline_and_channel_means(model, windows, batch)?;
+    Ok(means.swap_remove(boundary))
 }
 
 impl<B: AutodiffBackend> Boundaries<Inner<B>> for Pipeline<B> {
@@ -240,6 +255,16 @@ impl<B: AutodiffBackend> Pipeline<B> {
     pub fn ablation(&mut self, windows: &[&[u32]], batch: usize) -> Result<Ablation, ModelError> {
         ablate(self, windows, batch)
     }
+}
+
+/// Refuses a boundary that a model of `sections` sections does not have.
+fn check_boundary(sections: usize, boundary: usize) -> Result<(), ModelError> {
+    if boundary + 1 >= sections {
+        return Err(ModelError::Shape(format!(
+            "boundary {boundary} does not exist in a model of {sections} sections"
+        )));
+    }
+    Ok(())
 }
 
 /// A `[batch, seq, width]` tensor holding `with`.
@@ -309,11 +334,18 @@ mod tests {
         }
         // The mean of a boundary, replaced by itself on one-row data, is the output itself:
         // one window of one position.
+        // Each boundary's own mean (the one pass gathers them all): replacing a different
+        // boundary's mean would change the loss.
         let one: Vec<&[u32]> = vec![&data[0][..2]];
-        let mean = boundary_channel_mean(&mut p, &one, 1, 0).unwrap();
-        assert_eq!(mean.len(), cfg.boundary_width());
-        let same = mean_replacing(&mut p, &one, 1, 0, &Replacement::ChannelMean(mean)).unwrap();
-        assert!((same - p.eval_loss(&one).unwrap()).abs() < 1e-5);
+        for b in 0..cfg.n_sections() - 1 {
+            let mean = boundary_channel_mean(&mut p, &one, 1, b).unwrap();
+            assert_eq!(mean.len(), cfg.boundary_width());
+            let same = mean_replacing(&mut p, &one, 1, b, &Replacement::ChannelMean(mean)).unwrap();
+            assert!(
+                (same - p.eval_loss(&one).unwrap()).abs() < 1e-5,
+                "boundary {b}"
+            );
+        }
         // Bad input is an error, not a panic.
         assert!(mean_replacing(&mut p, &refs, 2, 9, &Replacement::Zeros).is_err());
         assert!(boundary_channel_mean(&mut p, &refs, 2, 9).is_err());

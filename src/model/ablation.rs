@@ -332,10 +332,9 @@ mod tests {
                 b.boundary
             );
         }
-        // The mean of a boundary, replaced by itself on one-row data, is the output itself:
-        // one window of one position.
-        // Each boundary's own mean (the one pass gathers them all): replacing a different
-        // boundary's mean would change the loss.
+        // On one window of one position a boundary's channel mean is its output, so replacing
+        // the output by it changes nothing; checked at every boundary, since one pass gathers
+        // the means of all of them.
         let one: Vec<&[u32]> = vec![&data[0][..2]];
         for b in 0..cfg.n_sections() - 1 {
             let mean = boundary_channel_mean(&mut p, &one, 1, b).unwrap();

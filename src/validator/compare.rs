@@ -96,6 +96,13 @@ pub fn similarity(a: &[f32], b: &[f32]) -> Similarity {
 /// narrow boundary the offset dominates the raw cosine (a 2-channel `tiny` boundary gave noise
 /// of the right mean and spread a raw cosine of 0.966); centred, such noise scores about 0 and
 /// zeros exactly 0. The magnitude ratio is taken on the raw vectors, as in [`similarity`].
+///
+/// A replay that does not vary from position to position has nothing left after centring: a
+/// section fed the same input at every position (an upstream cheater's zeros, without
+/// re-embedding) gives the same output at every position. Then the upload must not differ
+/// from that constant beyond its wire format's rounding ([`FLAT_UPLOAD`]), and the raw cosine
+/// decides; before, the honest miner downstream of that cheater was flagged for the cheater's
+/// input.
 pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
     let width = width.max(1);
     let rows = a.len() / width;
@@ -115,12 +122,38 @@ pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
             .collect()
     };
     let raw = similarity(a, b);
-    let centered = similarity(&center(a), &center(b));
+    let (ca, cb) = (center(a), center(b));
+    let cosine = if spread(&ca, a) <= FLAT_REPLAY {
+        if spread(&cb, b) <= FLAT_UPLOAD {
+            raw.cosine
+        } else {
+            0.0
+        }
+    } else {
+        similarity(&ca, &cb).cosine
+    };
     Similarity {
-        cosine: centered.cosine,
+        cosine,
         magnitude_ratio: raw.magnitude_ratio,
         len: raw.len,
     }
+}
+
+/// Largest [`spread`] of a replay that counts as the same at every position: `f32` rounding
+/// differences between positions are about 1e-7 of the values, a varying boundary's were
+/// 3% and more.
+const FLAT_REPLAY: f64 = 1e-4;
+
+/// Largest [`spread`] of an upload around a flat replay's constant: a constant tensor sent in
+/// bf16 or int8 may differ from it by a rounding step (0.4% of a value).
+pub const FLAT_UPLOAD: f64 = 1e-2;
+
+/// How far `v` lies from the replay's channel means: the norm of its centred copy `c` over
+/// its own norm (0 for a zero vector). For the replay itself, how much it varies.
+fn spread(c: &[f32], v: &[f32]) -> f64 {
+    let norm = |x: &[f32]| x.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
+    let n = norm(v);
+    if n > 0.0 { norm(c) / n } else { 0.0 }
 }
 
 /// Why `s` fails `t`, or `None` when it passes (the magnitude test first, as in the
@@ -213,6 +246,44 @@ mod tests {
             .map(|i| if i % 2 == 0 { 5.0 } else { -3.0 })
             .collect();
         assert!(centered_similarity(&truth, &means, 2).cosine.abs() < 0.2);
+    }
+
+    #[test]
+    fn a_replay_that_is_the_same_at_every_position_is_compared_raw() {
+        // A section fed the same input at every position: the replay is constant per channel.
+        let flat: Vec<f32> = (0..64)
+            .map(|i| if i % 2 == 0 { 0.8 } else { -1.3 })
+            .collect();
+        // The honest upload, through bf16: one rounding step off at a few positions.
+        let honest: Vec<f32> = flat
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                if i % 9 == 0 {
+                    x * (1.0 + 1.0 / 256.0)
+                } else {
+                    *x
+                }
+            })
+            .collect();
+        let c = centered_similarity(&flat, &honest, 2);
+        assert!(c.cosine > 0.9999 && c.magnitude_ratio > 0.999, "{c:?}");
+        // An upload that varies where the replay does not, zeros, and a scaled copy all fail.
+        let varying: Vec<f32> = flat
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x + (i as f32 * 3.1).cos() * 0.2)
+            .collect();
+        assert_eq!(centered_similarity(&flat, &varying, 2).cosine, 0.0);
+        let zeros = centered_similarity(&flat, &[0.0; 64], 2);
+        assert_eq!((zeros.cosine, zeros.magnitude_ratio), (0.0, 0.0));
+        let half: Vec<f32> = flat.iter().map(|x| x * 0.5).collect();
+        assert!(centered_similarity(&flat, &half, 2).magnitude_ratio < 0.51);
+        // Another constant per channel is not the replay's within rounding.
+        let other: Vec<f32> = (0..64)
+            .map(|i| if i % 2 == 0 { -1.3 } else { 0.8 })
+            .collect();
+        assert_eq!(centered_similarity(&flat, &other, 2).cosine, 0.0);
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! `iota bench validate` on the default `tiny` (whose later sections re-embed the token ids):
+//! `iota bench validate` on the default `tiny`:
 //! every section's record replays bit-close at every fraction, nothing fails, and the full
 //! check compares each upload with its replay.
 
 use std::process::Command;
 
 #[test]
-fn bench_validate_replays_every_section_of_the_reembedding_tiny() {
+fn bench_validate_replays_every_section_of_tiny() {
     let output = Command::new(env!("CARGO_BIN_EXE_iota"))
         .args(["bench", "validate", "--samples", "4", "--rounds", "1"])
         .output()

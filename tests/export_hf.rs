@@ -4,8 +4,8 @@
 //! those of iota's [`Chain`] (the code `iota generate` and `iota eval` run), its mean loss
 //! equals `iota eval`'s, one token at a time through its cache it gives the whole window's
 //! logits, greedy generation gives `iota generate --temperature 0`'s text, and its tokenizer
-//! gives iota's ids. Four models: the `tiny` preset (three sections, bottlenecks,
-//! re-embedding, bf16 boundaries), one with the two-layer boundary decoders
+//! gives iota's ids. Four models: `tiny` with re-embedding (three sections, bottlenecks, the
+//! token ids re-embedded after each boundary, bf16 boundaries), one with the two-layer boundary decoders
 //! (`bottleneck_decoder: mlp`) and without re-embedding, with f32 boundaries and a trained
 //! BPE tokenizer, and two that plain Llama runs without model code: one section, and
 //! three sections without bottleneck or re-embedding crossing as f32. Bad input gets one
@@ -53,19 +53,13 @@ fn python() -> &'static Path {
     PYTHON.get_or_init(|| venv::python("tests/export_hf/requirements.txt", "export-hf"))
 }
 
-/// `iota train` of `tiny` for 30 steps into `root/name`, with a run config (YAML) when
-/// given, else the preset; `extra` flags after.
-fn train(name: &str, config: Option<&str>, extra: &[&str]) -> PathBuf {
+/// `iota train` for 30 steps into `root/name` with the run config (YAML) `config`; `extra`
+/// flags after.
+fn train(name: &str, config: &str, extra: &[&str]) -> PathBuf {
     let out = root().join(name);
     let config_file = root().join(format!("{name}.yaml"));
-    let mut args = vec!["train"];
-    match config {
-        Some(text) => {
-            std::fs::write(&config_file, text).unwrap();
-            args.extend(["--config", s(&config_file)]);
-        }
-        None => args.extend(["--preset", "tiny"]),
-    }
+    std::fs::write(&config_file, config).unwrap();
+    let mut args = vec!["train", "--config", s(&config_file)];
     let seq = SEQ.to_string();
     args.extend([
         "--steps",
@@ -230,9 +224,10 @@ fn export_and_compare(
 }
 
 #[test]
-fn the_tiny_preset_with_bottlenecks_reembedding_and_bf16_boundaries() {
+fn tiny_with_bottlenecks_reembedding_and_bf16_boundaries() {
     let _ = python();
-    let checkpoint = train("tiny", None, &[]);
+    // The preset no longer re-embeds; a config can, and the export must carry its tables.
+    let checkpoint = train("tiny", "model:\n  preset: tiny\n  reembed: true\n", &[]);
     let (worst, _) = export_and_compare(
         &checkpoint,
         &[],
@@ -263,7 +258,7 @@ fn mlp_decoders_without_reembedding_f32_boundaries_and_a_bpe_tokenizer() {
         "model:\n  preset: tiny\n  vocab_size: 300\n  reembed: false\n  bottleneck_decoder: mlp\ndata:\n  tokenizer: {}\n",
         tok.display()
     );
-    let checkpoint = train("bpe", Some(&config), &["--wire", "f32"]);
+    let checkpoint = train("bpe", &config, &["--wire", "f32"]);
     let tokenizer = Tokenizer::from_file(&tok).unwrap();
     let (worst, _) = export_and_compare(
         &checkpoint,
@@ -279,7 +274,7 @@ fn mlp_decoders_without_reembedding_f32_boundaries_and_a_bpe_tokenizer() {
 fn one_section_or_boundaries_that_change_nothing_are_plain_llama() {
     let _ = python();
     let config = "model:\n  preset: tiny\n  sections: [[0, 6]]\n";
-    let checkpoint = train("one", Some(config), &[]);
+    let checkpoint = train("one", config, &[]);
     let (worst, _) = export_and_compare(
         &checkpoint,
         &[],
@@ -296,7 +291,7 @@ fn one_section_or_boundaries_that_change_nothing_are_plain_llama() {
     assert!(config.get("auto_map").is_none());
     // Three sections whose boundaries change nothing: no bottleneck, no re-embedding, f32.
     let config = "model:\n  preset: tiny\n  bottleneck: false\n  reembed: false\n";
-    let checkpoint = train("open", Some(config), &["--wire", "f32"]);
+    let checkpoint = train("open", config, &["--wire", "f32"]);
     let (worst, _) = export_and_compare(
         &checkpoint,
         &["--wire", "f32"],

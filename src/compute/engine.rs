@@ -698,9 +698,12 @@ mod tests {
 
     type E = Engine<TestAutodiff>;
 
+    /// `tiny` at 8 tokens, re-embedding the token ids after each boundary (the preset's
+    /// default until 2026-11-30), so the engines carry ids beside every section's input.
     fn cfg() -> ModelConfig {
         let mut cfg = ModelConfig::preset("tiny").unwrap();
         cfg.max_seq_len = 8;
+        cfg.reembed = true;
         cfg
     }
 

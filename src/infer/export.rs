@@ -313,6 +313,7 @@ mod tests {
         assert_eq!(Architecture::of(&open, WireDtype::Bf16), Architecture::Iota);
         let reembed = ModelConfig {
             bottleneck: false,
+            reembed: true,
             ..t
         };
         assert_eq!(

@@ -962,16 +962,18 @@ mod tests {
 
     type Inn = Inner<TestAutodiff>;
 
+    /// `tiny` with the token ids re-embedded after each boundary (the preset's default until
+    /// 2026-11-30): most tests here run the section input that carries ids, the longer path.
     fn tiny() -> ModelConfig {
-        ModelConfig::preset("tiny").unwrap()
+        ModelConfig {
+            reembed: true,
+            ..plain_tiny()
+        }
     }
 
-    /// `tiny` without the re-embedding tables.
+    /// The `tiny` preset: no re-embedding tables.
     fn plain_tiny() -> ModelConfig {
-        ModelConfig {
-            reembed: false,
-            ..tiny()
-        }
+        ModelConfig::preset("tiny").unwrap()
     }
 
     fn tokens(b: usize, s: usize) -> Tensor<Inn, 2, Int> {
@@ -1424,7 +1426,7 @@ mod tests {
         tail.push("model.norm.weight".into());
         tail.push("lm_head.weight".into());
         assert_eq!(names(2), tail);
-        // The preset adds one table to every section after the head, and nothing else.
+        // Re-embedding adds one table to every section after the head, and nothing else.
         for (i, first) in [(0, None), (1, Some(2)), (2, Some(4))] {
             let mut with: Vec<String> = names_of(&tiny(), i);
             let table = first.map(|f| format!("model.layers.{f}.reembed.weight"));

@@ -162,6 +162,23 @@ pub fn map_params<B: Backend>(
     model.map(&mut m)
 }
 
+/// What to do when the weights and the model disagree on re-embedding (`name` is a
+/// `reembed` table the weights have, `extra`, or lack): the presets re-embedded the token ids
+/// until 2026-11-30, so weights trained then need `reembed: true` in the model config.
+fn reembed_hint(name: &str, extra: bool) -> &'static str {
+    match (name.ends_with(".reembed.weight"), extra) {
+        (false, _) => "",
+        (true, true) => {
+            ": these weights re-embed the token ids after each boundary and this model does not \
+             (no preset has since 2026-11-30); add `reembed: true` to the model config"
+        }
+        (true, false) => {
+            ": this model re-embeds the token ids after each boundary (`reembed: true`) and \
+             these weights do not; remove `reembed: true` from the model config"
+        }
+    }
+}
+
 /// Replaces every parameter of a section with the tensor of the same name in `tensors`.
 ///
 /// # Errors
@@ -176,9 +193,12 @@ pub fn import_params<B: Backend>(
         tensors.iter().map(|t| (t.name.as_str(), t)).collect();
     let expected = param_shapes(&model, spec);
     for (name, shape) in &expected {
-        let t = by_name
-            .get(name.as_str())
-            .ok_or_else(|| ModelError::Params(format!("missing tensor `{name}`")))?;
+        let t = by_name.get(name.as_str()).ok_or_else(|| {
+            ModelError::Params(format!(
+                "missing tensor `{name}`{}",
+                reembed_hint(name, false)
+            ))
+        })?;
         if &t.shape != shape || t.data.len() != shape.iter().product::<usize>() {
             return Err(ModelError::Params(format!(
                 "tensor `{name}` has shape {:?} ({} values), expected {shape:?}",
@@ -197,8 +217,10 @@ pub fn import_params<B: Backend>(
             expected.iter().map(|(n, _)| n.as_str()).collect();
         if let Some(extra) = tensors.iter().find(|t| !known.contains(t.name.as_str())) {
             return Err(ModelError::Params(format!(
-                "unexpected tensor `{}` for section {}",
-                extra.name, spec.index
+                "unexpected tensor `{}` for section {}{}",
+                extra.name,
+                spec.index,
+                reembed_hint(&extra.name, true)
             )));
         }
     }

@@ -1079,6 +1079,28 @@ mod tests {
         assert_eq!(a.export_params(), b.export_params());
     }
 
+    #[test]
+    fn weights_with_other_reembedding_than_the_model_say_which_key_to_set() {
+        let device = Default::default();
+        let section = |cfg: &ModelConfig| {
+            Section::<TestAutodiff>::new(cfg, 1, 1, OptimizerConfig::default(), &device).unwrap()
+        };
+        let (mut with, mut without) = (section(&tiny()), section(&plain_tiny()));
+        let err = without
+            .import_params(&with.export_params())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("model.layers.2.reembed.weight") && err.contains("add `reembed: true`"),
+            "{err}"
+        );
+        let err = with
+            .import_params(&without.export_params())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("remove `reembed: true`"), "{err}");
+    }
+
     fn hidden(cfg: &ModelConfig, seed: f32) -> Tensor<Inn, 3> {
         let w = cfg.boundary_width();
         let values = (0..2 * 8 * w)

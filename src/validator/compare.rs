@@ -100,7 +100,7 @@ pub fn similarity(a: &[f32], b: &[f32]) -> Similarity {
 /// A replay that does not vary from position to position has nothing left after centring: a
 /// section fed the same input at every position (an upstream cheater's zeros, without
 /// re-embedding) gives the same output at every position. Then the upload must not differ
-/// from that constant beyond its wire format's rounding ([`FLAT_UPLOAD`]), and the raw cosine
+/// from that constant beyond its wire format's rounding (1% of its norm), and the raw cosine
 /// decides; before, the honest miner downstream of that cheater was flagged for the cheater's
 /// input.
 pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
@@ -121,22 +121,21 @@ pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
             .map(|(i, x)| (f64::from(*x) - mean[i % width]) as f32)
             .collect()
     };
-    let raw = similarity(a, b);
-    let (ca, cb) = (center(a), center(b));
-    let cosine = if spread(&ca, a) <= FLAT_REPLAY {
-        if spread(&cb, b) <= FLAT_UPLOAD {
-            raw.cosine
+    // The two comparisons' norms also say how far each side lies from the replay's means.
+    let (mut raw, mut centered) = (Comparison::new(), Comparison::new());
+    raw.add(a, b);
+    centered.add(&center(a), &center(b));
+    let plain = raw.similarity();
+    let cosine = if spread(centered.norm_a_sq, raw.norm_a_sq) <= FLAT_REPLAY {
+        if spread(centered.norm_b_sq, raw.norm_b_sq) <= FLAT_UPLOAD {
+            plain.cosine
         } else {
             0.0
         }
     } else {
-        similarity(&ca, &cb).cosine
+        centered.similarity().cosine
     };
-    Similarity {
-        cosine,
-        magnitude_ratio: raw.magnitude_ratio,
-        len: raw.len,
-    }
+    Similarity { cosine, ..plain }
 }
 
 /// Largest [`spread`] of a replay that counts as the same at every position: `f32` rounding
@@ -146,14 +145,16 @@ const FLAT_REPLAY: f64 = 1e-4;
 
 /// Largest [`spread`] of an upload around a flat replay's constant: a constant tensor sent in
 /// bf16 or int8 may differ from it by a rounding step (0.4% of a value).
-pub const FLAT_UPLOAD: f64 = 1e-2;
+const FLAT_UPLOAD: f64 = 1e-2;
 
-/// How far `v` lies from the replay's channel means: the norm of its centred copy `c` over
-/// its own norm (0 for a zero vector). For the replay itself, how much it varies.
-fn spread(c: &[f32], v: &[f32]) -> f64 {
-    let norm = |x: &[f32]| x.iter().map(|y| f64::from(*y).powi(2)).sum::<f64>().sqrt();
-    let n = norm(v);
-    if n > 0.0 { norm(c) / n } else { 0.0 }
+/// How far a vector lies from the replay's channel means, from the squared norms of its
+/// centred copy and of itself (0 for a zero vector). For the replay itself, how much it varies.
+fn spread(centered_sq: f64, norm_sq: f64) -> f64 {
+    if norm_sq > 0.0 {
+        (centered_sq / norm_sq).sqrt()
+    } else {
+        0.0
+    }
 }
 
 /// Why `s` fails `t`, or `None` when it passes (the magnitude test first, as in the

@@ -162,6 +162,11 @@ pub struct BenchLearningArgs {
     /// rate; e.g. 1.414 = the square-root rule for 2 miners per section).
     #[arg(long, value_name = "F")]
     pub miner_lr_scale: Option<f64>,
+    /// Variant: the network's learning-rate warm-up in `iota train` steps (the network's
+    /// samples, or synchronous steps), run config `schedule.warmup_steps` (default:
+    /// `iota train`'s 20).
+    #[arg(long, value_name = "STEPS")]
+    pub miner_warmup: Option<u64>,
     /// Variant: DiLoCo outer step `LR,MOMENTUM` on the merged parameters (e.g. 0.7,0.9).
     #[arg(long, value_name = "LR,MOMENTUM")]
     pub outer: Option<String>,
@@ -399,6 +404,9 @@ impl BenchLearningArgs {
         }
         if let Some(scale) = self.miner_lr_scale {
             v.push_str(&format!(" --miner-lr-scale {scale}"));
+        }
+        if let Some(steps) = self.miner_warmup {
+            v.push_str(&format!(" --miner-warmup {steps}"));
         }
         v
     }
@@ -659,6 +667,44 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
     Ok(result)
 }
 
+/// Puts the network variant's flags over the generated run config `config`.
+fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> anyhow::Result<()> {
+    let split = args.samples_per_step.max(1);
+    config["local_steps"] = json!(args.local_steps);
+    config["wire"] = json!(args.wire.to_string());
+    config["weight_stashing"] = json!(!args.no_weight_stashing);
+    config["lookahead"] = json!(args.lookahead);
+    config["lanes"] = json!(args.lanes);
+    config["single_lane_samples"] = json!(args.single_lane * split);
+    config["single_lane_max_in_flight"] = json!(args.single_lane_in_flight);
+    config["early_merge_samples"] = json!(args.early_merge * split);
+    config["early_merge_every"] = json!(args.early_merge_every * split);
+    if let Some(beta1) = args.beta1 {
+        config["optimizer"]["beta1"] = json!(beta1);
+    }
+    if let Some(max) = args.beta1_max {
+        config["optimizer"]["beta1_max"] = json!(max);
+    }
+    if let Some(clip) = args.grad_clip {
+        config["optimizer"]["grad_clip"] = json!(clip);
+    }
+    if args.constant_lr {
+        config["schedule"]["total_steps"] = json!(u64::MAX);
+        config["schedule"]["min_ratio"] = json!(1.0);
+    }
+    if let Some(scale) = args.miner_lr_scale {
+        config["schedule"]["peak"] = json!(args.lr * scale);
+    }
+    if let Some(steps) = args.miner_warmup {
+        config["schedule"]["warmup_steps"] = json!(steps);
+    }
+    if let Some(outer) = &args.outer {
+        let (lr, momentum) = parse_outer(outer)?;
+        config["merge"]["outer"] = json!({ "lr": lr, "momentum": momentum });
+    }
+    Ok(())
+}
+
 /// Runs the network variant in `dir`; its evaluations come from the network itself.
 fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> {
     let listen = super::network::fresh_run_dir(dir)?;
@@ -704,35 +750,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         deadline_s: 20,
     };
     let mut config = generated_config(&local, dir, listen)?;
-    config["local_steps"] = json!(args.local_steps);
-    config["wire"] = json!(args.wire.to_string());
-    config["weight_stashing"] = json!(!args.no_weight_stashing);
-    config["lookahead"] = json!(args.lookahead);
-    config["lanes"] = json!(args.lanes);
-    config["single_lane_samples"] = json!(args.single_lane * split);
-    config["single_lane_max_in_flight"] = json!(args.single_lane_in_flight);
-    config["early_merge_samples"] = json!(args.early_merge * split);
-    config["early_merge_every"] = json!(args.early_merge_every * split);
-    if let Some(beta1) = args.beta1 {
-        config["optimizer"]["beta1"] = json!(beta1);
-    }
-    if let Some(max) = args.beta1_max {
-        config["optimizer"]["beta1_max"] = json!(max);
-    }
-    if let Some(clip) = args.grad_clip {
-        config["optimizer"]["grad_clip"] = json!(clip);
-    }
-    if args.constant_lr {
-        config["schedule"]["total_steps"] = json!(u64::MAX);
-        config["schedule"]["min_ratio"] = json!(1.0);
-    }
-    if let Some(scale) = args.miner_lr_scale {
-        config["schedule"]["peak"] = json!(args.lr * scale);
-    }
-    if let Some(outer) = &args.outer {
-        let (lr, momentum) = parse_outer(outer)?;
-        config["merge"]["outer"] = json!({ "lr": lr, "momentum": momentum });
-    }
+    apply_variant(args, &mut config)?;
     let config_path = dir.join("run.yaml");
     fs::write(&config_path, serde_norway::to_string(&config)?)
         .with_context(|| format!("writing {}", config_path.display()))?;
@@ -942,6 +960,32 @@ mod tests {
         saved.as_object_mut().unwrap().remove("seed");
         let old: TrainKey = serde_json::from_value(saved).unwrap();
         assert_eq!((old == zero, old == one), (true, false));
+    }
+
+    #[test]
+    fn variant_flags_reach_the_run_config() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: BenchLearningArgs,
+        }
+        let argv = ["bench", "--miner-warmup", "100", "--miner-lr-scale", "0.5"];
+        let args = <Cli as clap::Parser>::try_parse_from(argv).unwrap().args;
+        let mut config = json!({"schedule": {"peak": 0.003, "warmup_steps": 20}});
+        apply_variant(&args, &mut config).unwrap();
+        assert_eq!(config["schedule"]["warmup_steps"], json!(100));
+        assert_eq!(config["schedule"]["peak"], json!(0.0015));
+        // Without the flags the generated schedule stays as it was.
+        let args = <Cli as clap::Parser>::try_parse_from(["bench"])
+            .unwrap()
+            .args;
+        let mut config = json!({"schedule": {"peak": 0.003, "warmup_steps": 20}});
+        apply_variant(&args, &mut config).unwrap();
+        assert_eq!(
+            config["schedule"],
+            json!({"peak": 0.003, "warmup_steps": 20})
+        );
+        assert_eq!(config["lanes"], json!(true));
     }
 
     #[test]

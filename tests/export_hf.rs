@@ -7,9 +7,9 @@
 //! gives iota's ids. Four models: `tiny` with re-embedding (three sections, bottlenecks, the
 //! token ids re-embedded after each boundary, bf16 boundaries), one with the two-layer
 //! boundary decoders (`bottleneck_decoder: mlp`) and without re-embedding, with f32
-//! boundaries and a trained BPE tokenizer, and two that plain Llama runs without model code: one section, and
-//! three sections without bottleneck or re-embedding crossing as f32. Bad input gets one
-//! line and writes nothing.
+//! boundaries and a trained BPE tokenizer, and two that plain Llama runs without model code:
+//! one section, and three sections without bottleneck or re-embedding crossing as f32. Bad
+//! input gets one line and writes nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -211,6 +211,15 @@ fn two_replicas(cfg: &ModelConfig) -> Vec<Pipeline<B>> {
     vec![new().unwrap(), new().unwrap()]
 }
 
+/// Each replica's flat state (parameters, then moments) of section `i`.
+fn section_flats(cfg: &ModelConfig, replicas: &[Pipeline<B>], i: usize) -> Vec<Vec<f32>> {
+    let layout = iota::model::layout::section_layout(cfg, i).unwrap();
+    replicas
+        .iter()
+        .map(|p| p.sections()[i].export_flat(&layout).unwrap())
+        .collect()
+}
+
 /// One training step of each replica on different data, so that they step apart.
 fn step_apart(replicas: &mut [Pipeline<B>]) {
     let owned = windows();
@@ -260,12 +269,7 @@ fn averaging_replicas_gives_each_the_mean_of_weights_and_moments() {
     let cfg = ModelConfig::preset("tiny").unwrap();
     let mut replicas = two_replicas(&cfg);
     step_apart(&mut replicas);
-    let layout = |i| iota::model::layout::section_layout(&cfg, i).unwrap();
-    let flats = |ps: &[Pipeline<B>], i: usize| -> Vec<Vec<f32>> {
-        ps.iter()
-            .map(|p| p.sections()[i].export_flat(&layout(i)).unwrap())
-            .collect()
-    };
+    let flats = |ps: &[Pipeline<B>], i: usize| section_flats(&cfg, ps, i);
     let before: Vec<_> = (0..cfg.n_sections()).map(|i| flats(&replicas, i)).collect();
     assert_ne!(
         before[0][0], before[0][1],
@@ -288,4 +292,48 @@ fn averaging_replicas_gives_each_the_mean_of_weights_and_moments() {
             assert_eq!(s.export_optimizer().step, 1, "step counts are kept");
         }
     }
+}
+
+#[test]
+fn averaging_only_the_boundaries_leaves_the_blocks_apart() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let mut replicas = two_replicas(&cfg);
+    step_apart(&mut replicas);
+    let layout = |i| iota::model::layout::section_layout(&cfg, i).unwrap();
+    let flats = |ps: &[Pipeline<B>], i: usize| section_flats(&cfg, ps, i);
+    let before: Vec<_> = (0..cfg.n_sections()).map(|i| flats(&replicas, i)).collect();
+    replica_merge::average_boundaries(&mut replicas).unwrap();
+    let mut averaged = 0;
+    for (i, was) in before.iter().enumerate() {
+        let l = layout(i);
+        let p = l.params_len as usize;
+        let now = flats(&replicas, i);
+        for t in &l.tensors {
+            let boundary = t.name.contains(".bottleneck.");
+            for block in 0..now[0].len() / p {
+                let start = block * p + t.offset as usize;
+                for k in start..start + t.len() {
+                    if boundary {
+                        let want = (was[0][k] + was[1][k]) * 0.5;
+                        for replica in &now {
+                            assert!(
+                                (replica[k] - want).abs() <= 1e-6 * want.abs().max(1.0),
+                                "{} value {k}: {} != mean {want}",
+                                t.name,
+                                replica[k]
+                            );
+                        }
+                    } else {
+                        assert_eq!(now[0][k], was[0][k], "{} is left as it was", t.name);
+                        assert_eq!(now[1][k], was[1][k], "{} is left as it was", t.name);
+                    }
+                }
+            }
+            averaged += usize::from(boundary);
+        }
+        let apart = now[0][..p] != now[1][..p];
+        assert!(apart, "section {i}: the blocks stay apart");
+    }
+    // tiny's two boundaries: an encoder and a decoder (weight, bias) each.
+    assert!(averaged >= 6, "{averaged} boundary tensors averaged");
 }

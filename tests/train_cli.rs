@@ -226,6 +226,10 @@ fn bad_input_is_a_clear_error() {
         &["--preset", "tiny", "--merge-wire", "dct"],
         "--merge-wire dct needs --replicas",
     );
+    run_fail(
+        &["--preset", "tiny", "--average-boundary-every", "1"],
+        "--average-boundary-every needs --replicas",
+    );
     std::fs::write(
         &cfg,
         "model:\n  preset: tiny\n  bottleneck: false\ntrain:\n  bottleneck_warmup: 5\n",

@@ -21,7 +21,7 @@ use crate::model::ablation::Ablation;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
 use crate::model::checkpoint::{self, CheckpointMeta, SectionMeta};
 use crate::model::pipeline::Pipeline;
-use crate::model::replica_merge::ReplicaMerge;
+use crate::model::replica_merge::{ReplicaMerge, average_boundaries};
 use crate::model::section::OptimizerState;
 use crate::model::{LrSchedule, ModelConfig, OptimizerConfig, StepOutcome};
 
@@ -77,6 +77,10 @@ pub struct TrainArgs {
     /// With --replicas: average the replicas every N steps (and at the end).
     #[arg(long, value_name = "N")]
     pub average_every: Option<u64>,
+    /// With --replicas: also average the boundary's encoder and decoder (and their moments),
+    /// and nothing else, every N steps between the full averagings.
+    #[arg(long, value_name = "N")]
+    pub average_boundary_every: Option<u64>,
     /// With --replicas: merge them through this merge format (the run config's `merge.wire`:
     /// f32, bf16, int8, dct, sign, sign2, q4, q4v2, q4v2m4, q4v2m2, or
     /// NAME:CHUNK[:KEEP[:MERGED_KEEP]]), with error feedback for the compressed changes, as the
@@ -145,6 +149,8 @@ pub struct TrainSettings {
     pub replicas: usize,
     /// Steps between two averagings of the replicas (the last step always averages).
     pub average_every: u64,
+    /// Steps between two averagings of the boundary's halves alone (0: none).
+    pub average_boundary_every: u64,
     /// The merge format the replicas are averaged through.
     pub merge_wire: MergeWire,
     /// Steps of a warm-up without the bottleneck (0: none): the whole residual stream also
@@ -185,6 +191,7 @@ impl Default for TrainSettings {
             wire: WireDtype::Bf16,
             replicas: 1,
             average_every: 0,
+            average_boundary_every: 0,
             merge_wire: MergeWire::F32,
             bottleneck_warmup: 0,
         }
@@ -304,6 +311,9 @@ fn check_replicas(s: &TrainSettings) -> anyhow::Result<()> {
         bail!("--replicas must be at least 1");
     }
     if r == 1 {
+        if s.average_boundary_every > 0 {
+            bail!("--average-boundary-every needs --replicas R (R > 1)");
+        }
         if s.merge_wire != MergeWire::F32 {
             bail!(
                 "--merge-wire {} needs --replicas R (R > 1): one process has nothing to merge",
@@ -367,6 +377,9 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
     }
     if let Some(v) = args.average_every {
         settings.average_every = v;
+    }
+    if let Some(v) = args.average_boundary_every {
+        settings.average_boundary_every = v;
     }
     if let Some(v) = args.merge_wire {
         settings.merge_wire = v;
@@ -626,6 +639,11 @@ fn train<B: AutodiffBackend>(
             merging
                 .merge(&mut replicas)
                 .with_context(|| format!("merging the replicas through {}", s.merge_wire))?;
+        } else if replicas.len() > 1
+            && s.average_boundary_every > 0
+            && step.is_multiple_of(s.average_boundary_every)
+        {
+            average_boundaries(&mut replicas).context("averaging the replicas' boundaries")?;
         }
         let pipeline = &mut replicas[0];
         tokens_done += (s.batch_size * seq_len) as u64;

@@ -33,6 +33,67 @@ pub fn average<B: AutodiffBackend>(replicas: &mut [Pipeline<B>]) -> Result<(), M
     ReplicaMerge::new(MergeWire::F32, replicas)?.merge(replicas)
 }
 
+/// Gives every pipeline of `replicas` the mean of its boundary's parameters and optimizer
+/// moments only (every `.bottleneck.` tensor: the encoder that ends a section and the decoder
+/// that starts the next), in `f32`, and leaves the rest of each replica as it was. A
+/// simulation lever (`iota train --average-boundary-every N`): the boundary's two halves,
+/// averaged more often than the sections' blocks, keep one code for every lane.
+///
+/// # Errors
+/// Replicas of different models.
+pub fn average_boundaries<B: AutodiffBackend>(
+    replicas: &mut [Pipeline<B>],
+) -> Result<(), ModelError> {
+    let Some(first) = replicas.first() else {
+        return Ok(());
+    };
+    let config = first.sections()[0].config().clone();
+    let n = first.sections().len();
+    let scale = 1.0 / replicas.len() as f32;
+    for i in 0..n {
+        let layout = section_layout(&config, i)?;
+        let p = params_len(&layout);
+        let spans: Vec<(usize, usize)> = layout
+            .tensors
+            .iter()
+            .filter(|t| t.name.contains(".bottleneck."))
+            .map(|t| (usize::try_from(t.offset).unwrap_or(usize::MAX), t.len()))
+            .collect();
+        if spans.is_empty() || p == 0 {
+            continue;
+        }
+        let flats = replicas
+            .iter()
+            .map(|r| {
+                r.sections()
+                    .get(i)
+                    .ok_or_else(|| ModelError::Invalid("replicas of different depths".into()))?
+                    .export_flat(&layout)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let blocks = flats[0].len() / p;
+        let mut mean = flats[0].clone();
+        for b in 0..blocks {
+            for &(offset, len) in &spans {
+                let range = b * p + offset..b * p + offset + len;
+                for k in range {
+                    mean[k] = flats.iter().map(|f| f[k]).sum::<f32>() * scale;
+                }
+            }
+        }
+        for (replica, mut flat) in replicas.iter_mut().zip(flats) {
+            for b in 0..blocks {
+                for &(offset, len) in &spans {
+                    let range = b * p + offset..b * p + offset + len;
+                    flat[range.clone()].copy_from_slice(&mean[range]);
+                }
+            }
+            replica.sections_mut()[i].import_flat(&layout, &flat)?;
+        }
+    }
+    Ok(())
+}
+
 /// What the merges of replicas carry from one to the next: the format, each section's global
 /// parameters of the last merge, and each replica's error feedback.
 #[derive(Debug, Clone)]

@@ -28,6 +28,8 @@
 //! single_lane_samples: 0     # the run's first N samples go through one lane only (a multiple
 //!                            # of batches_before_merging; 0: off)
 //! single_lane_max_in_flight: 1 # in-flight cap of the single lane's miners (0: max_in_flight)
+//! early_in_flight_samples: 0 # the run's first N samples (ending an epoch) run every miner at...
+//! early_max_in_flight: 1     # ...this in-flight cap (0: max_in_flight)
 //! eval_samples: 32           # held-out windows evaluated through the network per epoch (0: off)
 //! eval_every: 1              # evaluate every N-th epoch's starting weights (and the final ones)
 //! optimizer: {}              # OptimizerConfig overrides
@@ -324,6 +326,10 @@ struct RawRunConfig {
     single_lane_samples: u64,
     #[serde(default = "default_one_usize")]
     single_lane_max_in_flight: usize,
+    #[serde(default)]
+    early_in_flight_samples: u64,
+    #[serde(default = "default_one_usize")]
+    early_max_in_flight: usize,
     #[serde(default)]
     samples_per_step: u64,
     #[serde(default)]
@@ -651,6 +657,14 @@ pub struct RunConfig {
     /// backward (fewer stale gradients while the model leaves its first plateau, at the cost
     /// of a shallower pipeline; default 1); 0: `max_in_flight`, as in the rest of the run.
     pub single_lane_max_in_flight: usize,
+    /// The run's first this many samples run every miner, in every lane, at the in-flight cap
+    /// `early_max_in_flight`: no stale gradients while the model leaves its first plateau,
+    /// with no miner left idle (unlike the single lane), for a shallower pipeline then. Ends
+    /// an epoch (like `single_lane_samples`); 0: off.
+    pub early_in_flight_samples: u64,
+    /// The in-flight cap of every miner during `early_in_flight_samples` (default 1); 0:
+    /// `max_in_flight`.
+    pub early_max_in_flight: usize,
     /// Samples per synchronous optimizer step: the orchestrator starts no sample of step
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per
     /// step (0: asynchronous steps every `local_steps` backwards).
@@ -899,19 +913,28 @@ impl RunConfig {
             early_samples: raw.early_merge_samples,
             early_every: raw.early_merge_every,
         };
-        if epochs.count_in(raw.single_lane_samples).is_none() {
-            return Err(invalid(
+        for (key, value, what) in [
+            (
                 "single_lane_samples",
-                format!(
-                    "is {} but must be a multiple of batches_before_merging ({}) past the \
-                     early merges ({} samples, every {}), so that the single lane ends with a \
-                     merge",
-                    raw.single_lane_samples,
-                    raw.batches_before_merging,
-                    raw.early_merge_samples,
-                    raw.early_merge_every
-                ),
-            ));
+                raw.single_lane_samples,
+                "the single lane ends with a merge",
+            ),
+            (
+                "early_in_flight_samples",
+                raw.early_in_flight_samples,
+                "the early cap ends with an epoch",
+            ),
+        ] {
+            if epochs.count_in(value).is_none() {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "is {value} but must be a multiple of batches_before_merging ({}) past \
+                         the early merges ({} samples, every {}), so that {what}",
+                        raw.batches_before_merging, raw.early_merge_samples, raw.early_merge_every
+                    ),
+                ));
+            }
         }
         for (key, value) in [
             ("retention.checkpoints", raw.retention.checkpoints),
@@ -1077,6 +1100,8 @@ impl RunConfig {
             lane_wait_ms: raw.lane_wait_ms,
             single_lane_samples: raw.single_lane_samples,
             single_lane_max_in_flight: raw.single_lane_max_in_flight,
+            early_in_flight_samples: raw.early_in_flight_samples,
+            early_max_in_flight: raw.early_max_in_flight,
             early_merge_samples: raw.early_merge_samples,
             early_merge_every: raw.early_merge_every,
             samples_per_step: raw.samples_per_step,
@@ -1270,6 +1295,8 @@ mod tests {
         assert!(cfg.lanes, "lane routing is the default");
         assert_eq!(cfg.single_lane_samples, 0);
         assert_eq!(cfg.single_lane_max_in_flight, 1);
+        assert_eq!(cfg.early_in_flight_samples, 0);
+        assert_eq!(cfg.early_max_in_flight, 1);
         assert_eq!(cfg.eval_every, 1);
     }
 
@@ -1452,6 +1479,11 @@ mod tests {
         let err = RunConfig::from_yaml("run: r\nearly_merge_samples: 50\n").unwrap_err();
         assert!(
             err.to_string().contains("multiple of early_merge_every"),
+            "{err}"
+        );
+        let err = RunConfig::from_yaml("run: r\nearly_in_flight_samples: 150\n").unwrap_err();
+        assert!(
+            err.to_string().contains("`early_in_flight_samples`"),
             "{err}"
         );
         let err = RunConfig::from_yaml("run: r\nsingle_lane_samples: 150\n").unwrap_err();

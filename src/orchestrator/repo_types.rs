@@ -322,6 +322,12 @@ pub struct RoutingLimits {
     /// In-flight cap of a miner during those epochs (`Config::single_lane_max_in_flight`);
     /// 0: `max_in_flight`.
     pub single_lane_max_in_flight: usize,
+    /// Epochs at the start of the run during which every miner holds at most
+    /// `early_max_in_flight` forwards (`Config::early_in_flight_samples`); 0: none.
+    pub early_epochs: u64,
+    /// In-flight cap of every miner during those epochs (`Config::early_max_in_flight`); 0:
+    /// `max_in_flight`.
+    pub early_max_in_flight: usize,
 }
 
 /// A sample about to start ([`super::repo::Repository::start_sample`]): its id, the epoch it

@@ -277,6 +277,12 @@ impl AppState {
                 .count_in(self.config.single_lane_samples)
                 .unwrap_or(0),
             single_lane_max_in_flight: self.config.single_lane_max_in_flight,
+            early_epochs: self
+                .config
+                .epochs()
+                .count_in(self.config.early_in_flight_samples)
+                .unwrap_or(0),
+            early_max_in_flight: self.config.early_max_in_flight,
         }
     }
 

@@ -127,6 +127,15 @@ pub struct BenchLearningArgs {
     /// backward (run config `single_lane_max_in_flight`, default 1; 0: --max-in-flight).
     #[arg(long, value_name = "N", default_value_t = 1)]
     pub single_lane_in_flight: usize,
+    /// Variant: the first N samples (a multiple of --merge-every) run every miner of every
+    /// lane at --early-in-flight-cap forwards awaiting a backward (run config
+    /// `early_in_flight_samples`).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub early_in_flight: u64,
+    /// The in-flight cap during --early-in-flight (run config `early_max_in_flight`, default
+    /// 1; 0: --max-in-flight).
+    #[arg(long, value_name = "K", default_value_t = 1)]
+    pub early_in_flight_cap: usize,
     /// Variant: the first N samples (a multiple of --early-merge-every) merge every
     /// --early-merge-every samples instead of every --merge-every (run config
     /// `early_merge_samples`). The network's evaluations then fall at other sample counts
@@ -375,6 +384,12 @@ impl BenchLearningArgs {
                 self.single_lane_in_flight
             ));
         }
+        if self.early_in_flight > 0 {
+            v.push_str(&format!(
+                " --early-in-flight {} --early-in-flight-cap {}",
+                self.early_in_flight, self.early_in_flight_cap
+            ));
+        }
         if self.early_merge > 0 {
             v.push_str(&format!(
                 " --early-merge {} --early-merge-every {}",
@@ -437,6 +452,14 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
         bail!(
             "--single-lane {} must be a multiple of --merge-every {} (the lane ends with a merge)",
             args.single_lane,
+            args.merge_every
+        );
+    }
+    if !args.early_in_flight.is_multiple_of(args.merge_every.max(1)) {
+        bail!(
+            "--early-in-flight {} must be a multiple of --merge-every {} (the cap ends with an \
+             epoch)",
+            args.early_in_flight,
             args.merge_every
         );
     }
@@ -677,6 +700,8 @@ fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> an
     config["lanes"] = json!(args.lanes);
     config["single_lane_samples"] = json!(args.single_lane * split);
     config["single_lane_max_in_flight"] = json!(args.single_lane_in_flight);
+    config["early_in_flight_samples"] = json!(args.early_in_flight * split);
+    config["early_max_in_flight"] = json!(args.early_in_flight_cap);
     config["early_merge_samples"] = json!(args.early_merge * split);
     config["early_merge_every"] = json!(args.early_merge_every * split);
     if let Some(beta1) = args.beta1 {
@@ -969,12 +994,24 @@ mod tests {
             #[command(flatten)]
             args: BenchLearningArgs,
         }
-        let argv = ["bench", "--miner-warmup", "100", "--miner-lr-scale", "0.5"];
+        let argv = [
+            "bench",
+            "--miner-warmup",
+            "100",
+            "--miner-lr-scale",
+            "0.5",
+            "--early-in-flight",
+            "200",
+            "--early-in-flight-cap",
+            "2",
+        ];
         let args = <Cli as clap::Parser>::try_parse_from(argv).unwrap().args;
         let mut config = json!({"schedule": {"peak": 0.003, "warmup_steps": 20}});
         apply_variant(&args, &mut config).unwrap();
         assert_eq!(config["schedule"]["warmup_steps"], json!(100));
         assert_eq!(config["schedule"]["peak"], json!(0.0015));
+        assert_eq!(config["early_in_flight_samples"], json!(200));
+        assert_eq!(config["early_max_in_flight"], json!(2));
         // Without the flags the generated schedule stays as it was.
         let args = <Cli as clap::Parser>::try_parse_from(["bench"])
             .unwrap()
@@ -986,6 +1023,7 @@ mod tests {
             json!({"peak": 0.003, "warmup_steps": 20})
         );
         assert_eq!(config["lanes"], json!(true));
+        assert_eq!(config["early_in_flight_samples"], json!(0));
     }
 
     #[test]

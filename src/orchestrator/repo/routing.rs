@@ -106,10 +106,13 @@ impl Repository {
             } else {
                 step_share(tx, section, limits, now_ms)?
             };
-            let cap = match limits.single_lane_max_in_flight {
+            let mut cap = match limits.single_lane_max_in_flight {
                 n if lane_only && n > 0 => limits.max_in_flight.min(n),
                 _ => limits.max_in_flight,
             };
+            if limits.early_max_in_flight > 0 && before_epoch(tx, limits.early_epochs)? {
+                cap = cap.min(limits.early_max_in_flight);
+            }
             let allowance = if off_lane {
                 0
             } else {
@@ -667,12 +670,17 @@ fn ranked(
 
 /// Whether the run is still in its single-lane epochs ([`RoutingLimits::single_lane_epochs`]).
 fn single_lane(tx: &Connection, limits: RoutingLimits) -> Result<bool, RepoError> {
-    if limits.single_lane_epochs == 0 {
+    before_epoch(tx, limits.single_lane_epochs)
+}
+
+/// Whether the run's current epoch is below `epochs` (never when `epochs` is 0).
+fn before_epoch(tx: &Connection, epochs: u64) -> Result<bool, RepoError> {
+    if epochs == 0 {
         return Ok(false);
     }
     let epoch: i64 =
         tx.query_row_cached("SELECT epoch FROM run_state WHERE id = 0", [], |r| r.get(0))?;
-    Ok(to_u64(epoch) < limits.single_lane_epochs)
+    Ok(to_u64(epoch) < epochs)
 }
 
 /// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it

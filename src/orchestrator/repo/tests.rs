@@ -15,6 +15,8 @@ const LIMITS: RoutingLimits = RoutingLimits {
     lanes: false,
     single_lane_epochs: 0,
     single_lane_max_in_flight: 0,
+    early_epochs: 0,
+    early_max_in_flight: 0,
     lane_wait_ms: 2000,
     live_ms: 60_000,
 };
@@ -516,6 +518,32 @@ fn a_single_lane_in_flight_cap_holds_only_while_the_lane_lasts() {
     // One forward in flight: the head has no room, the middle's lane miner takes it.
     assert_eq!(head("a0"), 0);
     assert_eq!(take_inputs(&repo, "b0", single, T0).len(), 1);
+    repo.begin_uploading(0, T0 + 100, T0).unwrap();
+    repo.begin_merging(T0 + 200, T0).unwrap();
+    repo.finish_merge(0).unwrap();
+    assert_eq!((head("a0"), head("a1")), (3, 3));
+}
+
+/// `early_max_in_flight` caps every miner of every lane (none idles, unlike the single lane)
+/// for the early epochs, and the run's own cap applies again from the merge that ends them.
+#[test]
+fn an_early_in_flight_cap_holds_every_lane_until_its_epochs_end() {
+    let repo = network();
+    let early = RoutingLimits {
+        samples_per_step: 0,
+        max_in_flight: 3,
+        early_epochs: 1,
+        early_max_in_flight: 1,
+        lanes: true,
+        ..LIMITS
+    };
+    let head = |hk: &str| repo.take_work(hk, 4, early, T0).unwrap().head_capacity;
+    assert_eq!((head("a0"), head("a1")), (1, 1));
+    let f0 = start(&repo, 0);
+    repo.accept(f0, "a0", &ok("x0"), early, T0).unwrap();
+    // a0 holds one forward: no room; a1, in the other lane, still has its one.
+    assert_eq!((head("a0"), head("a1")), (0, 1));
+    assert_eq!(take_inputs(&repo, "b0", early, T0).len(), 1);
     repo.begin_uploading(0, T0 + 100, T0).unwrap();
     repo.begin_merging(T0 + 200, T0).unwrap();
     repo.finish_merge(0).unwrap();

@@ -149,3 +149,38 @@ fn synchronous_steps_follow_one_process_at_every_evaluation() {
         );
     }
 }
+
+/// A variant whose early phase would not end with an epoch is refused in one line, before any
+/// run starts.
+#[test]
+fn early_phases_that_do_not_end_an_epoch_are_refused() {
+    for (flag, why) in [
+        ("--single-lane", "the lane ends with a merge"),
+        ("--early-in-flight", "the cap ends with an epoch"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let output = Command::new(env!("CARGO_BIN_EXE_iota"))
+            .args([
+                "bench",
+                "learning",
+                "--preset",
+                "tiny",
+                "--merge-every",
+                "100",
+            ])
+            .args([flag, "50", "--dir"])
+            .arg(dir.path().join("runs"))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flag} 50 was accepted");
+        assert!(
+            stderr.contains(&format!(
+                "{flag} 50 must be a multiple of --merge-every 100 ({why})"
+            )),
+            "{stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(!dir.path().join("runs").exists(), "nothing is written");
+    }
+}

@@ -62,7 +62,7 @@ pub fn average_boundaries<B: AutodiffBackend>(
         if spans.is_empty() || p == 0 {
             continue;
         }
-        let flats = replicas
+        let mut flats = replicas
             .iter()
             .map(|r| {
                 r.sections()
@@ -71,24 +71,17 @@ pub fn average_boundaries<B: AutodiffBackend>(
                     .export_flat(&layout)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let blocks = flats[0].len() / p;
-        let mut mean = flats[0].clone();
-        for b in 0..blocks {
+        // Parameters, then each moment: the same spans in every block of `p` values.
+        for b in 0..flats[0].len() / p {
             for &(offset, len) in &spans {
-                let range = b * p + offset..b * p + offset + len;
-                for k in range {
-                    mean[k] = flats.iter().map(|f| f[k]).sum::<f32>() * scale;
+                for k in b * p + offset..b * p + offset + len {
+                    let mean = flats.iter().map(|f| f[k]).sum::<f32>() * scale;
+                    flats.iter_mut().for_each(|f| f[k] = mean);
                 }
             }
         }
-        for (replica, mut flat) in replicas.iter_mut().zip(flats) {
-            for b in 0..blocks {
-                for &(offset, len) in &spans {
-                    let range = b * p + offset..b * p + offset + len;
-                    flat[range.clone()].copy_from_slice(&mean[range]);
-                }
-            }
-            replica.sections_mut()[i].import_flat(&layout, &flat)?;
+        for (replica, flat) in replicas.iter_mut().zip(&flats) {
+            replica.sections_mut()[i].import_flat(&layout, flat)?;
         }
     }
     Ok(())

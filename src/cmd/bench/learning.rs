@@ -448,20 +448,24 @@ fn parse_outer(text: &str) -> anyhow::Result<(f64, f64)> {
 /// # Errors
 /// Bad flags, or a run that fails.
 pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
-    if !args.single_lane.is_multiple_of(args.merge_every.max(1)) {
-        bail!(
-            "--single-lane {} must be a multiple of --merge-every {} (the lane ends with a merge)",
+    for (flag, value, why) in [
+        (
+            "--single-lane",
             args.single_lane,
-            args.merge_every
-        );
-    }
-    if !args.early_in_flight.is_multiple_of(args.merge_every.max(1)) {
-        bail!(
-            "--early-in-flight {} must be a multiple of --merge-every {} (the cap ends with an \
-             epoch)",
+            "the lane ends with a merge",
+        ),
+        (
+            "--early-in-flight",
             args.early_in_flight,
-            args.merge_every
-        );
+            "the cap ends with an epoch",
+        ),
+    ] {
+        if !value.is_multiple_of(args.merge_every.max(1)) {
+            bail!(
+                "{flag} {value} must be a multiple of --merge-every {} ({why})",
+                args.merge_every
+            );
+        }
     }
     if args.samples < args.merge_every || args.merge_every == 0 {
         bail!(

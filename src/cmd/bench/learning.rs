@@ -161,6 +161,11 @@ pub struct BenchLearningArgs {
     /// reference's per-stage rule).
     #[arg(long, value_name = "BETA1")]
     pub beta1_max: Option<f64>,
+    /// The miners' asynchronous steps use Nesterov momentum, NAdam with decoupled weight decay
+    /// (run config `optimizer.nesterov`, on by default; the IOTA reference's inner optimizer).
+    /// `--nesterov false`: AdamW, the variant.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub nesterov: bool,
     /// Variant: the miners' gradient-norm clip per section (0: off; default: `iota train`'s).
     #[arg(long, value_name = "NORM")]
     pub grad_clip: Option<f64>,
@@ -407,6 +412,9 @@ impl BenchLearningArgs {
         }
         if let Some(max) = self.beta1_max {
             v.push_str(&format!(" --beta1-max {max}"));
+        }
+        if !self.nesterov {
+            v.push_str(" --nesterov false");
         }
         if let Some(clip) = self.grad_clip {
             v.push_str(&format!(" --grad-clip {clip}"));
@@ -714,6 +722,9 @@ fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> an
     if let Some(max) = args.beta1_max {
         config["optimizer"]["beta1_max"] = json!(max);
     }
+    if !args.nesterov {
+        config["optimizer"]["nesterov"] = json!(false);
+    }
     if let Some(clip) = args.grad_clip {
         config["optimizer"]["grad_clip"] = json!(clip);
     }
@@ -1008,6 +1019,8 @@ mod tests {
             "200",
             "--early-in-flight-cap",
             "2",
+            "--nesterov",
+            "false",
         ];
         let args = <Cli as clap::Parser>::try_parse_from(argv).unwrap().args;
         let mut config = json!({"schedule": {"peak": 0.003, "warmup_steps": 20}});
@@ -1016,6 +1029,8 @@ mod tests {
         assert_eq!(config["schedule"]["peak"], json!(0.0015));
         assert_eq!(config["early_in_flight_samples"], json!(200));
         assert_eq!(config["early_max_in_flight"], json!(2));
+        assert_eq!(config["optimizer"]["nesterov"], json!(false));
+        assert!(args.variant().contains("--nesterov false"));
         // Without the flags the generated schedule stays as it was.
         let args = <Cli as clap::Parser>::try_parse_from(["bench"])
             .unwrap()
@@ -1028,6 +1043,7 @@ mod tests {
         );
         assert_eq!(config["lanes"], json!(true));
         assert_eq!(config["early_in_flight_samples"], json!(0));
+        assert!(config.get("optimizer").is_none());
     }
 
     #[test]

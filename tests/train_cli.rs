@@ -429,32 +429,35 @@ fn sigterm_stops_at_a_step_with_an_evaluated_checkpoint_that_resumes() {
     assert_eq!(v["stopped_early"], false, "{v}");
 }
 
+/// Four steps of `tiny` into `dir/name` with `extra` flags; the run's summary.
+fn four_tiny_steps(dir: &Path, name: &str, extra: &[&str]) -> serde_json::Value {
+    let out = dir.join(name);
+    let summary = dir.join(format!("{name}.json"));
+    let mut args = vec![
+        "train",
+        "--preset",
+        "tiny",
+        "--steps",
+        "4",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--quiet",
+        "--out",
+        s(&out),
+        "--summary-out",
+        s(&summary),
+    ];
+    args.extend_from_slice(extra);
+    ok(&args);
+    serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap()
+}
+
 #[test]
 fn a_bottleneck_warmup_changes_training_and_ends_in_the_plain_model() {
     let dir = tempfile::tempdir().unwrap();
-    let run = |name: &str, extra: &[&str]| -> serde_json::Value {
-        let out = dir.path().join(name);
-        let summary = dir.path().join(format!("{name}.json"));
-        let mut args = vec![
-            "train",
-            "--preset",
-            "tiny",
-            "--steps",
-            "4",
-            "--batch-size",
-            "2",
-            "--seq-len",
-            "16",
-            "--quiet",
-            "--out",
-            s(&out),
-            "--summary-out",
-            s(&summary),
-        ];
-        args.extend_from_slice(extra);
-        ok(&args);
-        serde_json::from_slice(&std::fs::read(&summary).unwrap()).unwrap()
-    };
+    let run = |name: &str, extra: &[&str]| four_tiny_steps(dir.path(), name, extra);
     let plain = run("plain", &[]);
     let warmed = run("warmed", &["--bottleneck-warmup", "3"]);
     let (p, w) = (
@@ -484,4 +487,21 @@ fn a_bottleneck_warmup_changes_training_and_ends_in_the_plain_model() {
         serde_json::from_slice(&std::fs::read(&resumed).unwrap()).unwrap();
     assert_eq!(resumed["step"].as_u64(), Some(5));
     assert_eq!(resumed["steps_run"].as_u64(), Some(1));
+}
+
+#[test]
+fn nesterov_steps_the_yardstick_with_nadam() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |name: &str, extra: &[&str]| {
+        four_tiny_steps(dir.path(), name, extra)["eval_loss"]
+            .as_f64()
+            .unwrap()
+    };
+    // The same seed and data: only the optimizer differs, so the losses do.
+    let (adamw, nadam) = (run("adamw", &[]), run("nadam", &["--nesterov"]));
+    assert!(
+        nadam.is_finite() && (adamw - nadam).abs() > 1e-6,
+        "AdamW {adamw}, NAdam {nadam}"
+    );
+    assert_eq!(run("adamw-again", &[]), adamw, "AdamW runs repeat exactly");
 }

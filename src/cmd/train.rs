@@ -111,6 +111,11 @@ pub struct TrainArgs {
     /// more compute per step).
     #[arg(long)]
     pub recompute_backward: bool,
+    /// Step every section with NAdam (the miners' optimizer for stale gradients, run config
+    /// `optimizer.nesterov`) instead of AdamW: the yardstick's variant, to tell how much of a
+    /// network's gain is the optimizer itself.
+    #[arg(long)]
+    pub nesterov: bool,
     /// Hide the progress bar (log lines only).
     #[arg(long)]
     pub quiet: bool,
@@ -250,6 +255,7 @@ struct Plan {
     metrics_out: Option<PathBuf>,
     summary_out: Option<PathBuf>,
     recompute_backward: bool,
+    nesterov: bool,
     quiet: bool,
 }
 
@@ -501,6 +507,7 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
         metrics_out: args.metrics_out,
         summary_out: args.summary_out,
         recompute_backward: args.recompute_backward,
+        nesterov: args.nesterov,
         quiet: args.quiet,
     })
 }
@@ -549,6 +556,7 @@ fn train<B: AutodiffBackend>(
         }
     }
     let mut pipeline = Pipeline::<B>::new(&plan.model, s.seed, s.optimizer, s.wire, device)?;
+    set_nesterov(&mut pipeline, plan.nesterov);
     let (mut step, mut next_sample) = (0u64, 0u64);
     if let Some(ckpt) = &plan.resume_from {
         restore(&mut pipeline, ckpt)?;
@@ -561,6 +569,7 @@ fn train<B: AutodiffBackend>(
     let mut replicas = vec![pipeline];
     for _ in 1..s.replicas.max(1) {
         let mut replica = Pipeline::<B>::new(&plan.model, s.seed, s.optimizer, s.wire, device)?;
+        set_nesterov(&mut replica, plan.nesterov);
         replica.set_retain_graphs(!plan.recompute_backward);
         if let Some(ckpt) = &plan.resume_from {
             // Every replica continues from the checkpoint (one model, split from here on).
@@ -819,6 +828,14 @@ fn save<B: AutodiffBackend>(
 
 /// Prints a line above the progress bar, or plainly where the bar is hidden (`--quiet`, or
 /// output that is not a terminal), where `ProgressBar::println` would drop it.
+/// Steps every section of `pipeline` with NAdam when `on` (`--nesterov`); `Pipeline::new` gives
+/// AdamW, as for steps whose gradients are never stale.
+fn set_nesterov<B: AutodiffBackend>(pipeline: &mut Pipeline<B>, on: bool) {
+    for section in pipeline.sections_mut() {
+        section.set_nesterov(on);
+    }
+}
+
 fn say(bar: &ProgressBar, line: String) {
     bar.suspend(|| println!("{line}"));
 }

@@ -952,6 +952,12 @@ impl<B: AutodiffBackend> Section<B> {
     pub fn optimizer_config(&self) -> &OptimizerConfig {
         &self.optimizer.config
     }
+
+    /// Steps with Nesterov momentum (NAdam) or AdamW from now on; the moments are the same
+    /// kind either way.
+    pub fn set_nesterov(&mut self, on: bool) {
+        self.optimizer.config.nesterov = on;
+    }
 }
 
 #[cfg(test)]

@@ -826,8 +826,6 @@ fn save<B: AutodiffBackend>(
         .with_context(|| format!("saving checkpoint to {}", plan.out.display()))
 }
 
-/// Prints a line above the progress bar, or plainly where the bar is hidden (`--quiet`, or
-/// output that is not a terminal), where `ProgressBar::println` would drop it.
 /// Steps every section of `pipeline` with NAdam when `on` (`--nesterov`); `Pipeline::new` gives
 /// AdamW, as for steps whose gradients are never stale.
 fn set_nesterov<B: AutodiffBackend>(pipeline: &mut Pipeline<B>, on: bool) {
@@ -836,6 +834,8 @@ fn set_nesterov<B: AutodiffBackend>(pipeline: &mut Pipeline<B>, on: bool) {
     }
 }
 
+/// Prints a line above the progress bar, or plainly where the bar is hidden (`--quiet`, or
+/// output that is not a terminal), where `ProgressBar::println` would drop it.
 fn say(bar: &ProgressBar, line: String) {
     bar.suspend(|| println!("{line}"));
 }

@@ -456,9 +456,9 @@ impl<B: Backend> AdamW<B> {
     }
 
     /// What a step at `t` (1-based) moves a parameter by, over `lr`, before weight decay, from
-    /// the new moments `m` and `v` and, for Nesterov steps, the new gradient `fresh`: AdamW's
-    /// bias-corrected `m / (sqrt(v) + eps)`, or NAdam's blend of `fresh` and `m` over the same
-    /// denominator ([`nadam_weights`]).
+    /// the new moments `m` and `v` and, for Nesterov steps (`fresh` given only then), the new
+    /// gradient `fresh`: AdamW's bias-corrected `m / (sqrt(v) + eps)`, or NAdam's blend of
+    /// `fresh` and `m` over the same denominator ([`nadam_weights`]).
     fn step_direction(
         &self,
         m: &Tensor<B, 1>,
@@ -470,11 +470,11 @@ impl<B: Backend> AdamW<B> {
         let bc2 = 1.0 - c.beta2.powi(t as i32);
         let denom = (v.clone() / bc2).sqrt() + c.eps;
         match fresh {
-            Some(g) if c.nesterov => {
+            Some(g) => {
                 let (on_grad, on_moment) = nadam_weights(c.beta1, c.momentum_decay, t);
                 (g * on_grad + m.clone() * on_moment) / denom
             }
-            _ => {
+            None => {
                 let bc1 = 1.0 - c.beta1.powi(t as i32);
                 (m.clone() / bc1) / denom
             }

@@ -37,8 +37,9 @@ fn three_merge_cycles_in_a_local_network() {
             // (the staleness-grown beta1 among them), two series of 30 runs of this command had
             // no setback: every one at or below +0.095, every merged model evaluating better
             // than the one before, the last evaluation 2.72-2.78; and 30 more on the presets
-            // without re-embedding (2026-11-30): at or below -0.005, the last evaluation 3.46
-            // (docs/learning.md, "No setback after a merge in 90 runs").
+            // without re-embedding (2026-11-30): at or below -0.005, the last evaluation 3.46;
+            // and 30 with NAdam, the miners' default since 2026-12-01: at or below -0.008
+            // (docs/learning.md, "No setback after a merge in 120 runs").
             "--poll-ms",
             "250",
             "--merge-every",

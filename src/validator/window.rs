@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use super::clasp::{LedgerEntry, estimate};
 use super::compare::Similarity;
 use super::compare::failure;
-use super::fetch::{FetchError, fetch_merge_object, load_item};
+use super::fetch::{FetchError, fetch_flat, fetch_merge_object, load_item};
 use super::merge_check::check_merge;
 use super::quality;
 use super::replay::{ReplayStats, Replayer, compare_progress, replay_count};
@@ -248,9 +248,11 @@ pub async fn validate_epoch<B: AutodiffBackend>(
     clasp(ctx, &ledger, &losses, &mut ev);
     let mut records = Vec::new();
     let mut starts = Vec::new();
+    let mut context = Vec::new();
     for section in 0..ctx.model.n_sections() {
         match check_section(ctx, epoch, section, &ledger, &mut ev).await {
             Ok((record, start)) => {
+                context.push(merged_or_start(ctx, &record, &start, &mut notes).await);
                 records.push(record);
                 starts.push(start);
             }
@@ -263,6 +265,7 @@ pub async fn validate_epoch<B: AutodiffBackend>(
             &ledger,
             &records,
             &starts,
+            &context,
             &ctx.model,
             &ctx.settings,
             &ctx.chooser,
@@ -280,7 +283,7 @@ pub async fn validate_epoch<B: AutodiffBackend>(
                         e.input.upload = Some(factor);
                         e.note(format!(
                             "upload: {:+.4} nats on its own {} samples, {:+.4} on {} others \
-                             (section peers' median {:+.4}; starting loss {:.4}; factor {:.3})",
+                             (section peers' median {:+.4}; baseline {:.4}; factor {:.3})",
                             q.own, q.own_n, q.control, q.control_n, peer, q.base_control, factor
                         ));
                     }
@@ -597,6 +600,40 @@ pub async fn replay_miner<B: AutodiffBackend>(
         },
         losses,
     })
+}
+
+/// The state section `record.section` ended the epoch with: the merged checkpoint, or `start`
+/// (with a note) where the merge did not finish or its object cannot be read.
+async fn merged_or_start<B: AutodiffBackend>(
+    ctx: &Context<B>,
+    record: &MergeRecord,
+    start: &[f32],
+    notes: &mut Vec<String>,
+) -> Vec<f32> {
+    let Some(merged) = &record.merged else {
+        return start.to_vec();
+    };
+    let want = section_layout(&ctx.model, record.section).map(|l| l.total_len());
+    match fetch_flat(&merged.blob).await {
+        Ok(flat) if want.as_ref().is_ok_and(|&n| n == flat.len()) => flat,
+        Ok(flat) => {
+            notes.push(format!(
+                "section {}: merged state has {} values, not the layout's; its start stands in \
+                 for it in upload quality",
+                record.section,
+                flat.len()
+            ));
+            start.to_vec()
+        }
+        Err(e) => {
+            notes.push(format!(
+                "section {}: merged state unreadable ({e}); its start stands in for it in \
+                 upload quality",
+                record.section
+            ));
+            start.to_vec()
+        }
+    }
 }
 
 /// The merge-level checks of one section; returns its record and start state for the

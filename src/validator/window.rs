@@ -611,6 +611,10 @@ async fn merged_or_start<B: AutodiffBackend>(
     notes: &mut Vec<String>,
 ) -> Vec<f32> {
     let Some(merged) = &record.merged else {
+        notes.push(format!(
+            "section {}: merge not finalised; its start stands in for it in upload quality",
+            record.section
+        ));
         return start.to_vec();
     };
     let want = section_layout(&ctx.model, record.section).map(|l| l.total_len());

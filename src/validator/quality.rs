@@ -14,7 +14,7 @@
 //! miner that trained on its samples improves them; one that did not train improves nothing;
 //! one that copied another's state improves the other's samples, not its own, more.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -224,11 +224,19 @@ pub async fn measure<B: AutodiffBackend>(
             inputs.insert((id, n - 1), to_vec(h)?);
         }
     }
-    // Each section's baseline: the surroundings with that section at its start.
+    // Each section's baseline, on the samples its uploaders are measured on: the surroundings
+    // with that section at its start.
+    let mut measured: Vec<BTreeSet<u64>> = vec![BTreeSet::new(); n];
+    for (s, _, own, control) in &plan {
+        measured[*s].extend(own.iter().chain(control));
+    }
     let mut base: HashMap<(u64, usize), f64> = HashMap::new();
     for (s, flat) in starts.iter().enumerate().take(n) {
         let mut start = build(s, flat)?;
-        for (&id, t) in &tokens {
+        for &id in &measured[s] {
+            let Some(t) = tokens.get(&id) else {
+                continue;
+            };
             let later = &mut around[s + 1..];
             if let Some(loss) = loss_from(&mut start, later, s, id, t, &inputs, model, device)? {
                 base.insert((id, s), loss);

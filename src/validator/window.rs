@@ -610,34 +610,22 @@ async fn merged_or_start<B: AutodiffBackend>(
     start: &[f32],
     notes: &mut Vec<String>,
 ) -> Vec<f32> {
-    let Some(merged) = &record.merged else {
-        notes.push(format!(
-            "section {}: merge not finalised; its start stands in for it in upload quality",
-            record.section
-        ));
-        return start.to_vec();
+    let why = match &record.merged {
+        None => "merge not finalised".to_string(),
+        Some(merged) => {
+            let want = section_layout(&ctx.model, record.section).map(|l| l.total_len());
+            match fetch_flat(&merged.blob).await {
+                Ok(flat) if want.as_ref().is_ok_and(|&n| n == flat.len()) => return flat,
+                Ok(flat) => format!("merged state has {} values, not the layout's", flat.len()),
+                Err(e) => format!("merged state unreadable ({e})"),
+            }
+        }
     };
-    let want = section_layout(&ctx.model, record.section).map(|l| l.total_len());
-    match fetch_flat(&merged.blob).await {
-        Ok(flat) if want.as_ref().is_ok_and(|&n| n == flat.len()) => flat,
-        Ok(flat) => {
-            notes.push(format!(
-                "section {}: merged state has {} values, not the layout's; its start stands in \
-                 for it in upload quality",
-                record.section,
-                flat.len()
-            ));
-            start.to_vec()
-        }
-        Err(e) => {
-            notes.push(format!(
-                "section {}: merged state unreadable ({e}); its start stands in for it in \
-                 upload quality",
-                record.section
-            ));
-            start.to_vec()
-        }
-    }
+    notes.push(format!(
+        "section {}: {why}; its start stands in for it in upload quality",
+        record.section
+    ));
+    start.to_vec()
 }
 
 /// The merge-level checks of one section; returns its record and start state for the

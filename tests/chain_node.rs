@@ -1242,8 +1242,17 @@ fn a_validator_on_a_fake_node_sets_waits_commits_and_reveals_after_a_restart() {
     let expected = expected_on_chain(&url, &val, 1, &uid_of, 0)
         .expect("/api/weights shows the validator's epoch 1");
     assert_eq!(json!([revealed["uids"], revealed["values"]]), expected);
-    let second = std::fs::read_to_string(dir.join("val-2.log")).unwrap();
-    assert!(second.contains("revealed on chain"), "{second}");
+    // The node records the reveal before the validator hears back and logs it.
+    wait_until(
+        dir,
+        "the validator's log of the reveal",
+        Duration::from_secs(30),
+        || {
+            std::fs::read_to_string(dir.join("val-2.log"))
+                .ok()
+                .filter(|log| log.contains("revealed on chain"))
+        },
+    );
     assert!(
         !std::fs::read_to_string(&log1)
             .unwrap()

@@ -249,16 +249,37 @@ impl OnChain {
     }
 
     /// Reveals the commits that are due, then submits the queued window if the rate limit
-    /// allows (see the module documentation). Blocking.
+    /// allows (see the module documentation): [`Self::reveal`], then [`Self::submit`].
+    /// Blocking.
+    ///
+    /// # Errors
+    /// As either; an error in the submission drops the reveals' events (a caller that reports
+    /// them calls the two apart).
+    pub fn step(&mut self) -> Result<Vec<Event>, OnChainError> {
+        let mut events = self.reveal()?;
+        events.extend(self.submit()?);
+        Ok(events)
+    }
+
+    /// Reveals the commits that are due. Blocking.
+    ///
+    /// # Errors
+    /// [`OnChainError`]: the chain refused or could not be read, or a file could not be
+    /// written.
+    pub fn reveal(&mut self) -> Result<Vec<Event>, OnChainError> {
+        Ok(reveal_due(self.chain.as_ref(), &self.signer, &self.store)?
+            .into_iter()
+            .map(|c| Event::Revealed { uids: c.uids.len() })
+            .collect())
+    }
+
+    /// Submits the queued window if the rate limit allows. Blocking.
     ///
     /// # Errors
     /// [`OnChainError`]: the chain refused or could not be read (the window stays queued),
     /// or a file could not be written.
-    pub fn step(&mut self) -> Result<Vec<Event>, OnChainError> {
-        let mut events: Vec<Event> = reveal_due(self.chain.as_ref(), &self.signer, &self.store)?
-            .into_iter()
-            .map(|c| Event::Revealed { uids: c.uids.len() })
-            .collect();
+    pub fn submit(&mut self) -> Result<Vec<Event>, OnChainError> {
+        let mut events = Vec::new();
         let Some(weights) = self.queued.clone() else {
             return Ok(events);
         };

@@ -283,9 +283,12 @@ impl ChainStepper {
             return;
         };
         self.last = Some(Instant::now());
-        let (oc, result) = match tokio::task::spawn_blocking(move || {
-            let result = oc.step();
-            (oc, result)
+        // Reveals, then (when they went through) the submission: one that fails keeps the
+        // reveals' events.
+        let (oc, results) = match tokio::task::spawn_blocking(move || {
+            let revealed = oc.reveal();
+            let submitted = revealed.is_ok().then(|| oc.submit());
+            (oc, [Some(revealed), submitted])
         })
         .await
         {
@@ -296,6 +299,13 @@ impl ChainStepper {
             }
         };
         *onchain = Some(oc);
+        for result in results.into_iter().flatten() {
+            self.report(result);
+        }
+    }
+
+    /// Prints what one part of a step did, or why it failed.
+    fn report(&mut self, result: Result<Vec<Event>, OnChainError>) {
         match result {
             Ok(events) => {
                 for event in events {

@@ -337,3 +337,57 @@ fn averaging_only_the_boundaries_leaves_the_blocks_apart() {
     // tiny's two boundaries: an encoder and a decoder (weight, bias) each.
     assert!(averaged >= 6, "{averaged} boundary tensors averaged");
 }
+
+#[test]
+fn an_outer_step_moves_the_merged_parameters_and_leaves_the_moments_their_mean() {
+    let cfg = ModelConfig::preset("tiny").unwrap();
+    let mut replicas = two_replicas(&cfg);
+    let start: Vec<_> = (0..cfg.n_sections())
+        .map(|i| section_flats(&cfg, &replicas, i).remove(0))
+        .collect();
+    let mut merging = ReplicaMerge::new(MergeWire::F32, &replicas).unwrap();
+    step_apart(&mut replicas);
+    let before: Vec<_> = (0..cfg.n_sections())
+        .map(|i| section_flats(&cfg, &replicas, i))
+        .collect();
+    // Outer lr 2 without momentum: twice the averaged move from the previous global state.
+    let step = iota::merge::OuterStep {
+        lr: 2.0,
+        momentum: 0.0,
+    };
+    let mut buffers = vec![Vec::new(); cfg.n_sections()];
+    merging
+        .merge_then(&mut replicas, &mut |i, previous, merged| {
+            buffers[i].resize(previous.len(), 0.0);
+            let out = iota::merge::nesterov_outer_step(previous, merged, &mut buffers[i], step)
+                .map_err(|e| e.to_string())?;
+            merged.copy_from_slice(&out);
+            Ok(())
+        })
+        .unwrap();
+    for (i, was) in before.iter().enumerate() {
+        let p = iota::model::layout::section_layout(&cfg, i)
+            .unwrap()
+            .params_len as usize;
+        let now = section_flats(&cfg, &replicas, i);
+        assert_eq!(now[0], now[1], "section {i}: one state");
+        for (k, got) in now[0].iter().enumerate() {
+            let mean = (was[0][k] + was[1][k]) * 0.5;
+            let want = if k < p {
+                start[i][k] + 2.0 * (mean - start[i][k])
+            } else {
+                mean
+            };
+            assert!(
+                (got - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "section {i} value {k} (parameters end at {p}): {got} != {want}"
+            );
+        }
+    }
+    // A refused adjustment fails the merge with the section named.
+    let err = merging
+        .merge_then(&mut replicas, &mut |_, _, _| Err("no".into()))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("section 0: no"), "{err}");
+}

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::cmd::stop_request::StopRequest;
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, StreamSettings, Tokenizer};
+use crate::merge::{OuterStep, nesterov_outer_step};
 use crate::mirror;
 use crate::model::ablation::Ablation;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
@@ -87,6 +88,11 @@ pub struct TrainArgs {
     /// network does; measures a format's learning cost without the network's timing noise.
     #[arg(long, value_name = "FORMAT")]
     pub merge_wire: Option<MergeWire>,
+    /// With --replicas: take a Nesterov outer step `LR,MOMENTUM` on each averaging's move
+    /// instead of adopting the mean (the network's `merge.outer`; 1,0 adopts the mean). Its
+    /// momentum starts at zero, also on --resume.
+    #[arg(long, value_name = "LR,MOMENTUM")]
+    pub outer: Option<OuterStep>,
     /// Warm up without the bottleneck for N steps: the whole residual stream also crosses
     /// each boundary, its weight falling from 1 to 0 over those steps (`train.bottleneck_warmup`).
     #[arg(long, value_name = "N")]
@@ -158,6 +164,8 @@ pub struct TrainSettings {
     pub average_boundary_every: u64,
     /// The merge format the replicas are averaged through.
     pub merge_wire: MergeWire,
+    /// An outer step on each averaging of the replicas (none: they adopt the mean).
+    pub outer: Option<OuterStep>,
     /// Steps of a warm-up without the bottleneck (0: none): the whole residual stream also
     /// crosses each boundary, weighted from 1 at the first step down to 0 at this one, so the
     /// sections first train as one wide model and hand over to the bottleneck gradually (see
@@ -198,6 +206,7 @@ impl Default for TrainSettings {
             average_every: 0,
             average_boundary_every: 0,
             merge_wire: MergeWire::F32,
+            outer: None,
             bottleneck_warmup: 0,
         }
     }
@@ -326,6 +335,9 @@ fn check_replicas(s: &TrainSettings) -> anyhow::Result<()> {
                 s.merge_wire
             );
         }
+        if s.outer.is_some() {
+            bail!("--outer needs --replicas R (R > 1): one process has nothing to merge");
+        }
         return Ok(());
     }
     if !s.batch_size.is_multiple_of(r) {
@@ -389,6 +401,9 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
     }
     if let Some(v) = args.merge_wire {
         settings.merge_wire = v;
+    }
+    if let Some(v) = args.outer {
+        settings.outer = Some(v);
     }
     if let Some(v) = args.bottleneck_warmup {
         settings.bottleneck_warmup = v;
@@ -578,6 +593,19 @@ fn train<B: AutodiffBackend>(
         replicas.push(replica);
     }
     let mut merging = ReplicaMerge::new(s.merge_wire, &replicas)?;
+    // The outer step's momentum per section, as the network keeps it beside each checkpoint.
+    let mut outer_momentum: Vec<Vec<f32>> = vec![Vec::new(); replicas[0].sections().len()];
+    let mut outer = |section: usize, previous: &[f32], merged: &mut [f32]| {
+        let Some(step) = s.outer else {
+            return Ok(());
+        };
+        let momentum = &mut outer_momentum[section];
+        momentum.resize(previous.len(), 0.0);
+        let stepped =
+            nesterov_outer_step(previous, merged, momentum, step).map_err(|e| e.to_string())?;
+        merged.copy_from_slice(&stepped);
+        Ok(())
+    };
     let mut metrics = match &plan.metrics_out {
         Some(path) => Some(BufWriter::new(
             File::create(path).with_context(|| format!("creating {}", path.display()))?,
@@ -646,7 +674,7 @@ fn train<B: AutodiffBackend>(
         }
         if replicas.len() > 1 && (step.is_multiple_of(s.average_every) || step == s.steps) {
             merging
-                .merge(&mut replicas)
+                .merge_then(&mut replicas, &mut outer)
                 .with_context(|| format!("merging the replicas through {}", s.merge_wire))?;
         } else if replicas.len() > 1
             && s.average_boundary_every > 0
@@ -699,7 +727,7 @@ fn train<B: AutodiffBackend>(
         let stepped = step > start_step;
         if stepped && replicas.len() > 1 && !step.is_multiple_of(s.average_every) {
             merging
-                .merge(&mut replicas)
+                .merge_then(&mut replicas, &mut outer)
                 .with_context(|| format!("merging the replicas through {}", s.merge_wire))?;
         }
         if stepped && !s.evaluates_after(step) {

@@ -27,6 +27,29 @@ impl Default for OuterStep {
     }
 }
 
+impl std::str::FromStr for OuterStep {
+    type Err = String;
+
+    /// Parses `LR,MOMENTUM` (e.g. `0.7,0.9`), as the command-line flags give it, and checks
+    /// both as a step does.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let (lr, momentum) = text
+            .split_once(',')
+            .ok_or_else(|| format!("{text:?}: expected LR,MOMENTUM (e.g. 0.7,0.9)"))?;
+        let lr: f32 = lr
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?}: bad learning rate {lr:?}"))?;
+        let momentum: f32 = momentum
+            .trim()
+            .parse()
+            .map_err(|_| format!("{text:?}: bad momentum {momentum:?}"))?;
+        let step = Self { lr, momentum };
+        check_hyperparameters(step).map_err(|e| format!("{text:?}: {e}"))?;
+        Ok(step)
+    }
+}
+
 /// One outer Nesterov step on a flat vector (or one partition of it). Per coordinate `i`:
 ///
 /// ```text
@@ -192,6 +215,16 @@ mod tests {
             }
         );
         assert_eq!(m, [0.0]);
+    }
+
+    #[test]
+    fn parses_lr_and_momentum_and_refuses_what_a_step_would() {
+        let step: OuterStep = "0.7, 0.9".parse().unwrap();
+        assert_eq!((step.lr, step.momentum), (0.7, 0.9));
+        for bad in ["0.7", "x,0.9", "0.7,y", "-1,0.5", "1.4,1"] {
+            let err = bad.parse::<OuterStep>().unwrap_err();
+            assert!(err.starts_with(&format!("{bad:?}")), "{bad}: {err}");
+        }
     }
 
     #[test]

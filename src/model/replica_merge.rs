@@ -87,6 +87,10 @@ pub fn average_boundaries<B: AutodiffBackend>(
     Ok(())
 }
 
+/// A change to one section's merged parameters before the replicas adopt them:
+/// `(section, previous global parameters, merged parameters)`; see [`ReplicaMerge::merge_then`].
+pub type MergeAdjust<'a> = dyn FnMut(usize, &[f32], &mut [f32]) -> Result<(), String> + 'a;
+
 /// What the merges of replicas carry from one to the next: the format, each section's global
 /// parameters of the last merge, and each replica's error feedback.
 #[derive(Debug, Clone)]
@@ -142,6 +146,22 @@ impl ReplicaMerge {
         &mut self,
         replicas: &mut [Pipeline<B>],
     ) -> Result<(), ModelError> {
+        self.merge_then(replicas, &mut |_, _, _| Ok(()))
+    }
+
+    /// As [`Self::merge`], but `adjust(section, previous, merged)` may change each section's
+    /// merged parameters (`merged`, the first of the merged values; the moments stay their
+    /// mean) from the previous global parameters (`previous`) before the replicas adopt them:
+    /// an outer step, as the network's `merge.outer` takes on the merged partitions. What it
+    /// leaves becomes the next merge's previous global state.
+    ///
+    /// # Errors
+    /// As [`Self::merge`], and what `adjust` returns.
+    pub fn merge_then<B: AutodiffBackend>(
+        &mut self,
+        replicas: &mut [Pipeline<B>],
+        adjust: &mut MergeAdjust<'_>,
+    ) -> Result<(), ModelError> {
         if replicas.len() != self.feedback.len() {
             return Err(ModelError::Invalid(format!(
                 "{} replicas to merge, {} at the start",
@@ -170,9 +190,11 @@ impl ReplicaMerge {
                 }
             }
             sum.iter_mut().for_each(|x| *x *= scale);
-            let merged = wire
+            let mut merged = wire
                 .round_trip(&sum, Span::partition(0, p as u64), base_now)
                 .map_err(encoding)?;
+            adjust(i, base, &mut merged[..p])
+                .map_err(|e| ModelError::Invalid(format!("section {i}: {e}")))?;
             for replica in replicas.iter_mut() {
                 replica.sections_mut()[i].import_flat(layout, &merged)?;
             }

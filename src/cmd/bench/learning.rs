@@ -41,7 +41,7 @@ use crate::api::EvalSummary;
 use crate::cmd::local::{LocalArgs, generated_config, model_overrides, with_preset};
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, Tokenizer};
-use crate::merge::MergeOp;
+use crate::merge::{MergeOp, OuterStep};
 use crate::model::ModelConfig;
 use crate::model::ablation::Ablation;
 use crate::model::backend::DeviceKind;
@@ -443,20 +443,9 @@ impl BenchLearningArgs {
     }
 }
 
-/// Parses `LR,MOMENTUM`.
-fn parse_outer(text: &str) -> anyhow::Result<(f64, f64)> {
-    let (lr, momentum) = text
-        .split_once(',')
-        .with_context(|| format!("--outer {text}: expected LR,MOMENTUM (e.g. 0.7,0.9)"))?;
-    let lr: f64 = lr
-        .trim()
-        .parse()
-        .with_context(|| format!("--outer {text}: bad learning rate"))?;
-    let momentum: f64 = momentum
-        .trim()
-        .parse()
-        .with_context(|| format!("--outer {text}: bad momentum"))?;
-    Ok((lr, momentum))
+/// Parses `LR,MOMENTUM` as the run config's `merge.outer` takes it.
+fn parse_outer(text: &str) -> anyhow::Result<OuterStep> {
+    text.parse().map_err(|e| anyhow::anyhow!("--outer {e}"))
 }
 
 /// Runs `iota bench learning`.
@@ -750,8 +739,7 @@ fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> an
         config["schedule"]["warmup_steps"] = json!(steps);
     }
     if let Some(outer) = &args.outer {
-        let (lr, momentum) = parse_outer(outer)?;
-        config["merge"]["outer"] = json!({ "lr": lr, "momentum": momentum });
+        config["merge"]["outer"] = serde_json::to_value(parse_outer(outer)?)?;
     }
     Ok(())
 }
@@ -1063,8 +1051,10 @@ mod tests {
 
     #[test]
     fn outer_step_flag_parses() {
-        assert_eq!(parse_outer("0.7,0.9").unwrap(), (0.7, 0.9));
+        let step = parse_outer("0.7,0.9").unwrap();
+        assert_eq!((step.lr, step.momentum), (0.7, 0.9));
         assert!(parse_outer("0.7").is_err());
         assert!(parse_outer("x,0.9").is_err());
+        assert!(parse_outer("0.7,1.0").is_err());
     }
 }

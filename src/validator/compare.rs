@@ -103,6 +103,14 @@ pub fn similarity(a: &[f32], b: &[f32]) -> Similarity {
 /// from that constant beyond its wire format's rounding (1% of its norm), and the raw cosine
 /// decides; before, the honest miner downstream of that cheater was flagged for the cheater's
 /// input.
+///
+/// An upload within its wire format's rounding of the replay (a raw distance of at most 1%
+/// of the replay's norm) passes as the raw cosine says, whatever the replay's spread: a replay
+/// that varies only a little from position to position (under 1% of its norm) leaves, after
+/// centring, a remainder of the size of that rounding, whose centred cosine is noise (the
+/// likely reason honest miners were flagged at single items with centred cosines of 0.45-0.89
+/// and magnitude ratios of 0.998-0.999, 2026-12-02; not established).
+/// A cheat cannot use it: an upload that close is the replay's output.
 pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
     let width = width.max(1);
     let rows = a.len() / width;
@@ -132,10 +140,25 @@ pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
         } else {
             0.0
         }
+    } else if distance(&raw) <= FLAT_UPLOAD {
+        plain.cosine
     } else {
         centered.similarity().cosine
     };
     Similarity { cosine, ..plain }
+}
+
+/// `|b - a| / |a|` from a raw comparison's sums (0 when both are zero, infinite when only `a`
+/// is).
+fn distance(c: &Comparison) -> f64 {
+    let diff_sq = (c.norm_a_sq + c.norm_b_sq - 2.0 * c.dot).max(0.0);
+    if c.norm_a_sq > 0.0 {
+        (diff_sq / c.norm_a_sq).sqrt()
+    } else if diff_sq > 0.0 {
+        f64::INFINITY
+    } else {
+        0.0
+    }
 }
 
 /// Largest [`spread`] of a replay that counts as the same at every position: `f32` rounding
@@ -285,6 +308,61 @@ mod tests {
             .map(|i| if i % 2 == 0 { -1.3 } else { 0.8 })
             .collect();
         assert_eq!(centered_similarity(&flat, &other, 2).cosine, 0.0);
+    }
+
+    #[test]
+    fn a_replay_that_varies_little_is_judged_within_the_wires_rounding() {
+        // Two channels that vary by about 0.3% of their values from position to position.
+        let nearly_flat: Vec<f32> = (0..64)
+            .map(|i| {
+                let base = if i % 2 == 0 { 0.8 } else { -1.3 };
+                base * (1.0 + 0.003 * (i as f32 * 0.7).sin())
+            })
+            .collect();
+        // The honest upload through bf16 (8 significant bits): centred, the rounding is as
+        // large as what varies, and the centred cosine alone would flag it.
+        let honest: Vec<f32> = nearly_flat
+            .iter()
+            .map(|x| half::bf16::from_f32(*x).to_f32())
+            .collect();
+        let center_only = {
+            let mean = |c: usize| {
+                nearly_flat
+                    .iter()
+                    .skip(c)
+                    .step_by(2)
+                    .map(|x| f64::from(*x))
+                    .sum::<f64>()
+                    / 32.0
+            };
+            let (m0, m1) = (mean(0), mean(1));
+            let center = |v: &[f32]| -> Vec<f32> {
+                v.iter()
+                    .enumerate()
+                    .map(|(i, x)| (f64::from(*x) - if i % 2 == 0 { m0 } else { m1 }) as f32)
+                    .collect()
+            };
+            similarity(&center(&nearly_flat), &center(&honest)).cosine
+        };
+        assert!(
+            center_only < 0.9,
+            "the case this rule is for: {center_only}"
+        );
+        let c = centered_similarity(&nearly_flat, &honest, 2);
+        assert!(c.cosine > 0.9999 && c.magnitude_ratio > 0.999, "{c:?}");
+        // Noise around the channels' values, zeros and another constant still fail.
+        let noise: Vec<f32> = nearly_flat
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x * (1.0 + 0.05 * (i as f32 * 3.1).cos()))
+            .collect();
+        assert!(centered_similarity(&nearly_flat, &noise, 2).cosine < 0.5);
+        assert_eq!(
+            centered_similarity(&nearly_flat, &[0.0; 64], 2).magnitude_ratio,
+            0.0
+        );
+        let other: Vec<f32> = nearly_flat.iter().map(|x| -x).collect();
+        assert!(centered_similarity(&nearly_flat, &other, 2).cosine < 0.0);
     }
 
     #[test]

@@ -359,10 +359,8 @@ fn an_outer_step_moves_the_merged_parameters_and_leaves_the_moments_their_mean()
     merging
         .merge_then(&mut replicas, &mut |i, previous, merged| {
             buffers[i].resize(previous.len(), 0.0);
-            let out = iota::merge::nesterov_outer_step(previous, merged, &mut buffers[i], step)
-                .map_err(|e| e.to_string())?;
-            merged.copy_from_slice(&out);
-            Ok(())
+            step.apply(previous, merged, &mut buffers[i])
+                .map_err(|e| e.to_string())
         })
         .unwrap();
     for (i, was) in before.iter().enumerate() {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::cmd::stop_request::StopRequest;
 use crate::codec::{MergeWire, WireDtype};
 use crate::data::{DataSpec, Dataset, StreamSettings, Tokenizer};
-use crate::merge::{OuterStep, nesterov_outer_step};
+use crate::merge::OuterStep;
 use crate::mirror;
 use crate::model::ablation::Ablation;
 use crate::model::backend::{BackendTask, DeviceKind, dispatch};
@@ -601,10 +601,8 @@ fn train<B: AutodiffBackend>(
         };
         let momentum = &mut outer_momentum[section];
         momentum.resize(previous.len(), 0.0);
-        let stepped =
-            nesterov_outer_step(previous, merged, momentum, step).map_err(|e| e.to_string())?;
-        merged.copy_from_slice(&stepped);
-        Ok(())
+        step.apply(previous, merged, momentum)
+            .map_err(|e| e.to_string())
     };
     let mut metrics = match &plan.metrics_out {
         Some(path) => Some(BufWriter::new(

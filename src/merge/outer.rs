@@ -27,6 +27,24 @@ impl Default for OuterStep {
     }
 }
 
+impl OuterStep {
+    /// [`nesterov_outer_step`] with the result written over `merged`, which is left as it was
+    /// (as is `momentum`) when the step fails.
+    ///
+    /// # Errors
+    /// As [`nesterov_outer_step`].
+    pub fn apply(
+        self,
+        previous: &[f32],
+        merged: &mut [f32],
+        momentum: &mut [f32],
+    ) -> Result<(), MergeError> {
+        let stepped = nesterov_outer_step(previous, merged, momentum, self)?;
+        merged.copy_from_slice(&stepped);
+        Ok(())
+    }
+}
+
 impl std::str::FromStr for OuterStep {
     type Err = String;
 
@@ -215,6 +233,20 @@ mod tests {
             }
         );
         assert_eq!(m, [0.0]);
+    }
+
+    #[test]
+    fn apply_writes_the_step_over_the_merged_values_or_leaves_them() {
+        let step = OuterStep {
+            lr: 2.0,
+            momentum: 0.0,
+        };
+        let (mut merged, mut m) = ([1.5f32, -1.0], [0.0f32; 2]);
+        step.apply(&[1.0, 0.0], &mut merged, &mut m).unwrap();
+        assert_eq!(merged, [2.0, -2.0], "prev - 2 (prev - merged)");
+        let mut merged = [1.5f32, f32::NAN];
+        assert!(step.apply(&[1.0, 0.0], &mut merged, &mut m).is_err());
+        assert_eq!(merged[0], 1.5, "a failed step writes nothing");
     }
 
     #[test]

@@ -27,8 +27,7 @@ use super::state::AppState;
 use crate::codec::{MergeWire, Span};
 use crate::merge::{
     FlagReason, MergePlan, MergedCopy, Partition, Tolerance, Verdict, f32_from_le_bytes,
-    f32_to_le_bytes, judge_against_recomputed, merge_partition, nesterov_outer_step, values_hash,
-    verify_partition,
+    f32_to_le_bytes, judge_against_recomputed, merge_partition, values_hash, verify_partition,
 };
 use crate::model::layout::section_layout;
 use crate::storage::{ObjectKey, StatePart, StorageError};
@@ -191,10 +190,8 @@ pub async fn finalize_section(
                 Some(key) => read_values(state, key, in_params.clone()).await?,
                 None => vec![0.0; in_params.len()],
             };
-            let merged = &values[..in_params.len()];
-            let stepped = nesterov_outer_step(&prev, merged, &mut momentum, *step)?;
             let values = Arc::make_mut(&mut values);
-            values[..in_params.len()].copy_from_slice(&stepped);
+            step.apply(&prev, &mut values[..in_params.len()], &mut momentum)?;
             writer.write(&f32_to_le_bytes(&momentum)).await?;
             if wire.needs_base() {
                 // The stepped values go through the format too, so the checkpoint is what the

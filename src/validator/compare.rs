@@ -28,6 +28,20 @@ pub struct Similarity {
     pub magnitude_ratio: f64,
     /// Values compared.
     pub len: u64,
+    /// For a centred comparison ([`centered_similarity`]): how much the replay varies from
+    /// position to position (its centred norm over its norm) and how far the upload lies from
+    /// it (`|b - a| / |a|`). Kept so that a failure says which of the two was small.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub centring: Option<Centring>,
+}
+
+/// The replay's spread and the upload's distance behind a centred cosine.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Centring {
+    /// The replay's centred norm over its norm (0 for a replay the same at every position).
+    pub spread: f64,
+    /// `|b - a| / |a|`, the upload's raw distance from the replay.
+    pub distance: f64,
 }
 
 impl Comparison {
@@ -64,6 +78,7 @@ impl Comparison {
                 cosine: 0.0,
                 magnitude_ratio: 0.0,
                 len: self.len,
+                centring: None,
             };
         }
         let (na, nb) = (self.norm_a_sq.sqrt(), self.norm_b_sq.sqrt());
@@ -79,6 +94,7 @@ impl Comparison {
             cosine,
             magnitude_ratio,
             len: self.len,
+            centring: None,
         }
     }
 }
@@ -134,18 +150,26 @@ pub fn centered_similarity(a: &[f32], b: &[f32], width: usize) -> Similarity {
     raw.add(a, b);
     centered.add(&center(a), &center(b));
     let plain = raw.similarity();
-    let cosine = if spread(centered.norm_a_sq, raw.norm_a_sq) <= FLAT_REPLAY {
+    let centring = Centring {
+        spread: spread(centered.norm_a_sq, raw.norm_a_sq),
+        distance: distance(&raw),
+    };
+    let cosine = if centring.spread <= FLAT_REPLAY {
         if spread(centered.norm_b_sq, raw.norm_b_sq) <= FLAT_UPLOAD {
             plain.cosine
         } else {
             0.0
         }
-    } else if distance(&raw) <= FLAT_UPLOAD {
+    } else if centring.distance <= FLAT_UPLOAD {
         plain.cosine
     } else {
         centered.similarity().cosine
     };
-    Similarity { cosine, ..plain }
+    Similarity {
+        cosine,
+        centring: Some(centring),
+        ..plain
+    }
 }
 
 /// `|b - a| / |a|` from a raw comparison's sums (0 when both are zero, infinite when only `a`
@@ -190,7 +214,14 @@ pub fn failure(t: &Thresholds, s: &Similarity) -> Option<String> {
         ));
     }
     if s.cosine < t.min_cosine {
-        return Some(format!("cosine {:.4} < {}", s.cosine, t.min_cosine));
+        let behind = s.centring.map_or(String::new(), |c| {
+            format!(
+                " (replay spread {:.2}%, upload distance {:.2}%)",
+                c.spread * 100.0,
+                c.distance * 100.0
+            )
+        });
+        return Some(format!("cosine {:.4} < {}{behind}", s.cosine, t.min_cosine));
     }
     None
 }
@@ -377,5 +408,12 @@ mod tests {
         // (1, 0) vs (0.6, 0.8): same length, cosine 0.6.
         let turned = failure(&t, &similarity(&[1.0, 0.0], &[0.6, 0.8])).unwrap();
         assert!(turned.contains("cosine 0.6000"), "{turned}");
+        // A centred comparison's failure says how much the replay varied and how far the
+        // upload lay from it: (1, 3) vs (2.5, 2.5) over one channel of two positions.
+        let centred = failure(&t, &centered_similarity(&[1.0, 3.0], &[2.5, 2.5], 1)).unwrap();
+        assert!(
+            centred.contains("cosine 0.0000 < 0.9 (replay spread 44.72%, upload distance 50.00%)"),
+            "{centred}"
+        );
     }
 }

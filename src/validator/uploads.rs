@@ -6,7 +6,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::copy::CopyDetector;
 use super::fetch::{FetchError, fetch_flat, fetch_range};
 use crate::api::{MinerSettings, SectionCheckpoint, UploadSource};
-use crate::codec::{MergeWire, Span};
+use crate::codec::{FlatLayout, MergeWire, Span};
 use crate::model::layout::section_layout;
 use crate::model::{ModelConfig, ModelError, Section};
 use crate::storage::payload_hash;
@@ -59,14 +59,16 @@ pub fn state_hash(start: &[f32], wire: MergeWire) -> Option<String> {
 pub type Copy = (String, String, f64);
 
 /// Pairs of uploads whose pseudo-gradients (parameters only) have a cosine of at least
-/// `threshold`; the later accepted one is the copier. Reads the uploads by byte range, a
-/// chunk at a time.
+/// `threshold` once what any miner's optimizer does from `start` without data is taken out
+/// ([`common_directions`]); the later accepted one is the copier. Reads the uploads by byte
+/// range, a chunk at a time.
 ///
 /// # Errors
 /// [`FetchError`] when an upload cannot be read.
 pub async fn find_copies(
     start: &[f32],
-    params_len: usize,
+    layout: &FlatLayout,
+    eps: f64,
     uploads: &[UploadSource],
     threshold: f64,
     wire: MergeWire,
@@ -75,8 +77,10 @@ pub async fn find_copies(
     if uploads.len() < 2 {
         return Ok(Vec::new());
     }
-    let n = params_len.min(start.len());
-    let mut det = CopyDetector::new(uploads.len());
+    let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
+    let n = params.min(start.len());
+    let decays = decay_mask(layout, n);
+    let mut det = CopyDetector::with_common(uploads.len(), COMMON_DIRECTIONS);
     let mut at = 0;
     while at < n {
         let end = (at + COPY_CHUNK).min(n);
@@ -85,7 +89,9 @@ pub async fn find_copies(
             chunks.push(fetch_range(&u.blob, at..end, wire, total, start).await?);
         }
         let views: Vec<&[f32]> = chunks.iter().map(Vec::as_slice).collect();
-        det.add(&start[at..end], &views);
+        let common = common_directions(start, n, &decays[at..end], at, eps);
+        let common: Vec<&[f32]> = common.iter().map(Vec::as_slice).collect();
+        det.add_with_common(&start[at..end], &views, &common);
         at = end;
     }
     let order: Vec<u64> = uploads
@@ -103,4 +109,53 @@ pub async fn find_copies(
             )
         })
         .collect())
+}
+
+/// How many [`common_directions`] there are.
+const COMMON_DIRECTIONS: usize = 3;
+
+/// Whether each of the first `n` parameters takes weight decay (every tensor of two or more
+/// dimensions does, as the optimizer decides).
+fn decay_mask(layout: &FlatLayout, n: usize) -> Vec<bool> {
+    let mut mask = vec![false; n];
+    for t in &layout.tensors {
+        if t.shape.len() >= 2 {
+            let from = usize::try_from(t.offset).unwrap_or(usize::MAX).min(n);
+            let to = from.saturating_add(t.len()).min(n);
+            mask[from..to].fill(true);
+        }
+    }
+    mask
+}
+
+/// The directions, over parameters `at..at + decays.len()` of a flat state `start` with `n`
+/// parameters, in which any miner's optimizer moves the parameters from `start` whatever its
+/// data: the decayed parameters themselves (weight decay), the others (kept apart, since they
+/// take no decay and must not be tied to the decayed ones' share), and the carried momentum
+/// over the root of the second moment (AdamW's and NAdam's steps without new gradients, since
+/// both moments then only decay, at the same rate everywhere).
+fn common_directions(
+    start: &[f32],
+    n: usize,
+    decays: &[bool],
+    at: usize,
+    eps: f64,
+) -> [Vec<f32>; 3] {
+    let len = decays.len();
+    let mut decayed = vec![0.0; len];
+    let mut kept = vec![0.0; len];
+    let mut momentum = vec![0.0; len];
+    for (i, &d) in decays.iter().enumerate() {
+        let p = at + i;
+        let theta = start[p];
+        if d {
+            decayed[i] = theta;
+        } else {
+            kept[i] = theta;
+        }
+        let m = f64::from(start.get(n + p).copied().unwrap_or(0.0));
+        let v = f64::from(start.get(2 * n + p).copied().unwrap_or(0.0)).max(0.0);
+        momentum[i] = (m / (v.sqrt() + eps)) as f32;
+    }
+    [decayed, kept, momentum]
 }

@@ -663,10 +663,10 @@ async fn check_section<B: AutodiffBackend>(
         }
     }
     let layout = section_layout(&ctx.model, section)?;
-    let params = usize::try_from(layout.params_len).unwrap_or(usize::MAX);
     for (copier, original, cosine) in find_copies(
         &start,
-        params,
+        &layout,
+        ctx.settings.optimizer.eps,
         &record.uploads,
         ctx.validation.copy_cosine,
         record.wire,

@@ -138,6 +138,12 @@ pub struct Moments<B: Backend> {
     pub exp_avg_sq: Tensor<B, 1>,
 }
 
+/// Whether a parameter of this shape takes weight decay: matrices do, norms and biases
+/// (one dimension) do not.
+pub fn takes_weight_decay(shape: &[usize]) -> bool {
+    shape.len() >= 2
+}
+
 /// Where each parameter of a section lies in one vector of all of them: the parameters that
 /// take weight decay first (`..decayed()`), then the others, each group in module order.
 #[derive(Debug, Clone, PartialEq)]

@@ -22,7 +22,9 @@ use serde::{Deserialize, Serialize};
 use super::ModelError;
 use super::config::{ModelConfig, SectionSpec};
 use super::init::Init;
-use super::optimizer::{AdamW, FlatLayout, Moments, OptimizerConfig, clip_scale};
+use super::optimizer::{
+    AdamW, FlatLayout, Moments, OptimizerConfig, clip_scale, takes_weight_decay,
+};
 use super::params::{self, NamedTensor};
 use super::section_model::{SectionInput, SectionModel};
 
@@ -154,11 +156,13 @@ impl<B: AutodiffBackend> Section<B> {
         config.validate()?;
         let spec = config.section(index)?;
         let model = SectionModel::new(config, &spec, &Init::new(seed), device);
-        // Weight decay applies to matrices only, not to norms or biases.
         let layout = Arc::new(FlatLayout::new(
             &params::param_shapes(&model, &spec)
                 .into_iter()
-                .map(|(name, shape)| (name, shape.iter().product(), shape.len() >= 2))
+                .map(|(name, shape)| {
+                    let decays = takes_weight_decay(&shape);
+                    (name, shape.iter().product(), decays)
+                })
                 .collect::<Vec<_>>(),
         ));
         Ok(Self {

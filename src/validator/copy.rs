@@ -111,17 +111,18 @@ impl CopyDetector {
     /// The common directions made orthonormal (Gram-Schmidt), each as coefficients over the
     /// directions; one that adds nothing to those before it is left out.
     fn basis(&self) -> Vec<Vec<f64>> {
+        // The dot product of two combinations of the directions.
+        let dot = |x: &[f64], y: &[f64]| -> f64 {
+            let mut s = 0.0;
+            for (p, cx) in x.iter().enumerate() {
+                for (q, cy) in y.iter().enumerate() {
+                    s += cx * cy * self.dots[self.at(self.n + p, self.n + q)];
+                }
+            }
+            s
+        };
         let mut basis: Vec<Vec<f64>> = Vec::new();
         for a in 0..self.k {
-            let dot = |x: &[f64], y: &[f64]| -> f64 {
-                let mut s = 0.0;
-                for (p, cx) in x.iter().enumerate() {
-                    for (q, cy) in y.iter().enumerate() {
-                        s += cx * cy * self.dots[self.at(self.n + p, self.n + q)];
-                    }
-                }
-                s
-            };
             let mut c = vec![0.0; self.k];
             c[a] = 1.0;
             let own = dot(&c, &c);
@@ -276,6 +277,7 @@ mod tests {
         assert_eq!(whole.flags(&[1, 2], 0.99).len(), 1);
         assert!(whole.flags(&[1, 2], 0.99999).is_empty());
     }
+
     #[test]
     fn what_every_optimizer_does_without_data_is_no_sign_of_a_copy() {
         // Two honest miners whose own data moved them little beside weight decay and the

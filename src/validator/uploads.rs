@@ -8,6 +8,7 @@ use super::fetch::{FetchError, fetch_flat, fetch_range};
 use crate::api::{MinerSettings, SectionCheckpoint, UploadSource};
 use crate::codec::{FlatLayout, MergeWire, Span};
 use crate::model::layout::section_layout;
+use crate::model::optimizer::takes_weight_decay;
 use crate::model::{ModelConfig, ModelError, Section};
 use crate::storage::payload_hash;
 
@@ -114,12 +115,11 @@ pub async fn find_copies(
 /// How many [`common_directions`] there are.
 const COMMON_DIRECTIONS: usize = 3;
 
-/// Whether each of the first `n` parameters takes weight decay (every tensor of two or more
-/// dimensions does, as the optimizer decides).
+/// Whether each of the first `n` parameters takes weight decay, as the optimizer decides.
 fn decay_mask(layout: &FlatLayout, n: usize) -> Vec<bool> {
     let mut mask = vec![false; n];
     for t in &layout.tensors {
-        if t.shape.len() >= 2 {
+        if takes_weight_decay(&t.shape) {
             let from = usize::try_from(t.offset).unwrap_or(usize::MAX).min(n);
             let to = from.saturating_add(t.len()).min(n);
             mask[from..to].fill(true);

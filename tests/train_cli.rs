@@ -505,3 +505,38 @@ fn nesterov_steps_the_yardstick_with_nadam() {
     );
     assert_eq!(run("adamw-again", &[]), adamw, "AdamW runs repeat exactly");
 }
+
+#[test]
+fn muon_steps_the_hidden_matrices_and_a_resume_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let adamw = four_tiny_steps(dir.path(), "adamw", &[]);
+    let muon = four_tiny_steps(dir.path(), "muon", &["--muon"]);
+    let (a, m) = (
+        adamw["eval_loss"].as_f64().unwrap(),
+        muon["eval_loss"].as_f64().unwrap(),
+    );
+    assert!(m.is_finite() && (a - m).abs() > 1e-6, "AdamW {a}, Muon {m}");
+    let meta = |name: &str| -> serde_json::Value {
+        let path = dir
+            .path()
+            .join(name)
+            .join(iota::model::checkpoint::META_FILE);
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+    };
+    assert_eq!(meta("muon")["optimizer"]["muon"], true);
+    assert_eq!(meta("adamw")["optimizer"]["muon"], false);
+    // The checkpoint says which optimizer it trained with: a resume without the flag goes on
+    // with Muon.
+    let out = dir.path().join("muon");
+    ok(&[
+        "train",
+        "--resume",
+        "--steps",
+        "5",
+        "--out",
+        s(&out),
+        "--quiet",
+    ]);
+    assert_eq!(meta("muon")["optimizer"]["muon"], true);
+    assert_eq!(meta("muon")["step"], 5);
+}

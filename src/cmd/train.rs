@@ -122,6 +122,10 @@ pub struct TrainArgs {
     /// network's gain is the optimizer itself.
     #[arg(long)]
     pub nesterov: bool,
+    /// Step the hidden matrices with Muon (run config `optimizer.muon`; the embeddings, the
+    /// output head and every vector keep AdamW). Also on a resumed run.
+    #[arg(long)]
+    pub muon: bool,
     /// Hide the progress bar (log lines only).
     #[arg(long)]
     pub quiet: bool,
@@ -510,6 +514,9 @@ fn resolve(args: TrainArgs) -> anyhow::Result<Plan> {
         );
     }
     settings.seq_len = Some(seq_len);
+    if args.muon {
+        settings.optimizer.muon = true;
+    }
     Ok(Plan {
         model,
         settings,

@@ -1,5 +1,7 @@
 //! AdamW with decoupled weight decay and global-norm gradient clipping, over flat tensors
-//! keyed by parameter name, so its state exports as named tensors like the weights.
+//! keyed by parameter name, so its state exports as named tensors like the weights. NAdam
+//! (`nesterov`) and Muon for the hidden matrices (`muon`) are variants of its step over the
+//! same two moments.
 //!
 //! The moments live in one of two forms. By name: one pair of tensors per parameter, updated
 //! parameter by parameter (about nine kernels each on a GPU). Flat ([`FlatMoments`]): every
@@ -61,6 +63,15 @@ pub struct OptimizerConfig {
     /// default 0.004: the momentum is `beta1 (1 - 0.96^(t momentum_decay) / 2)` at step `t`).
     /// Used only with `nesterov`.
     pub momentum_decay: f64,
+    /// Muon for the hidden matrices (attention, MLP and bottleneck weights; not the token
+    /// embedding or the output head, nor any vector): each step moves such a matrix along the
+    /// orthogonalized Nesterov blend of its new gradient and its first moment ([`muon_step`]),
+    /// scaled to AdamW's update size so the same learning rate serves both. The other
+    /// parameters keep AdamW or NAdam as set above. The moments are AdamW's (the second is
+    /// kept but unused by a Muon step), so merges, checkpoints and replays carry nothing new.
+    /// Unlike `nesterov` this is the optimizer itself, not a correction for stale gradients:
+    /// `iota train` and synchronous steps use it too. Default off (docs/learning.md).
+    pub muon: bool,
 }
 
 impl Default for OptimizerConfig {
@@ -75,6 +86,7 @@ impl Default for OptimizerConfig {
             beta1_max: 0.99,
             nesterov: true,
             momentum_decay: 0.004,
+            muon: false,
         }
     }
 }
@@ -142,6 +154,19 @@ pub struct Moments<B: Backend> {
 /// (one dimension) do not.
 pub fn takes_weight_decay(shape: &[usize]) -> bool {
     shape.len() >= 2
+}
+
+/// Whether parameter `name` of this shape steps with Muon when `muon` is on: the hidden
+/// matrices do, the token embeddings (`embed_tokens`, `reembed`), the output head (`lm_head`)
+/// and every vector do not (they map tokens, not a hidden space, and keep AdamW as in Muon's
+/// own recipe). Returns the matrix's shape.
+pub fn muon_shape(name: &str, shape: &[usize]) -> Option<[usize; 2]> {
+    match shape {
+        &[rows, cols] if !name.contains("embed") && !name.starts_with("lm_head") => {
+            Some([rows, cols])
+        }
+        _ => None,
+    }
 }
 
 /// Where each parameter of a section lies in one vector of all of them: the parameters that
@@ -425,19 +450,86 @@ impl<B: Backend> AdamW<B> {
         let fresh = c.nesterov.then(|| grad.clone());
         let (m, v) = self.next_moments(previous, grad);
         let update = self.step_direction(&m, &v, fresh, t);
-        let param = if decay && c.weight_decay > 0.0 {
-            param * (1.0 - lr * c.weight_decay)
-        } else {
-            param
-        };
-        (
-            param - update * lr,
+        self.moved(
+            param,
+            update,
+            lr,
+            decay,
             Moments {
                 exp_avg: m,
                 exp_avg_sq: v,
             },
         )
     }
+
+    /// The Muon update of the hidden matrix `name` of shape `shape` (flat in `param` and
+    /// `grad`), as [`Self::update`] returns it: the first moment moves as AdamW's (the second
+    /// too, unused here), and the matrix by `lr` times [`muon_step`] of the Nesterov blend
+    /// `(1 - beta1) grad + beta1 m`, after decoupled weight decay.
+    pub fn update_matrix(
+        &self,
+        name: &str,
+        param: Tensor<B, 1>,
+        grad: Tensor<B, 1>,
+        lr: f64,
+        shape: [usize; 2],
+    ) -> (Tensor<B, 1>, Moments<B>) {
+        let c = &self.config;
+        let previous = self.moments_of(name).map(|mo| (mo.exp_avg, mo.exp_avg_sq));
+        let (m, v) = self.next_moments(previous, grad.clone());
+        let blend = grad * (1.0 - c.beta1) + m.clone() * c.beta1;
+        let update = muon_step(blend.reshape(shape)).reshape([shape[0] * shape[1]]);
+        self.moved(
+            param,
+            update,
+            lr,
+            true,
+            Moments {
+                exp_avg: m,
+                exp_avg_sq: v,
+            },
+        )
+    }
+
+    /// `param` after decoupled weight decay (when `decay`) and a move of `lr` times `update`,
+    /// with its new `moments`.
+    fn moved(
+        &self,
+        param: Tensor<B, 1>,
+        update: Tensor<B, 1>,
+        lr: f64,
+        decay: bool,
+        moments: Moments<B>,
+    ) -> (Tensor<B, 1>, Moments<B>) {
+        let param = if decay && self.config.weight_decay > 0.0 {
+            param * (1.0 - lr * self.config.weight_decay)
+        } else {
+            param
+        };
+        (param - update * lr, moments)
+    }
+}
+
+/// Muon's direction for one matrix: `x` orthogonalized by five Newton-Schulz iterations (the
+/// quintic of Jordan et al.'s Muon, coefficients 3.4445, -4.7750, 2.0315, which takes every
+/// singular value into about [0.7, 1.2] rather than exactly to 1), times
+/// `0.2 sqrt(max(rows, cols))` so that its root mean square is about AdamW's 0.2 (Moonshot's
+/// scaling, which lets Muon share AdamW's learning rate). A zero matrix stays zero.
+pub fn muon_step<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 2> {
+    let [rows, cols] = x.dims();
+    let wide = rows <= cols;
+    // Iterate on the wide orientation, so `X Xᵀ` is the smaller square.
+    let mut x = if wide { x } else { x.transpose() };
+    let norm = x.clone().square().sum().sqrt().add_scalar(1e-7);
+    x = x / norm.unsqueeze();
+    let (a, b, c) = (3.4445, -4.7750, 2.0315);
+    for _ in 0..5 {
+        let gram = x.clone().matmul(x.clone().transpose());
+        let poly = gram.clone() * b + gram.clone().matmul(gram) * c;
+        x = x.clone() * a + poly.matmul(x);
+    }
+    let x = if wide { x } else { x.transpose() };
+    x * (0.2 * (rows.max(cols) as f64).sqrt())
 }
 
 impl<B: Backend> AdamW<B> {
@@ -653,6 +745,74 @@ mod tests {
             ..Default::default()
         };
         assert!(bad.validate().unwrap_err().contains("momentum_decay"));
+    }
+
+    #[test]
+    fn muons_step_is_near_orthogonal_at_adamws_size_in_either_orientation() {
+        let (rows, cols) = (6, 10);
+        // Pseudo-random values (a linear congruential generator), so the matrix has full rank.
+        let mut state = 12345u32;
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+            })
+            .collect();
+        let x = Tensor::<TestBackend, 2>::from_data(
+            TensorData::new(values, [rows, cols]),
+            &Default::default(),
+        );
+        let o = muon_step(x.clone());
+        // O Oᵀ is about (0.2 sqrt(10))² I: every singular value of the iteration lies in
+        // about [0.7, 1.2], and the rows are orthogonal to a few percent.
+        let scale = 0.04 * cols as f32;
+        let gram: Vec<f32> = (o.clone().matmul(o.clone().transpose()) / scale)
+            .into_data()
+            .to_vec()
+            .unwrap();
+        for i in 0..rows {
+            for j in 0..rows {
+                let g = gram[i * rows + j];
+                if i == j {
+                    assert!((0.45..1.5).contains(&g), "diagonal {i}: {g}");
+                } else {
+                    assert!(g.abs() < 0.3, "({i}, {j}): {g}");
+                }
+            }
+        }
+        // A tall matrix is orthogonalized as its transpose.
+        let tall: Vec<f32> = muon_step(x.transpose())
+            .transpose()
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let wide: Vec<f32> = o.into_data().to_vec().unwrap();
+        for (a, b) in tall.iter().zip(&wide) {
+            assert!((a - b).abs() < 1e-5, "{a} against {b}");
+        }
+        // Nothing to orthogonalize: no move.
+        let zero = muon_step(Tensor::<TestBackend, 2>::zeros([3, 4], &Default::default()));
+        assert_eq!(zero.into_data().to_vec::<f32>().unwrap(), vec![0.0; 12]);
+    }
+
+    #[test]
+    fn muon_takes_the_hidden_matrices_only() {
+        assert_eq!(
+            muon_shape("model.layers.0.self_attn.q_proj.weight", &[128, 128]),
+            Some([128, 128])
+        );
+        assert_eq!(
+            muon_shape("model.layers.1.bottleneck.encoder.weight", &[128, 2]),
+            Some([128, 2])
+        );
+        assert_eq!(muon_shape("model.embed_tokens.weight", &[256, 128]), None);
+        assert_eq!(
+            muon_shape("model.layers.2.reembed.weight", &[256, 128]),
+            None
+        );
+        assert_eq!(muon_shape("lm_head.weight", &[128, 256]), None);
+        assert_eq!(muon_shape("model.norm.weight", &[128]), None);
+        assert!(!OptimizerConfig::default().muon);
     }
 
     #[test]

@@ -23,7 +23,7 @@ use super::ModelError;
 use super::config::{ModelConfig, SectionSpec};
 use super::init::Init;
 use super::optimizer::{
-    AdamW, FlatLayout, Moments, OptimizerConfig, clip_scale, takes_weight_decay,
+    AdamW, FlatLayout, Moments, OptimizerConfig, clip_scale, muon_shape, takes_weight_decay,
 };
 use super::params::{self, NamedTensor};
 use super::section_model::{SectionInput, SectionModel};
@@ -127,6 +127,9 @@ pub struct Section<B: AutodiffBackend> {
     layout: Arc<FlatLayout>,
     /// Whether a step updates the section as one flat vector (see [`Self::set_flat_step`]).
     flat_step: bool,
+    /// The shapes of the hidden matrices, which step with Muon when the optimizer's `muon` is
+    /// on ([`muon_shape`]).
+    matrices: HashMap<String, [usize; 2]>,
     stats: SectionStats,
     device: B::Device,
 }
@@ -156,8 +159,13 @@ impl<B: AutodiffBackend> Section<B> {
         config.validate()?;
         let spec = config.section(index)?;
         let model = SectionModel::new(config, &spec, &Init::new(seed), device);
+        let shapes = params::param_shapes(&model, &spec);
+        let matrices = shapes
+            .iter()
+            .filter_map(|(name, shape)| Some((name.clone(), muon_shape(name, shape)?)))
+            .collect();
         let layout = Arc::new(FlatLayout::new(
-            &params::param_shapes(&model, &spec)
+            &shapes
                 .into_iter()
                 .map(|(name, shape)| {
                     let decays = takes_weight_decay(&shape);
@@ -176,6 +184,7 @@ impl<B: AutodiffBackend> Section<B> {
             poisoned: None,
             layout,
             flat_step: optimizer.flat_step,
+            matrices,
             stats: SectionStats::default(),
             device: device.clone(),
         })
@@ -669,7 +678,11 @@ impl<B: AutodiffBackend> Section<B> {
             return StepOutcome::NoGradients;
         }
         let mean = 1.0 / self.pending as f64;
-        if self.flat_step && self.grads.len() == self.layout.names().len() {
+        // A Muon step works matrix by matrix, so it never takes the flat path.
+        if self.flat_step
+            && !self.optimizer.config.muon
+            && self.grads.len() == self.layout.names().len()
+        {
             let ordered: Option<Vec<Tensor<Inner<B>, 1>>> = self
                 .layout
                 .names()
@@ -705,9 +718,16 @@ impl<B: AutodiffBackend> Section<B> {
                 return current;
             };
             let decay = self.layout.decays(name);
-            let (p, m) =
-                self.optimizer
-                    .update(name, current.inner(), g.clone() * scale, lr, decay, t);
+            let g = g.clone() * scale;
+            let (p, m) = match self.matrices.get(name) {
+                Some(&shape) if self.optimizer.config.muon => {
+                    self.optimizer
+                        .update_matrix(name, current.inner(), g, lr, shape)
+                }
+                _ => self
+                    .optimizer
+                    .update(name, current.inner(), g, lr, decay, t),
+            };
             sums.push(p.clone().sum());
             new_moments.insert(name.to_string(), m);
             Tensor::from_inner(p)
@@ -1196,6 +1216,14 @@ mod tests {
         }
     }
 
+    /// Boundary activations of 2 x 8 positions and width `w`, value `f(i)` at flat index `i`.
+    fn activations(w: usize, f: impl Fn(usize) -> f32) -> Tensor<Inn, 3> {
+        Tensor::from_data(
+            TensorData::new((0..2 * 8 * w).map(f).collect::<Vec<_>>(), [2, 8, w]),
+            &Default::default(),
+        )
+    }
+
     fn close(a: &[NamedTensor], b: &[NamedTensor]) -> Result<(), String> {
         close_to(a, b, 1e-5)
     }
@@ -1225,17 +1253,7 @@ mod tests {
         let cfg = tiny();
         let device = Default::default();
         let w = cfg.boundary_width();
-        let act = |k: f32| {
-            Tensor::<Inn, 3>::from_data(
-                TensorData::new(
-                    (0..2 * 8 * w)
-                        .map(|i| (i as f32 * 0.37 + k).sin())
-                        .collect::<Vec<_>>(),
-                    [2, 8, w],
-                ),
-                &device,
-            )
-        };
+        let act = |k: f32| activations(w, |i| (i as f32 * 0.37 + k).sin());
         // Without clipping both compute the same arithmetic element by element (the gradient
         // norm, a sum in another order, would otherwise scale them apart by f32 rounding).
         let opt = OptimizerConfig {
@@ -1338,6 +1356,81 @@ mod tests {
             }
             close_to(&flat.export_params(), &by_name.export_params(), 1e-4)
                 .unwrap_or_else(|e| panic!("section {index}, clipped: {e}"));
+        }
+    }
+
+    #[test]
+    fn muon_moves_the_hidden_matrices_at_adamws_size_and_replays_exactly() {
+        let cfg = plain_tiny();
+        let device = Default::default();
+        let w = cfg.boundary_width();
+        let act = |k: f32| activations(w, |i| (i as f32 * 0.29 + k).cos());
+        let adamw = OptimizerConfig {
+            weight_decay: 0.0,
+            nesterov: false,
+            ..Default::default()
+        };
+        // `flat_step` asks for the flat path, which a Muon step never takes.
+        let muon = OptimizerConfig {
+            muon: true,
+            flat_step: true,
+            ..adamw
+        };
+        let lr = 1e-2;
+        for index in 0..3 {
+            let new = |c| Section::<TestAutodiff>::new(&cfg, index, 3, c, &device).unwrap();
+            let train = |s: &mut Section<TestAutodiff>, k: f32| {
+                let input = match index {
+                    0 => SectionInput::Tokens(tokens(2, 8)),
+                    _ => SectionInput::Hidden(act(k)),
+                };
+                if index == 2 {
+                    s.train_tail(input, tokens(2, 8)).unwrap();
+                } else {
+                    s.backward(input, act(k + 0.5)).unwrap();
+                }
+                let outcome = s.step(lr);
+                assert!(
+                    matches!(outcome, StepOutcome::Applied { .. }),
+                    "{outcome:?}"
+                );
+            };
+            let before = new(adamw).export_params();
+            let (mut a, mut b, mut plain) = (new(muon), new(muon), new(adamw));
+            train(&mut a, 0.0);
+            train(&mut plain, 0.0);
+            let (after, plain_after) = (a.export_params(), plain.export_params());
+            let mut matrices = 0;
+            for ((x, y), z) in before.iter().zip(&after).zip(&plain_after) {
+                let moved: Vec<f32> = x.data.iter().zip(&y.data).map(|(u, v)| v - u).collect();
+                if muon_shape(&x.name, &x.shape).is_some() {
+                    // The first step's direction is the orthogonalized gradient, scaled to a
+                    // root mean square of 0.2 when the gradient has full rank (Newton-Schulz
+                    // leaves singular values between about 0.7 and 1.2) and less when not.
+                    let rms = (moved.iter().map(|d| d * d).sum::<f32>() / moved.len() as f32)
+                        .sqrt()
+                        / lr as f32;
+                    assert!(rms > 0.0 && rms < 0.25, "{}: rms {rms}", x.name);
+                    assert!(y.data != z.data, "{}: the same as AdamW", x.name);
+                    matrices += 1;
+                } else {
+                    // Everything else steps with AdamW.
+                    assert_eq!(y.data, z.data, "{}", x.name);
+                }
+            }
+            assert!(matrices >= 7, "section {index}: {matrices} hidden matrices");
+            // A replay of the same steps from the same start gives the same weights and
+            // moments, bit for bit.
+            train(&mut a, 1.0);
+            train(&mut b, 0.0);
+            train(&mut b, 1.0);
+            assert_eq!(a.export_params(), b.export_params(), "section {index}");
+            assert_eq!(
+                a.export_optimizer().tensors,
+                b.export_optimizer().tensors,
+                "section {index}"
+            );
+            assert!(!a.optimizer.is_flat());
         }
     }
 

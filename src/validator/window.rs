@@ -663,13 +663,14 @@ async fn check_section<B: AutodiffBackend>(
         }
     }
     let layout = section_layout(&ctx.model, section)?;
-    for (copier, original, cosine) in find_copies(
+    for (copier, original, cosine) in find_copies::<B>(
         &start,
         &layout,
-        ctx.settings.optimizer.eps,
+        &ctx.settings.optimizer,
         &record.uploads,
         ctx.validation.copy_cosine,
         record.wire,
+        &ctx.device,
     )
     .await?
     {

@@ -166,6 +166,10 @@ pub struct BenchLearningArgs {
     /// `--nesterov false`: AdamW, the variant.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub nesterov: bool,
+    /// Both runs: the hidden matrices step with Muon (`iota train --muon`, run config
+    /// `optimizer.muon`).
+    #[arg(long)]
+    pub muon: bool,
     /// Variant: how fast NAdam's momentum warms up from `beta1 / 2` towards `beta1` (run config
     /// `optimizer.momentum_decay`; default 0.004, PyTorch's, under which the momentum is still
     /// about `0.56 beta1` after 750 steps; 1.0 reaches `0.93 beta1` by step 50).
@@ -317,6 +321,9 @@ struct TrainKey {
     /// `--bottleneck-warmup` (saved runs from before it had none).
     #[serde(default)]
     bottleneck_warmup: u64,
+    /// `--muon` (saved runs from before it stepped with AdamW).
+    #[serde(default)]
+    muon: bool,
 }
 
 fn synthetic() -> String {
@@ -344,6 +351,7 @@ impl BenchLearningArgs {
             data: self.data.clone(),
             text_column: self.text_column.clone(),
             bottleneck_warmup: self.bottleneck_warmup / ways,
+            muon: self.muon,
         })
     }
 
@@ -420,6 +428,9 @@ impl BenchLearningArgs {
         }
         if !self.nesterov {
             v.push_str(" --nesterov false");
+        }
+        if self.muon {
+            v.push_str(" --muon");
         }
         if let Some(rate) = self.momentum_decay {
             v.push_str(&format!(" --momentum-decay {rate}"));
@@ -642,6 +653,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
         .args(["--wire", &args.wire.to_string()])
         .args(["--seed", &args.seed.to_string()])
         .args(["--bottleneck-warmup", &key.bottleneck_warmup.to_string()])
+        .args(key.muon.then_some("--muon"))
         .args(["--data", &key.data])
         .args(
             key.text_column
@@ -721,6 +733,9 @@ fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> an
     }
     if !args.nesterov {
         config["optimizer"]["nesterov"] = json!(false);
+    }
+    if args.muon {
+        config["optimizer"]["muon"] = json!(true);
     }
     if let Some(rate) = args.momentum_decay {
         config["optimizer"]["momentum_decay"] = json!(rate);
@@ -1022,6 +1037,7 @@ mod tests {
             "false",
             "--momentum-decay",
             "1.0",
+            "--muon",
         ];
         let args = <Cli as clap::Parser>::try_parse_from(argv).unwrap().args;
         let mut config = json!({"schedule": {"peak": 0.003, "warmup_steps": 20}});
@@ -1034,6 +1050,10 @@ mod tests {
         assert!(args.variant().contains("--nesterov false"));
         assert_eq!(config["optimizer"]["momentum_decay"], json!(1.0));
         assert!(args.variant().contains("--momentum-decay 1"));
+        // Muon is for both runs: the network's config and `iota train`'s reference key.
+        assert_eq!(config["optimizer"]["muon"], json!(true));
+        assert!(args.variant().contains("--muon"));
+        assert!(args.train_key(1).unwrap().muon);
         // Without the flags the generated schedule stays as it was.
         let args = <Cli as clap::Parser>::try_parse_from(["bench"])
             .unwrap()

@@ -171,6 +171,18 @@ fn a_bottleneck_warmup_crosses_the_network_and_every_miners_replay_agrees() {
     );
 }
 
+/// Miners stepping their hidden matrices with Muon (`--muon`): a validator that replays every
+/// miner reproduces each one's work, Newton-Schulz iterations included, and flags no one (the
+/// copy check among them, which takes Muon's move from the carried momentum out).
+#[test]
+fn muon_miners_replay_exactly_and_no_one_is_flagged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (stdout, log) = replayed_by_one_validator(dir.path(), &["--muon"]);
+    let run = std::fs::read_to_string(dir.path().join("run.yaml")).unwrap();
+    assert!(run.contains("muon: true"), "{run}");
+    every_replay_agrees(dir.path(), &stdout, &log);
+}
+
 /// Asserts that the validator of the run in `dir` finished windows 0 and 1, flagged no miner,
 /// and replayed every item of every miner it tracked, the tail's among them.
 fn every_replay_agrees(dir: &std::path::Path, stdout: &str, log: &str) {

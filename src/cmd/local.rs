@@ -149,6 +149,10 @@ pub struct LocalArgs {
     /// --config).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub seed: u64,
+    /// Step the miners' hidden matrices with Muon (the run config's `optimizer.muon`; ignored
+    /// with --config).
+    #[arg(long)]
+    pub muon: bool,
     /// Test harness only: hostile miners, one per listed kind (`miner0` gets the first; only
     /// with the `adversary` feature).
     #[cfg(feature = "adversary")]
@@ -484,6 +488,9 @@ pub fn generated_config(
         "validators": validators,
     });
     let mut config = config;
+    if args.muon {
+        config["optimizer"]["muon"] = serde_json::json!(true);
+    }
     if let Some(text) = &args.validation {
         config["validation"] = serde_json::from_str(text).context("parsing --validation")?;
     }

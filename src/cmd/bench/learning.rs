@@ -797,6 +797,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         validators: 0,
         validator_wait_s: 0,
         seed: args.seed,
+        muon: args.muon,
         #[cfg(feature = "adversary")]
         adversaries: Vec::new(),
         validation: None,

@@ -308,6 +308,7 @@ fn run_one(
         validators: 0,
         validator_wait_s: 0,
         seed: 0,
+        muon: false,
         #[cfg(feature = "adversary")]
         adversaries: Vec::new(),
         validation: None,

@@ -600,6 +600,26 @@ impl<B: Backend> AdamW<B> {
     }
 }
 
+impl<B: Backend> AdamW<B> {
+    /// [`Self::direction`] for a hidden matrix of shape `shape` that steps with Muon: the
+    /// orthogonalized first moment ([`muon_step`]), plus the weight decay term. `None` before
+    /// the matrix's first update.
+    pub fn matrix_direction(
+        &self,
+        name: &str,
+        param: &Tensor<B, 1>,
+        shape: [usize; 2],
+    ) -> Option<Tensor<B, 1>> {
+        let m = self.moments_of(name)?.exp_avg;
+        let dir = muon_step(m.reshape(shape)).reshape([shape[0] * shape[1]]);
+        Some(if self.config.weight_decay > 0.0 {
+            dir + param.clone() * self.config.weight_decay
+        } else {
+            dir
+        })
+    }
+}
+
 /// NAdam's weights at step `t` (1-based) on the new gradient and on the new first moment,
 /// both over `sqrt(v̂) + eps` (Dozat's NAdam with PyTorch's momentum warm-up): with
 /// `μ_i = beta1 (1 - 0.96^(i momentum_decay) / 2)` and `P_t = μ_1 ⋯ μ_t`, they are

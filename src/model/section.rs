@@ -918,7 +918,8 @@ impl<B: AutodiffBackend> Section<B> {
     }
 
     /// The current weights extrapolated `steps` optimizer steps ahead at learning rate `lr`
-    /// along the direction the moments point to ([`AdamW::direction`]): where the weights
+    /// along the direction the moments point to ([`AdamW::direction`], or
+    /// [`AdamW::matrix_direction`] for a matrix stepping with Muon): where the weights
     /// will be when a gradient computed now is applied `steps` steps later. A forward and its
     /// backward at these weights take the gradient near the point it updates (look-ahead, the
     /// delay correction of asynchronous pipelines). Parameters without moments stay put.
@@ -929,8 +930,15 @@ impl<B: AutodiffBackend> Section<B> {
         let scale = steps as f64 * lr;
         params::map_params(self.model.clone(), &self.spec, |name, current| {
             let inner = current.clone().inner();
-            let decay = self.layout.decays(name);
-            match self.optimizer.direction(name, &inner, decay) {
+            let direction = match self.matrices.get(name) {
+                Some(&shape) if self.optimizer.config.muon => {
+                    self.optimizer.matrix_direction(name, &inner, shape)
+                }
+                _ => self
+                    .optimizer
+                    .direction(name, &inner, self.layout.decays(name)),
+            };
+            match direction {
                 Some(dir) => Tensor::from_inner(inner - dir * scale),
                 None => current,
             }
@@ -988,6 +996,7 @@ impl<B: AutodiffBackend> Section<B> {
 mod tests {
     use super::*;
     use crate::model::TestAutodiff;
+    use crate::model::optimizer::muon_step;
     use burn::tensor::TensorData;
 
     type Inn = Inner<TestAutodiff>;
@@ -1431,6 +1440,26 @@ mod tests {
                 "section {index}"
             );
             assert!(!a.optimizer.is_flat());
+            // The look-ahead moves a matrix along its orthogonalized first moment.
+            let ahead = params::export_params(&a.lookahead(1, lr), &a.spec);
+            let moments = a.export_optimizer().tensors;
+            for (now, next) in a.export_params().iter().zip(&ahead) {
+                let Some(shape) = muon_shape(&now.name, &now.shape) else {
+                    continue;
+                };
+                let m = moments
+                    .iter()
+                    .find(|t| t.name == format!("{}.exp_avg", now.name))
+                    .unwrap();
+                let m = Tensor::<Inn, 1>::from_data(
+                    TensorData::new(m.data.clone(), [m.data.len()]),
+                    &device,
+                );
+                let dir: Vec<f32> = muon_step(m.reshape(shape)).into_data().to_vec().unwrap();
+                for ((p, q), d) in now.data.iter().zip(&next.data).zip(&dir) {
+                    assert!((p - lr as f32 * d - q).abs() < 1e-6, "{}", now.name);
+                }
+            }
         }
     }
 

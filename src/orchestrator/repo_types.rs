@@ -328,6 +328,16 @@ pub struct RoutingLimits {
     /// In-flight cap of every miner during those epochs (`Config::early_max_in_flight`); 0:
     /// `max_in_flight`.
     pub early_max_in_flight: usize,
+    /// Samples per epoch after the early merges (`Config::batches_before_merging`).
+    pub epoch_samples: u64,
+    /// Early epochs (`Config::early_merge_samples / early_merge_every`), of
+    /// `early_epoch_samples` samples each.
+    pub early_merge_epochs: u64,
+    /// Samples per early epoch (`Config::early_merge_every`).
+    pub early_epoch_samples: u64,
+    /// A miner holds at most one forward in flight per this many samples of its share of the
+    /// current epoch, and at least one (`Config::epoch_share_per_in_flight`); 0: off.
+    pub epoch_share_per_in_flight: u64,
 }
 
 /// A sample about to start ([`super::repo::Repository::start_sample`]): its id, the epoch it

@@ -211,6 +211,10 @@ pub struct BenchLearningArgs {
     /// Also write the results as JSON to this file.
     #[arg(long, value_name = "FILE.json")]
     pub summary_out: Option<PathBuf>,
+    /// Skip the perfect data-parallel reference run (it doubles `iota train`'s time; the
+    /// comparison itself is against `iota train` alone).
+    #[arg(long)]
+    pub no_data_parallel: bool,
 }
 
 /// One evaluation point.
@@ -561,6 +565,7 @@ fn compare(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<LearningSumma
     // Perfect data parallelism over the section's miners, where the budget divides evenly.
     let ways = args.miners_per_section as u64;
     let data_parallel = if ways > 1
+        && !args.no_data_parallel
         && args.samples.is_multiple_of(ways)
         && args.eval_interval().is_multiple_of(ways)
     {

@@ -113,6 +113,7 @@ impl Repository {
             if limits.early_max_in_flight > 0 && before_epoch(tx, limits.early_epochs)? {
                 cap = cap.min(limits.early_max_in_flight);
             }
+            cap = cap.min(epoch_cap(tx, section, limits, now_ms)?);
             let allowance = if off_lane {
                 0
             } else {
@@ -534,14 +535,52 @@ fn step_share(
     if limits.samples_per_step == 0 {
         return Ok(usize::MAX);
     }
-    // Backed-off or excluded miners get no forwards, so they take no share.
+    let share = limits
+        .samples_per_step
+        .div_ceil(live_in_section(tx, section, limits, now_ms)?);
+    Ok(usize::try_from(share).unwrap_or(usize::MAX))
+}
+
+/// The live miners of `section` that may take work, at least 1. Backed-off or excluded miners
+/// get no forwards, so they take no share of a step or an epoch.
+fn live_in_section(
+    tx: &Connection,
+    section: i64,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<u64, RepoError> {
     let live: i64 = tx.query_row_cached(
         &format!("SELECT COUNT(*) FROM miners WHERE {TAKES_WORK} AND section = ?3"),
         params![to_i64(now_ms), to_i64(limits.live_ms), section],
         |r| r.get(0),
     )?;
-    let share = limits.samples_per_step.div_ceil(to_u64(live.max(1)));
-    Ok(usize::try_from(share).unwrap_or(usize::MAX))
+    Ok(to_u64(live.max(1)))
+}
+
+/// The in-flight cap the current epoch's size allows a miner of `section`: one forward per
+/// `epoch_share_per_in_flight` samples of its share of the epoch (the epoch's samples over
+/// the section's live miners), at least one; unbounded when the rule is off. A miner's steps
+/// after its last forward of an epoch are blind until the merge, so a short epoch at a deep
+/// in-flight cap is mostly such steps.
+fn epoch_cap(
+    tx: &Connection,
+    section: i64,
+    limits: RoutingLimits,
+    now_ms: u64,
+) -> Result<usize, RepoError> {
+    if limits.epoch_share_per_in_flight == 0 {
+        return Ok(usize::MAX);
+    }
+    let epoch: i64 =
+        tx.query_row_cached("SELECT epoch FROM run_state WHERE id = 0", [], |r| r.get(0))?;
+    let samples = if to_u64(epoch) < limits.early_merge_epochs {
+        limits.early_epoch_samples
+    } else {
+        limits.epoch_samples
+    };
+    let share = samples.div_ceil(live_in_section(tx, section, limits, now_ms)?);
+    let cap = (share / limits.epoch_share_per_in_flight).max(1);
+    Ok(usize::try_from(cap).unwrap_or(usize::MAX))
 }
 
 /// Gives the open assignment `id` (a forward or an evaluation of `section`) to `hotkey` and

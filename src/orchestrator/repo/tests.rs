@@ -17,6 +17,10 @@ const LIMITS: RoutingLimits = RoutingLimits {
     single_lane_max_in_flight: 0,
     early_epochs: 0,
     early_max_in_flight: 0,
+    epoch_samples: 100,
+    early_merge_epochs: 0,
+    early_epoch_samples: 20,
+    epoch_share_per_in_flight: 0,
     lane_wait_ms: 2000,
     live_ms: 60_000,
 };
@@ -548,6 +552,36 @@ fn an_early_in_flight_cap_holds_every_lane_until_its_epochs_end() {
     repo.begin_merging(T0 + 200, T0).unwrap();
     repo.finish_merge(0).unwrap();
     assert_eq!((head("a0"), head("a1")), (3, 3));
+}
+
+/// `epoch_share_per_in_flight` caps a miner at one forward per that many samples of its share
+/// of the epoch, at least one, and reads the early merges' shorter epochs.
+#[test]
+fn short_epochs_cap_the_forwards_a_miner_holds() {
+    let repo = network();
+    let with = |epoch_samples: u64, early_merge_epochs: u64| RoutingLimits {
+        max_in_flight: 4,
+        epoch_samples,
+        early_merge_epochs,
+        early_epoch_samples: 8,
+        epoch_share_per_in_flight: 4,
+        ..LIMITS
+    };
+    let head = |limits| repo.take_work("a0", 8, limits, T0).unwrap().head_capacity;
+    // The head has two live miners: a 100-sample epoch is 50 each, so the run's cap holds.
+    assert_eq!(head(with(100, 0)), 4);
+    // 24 samples: 12 each, 3 in flight; 8: 4 each, 1; 2: 1 each, still 1.
+    assert_eq!(head(with(24, 0)), 3);
+    assert_eq!(head(with(8, 0)), 1);
+    assert_eq!(head(with(2, 0)), 1);
+    // During the early merges the epoch is `early_epoch_samples` (8): 1 in flight.
+    assert_eq!(head(with(100, 1)), 1);
+    // Off: the run's cap.
+    let off = RoutingLimits {
+        epoch_share_per_in_flight: 0,
+        ..with(8, 0)
+    };
+    assert_eq!(head(off), 4);
 }
 
 #[test]

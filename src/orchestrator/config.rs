@@ -81,6 +81,7 @@ use serde::Deserialize;
 use thiserror::Error;
 
 use super::repo::Standing;
+pub use super::repo_types::Epochs;
 use super::tls::TlsFiles;
 use crate::api::ValidationSettings;
 use crate::chain::Network;
@@ -1248,48 +1249,6 @@ pub fn check_transport(
             "is {listen}, reachable from other machines, but the orchestrator would speak plain              HTTP there (upload tokens and the dashboard readable and alterable on the way): add              `tls: {{cert: FULLCHAIN.pem, key: PRIVKEY.pem}}`, or listen on 127.0.0.1 behind a              TLS reverse proxy, or set `insecure_http: true` to accept the risk (see              docs/operators-tls.md)"
         ),
     })
-}
-
-/// How a run's samples divide into training epochs: `early_samples / early_every` epochs of
-/// `early_every` samples, then epochs of `every` (both at least 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Epochs {
-    /// Samples per epoch after the early merges (`batches_before_merging`).
-    pub every: u64,
-    /// Samples of the early merges (`early_merge_samples`).
-    pub early_samples: u64,
-    /// Samples per early epoch (`early_merge_every`).
-    pub early_every: u64,
-}
-
-impl Epochs {
-    fn early_epochs(&self) -> u64 {
-        self.early_samples
-            .checked_div(self.early_every)
-            .unwrap_or(0)
-    }
-
-    /// Samples completed in epoch `epoch` before its merge.
-    pub fn samples_in(&self, epoch: u64) -> u64 {
-        if epoch < self.early_epochs() {
-            self.early_every
-        } else {
-            self.every
-        }
-    }
-
-    /// How many whole epochs the run's first `samples` samples make, or `None` when the
-    /// `samples`-th sample does not end an epoch.
-    pub fn count_in(&self, samples: u64) -> Option<u64> {
-        if samples <= self.early_samples {
-            let every = self.early_every.max(1);
-            return samples.is_multiple_of(every).then_some(samples / every);
-        }
-        let rest = samples - self.early_samples;
-        let every = self.every.max(1);
-        rest.is_multiple_of(every)
-            .then_some(self.early_epochs() + rest / every)
-    }
 }
 
 #[cfg(test)]

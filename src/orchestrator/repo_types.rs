@@ -328,13 +328,8 @@ pub struct RoutingLimits {
     /// In-flight cap of every miner during those epochs (`Config::early_max_in_flight`); 0:
     /// `max_in_flight`.
     pub early_max_in_flight: usize,
-    /// Samples per epoch after the early merges (`Config::batches_before_merging`).
-    pub epoch_samples: u64,
-    /// Early epochs (`Config::early_merge_samples / early_merge_every`), of
-    /// `early_epoch_samples` samples each.
-    pub early_merge_epochs: u64,
-    /// Samples per early epoch (`Config::early_merge_every`).
-    pub early_epoch_samples: u64,
+    /// How the run's samples divide into epochs (`Config::epochs`).
+    pub epochs: Epochs,
     /// A miner holds at most one forward in flight per this many samples of its share of the
     /// current epoch, and at least one (`Config::epoch_share_per_in_flight`); 0: off.
     pub epoch_share_per_in_flight: u64,
@@ -412,4 +407,46 @@ pub struct LedgerCounts {
     pub dropped: u64,
     /// Active samples.
     pub active: u64,
+}
+
+/// How a run's samples divide into training epochs: `early_samples / early_every` epochs of
+/// `early_every` samples, then epochs of `every` (both at least 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Epochs {
+    /// Samples per epoch after the early merges (`batches_before_merging`).
+    pub every: u64,
+    /// Samples of the early merges (`early_merge_samples`).
+    pub early_samples: u64,
+    /// Samples per early epoch (`early_merge_every`).
+    pub early_every: u64,
+}
+
+impl Epochs {
+    fn early_epochs(&self) -> u64 {
+        self.early_samples
+            .checked_div(self.early_every)
+            .unwrap_or(0)
+    }
+
+    /// Samples completed in epoch `epoch` before its merge.
+    pub fn samples_in(&self, epoch: u64) -> u64 {
+        if epoch < self.early_epochs() {
+            self.early_every
+        } else {
+            self.every
+        }
+    }
+
+    /// How many whole epochs the run's first `samples` samples make, or `None` when the
+    /// `samples`-th sample does not end an epoch.
+    pub fn count_in(&self, samples: u64) -> Option<u64> {
+        if samples <= self.early_samples {
+            let every = self.early_every.max(1);
+            return samples.is_multiple_of(every).then_some(samples / every);
+        }
+        let rest = samples - self.early_samples;
+        let every = self.every.max(1);
+        rest.is_multiple_of(every)
+            .then_some(self.early_epochs() + rest / every)
+    }
 }

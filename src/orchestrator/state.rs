@@ -283,13 +283,7 @@ impl AppState {
                 .count_in(self.config.early_in_flight_samples)
                 .unwrap_or(0),
             early_max_in_flight: self.config.early_max_in_flight,
-            epoch_samples: self.config.batches_before_merging,
-            early_merge_epochs: self
-                .config
-                .early_merge_samples
-                .checked_div(self.config.early_merge_every)
-                .unwrap_or(0),
-            early_epoch_samples: self.config.early_merge_every,
+            epochs: self.config.epochs(),
             epoch_share_per_in_flight: self.config.epoch_share_per_in_flight,
         }
     }

@@ -571,13 +571,7 @@ fn epoch_cap(
     if limits.epoch_share_per_in_flight == 0 {
         return Ok(usize::MAX);
     }
-    let epoch: i64 =
-        tx.query_row_cached("SELECT epoch FROM run_state WHERE id = 0", [], |r| r.get(0))?;
-    let samples = if to_u64(epoch) < limits.early_merge_epochs {
-        limits.early_epoch_samples
-    } else {
-        limits.epoch_samples
-    };
+    let samples = limits.epochs.samples_in(current_epoch(tx)?);
     let share = samples.div_ceil(live_in_section(tx, section, limits, now_ms)?);
     let cap = (share / limits.epoch_share_per_in_flight).max(1);
     Ok(usize::try_from(cap).unwrap_or(usize::MAX))
@@ -717,9 +711,14 @@ fn before_epoch(tx: &Connection, epochs: u64) -> Result<bool, RepoError> {
     if epochs == 0 {
         return Ok(false);
     }
+    Ok(current_epoch(tx)? < epochs)
+}
+
+/// The epoch the run is in.
+fn current_epoch(tx: &Connection) -> Result<u64, RepoError> {
     let epoch: i64 =
         tx.query_row_cached("SELECT epoch FROM run_state WHERE id = 0", [], |r| r.get(0))?;
-    Ok(to_u64(epoch) < epochs)
+    Ok(to_u64(epoch))
 }
 
 /// Opens a forward or an evaluation of `row`'s sample at `section` for any miner of it

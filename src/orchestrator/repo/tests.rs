@@ -17,9 +17,11 @@ const LIMITS: RoutingLimits = RoutingLimits {
     single_lane_max_in_flight: 0,
     early_epochs: 0,
     early_max_in_flight: 0,
-    epoch_samples: 100,
-    early_merge_epochs: 0,
-    early_epoch_samples: 20,
+    epochs: Epochs {
+        every: 100,
+        early_samples: 0,
+        early_every: 20,
+    },
     epoch_share_per_in_flight: 0,
     lane_wait_ms: 2000,
     live_ms: 60_000,
@@ -559,11 +561,13 @@ fn an_early_in_flight_cap_holds_every_lane_until_its_epochs_end() {
 #[test]
 fn short_epochs_cap_the_forwards_a_miner_holds() {
     let repo = network();
-    let with = |epoch_samples: u64, early_merge_epochs: u64| RoutingLimits {
+    let with = |every: u64, early_epochs: u64| RoutingLimits {
         max_in_flight: 4,
-        epoch_samples,
-        early_merge_epochs,
-        early_epoch_samples: 8,
+        epochs: Epochs {
+            every,
+            early_samples: early_epochs * 8,
+            early_every: 8,
+        },
         epoch_share_per_in_flight: 4,
         ..LIMITS
     };
@@ -574,7 +578,7 @@ fn short_epochs_cap_the_forwards_a_miner_holds() {
     assert_eq!(head(with(24, 0)), 3);
     assert_eq!(head(with(8, 0)), 1);
     assert_eq!(head(with(2, 0)), 1);
-    // During the early merges the epoch is `early_epoch_samples` (8): 1 in flight.
+    // During the early merges the epoch is `early_every` (8): 1 in flight.
     assert_eq!(head(with(100, 1)), 1);
     // Off: the run's cap.
     let off = RoutingLimits {

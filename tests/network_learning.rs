@@ -184,3 +184,24 @@ fn early_phases_that_do_not_end_an_epoch_are_refused() {
         assert!(!dir.path().join("runs").exists(), "nothing is written");
     }
 }
+
+/// Splitting an `iota train` batch into network samples that do not divide it is refused in one
+/// line, before any run starts.
+#[test]
+fn a_split_that_does_not_divide_the_batch_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["bench", "learning", "--preset", "tiny", "--batch-size", "4"])
+        .args(["--split-samples", "3", "--dir"])
+        .arg(dir.path().join("runs"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "--split-samples 3 was accepted");
+    assert!(
+        stderr.contains("--split-samples 3 must divide --batch-size 4"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(!dir.path().join("runs").exists(), "nothing is written");
+}

@@ -675,9 +675,10 @@ pub struct RunConfig {
     /// one. The steps a miner takes after its last forward of an epoch are blind: no forward
     /// sees them before the merge. With 4-sample epochs and 4 in flight every step is, and the
     /// merged model was set back by up to 7.6 nats (docs/learning.md, "An open setback").
-    /// 4 took that setting's setback from 3 of 3 runs to 1 of 10; off by default (0), since at
-    /// 16-sample epochs over 3 miners per section it kept a free-rider unflagged through
-    /// `network_adversaries`' first two epochs.
+    /// 4 took that setting's setback from 3 of 3 runs to 1 of 10; off by default (0). At 16-sample
+    /// epochs over 3 miners per section it holds a free-rider to one sample, so it misses one
+    /// deadline an epoch, under the free-rider flag's floor of 3 (`validation.free_rider`):
+    /// unflagged, though paid nothing, and `network_adversaries` asks for the flag.
     pub epoch_share_per_in_flight: u64,
     /// Samples per synchronous optimizer step: the orchestrator starts no sample of step
     /// `n + 1` before every sample of step `n` has finished, and every miner steps once per

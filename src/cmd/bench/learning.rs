@@ -110,6 +110,17 @@ pub struct BenchLearningArgs {
     /// the network computes `iota train`'s steps. 0: asynchronous steps (`--local-steps`).
     #[arg(long, value_name = "G", default_value_t = 0)]
     pub samples_per_step: u64,
+    /// Variant: each `iota train` batch of `--batch-size` windows becomes G network samples of
+    /// `batch-size / G` windows, each stepped alone (asynchronous steps), so every lane of M
+    /// miners takes `G / M` of `iota train`'s steps on `1 / G` of its batch. Merges, the
+    /// learning-rate warm-up and `--bottleneck-warmup` keep their tokens (G times the samples).
+    #[arg(
+        long,
+        value_name = "G",
+        default_value_t = 1,
+        conflicts_with = "samples_per_step"
+    )]
+    pub split_samples: u64,
     /// Variant: recompute backwards at the current weights instead of the forward's.
     #[arg(long)]
     pub no_weight_stashing: bool,
@@ -186,8 +197,8 @@ pub struct BenchLearningArgs {
     #[arg(long, value_name = "F")]
     pub miner_lr_scale: Option<f64>,
     /// Variant: the network's learning-rate warm-up in `iota train` steps (the network's
-    /// samples, or synchronous steps), run config `schedule.warmup_steps` (default:
-    /// `iota train`'s 20).
+    /// samples, or synchronous steps; with `--split-samples` G, G samples a step), run config
+    /// `schedule.warmup_steps` (default: `iota train`'s 20).
     #[arg(long, value_name = "STEPS")]
     pub miner_warmup: Option<u64>,
     /// Variant: DiLoCo outer step `LR,MOMENTUM` on the merged parameters (e.g. 0.7,0.9).
@@ -369,6 +380,26 @@ impl BenchLearningArgs {
     }
 
     /// The variant as the flags that select it.
+    /// Network samples per `iota train` batch: `--samples-per-step`'s synchronous steps or
+    /// `--split-samples`' asynchronous ones (1: one sample per batch).
+    fn split(&self) -> u64 {
+        if self.samples_per_step > 0 {
+            self.samples_per_step
+        } else {
+            self.split_samples.max(1)
+        }
+    }
+
+    /// Network samples per schedule step: the schedule, the warm-ups and evaluations count
+    /// synchronous steps, or asynchronous samples.
+    fn samples_per_schedule_step(&self) -> u64 {
+        if self.samples_per_step > 0 {
+            1
+        } else {
+            self.split_samples.max(1)
+        }
+    }
+
     fn variant(&self) -> String {
         let mut v = match &self.model {
             Some(path) => format!("--model {} ", path.display()),
@@ -387,6 +418,9 @@ impl BenchLearningArgs {
         }
         if self.samples_per_step > 0 {
             v.push_str(&format!(" --samples-per-step {}", self.samples_per_step));
+        }
+        if self.split_samples > 1 {
+            v.push_str(&format!(" --split-samples {}", self.split_samples));
         }
         if self.merge_wire != MergeWire::F32 {
             v.push_str(&format!(" --merge-wire {}", self.merge_wire));
@@ -511,6 +545,14 @@ pub fn run(args: BenchLearningArgs) -> anyhow::Result<()> {
             "--samples-per-step {} must divide --batch-size {}: each iota train batch is split \
              into that many network samples",
             args.samples_per_step,
+            args.batch_size
+        );
+    }
+    if args.split_samples == 0 || !(args.batch_size as u64).is_multiple_of(args.split_samples) {
+        bail!(
+            "--split-samples {} must divide --batch-size {}: each iota train batch is split \
+             into that many network samples",
+            args.split_samples,
             args.batch_size
         );
     }
@@ -718,7 +760,7 @@ fn run_train(args: &BenchLearningArgs, dir: &Path, ways: u64) -> anyhow::Result<
 
 /// Puts the network variant's flags over the generated run config `config`.
 fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> anyhow::Result<()> {
-    let split = args.samples_per_step.max(1);
+    let split = args.split();
     config["local_steps"] = json!(args.local_steps);
     config["wire"] = json!(args.wire.to_string());
     config["weight_stashing"] = json!(!args.no_weight_stashing);
@@ -755,8 +797,12 @@ fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> an
     if let Some(scale) = args.miner_lr_scale {
         config["schedule"]["peak"] = json!(args.lr * scale);
     }
+    let per_step = args.samples_per_schedule_step();
     if let Some(steps) = args.miner_warmup {
-        config["schedule"]["warmup_steps"] = json!(steps);
+        config["schedule"]["warmup_steps"] = json!(steps * per_step);
+    } else if per_step > 1 {
+        let steps = config["schedule"]["warmup_steps"].as_u64().unwrap_or(0);
+        config["schedule"]["warmup_steps"] = json!(steps * per_step);
     }
     if let Some(outer) = &args.outer {
         config["merge"]["outer"] = serde_json::to_value(parse_outer(outer)?)?;
@@ -767,8 +813,8 @@ fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> an
 /// Runs the network variant in `dir`; its evaluations come from the network itself.
 fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult> {
     let listen = super::network::fresh_run_dir(dir)?;
-    // Synchronous steps split each `iota train` batch into G network samples.
-    let split = args.samples_per_step.max(1);
+    // Synchronous or asynchronous steps split each `iota train` batch into G network samples.
+    let split = args.split();
     let local = LocalArgs {
         preset: args.preset.clone(),
         sections: None,
@@ -794,7 +840,7 @@ fn run_network(args: &BenchLearningArgs, dir: &Path) -> anyhow::Result<RunResult
         merge_every: args.merge_every * split,
         samples_per_step: args.samples_per_step,
         // Counted like the schedule: samples, or synchronous steps (`iota train`'s steps).
-        bottleneck_warmup: args.bottleneck_warmup,
+        bottleneck_warmup: args.bottleneck_warmup * args.samples_per_schedule_step(),
         max_in_flight: args.max_in_flight as u64,
         eval_every: args.eval_interval() / args.merge_every,
         merge_op: args.merge_op,
@@ -1073,6 +1119,37 @@ mod tests {
         assert_eq!(config["lanes"], json!(true));
         assert_eq!(config["early_in_flight_samples"], json!(0));
         assert!(config.get("optimizer").is_none());
+        // Split samples keep the warm-up's and the early settings' tokens: G samples a step.
+        let args = <Cli as clap::Parser>::try_parse_from([
+            "bench",
+            "--split-samples",
+            "2",
+            "--early-in-flight",
+            "100",
+        ])
+        .unwrap()
+        .args;
+        let mut config = json!({"schedule": {"peak": 0.003, "warmup_steps": 20}});
+        apply_variant(&args, &mut config).unwrap();
+        assert_eq!(config["schedule"]["warmup_steps"], json!(40));
+        assert_eq!(config["early_in_flight_samples"], json!(200));
+        assert_eq!((args.split(), args.samples_per_schedule_step()), (2, 2));
+        assert!(args.variant().contains("--split-samples 2"));
+        // Synchronous steps count steps: the warm-up stays.
+        let args = <Cli as clap::Parser>::try_parse_from(["bench", "--samples-per-step", "2"])
+            .unwrap()
+            .args;
+        assert_eq!((args.split(), args.samples_per_schedule_step()), (2, 1));
+        assert!(
+            <Cli as clap::Parser>::try_parse_from([
+                "bench",
+                "--samples-per-step",
+                "2",
+                "--split-samples",
+                "2"
+            ])
+            .is_err()
+        );
     }
 
     #[test]

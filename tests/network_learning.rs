@@ -150,6 +150,24 @@ fn synchronous_steps_follow_one_process_at_every_evaluation() {
     }
 }
 
+/// Runs `iota bench learning --preset tiny` with `args` and a fresh `--dir`, checks that it is
+/// refused in one line before writing anything, and returns that line.
+fn refused_before_running(args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
+        .args(["bench", "learning", "--preset", "tiny"])
+        .args(args)
+        .arg("--dir")
+        .arg(dir.path().join("runs"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "{args:?} was accepted");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(!dir.path().join("runs").exists(), "nothing is written");
+    stderr
+}
+
 /// A variant whose early phase would not end with an epoch is refused in one line, before any
 /// run starts.
 #[test]
@@ -158,30 +176,13 @@ fn early_phases_that_do_not_end_an_epoch_are_refused() {
         ("--single-lane", "the lane ends with a merge"),
         ("--early-in-flight", "the cap ends with an epoch"),
     ] {
-        let dir = tempfile::tempdir().unwrap();
-        let output = Command::new(env!("CARGO_BIN_EXE_iota"))
-            .args([
-                "bench",
-                "learning",
-                "--preset",
-                "tiny",
-                "--merge-every",
-                "100",
-            ])
-            .args([flag, "50", "--dir"])
-            .arg(dir.path().join("runs"))
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(!output.status.success(), "{flag} 50 was accepted");
+        let stderr = refused_before_running(&["--merge-every", "100", flag, "50"]);
         assert!(
             stderr.contains(&format!(
                 "{flag} 50 must be a multiple of --merge-every 100 ({why})"
             )),
             "{stderr}"
         );
-        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-        assert!(!dir.path().join("runs").exists(), "nothing is written");
     }
 }
 
@@ -189,19 +190,9 @@ fn early_phases_that_do_not_end_an_epoch_are_refused() {
 /// line, before any run starts.
 #[test]
 fn a_split_that_does_not_divide_the_batch_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_iota"))
-        .args(["bench", "learning", "--preset", "tiny", "--batch-size", "4"])
-        .args(["--split-samples", "3", "--dir"])
-        .arg(dir.path().join("runs"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "--split-samples 3 was accepted");
+    let stderr = refused_before_running(&["--batch-size", "4", "--split-samples", "3"]);
     assert!(
         stderr.contains("--split-samples 3 must divide --batch-size 4"),
         "{stderr}"
     );
-    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(!dir.path().join("runs").exists(), "nothing is written");
 }

@@ -379,27 +379,19 @@ impl BenchLearningArgs {
         Ok(ModelConfig::from_value(&fields, &self.preset)?)
     }
 
-    /// The variant as the flags that select it.
     /// Network samples per `iota train` batch: `--samples-per-step`'s synchronous steps or
-    /// `--split-samples`' asynchronous ones (1: one sample per batch).
+    /// `--split-samples`' asynchronous ones (the flags conflict; 1: one sample per batch).
     fn split(&self) -> u64 {
-        if self.samples_per_step > 0 {
-            self.samples_per_step
-        } else {
-            self.split_samples.max(1)
-        }
+        self.samples_per_step.max(1) * self.samples_per_schedule_step()
     }
 
-    /// Network samples per schedule step: the schedule, the warm-ups and evaluations count
-    /// synchronous steps, or asynchronous samples.
+    /// Network samples per schedule step: the schedule and the warm-ups count synchronous
+    /// steps (one each), or asynchronous samples (`--split-samples` per `iota train` step).
     fn samples_per_schedule_step(&self) -> u64 {
-        if self.samples_per_step > 0 {
-            1
-        } else {
-            self.split_samples.max(1)
-        }
+        self.split_samples.max(1)
     }
 
+    /// The variant as the flags that select it.
     fn variant(&self) -> String {
         let mut v = match &self.model {
             Some(path) => format!("--model {} ", path.display()),

@@ -793,7 +793,9 @@ fn apply_variant(args: &BenchLearningArgs, config: &mut serde_json::Value) -> an
     if let Some(steps) = args.miner_warmup {
         config["schedule"]["warmup_steps"] = json!(steps * per_step);
     } else if per_step > 1 {
-        let steps = config["schedule"]["warmup_steps"].as_u64().unwrap_or(0);
+        let steps = config["schedule"]["warmup_steps"]
+            .as_u64()
+            .context("the generated run config has no schedule.warmup_steps to scale")?;
         config["schedule"]["warmup_steps"] = json!(steps * per_step);
     }
     if let Some(outer) = &args.outer {
